@@ -1,0 +1,40 @@
+// DeviceSpec: the simulated hardware. One IPU-like processor per replica;
+// defaults describe a Mk2-class IPU. Rates feed the time model, capacities
+// the memory planner. All values are per processor (i.e. per replica).
+#pragma once
+
+#include <cstdint>
+
+namespace tessera {
+
+struct DeviceSpec {
+  // Tiles per processor, IO tiles included (SessionOptions::numIOTiles are
+  // taken out of these). Must be >= 1.
+  int64_t tilesPerIpu = 1472;
+
+  // SRAM per tile in bytes. Must be >= 1.
+  int64_t bytesPerTile = 624 * 1024;
+
+  // Streaming (off-chip) memory available to each replica, in bytes.
+  int64_t streamingMemoryBytes = int64_t{32} << 30;
+
+  // Bandwidth of the links between replicas of one instance, in bytes per
+  // second per direction; collectives are modelled as ring transfers on it.
+  double linkBandwidthBytesPerSecond = 64e9;
+
+  // Bandwidth between instances (slower gateway links), bytes per second.
+  double interInstanceBandwidthBytesPerSecond = 12.5e9;
+
+  // Bandwidth between a processor and its streaming memory, bytes/s.
+  double streamingBandwidthBytesPerSecond = 20e9;
+
+  // Sustained float32 arithmetic rate of one processor, in FLOP per second.
+  double computeFlopsPerSecond = 62.5e12;
+
+  // Fixed cost of starting one collective or one streaming transfer.
+  double transferLatencySeconds = 2e-6;
+
+  bool operator==(const DeviceSpec&) const = default;
+};
+
+}  // namespace tessera

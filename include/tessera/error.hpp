@@ -1,0 +1,165 @@
+// Errors with stable ids.
+//
+// Every error tessera reports is an exception derived from tessera::Error and
+// carries an ErrorCode. The code's number never changes meaning once released;
+// its printed id is "tessera.KIND.NNN" (e.g. "tessera.config.102"). Messages
+// have the form
+//
+//   [tessera.config.102] /sessionOptions/weightTensorLocationSettings/location/storage:
+//   invalid value "onchip"; expected one of "OnChip", "OffChip" (did you mean "OnChip"?)
+//
+// i.e. the id, the subject (a JSON path, a tensor name, a file), what was
+// found, what is allowed and, where one exists, a fix. docs/errors.md lists
+// every code with an example message; a test keeps that list complete.
+//
+// The library never prints and never exits: callers decide.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace tessera {
+
+enum class ErrorKind { Config, Graph, Autodiff, Device, Dist, Io, Internal };
+
+// The number's hundreds digit is the kind: 1xx config, 2xx graph,
+// 3xx autodiff, 4xx device, 5xx dist, 6xx io, 9xx internal.
+enum class ErrorCode : int {
+  // --- JSON documents and overrides (1xx) ---
+  JsonSyntax = 101,           // malformed JSON, trailing garbage, invalid UTF-8
+  InvalidEnumValue = 102,     // a string that names no enumerator
+  WrongType = 103,            // e.g. a string where a number is expected
+  UnknownKey = 104,           // a key the schema does not have
+  DuplicateKey = 105,         // the same key twice in one object
+  OutOfRange = 106,           // a number outside the allowed range
+  BadOverride = 107,          // a malformed --set PATH=VALUE
+  DocumentLimit = 108,        // nesting depth or document size over the limit
+  // --- SessionOptions rules (11x-13x) ---
+  ReplicationDisabledButCount = 110,    // enableReplicatedGraphs false, count > 1
+  AccumulationDisabledButFactor = 111,  // enableGradientAccumulation false, factor > 1
+  GlobalReplicationFactorTooSmall = 112,
+  GlobalReplicaOffsetNegative = 113,
+  GlobalReplicaOffsetTooLarge = 114,
+  LocalReplicationFactorOne = 115,  // local replication enabled with count 1
+  LocalLargerThanGlobal = 116,
+  GlobalNotMultipleOfLocal = 117,
+  GlobalReplicaOffsetMisaligned = 118,  // offset not a multiple of the local count
+  InvalidIOTileCount = 119,             // odd or below 32
+  IOTilesExceedTiles = 120,             // numIOTiles >= tilesPerIpu
+  IOTileSetWithoutIOTiles = 121,
+  ShardingDomainDoesNotDivide = 122,
+  LinkedShardingDomainsDiffer = 123,
+  NegativeThreshold = 124,
+  UnsupportedCombination = 125,
+  StorageTileSetWithoutIOLoad = 126,  // storageTileSet IO has no effect with loadTileSet Compute
+  DistributedSettingsWithoutDistribution = 127,
+  // --- Groupings and shard layouts (14x) ---
+  InvalidReplicaGrouping = 140,       // a non-positive count, stride or group size
+  ReplicaGroupingNotDivisible = 141,  // numReplicas % (stride * groupSize) != 0
+  ReplicaIndexOutOfRange = 142,
+  GroupIndexOutOfRange = 143,
+  TransposeNotRepresentable = 144,
+  NotACommGroup = 145,  // a grouping that has no CommGroup equivalent
+  InvalidCommGroup = 146,
+  InvalidShardLayout = 147,     // negative elements or fewer than one shard
+  ShardBufferSizeMismatch = 148,
+  // --- Run config sections (15x) ---
+  InvalidModel = 150,
+  InvalidOptimizer = 151,
+  InvalidData = 152,
+  InvalidDeviceSpec = 153,
+  // --- Graph construction (2xx) ---
+  ShapeMismatch = 201,
+  InvalidOperand = 202,
+  UnknownTensor = 203,
+  DuplicateTensorName = 204,
+  InvalidAxis = 205,
+  HostShapeMismatch = 206,
+  InvalidProgramOrder = 207,
+  InvalidCollective = 208,
+  InvalidRemoteBuffer = 209,
+  // --- Autodiff (3xx) ---
+  NoGradient = 301,
+  LossNotScalar = 302,
+  // --- Device (4xx) ---
+  OutOfMemory = 401,
+  InvalidProgram = 402,
+  // --- Distributed (5xx) ---
+  InconsistentDistEnv = 501,
+  InstanceMismatch = 502,
+  InstanceLost = 503,
+  MpiUnavailable = 504,
+  // --- Files (6xx) ---
+  FileUnreadable = 601,
+  FileUnwritable = 602,
+  CorruptCheckpoint = 603,
+  CheckpointMismatch = 604,
+  CorruptDataset = 605,
+  // --- Internal (9xx) ---
+  Internal = 901,
+};
+
+// "config", "graph", ...
+std::string_view kindName(ErrorKind kind) noexcept;
+ErrorKind kindOf(ErrorCode code) noexcept;
+// "tessera.config.102"
+std::string errorId(ErrorCode code);
+// The enumerator's name, e.g. "InvalidEnumValue".
+std::string_view errorCodeName(ErrorCode code) noexcept;
+// Every code, in numeric order; for documentation and tests.
+std::span<const ErrorCode> allErrorCodes() noexcept;
+
+class Error : public std::runtime_error {
+ public:
+  // `subject` is the JSON path, tensor name or file the message is about;
+  // it may be empty when there is none.
+  Error(ErrorCode code, std::string subject, std::string_view message);
+
+  ErrorCode code() const noexcept { return code_; }
+  ErrorKind kind() const noexcept { return kindOf(code_); }
+  std::string id() const { return errorId(code_); }
+  const std::string& subject() const noexcept { return subject_; }
+  // The message without the "[id] subject: " prefix.
+  const std::string& detail() const noexcept { return detail_; }
+
+ private:
+  ErrorCode code_;
+  std::string subject_;
+  std::string detail_;
+};
+
+// One class per kind so callers can catch by kind; the code passed in must be
+// of that kind (tests check every throw site's id).
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+class GraphError : public Error {
+ public:
+  using Error::Error;
+};
+class AutodiffError : public Error {
+ public:
+  using Error::Error;
+};
+class DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+class DistError : public Error {
+ public:
+  using Error::Error;
+};
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace tessera

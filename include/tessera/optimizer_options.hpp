@@ -1,0 +1,52 @@
+// Optimizer hyper-parameters: plain, JSON-serializable aggregates. The
+// optimizers themselves (optimizers/) turn them into update ops whose
+// learning rate can change between steps without recompiling.
+#pragma once
+
+#include <variant>
+
+#include "tessera/enum_names.hpp"
+
+namespace tessera {
+
+// Stochastic gradient descent, PyTorch semantics:
+//   g' = g + weightDecay * w
+//   v  = momentum * v + (1 - dampening) * g'    (v = g' on the first step)
+//   d  = nesterov ? g' + momentum * v : v       (d = g' without momentum)
+//   w -= learningRate * d
+struct SgdOptions {
+  double learningRate = 0.01;  // > 0
+  double momentum = 0.0;       // in [0, 1); a momentum tensor per weight when > 0
+  double dampening = 0.0;      // in [0, 1]
+  double weightDecay = 0.0;    // >= 0
+  bool nesterov = false;       // needs momentum > 0 and dampening 0
+  bool operator==(const SgdOptions&) const = default;
+};
+
+// Adam, and AdamW when decoupledWeightDecay is set:
+//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+//   mhat = m / (1 - beta1^t), vhat = v / (1 - beta2^t)  (with biasCorrection)
+//   w -= learningRate * (mhat / (sqrt(vhat) + eps) + decoupled ? weightDecay w : 0)
+// Without decoupling, weightDecay is added to the gradient (L2) instead.
+struct AdamOptions {
+  double learningRate = 0.001;  // > 0
+  double beta1 = 0.9;           // in [0, 1)
+  double beta2 = 0.999;         // in [0, 1)
+  double eps = 1e-8;            // > 0
+  double weightDecay = 0.0;     // >= 0
+  bool biasCorrection = true;
+  bool decoupledWeightDecay = false;  // true for AdamW
+  bool operator==(const AdamOptions&) const = default;
+};
+
+enum class OptimizerType { Sgd, Adam, AdamW };
+
+template <>
+struct EnumNames<OptimizerType> {
+  static constexpr std::string_view kTypeName = "OptimizerType";
+  static constexpr std::array kNames = {std::pair{OptimizerType::Sgd, std::string_view{"sgd"}},
+                                        std::pair{OptimizerType::Adam, std::string_view{"adam"}},
+                                        std::pair{OptimizerType::AdamW, std::string_view{"adamw"}}};
+};
+
+}  // namespace tessera

@@ -1,0 +1,142 @@
+// The run config: one JSON document that describes a whole training run.
+//
+//   {
+//     "sessionOptions": { ... SessionOptions ... },
+//     "device":         { ... DeviceSpec ... },
+//     "model":          {"type": "mlp", "layers": [784, 256, 128, 10]},
+//     "optimizer":      {"type": "sgd", "learningRate": 0.05, "momentum": 0.9},
+//     "data":           {"dataset": "fashion-mnist", "batchSize": 64, "epochs": 10, ...},
+//     "output":         {"checkpoint": "...", "profile": "...", "trace": "..."}
+//   }
+//
+// Every section and key is optional; missing keys take the defaults of the
+// C++ types. Unknown keys, wrong types, out-of-range numbers, invalid enum
+// strings, duplicate keys and trailing garbage are ConfigErrors naming the
+// JSON path.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "tessera/device_spec.hpp"
+#include "tessera/enum_names.hpp"
+#include "tessera/optimizer_options.hpp"
+#include "tessera/session_options.hpp"
+
+namespace tessera {
+
+enum class Activation { Relu, Gelu, Tanh, Sigmoid };
+
+template <>
+struct EnumNames<Activation> {
+  static constexpr std::string_view kTypeName = "Activation";
+  static constexpr std::array kNames = {std::pair{Activation::Relu, std::string_view{"relu"}},
+                                        std::pair{Activation::Gelu, std::string_view{"gelu"}},
+                                        std::pair{Activation::Tanh, std::string_view{"tanh"}},
+                                        std::pair{Activation::Sigmoid, std::string_view{"sigmoid"}}};
+};
+
+struct ModelConfig {
+  // Only "mlp" so far: fully connected layers with `activation` between
+  // them and softmax cross-entropy on the last.
+  std::string type = "mlp";
+  // Layer widths from input to output: at least two, each >= 1.
+  std::vector<int64_t> layers{784, 256, 128, 10};
+  Activation activation = Activation::Relu;
+  bool operator==(const ModelConfig&) const = default;
+};
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::Sgd;
+  SgdOptions sgd{};    // used when type is sgd
+  AdamOptions adam{};  // used when type is adam or adamw
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+enum class DatasetKind { FashionMnist, Mnist, Synthetic };
+
+template <>
+struct EnumNames<DatasetKind> {
+  static constexpr std::string_view kTypeName = "DatasetKind";
+  static constexpr std::array kNames = {std::pair{DatasetKind::FashionMnist, std::string_view{"fashion-mnist"}},
+                                        std::pair{DatasetKind::Mnist, std::string_view{"mnist"}},
+                                        std::pair{DatasetKind::Synthetic, std::string_view{"synthetic"}}};
+};
+
+struct DataConfig {
+  DatasetKind dataset = DatasetKind::FashionMnist;
+  // Folder holding the IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte,
+  // optionally .gz). Empty: the dataset-fashion-mnist package's location.
+  std::string path{};
+  // Samples per replica per micro-batch. >= 1.
+  int64_t batchSize = 64;
+  // Test samples per replica per step. >= 1.
+  int64_t testBatchSize = 100;
+  // Passes over the training set. >= 1.
+  int64_t epochs = 1;
+  // Seed for initialisation and shuffling.
+  int64_t seed = 0;
+  // Use only the first N training samples (0: all). >= 0.
+  int64_t limitTrainSamples = 0;
+  // Use only the first N test samples (0: all). >= 0.
+  int64_t limitTestSamples = 0;
+  bool shuffle = true;
+  bool operator==(const DataConfig&) const = default;
+};
+
+struct OutputConfig {
+  // Paths to write; empty: not written.
+  std::string checkpoint{};
+  std::string profile{};
+  std::string trace{};
+  bool operator==(const OutputConfig&) const = default;
+};
+
+struct RunConfig {
+  SessionOptions sessionOptions{};
+  DeviceSpec device{};
+  ModelConfig model{};
+  OptimizerConfig optimizer{};
+  DataConfig data{};
+  OutputConfig output{};
+  bool operator==(const RunConfig&) const = default;
+};
+
+// Where a value of a loaded config came from.
+enum class Provenance { Default, File, Set };
+
+template <>
+struct EnumNames<Provenance> {
+  static constexpr std::string_view kTypeName = "Provenance";
+  static constexpr std::array kNames = {std::pair{Provenance::Default, std::string_view{"default"}},
+                                        std::pair{Provenance::File, std::string_view{"file"}},
+                                        std::pair{Provenance::Set, std::string_view{"--set"}}};
+};
+
+struct LoadedRunConfig {
+  RunConfig config;
+  // Canonical JSON pointer of every leaf value -> where it came from.
+  std::map<std::string, Provenance> provenance;
+};
+
+// Parses `text` (named `source` in errors), applies each "PATH=VALUE"
+// override (PATH a JSON pointer; VALUE parsed as JSON, else taken as a
+// string), then reads the result strictly. Does not run validate().
+LoadedRunConfig parseRunConfig(std::string_view text, std::string_view source,
+                               const std::vector<std::string>& overrides = {});
+// The same for a file; IoError(FileUnreadable) when it cannot be read.
+LoadedRunConfig loadRunConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// validate(options, device) plus the rules of the other sections.
+void validate(const RunConfig& config);
+
+// JSON Schema (draft 2020-12) of the run config, generated from the tables
+// the parser uses.
+nlohmann::json runConfigSchema();
+
+}  // namespace tessera

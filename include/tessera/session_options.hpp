@@ -1,0 +1,154 @@
+// SessionOptions: everything a session needs to know about replication,
+// gradient accumulation and where tensors live. Field names, meanings and
+// defaults are PopART's, so option code written for PopART ports line by
+// line. Defaults live only in the member initializers below; a golden test
+// compares the JSON dump of SessionOptions{} with
+// samples/configs/session_options.default.json.
+//
+// Options are plain data: setting a field never fails. validate() checks the
+// cross-field rules and rejects (it never adjusts) with a ConfigError naming
+// the JSON path under "/sessionOptions".
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "tessera/enum_names.hpp"
+#include "tessera/tensor_location.hpp"
+
+namespace tessera {
+
+struct DeviceSpec;
+
+// How gradients are combined over accumulation steps and replicas.
+enum class ReductionType {
+  Sum,   // gradients are added
+  Mean,  // gradients are averaged (see MeanReductionStrategy)
+};
+
+// How a Mean reduction over accumulation steps is computed.
+enum class MeanReductionStrategy {
+  Running,  // s = f/(f+1)*s + g/(f+1) after each micro-batch; never overflows
+  Post,     // sum all micro-batches, divide once at the end
+};
+
+template <>
+struct EnumNames<ReductionType> {
+  static constexpr std::string_view kTypeName = "ReductionType";
+  static constexpr std::array kNames = {std::pair{ReductionType::Sum, std::string_view{"Sum"}},
+                                        std::pair{ReductionType::Mean, std::string_view{"Mean"}}};
+};
+template <>
+struct EnumNames<MeanReductionStrategy> {
+  static constexpr std::string_view kTypeName = "MeanReductionStrategy";
+  static constexpr std::array kNames = {
+      std::pair{MeanReductionStrategy::Running, std::string_view{"Running"}},
+      std::pair{MeanReductionStrategy::Post, std::string_view{"Post"}}};
+};
+
+// JSON path of the SessionOptions object inside a run config; every path in
+// a validation error or a location reason starts with it.
+inline constexpr std::string_view kSessionOptionsPath = "/sessionOptions";
+
+struct SessionOptions {
+  // ---------------------------------------------------------------------
+  // Replication within this instance
+  // ---------------------------------------------------------------------
+
+  // Run replicatedGraphCount copies (replicas) of the program in data
+  // parallel. When false, replicatedGraphCount must be 1.
+  bool enableReplicatedGraphs = false;
+
+  // Local replication factor: the number of replicas this instance runs.
+  // Must be >= 1; > 1 only with enableReplicatedGraphs.
+  int64_t replicatedGraphCount = 1;
+
+  // ---------------------------------------------------------------------
+  // Replication across instances (launched with `tessera launch`/mpirun)
+  // ---------------------------------------------------------------------
+
+  // Replicas are spread over several instances. Usually filled in by
+  // configureSessionOptions() from the launcher's environment.
+  bool enableDistributedReplicatedGraphs = false;
+
+  // Total replicas over all instances, this instance's included. Must be
+  // >= 1 and a multiple of the local replication factor.
+  int64_t globalReplicationFactor = 1;
+
+  // Global index of this instance's first replica: a multiple of the local
+  // replication factor, with offset + local <= global.
+  int64_t globalReplicaOffset = 0;
+
+  // ---------------------------------------------------------------------
+  // Gradient accumulation
+  // ---------------------------------------------------------------------
+
+  // Accumulate gradients over accumulationFactor micro-batches before each
+  // weight update. When false, accumulationFactor must be 1.
+  bool enableGradientAccumulation = false;
+
+  // Micro-batches per weight update. Must be >= 1.
+  int64_t accumulationFactor = 1;
+
+  // How gradients are reduced over micro-batches and replicas.
+  ReductionType accumulationAndReplicationReductionType = ReductionType::Sum;
+
+  // With Mean reduction: average as a running mean or sum then divide.
+  MeanReductionStrategy meanAccumulationAndReplicationReductionStrategy = MeanReductionStrategy::Post;
+
+  // ---------------------------------------------------------------------
+  // Tiles
+  // ---------------------------------------------------------------------
+
+  // Tiles per processor set aside to stage transfers with streaming memory
+  // (TileSet::IO). 0, or an even number >= 32 and below
+  // DeviceSpec::tilesPerIpu. Any TileSet::IO setting needs it > 0.
+  int64_t numIOTiles = 0;
+
+  // ---------------------------------------------------------------------
+  // Tensor locations, one setting per TensorCategory
+  // ---------------------------------------------------------------------
+
+  TensorLocationSettings activationTensorLocationSettings{};
+  TensorLocationSettings weightTensorLocationSettings{};
+  TensorLocationSettings optimizerStateTensorLocationSettings{};
+  TensorLocationSettings accumulatorTensorLocationSettings{};
+
+  // Per-tensor locations, by tensor name. Applied verbatim: thresholds and
+  // downgrades do not apply to them.
+  std::map<std::string, TensorLocation> tensorLocationSettingsOverride{};
+
+  // ---------------------------------------------------------------------
+  // Derived values
+  // ---------------------------------------------------------------------
+
+  // Replicas this instance runs: replicatedGraphCount if replication is
+  // enabled, else 1.
+  int64_t getLocalReplicationFactor() const noexcept;
+  // Replicas over all instances: globalReplicationFactor if distributed,
+  // else the local factor.
+  int64_t getGlobalReplicationFactor() const noexcept;
+  // Global index of this instance's first replica (0 unless distributed).
+  int64_t getGlobalReplicaOffset() const noexcept;
+  // accumulationFactor; throws ConfigError(AccumulationDisabledButFactor)
+  // when accumulation is disabled but the factor is > 1.
+  int64_t getAccumulationFactor() const;
+
+  // The settings of one category, and the key that names them in JSON
+  // (e.g. "weightTensorLocationSettings").
+  const TensorLocationSettings& locationSettings(TensorCategory category) const noexcept;
+  TensorLocationSettings& locationSettings(TensorCategory category) noexcept;
+  static std::string_view locationSettingsKey(TensorCategory category) noexcept;
+
+  bool operator==(const SessionOptions&) const = default;
+};
+
+// Checks every cross-field rule; throws the first violation as a
+// ConfigError whose subject is the JSON path under "/sessionOptions". With a
+// device, the tile counts are checked against it too.
+void validate(const SessionOptions& options);
+void validate(const SessionOptions& options, const DeviceSpec& device);
+
+}  // namespace tessera

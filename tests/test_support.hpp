@@ -1,0 +1,48 @@
+// Helpers shared by the test suites.
+#pragma once
+
+#include <cstdlib>
+#include <optional>
+#include <utility>
+#include <string>
+
+#include <doctest/doctest.h>
+
+#include "tessera/error.hpp"
+
+namespace tessera::test {
+
+// A path inside the source tree (tests run from the build folder).
+inline std::string sourcePath(const std::string& relative) {
+  const char* root = std::getenv("TESSERA_SOURCE_ROOT");
+  return (root ? std::string(root) : std::string(".")) + "/" + relative;
+}
+
+// Runs fn and returns the error of type E it threw, or nullopt when it threw
+// nothing. Any other exception propagates and fails the test.
+template <class E, class Fn>
+std::optional<E> catchError(Fn&& fn) {
+  try {
+    std::forward<Fn>(fn)();
+  } catch (const E& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+}  // namespace tessera::test
+
+// Runs `expr`, expects a tessera error of type `Type` with code `code`, and
+// leaves it in `caught` for more checks on the subject and message.
+#define TESSERA_CHECK_ERROR(expr, Type, expectedCode)                                  \
+  do {                                                                                \
+    bool tesseraThrew = false;                                                        \
+    try {                                                                             \
+      (void)(expr);                                                                   \
+    } catch (const Type& tesseraError) {                                              \
+      tesseraThrew = true;                                                            \
+      INFO(tesseraError.what());                                                      \
+      CHECK(tesseraError.code() == (expectedCode));                                   \
+    }                                                                                 \
+    CHECK_MESSAGE(tesseraThrew, "expected " #Type " from " #expr);                    \
+  } while (false)
