@@ -1,1 +1,84 @@
-// (in progress)
+#include "tessera/session_options.hpp"
+
+#include <array>
+
+#include <fmt/format.h>
+
+#include "tessera/error.hpp"
+
+namespace tessera {
+namespace {
+
+// One row per TensorCategory, in enumerator order: the member that holds
+// its settings and the JSON key that names it.
+struct CategorySettings {
+  TensorCategory category;
+  TensorLocationSettings SessionOptions::*member;
+  std::string_view key;
+};
+
+constexpr std::array kCategorySettings = {
+    CategorySettings{TensorCategory::Activation, &SessionOptions::activationTensorLocationSettings,
+                     "activationTensorLocationSettings"},
+    CategorySettings{TensorCategory::Weight, &SessionOptions::weightTensorLocationSettings,
+                     "weightTensorLocationSettings"},
+    CategorySettings{TensorCategory::OptimizerState, &SessionOptions::optimizerStateTensorLocationSettings,
+                     "optimizerStateTensorLocationSettings"},
+    CategorySettings{TensorCategory::Accumulator, &SessionOptions::accumulatorTensorLocationSettings,
+                     "accumulatorTensorLocationSettings"},
+};
+
+static_assert(
+    [] {
+      for (std::size_t i = 0; i < kCategorySettings.size(); ++i) {
+        if (static_cast<std::size_t>(kCategorySettings[i].category) != i) return false;
+      }
+      return kCategorySettings.size() == EnumNames<TensorCategory>::kNames.size();
+    }(),
+    "kCategorySettings must list every TensorCategory in enumerator order");
+
+// Out-of-range values (a cast from a bad integer) fall back to the first
+// row rather than reading past the table.
+const CategorySettings& row(TensorCategory category) noexcept {
+  const auto index = static_cast<std::size_t>(category);
+  return kCategorySettings[index < kCategorySettings.size() ? index : 0];
+}
+
+}  // namespace
+
+int64_t SessionOptions::getLocalReplicationFactor() const noexcept {
+  return enableReplicatedGraphs ? replicatedGraphCount : 1;
+}
+
+int64_t SessionOptions::getGlobalReplicationFactor() const noexcept {
+  return enableDistributedReplicatedGraphs ? globalReplicationFactor : getLocalReplicationFactor();
+}
+
+int64_t SessionOptions::getGlobalReplicaOffset() const noexcept {
+  return enableDistributedReplicatedGraphs ? globalReplicaOffset : 0;
+}
+
+int64_t SessionOptions::getAccumulationFactor() const {
+  if (!enableGradientAccumulation && accumulationFactor > 1) {
+    throw ConfigError(ErrorCode::AccumulationDisabledButFactor,
+                      fmt::format("{}/accumulationFactor", kSessionOptionsPath),
+                      fmt::format("accumulationFactor is {} but enableGradientAccumulation is false; set "
+                                  "{}/enableGradientAccumulation to true or accumulationFactor to 1",
+                                  accumulationFactor, kSessionOptionsPath));
+  }
+  return accumulationFactor;
+}
+
+const TensorLocationSettings& SessionOptions::locationSettings(TensorCategory category) const noexcept {
+  return this->*row(category).member;
+}
+
+TensorLocationSettings& SessionOptions::locationSettings(TensorCategory category) noexcept {
+  return this->*row(category).member;
+}
+
+std::string_view SessionOptions::locationSettingsKey(TensorCategory category) noexcept {
+  return row(category).key;
+}
+
+}  // namespace tessera

@@ -23,12 +23,18 @@ concept NamedEnum = std::is_enum_v<E> && requires {
   EnumNames<E>::kTypeName;
 };
 
-template <NamedEnum E>
-constexpr std::string_view toString(E value) noexcept {
-  for (const auto& [v, name] : EnumNames<E>::kNames)
-    if (v == value) return name;
-  return "<invalid>";
-}
+// toString(value): the enumerator's name. A function object rather than a
+// function so that argument-dependent lookup from other libraries' generic
+// printers (e.g. doctest's toString) never finds it.
+struct ToStringFn {
+  template <NamedEnum E>
+  constexpr std::string_view operator()(E value) const noexcept {
+    for (const auto& [v, name] : EnumNames<E>::kNames)
+      if (v == value) return name;
+    return "<invalid>";
+  }
+};
+inline constexpr ToStringFn toString{};
 
 // Exact (case-sensitive) lookup.
 template <NamedEnum E>
