@@ -1,0 +1,337 @@
+// The graph IR: a per-replica (SPMD) program of tensors and ops.
+//
+// A Graph describes what ONE replica computes; the graph knows the global
+// replication factor so that sharded variables and collectives can size
+// themselves. Shapes are per replica: an input of shape [B, 784] is fed by the
+// host as [R, B, 784] for R local replicas. Ops are a closed set (OpKind), each
+// with shape inference and a gradient rule (autodiff.hpp). Transforms
+// (sessions/) rewrite graphs with the same public ops a user can write by
+// hand, PopXL style (ops.hpp), which builds on the low-level methods here.
+//
+// Tensors and ops live in vectors addressed by integer ids. Sources (inputs,
+// variables, constants) are ops without inputs, so every tensor has exactly
+// one producer.
+//
+// Program order. An op runs after the producers of its inputs and after every
+// op in its `after` list. Graph adds `after` edges itself so that state
+// behaves in creation order, as a reader of the building code expects:
+//  - an in-place op (ScaledAddInplace, CopyInplace) runs after every op
+//    created before it that reads the same storage, and every op created
+//    after it that reads that storage runs after it;
+//  - RemoteLoad / RemoteStore on one buffer keep their creation order in the
+//    same way (a store modifies the buffer, a load reads it).
+// beginSequence()/endSequence() (PopXL's in_sequence) order every op created
+// in between in creation order. addAfter() adds an arbitrary constraint.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tessera/enum_names.hpp"
+#include "tessera/replica_grouping.hpp"
+#include "tessera/session_options.hpp"
+#include "tessera/tensor_location.hpp"
+
+namespace tessera {
+
+enum class DType { Float32, Int32 };
+
+template <>
+struct EnumNames<DType> {
+  static constexpr std::string_view kTypeName = "DType";
+  static constexpr std::array kNames = {std::pair{DType::Float32, std::string_view{"float32"}},
+                                        std::pair{DType::Int32, std::string_view{"int32"}}};
+};
+
+using Shape = std::vector<int64_t>;
+
+// Product of the dimensions (1 for a scalar). Throws GraphError(ShapeMismatch)
+// on a negative dimension or overflow.
+int64_t numElements(const Shape& shape);
+// "[2, 3]"
+std::string shapeStr(const Shape& shape);
+
+// How the host reads a grouped variable back (PopXL's retrieval modes).
+enum class RetrievalMode {
+  OnePerGroup,  // host shape [numGroups, ...] (the group dim omitted for one group)
+  AllReplicas,  // host shape [R, ...]: every replica's copy
+};
+
+template <>
+struct EnumNames<RetrievalMode> {
+  static constexpr std::string_view kTypeName = "RetrievalMode";
+  static constexpr std::array kNames = {
+      std::pair{RetrievalMode::OnePerGroup, std::string_view{"OnePerGroup"}},
+      std::pair{RetrievalMode::AllReplicas, std::string_view{"AllReplicas"}}};
+};
+
+enum class OpKind {
+  // Sources (no inputs, one output).
+  Input,     // host-to-device stream, per replica data
+  Variable,  // persistent state initialised from host data
+  Constant,  // value baked into the program
+  // Dense math.
+  MatMul,  // [.., M, K] x [K, N] -> [.., M, N]; batched left operand allowed
+  Add,     // numpy broadcasting for Add, Sub, Mul, Div
+  Sub,
+  Mul,
+  Div,
+  Neg,
+  Relu,
+  Gelu,  // tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  Tanh,
+  Sigmoid,
+  Exp,
+  Log,
+  Sqrt,
+  Softmax,              // along the last axis
+  LogSoftmax,           // along the last axis
+  SoftmaxCrossEntropy,  // logits [N, C] float, labels [N] int32 -> scalar (`reduction` Sum or Mean)
+  ReduceSum,            // over `axes` (all when empty), `keepDims`
+  ReduceMean,
+  Reshape,           // to `shape`
+  Transpose,         // permutation `axes`
+  Slice,             // [starts, ends) on every axis
+  Concat,            // along `axis`
+  BroadcastTo,       // to `shape` (numpy rules)
+  ScaledAddInplace,  // (x, y): x = a*x + b*y; the output aliases x
+  Copy,              // y = x
+  CopyInplace,       // (dst, src): dst = src; the output aliases dst
+  ArgMax,            // along the last axis, int32 output, no gradient
+  // Gradient helpers, produced by autodiff (also usable directly).
+  ReluGrad,                 // (dy, x) -> dy * (x > 0)
+  GeluGrad,                 // (dy, x) -> dy * gelu'(x)
+  SoftmaxCrossEntropyGrad,  // (dloss, logits, labels) -> dlogits
+  ReduceToShape,            // sum a broadcast value back to `shape`
+  SlicePad,                 // zeros of `shape` with [starts, ends) filled from the input
+  // Collectives over a ReplicaGrouping of the replicas (`grouping`; nullopt =
+  // all replicas). Sharded values use ShardLayout(n, groupSize).
+  ReplicatedAllReduce,      // Sum or Mean over each group; same shape
+  ReplicatedReduceScatter,  // reduce over the group, keep shard indexInGroup: [ceil(n/g)], metaShape = input
+                            // shape
+  ReplicatedAllGather,      // shards of the group -> `shape`, else the input's metaShape, else [g*s]
+  ReplicaShardedSlice,      // this replica's shard of its own value (no reduction)
+  ReplicaShardedPad,  // this replica's shard placed into zeros of `shape` (ReplicaShardedSlice's gradient)
+  // Streaming memory: `remoteBuffer`, `entry`. Every replica has its own copy of a buffer.
+  RemoteLoad,   // buffer[entry] -> tensor
+  RemoteStore,  // tensor -> buffer[entry]; no output
+};
+
+template <>
+struct EnumNames<OpKind> {
+  static constexpr std::string_view kTypeName = "OpKind";
+  static constexpr std::array kNames = {
+      std::pair{OpKind::Input, std::string_view{"Input"}},
+      std::pair{OpKind::Variable, std::string_view{"Variable"}},
+      std::pair{OpKind::Constant, std::string_view{"Constant"}},
+      std::pair{OpKind::MatMul, std::string_view{"MatMul"}},
+      std::pair{OpKind::Add, std::string_view{"Add"}},
+      std::pair{OpKind::Sub, std::string_view{"Sub"}},
+      std::pair{OpKind::Mul, std::string_view{"Mul"}},
+      std::pair{OpKind::Div, std::string_view{"Div"}},
+      std::pair{OpKind::Neg, std::string_view{"Neg"}},
+      std::pair{OpKind::Relu, std::string_view{"Relu"}},
+      std::pair{OpKind::Gelu, std::string_view{"Gelu"}},
+      std::pair{OpKind::Tanh, std::string_view{"Tanh"}},
+      std::pair{OpKind::Sigmoid, std::string_view{"Sigmoid"}},
+      std::pair{OpKind::Exp, std::string_view{"Exp"}},
+      std::pair{OpKind::Log, std::string_view{"Log"}},
+      std::pair{OpKind::Sqrt, std::string_view{"Sqrt"}},
+      std::pair{OpKind::Softmax, std::string_view{"Softmax"}},
+      std::pair{OpKind::LogSoftmax, std::string_view{"LogSoftmax"}},
+      std::pair{OpKind::SoftmaxCrossEntropy, std::string_view{"SoftmaxCrossEntropy"}},
+      std::pair{OpKind::ReduceSum, std::string_view{"ReduceSum"}},
+      std::pair{OpKind::ReduceMean, std::string_view{"ReduceMean"}},
+      std::pair{OpKind::Reshape, std::string_view{"Reshape"}},
+      std::pair{OpKind::Transpose, std::string_view{"Transpose"}},
+      std::pair{OpKind::Slice, std::string_view{"Slice"}},
+      std::pair{OpKind::Concat, std::string_view{"Concat"}},
+      std::pair{OpKind::BroadcastTo, std::string_view{"BroadcastTo"}},
+      std::pair{OpKind::ScaledAddInplace, std::string_view{"ScaledAddInplace"}},
+      std::pair{OpKind::Copy, std::string_view{"Copy"}},
+      std::pair{OpKind::CopyInplace, std::string_view{"CopyInplace"}},
+      std::pair{OpKind::ArgMax, std::string_view{"ArgMax"}},
+      std::pair{OpKind::ReluGrad, std::string_view{"ReluGrad"}},
+      std::pair{OpKind::GeluGrad, std::string_view{"GeluGrad"}},
+      std::pair{OpKind::SoftmaxCrossEntropyGrad, std::string_view{"SoftmaxCrossEntropyGrad"}},
+      std::pair{OpKind::ReduceToShape, std::string_view{"ReduceToShape"}},
+      std::pair{OpKind::SlicePad, std::string_view{"SlicePad"}},
+      std::pair{OpKind::ReplicatedAllReduce, std::string_view{"ReplicatedAllReduce"}},
+      std::pair{OpKind::ReplicatedReduceScatter, std::string_view{"ReplicatedReduceScatter"}},
+      std::pair{OpKind::ReplicatedAllGather, std::string_view{"ReplicatedAllGather"}},
+      std::pair{OpKind::ReplicaShardedSlice, std::string_view{"ReplicaShardedSlice"}},
+      std::pair{OpKind::ReplicaShardedPad, std::string_view{"ReplicaShardedPad"}},
+      std::pair{OpKind::RemoteLoad, std::string_view{"RemoteLoad"}},
+      std::pair{OpKind::RemoteStore, std::string_view{"RemoteStore"}},
+  };
+};
+
+// True for the kinds whose output aliases (modifies) their first input.
+constexpr bool isInplace(OpKind kind) noexcept {
+  return kind == OpKind::ScaledAddInplace || kind == OpKind::CopyInplace;
+}
+// True for the collectives (ops that read other replicas' values).
+constexpr bool isCollective(OpKind kind) noexcept {
+  return kind == OpKind::ReplicatedAllReduce || kind == OpKind::ReplicatedReduceScatter ||
+         kind == OpKind::ReplicatedAllGather || kind == OpKind::ReplicaShardedSlice ||
+         kind == OpKind::ReplicaShardedPad;
+}
+
+// Attributes of an op; each kind reads only the fields it needs.
+struct OpAttributes {
+  std::vector<int64_t> axes{};  // ReduceSum/Mean, Transpose (permutation)
+  bool keepDims = false;        // ReduceSum/Mean
+  Shape shape{};                // Reshape, BroadcastTo, ReduceToShape, SlicePad, ReplicaShardedPad, AllGather
+  std::vector<int64_t> starts{};  // Slice, SlicePad
+  std::vector<int64_t> ends{};    // Slice, SlicePad
+  int64_t axis = 0;               // Concat
+  double a = 1.0;                 // ScaledAddInplace: x = a*x + b*y
+  double b = 1.0;
+  ReductionType reduction = ReductionType::Sum;  // collectives, SoftmaxCrossEntropy
+  std::optional<ReplicaGrouping> grouping{};     // collectives: the groups; nullopt = all replicas
+  int64_t remoteBuffer = -1;                     // RemoteLoad/Store: buffer id
+  int64_t entry = 0;                             // RemoteLoad/Store: entry index
+  bool operator==(const OpAttributes&) const = default;
+};
+
+using TensorId = int32_t;
+using OpId = int32_t;
+inline constexpr TensorId kNoTensor = -1;
+inline constexpr OpId kNoOp = -1;
+
+struct TensorNode {
+  std::string name;
+  DType dtype = DType::Float32;
+  Shape shape;  // per replica
+  TensorCategory category = TensorCategory::Activation;
+  OpId producer = kNoOp;
+  std::vector<OpId> consumers;
+  // The tensor whose storage this one shares (the output of an in-place op
+  // aliases its first input's storage); kNoTensor when it owns its storage.
+  TensorId aliasOf = kNoTensor;
+  // Variables: grouping over replicas (nullopt: one group of all replicas),
+  // retrieval mode, and host initial data [numGroups, ...hostShape] (group dim
+  // omitted for one group; hostShape is metaShape when sharded, else shape).
+  // Constants: their value. Int32 values are stored exactly as floats.
+  std::optional<ReplicaGrouping> grouping;
+  RetrievalMode retrievalMode = RetrievalMode::OnePerGroup;
+  std::vector<float> data;
+  // Sharded tensors: the full (unsharded) shape; shape is then [ceil(n/k)].
+  // Empty when not sharded. Collectives set it on their sharded outputs.
+  Shape metaShape;
+  // Sharded variables: the number of shards k; member m of a variable group
+  // holds shard m mod k of ShardLayout(n, k).
+  int64_t shardCount = 1;
+  // Variables kept in a remote buffer (remoteVariable and friends): their
+  // initial value is written to buffer[remoteEntry] on every replica.
+  int64_t remoteBuffer = -1;
+  int64_t remoteEntry = 0;
+};
+
+struct OpNode {
+  OpKind kind = OpKind::Input;
+  std::vector<TensorId> inputs;
+  std::vector<TensorId> outputs;
+  OpAttributes attributes;
+  std::string name;
+  // Ops that must run before this one although no data may flow between
+  // them (see the program order rules at the top of this file).
+  std::vector<OpId> after;
+};
+
+struct RemoteBufferInfo {
+  Shape shape;  // per entry, per replica
+  DType dtype = DType::Float32;
+  int64_t entries = 1;
+  Shape metaShape;  // the unsharded shape when the buffer holds shards
+};
+
+class Graph {
+ public:
+  // `replicationFactor` is the global number of replicas the program will
+  // run on (PopXL's ir.replication_factor): sharded variables and
+  // collectives without an explicit grouping use it. Throws
+  // GraphError(InvalidOperand) when it is not positive.
+  explicit Graph(int64_t replicationFactor = 1);
+  Graph(const Graph&) = default;
+  Graph& operator=(const Graph&) = default;
+  Graph(Graph&&) noexcept = default;
+  Graph& operator=(Graph&&) noexcept = default;
+
+  int64_t replicationFactor() const noexcept { return replicationFactor_; }
+  std::span<const TensorNode> tensors() const noexcept { return tensors_; }
+  std::span<const OpNode> ops() const noexcept { return ops_; }
+  std::span<const RemoteBufferInfo> remoteBuffers() const noexcept { return remoteBuffers_; }
+  // Throw GraphError(UnknownTensor) / (InvalidOperand) for an id out of range.
+  const TensorNode& tensor(TensorId id) const;
+  TensorNode& tensor(TensorId id);
+  const OpNode& op(OpId id) const;
+  const RemoteBufferInfo& remoteBuffer(int64_t id) const;
+  // Throws GraphError(UnknownTensor) naming the tensor.
+  TensorId find(std::string_view name) const;
+  std::optional<TensorId> tryFind(std::string_view name) const;
+  // The tensor that owns t's storage (t itself unless t is an in-place output).
+  TensorId storageOf(TensorId t) const;
+
+  // Low-level construction used by ops.hpp and transforms.
+  // addSource adds an Input, Variable or Constant op whose output is `node`
+  // (its name must be unused: GraphError(DuplicateTensorName)).
+  TensorId addSource(OpKind kind, TensorNode node);
+  // addOp checks operands and attributes (GraphError naming the op, the
+  // tensors and their shapes), infers the outputs, names them after the op,
+  // and links producers, consumers and program order. `name` defaults to the
+  // kind's name; it is made unique.
+  OpId addOp(OpKind kind, std::vector<TensorId> inputs, OpAttributes attributes = {}, std::string name = {});
+  // Throws GraphError(InvalidRemoteBuffer) for entries < 1 or a bad shape.
+  int64_t addRemoteBuffer(RemoteBufferInfo info);
+  // Sets a buffer's metaShape (the first sharded variable stored in it does).
+  void setRemoteBufferMetaShape(int64_t id, Shape metaShape);
+  // `base` when no tensor has that name, else the first free "base.1", "base.2", ...
+  std::string uniqueName(std::string_view base);
+  // Renames a tensor; throws GraphError(DuplicateTensorName) when taken.
+  void rename(TensorId id, std::string name);
+
+  // `op` runs after `before`. Throws GraphError(InvalidOperand) on bad ids;
+  // a cycle is reported by schedule().
+  void addAfter(OpId op, OpId before);
+  // Explicit program order (PopXL's in_sequence): between beginSequence()
+  // and endSequence(), every new op runs after the previous new op. Nests.
+  void beginSequence();
+  // Throws GraphError(InvalidProgramOrder) without a matching beginSequence().
+  void endSequence();
+
+  // Ops in an order that respects data flow and every `after` constraint;
+  // among ready ops the earliest created runs first. O((ops + edges) log ops).
+  // Throws GraphError(InvalidProgramOrder) on a cycle, naming an op on it.
+  std::vector<OpId> schedule() const;
+
+ private:
+  // Per storage (or remote buffer): the last op that modified it and the
+  // ops that read it since.
+  struct StateOrder {
+    OpId lastWriter = kNoOp;
+    std::vector<OpId> readersSinceWrite;
+  };
+  void orderState(StateOrder& state, OpId op, bool writes);
+  OpId pushOp(OpNode node);
+
+  std::vector<TensorNode> tensors_;
+  std::vector<OpNode> ops_;
+  std::vector<RemoteBufferInfo> remoteBuffers_;
+  std::unordered_map<std::string, TensorId> names_;
+  std::unordered_map<std::string, int64_t> nextSuffix_;  // where uniqueName's search resumes
+  std::unordered_map<TensorId, StateOrder> storageOrder_;
+  std::unordered_map<int64_t, StateOrder> bufferOrder_;
+  int64_t replicationFactor_ = 1;
+  int sequenceDepth_ = 0;
+  OpId lastInSequence_ = kNoOp;
+};
+
+}  // namespace tessera

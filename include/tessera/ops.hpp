@@ -1,0 +1,184 @@
+// The PopXL-style builder API: tensor handles and one free function per op.
+//
+//   Graph g(4);
+//   Tensor x = ops::input(g, "x", {8, 784});
+//   auto [W0var, W0shard] = ops::replicaShardedVariable(g, "W0", w0Data, {784, 16});
+//   Tensor W0 = ops::replicatedAllGather(W0shard);
+//   Tensor h = ops::relu(ops::matmul(x, W0));
+//
+// Every function checks its operands and throws GraphError with a stable code
+// (ShapeMismatch, InvalidOperand, InvalidAxis, UnknownTensor,
+// DuplicateTensorName, HostShapeMismatch, InvalidCollective,
+// InvalidRemoteBuffer) whose subject is the op or tensor name and whose
+// message names the tensors, their shapes and what is allowed.
+//
+// Host data of a variable is given in host shape: [numGroups, ...shape] when
+// its grouping has more than one group, else `shape` (PopXL's shape_on_host).
+// Int32 values are held exactly as floats.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/graph.hpp"
+
+namespace tessera {
+
+// A light handle: the graph and a tensor id. Copying it copies the reference.
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(Graph* graph, TensorId id) noexcept : graph_(graph), id_(id) {}
+
+  bool valid() const noexcept { return graph_ != nullptr && id_ != kNoTensor; }
+  Graph& graph() const noexcept { return *graph_; }
+  TensorId id() const noexcept { return id_; }
+  const TensorNode& node() const { return graph_->tensor(id_); }
+  const Shape& shape() const { return node().shape; }
+  DType dtype() const { return node().dtype; }
+  const std::string& name() const { return node().name; }
+  // The unsharded shape of a shard, empty otherwise.
+  const Shape& metaShape() const { return node().metaShape; }
+  bool operator==(const Tensor&) const = default;
+
+ private:
+  Graph* graph_ = nullptr;
+  TensorId id_ = kNoTensor;
+};
+
+// A remote (streaming memory) buffer of `entries` slots of one shape, one
+// copy per replica.
+class RemoteBuffer {
+ public:
+  RemoteBuffer() = default;
+  RemoteBuffer(Graph* graph, int64_t id) noexcept : graph_(graph), id_(id) {}
+
+  Graph* graph() const noexcept { return graph_; }
+  int64_t id() const noexcept { return id_; }
+  const RemoteBufferInfo& info() const { return graph_->remoteBuffer(id_); }
+  bool operator==(const RemoteBuffer&) const = default;
+
+ private:
+  Graph* graph_ = nullptr;
+  int64_t id_ = -1;
+};
+
+// The result of replicaShardedVariable. The variable's per-replica value IS
+// its shard (1-D, ceil(n/shardOver) elements, metaShape = the full shape), so
+// both handles name the same tensor: `variable` is the one the host reads and
+// writes (reassembled through its ShardLayout), `shard` the one the program
+// computes with (and updates in place).
+struct ShardedVariable {
+  Tensor variable;
+  Tensor shard;
+};
+
+// PopXL's in_sequence: ops created while an InSequence is alive run in
+// creation order.
+class InSequence {
+ public:
+  explicit InSequence(Graph& graph) : graph_(graph) { graph_.beginSequence(); }
+  ~InSequence() { graph_.endSequence(); }
+  InSequence(const InSequence&) = delete;
+  InSequence& operator=(const InSequence&) = delete;
+
+ private:
+  Graph& graph_;
+};
+
+namespace ops {
+
+// --- Sources ---
+Tensor input(Graph& graph, std::string name, Shape shape, DType dtype = DType::Float32);
+// A persistent tensor initialised from `hostData` (see the host shape rule
+// above). `category` lets optimizers create OptimizerState / Accumulator state.
+Tensor variable(Graph& graph, std::string name, std::vector<float> hostData, Shape shape,
+                std::optional<ReplicaGrouping> grouping = std::nullopt,
+                RetrievalMode retrievalMode = RetrievalMode::OnePerGroup,
+                TensorCategory category = TensorCategory::Weight, DType dtype = DType::Float32);
+Tensor constant(Graph& graph, std::string name, std::vector<float> data, Shape shape,
+                DType dtype = DType::Float32);
+// A float32 constant holding one value, shape [] (broadcasts against anything).
+Tensor scalar(Graph& graph, double value);
+
+// --- Dense math (float32) ---
+Tensor matmul(Tensor a, Tensor b);  // [.., M, K] x [K, N] -> [.., M, N]
+Tensor add(Tensor a, Tensor b);     // numpy broadcasting for add, sub, mul, div
+Tensor sub(Tensor a, Tensor b);
+Tensor mul(Tensor a, Tensor b);
+Tensor div(Tensor a, Tensor b);
+Tensor neg(Tensor x);
+Tensor relu(Tensor x);
+// The tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as
+// PopART's Gelu; its gradient is the exact derivative of this formula.
+Tensor gelu(Tensor x);
+Tensor tanh(Tensor x);
+Tensor sigmoid(Tensor x);
+Tensor exp(Tensor x);
+Tensor log(Tensor x);
+Tensor sqrt(Tensor x);
+Tensor softmax(Tensor x);     // along the last axis
+Tensor logSoftmax(Tensor x);  // along the last axis
+// logits [N, C], labels [N] int32 -> scalar: -sum_n log softmax(logits)[n, label_n],
+// divided by N for Mean.
+Tensor softmaxCrossEntropy(Tensor logits, Tensor labels, ReductionType reduction = ReductionType::Mean);
+// Over `axes` (negative counts from the end; all axes when empty).
+Tensor reduceSum(Tensor x, std::vector<int64_t> axes = {}, bool keepDims = false);
+Tensor reduceMean(Tensor x, std::vector<int64_t> axes = {}, bool keepDims = false);
+Tensor reshape(Tensor x, Shape shape);  // one dimension may be -1
+// `perm[i]` is the input axis that becomes output axis i; empty reverses.
+Tensor transpose(Tensor x, std::vector<int64_t> perm = {});
+// [starts[i], ends[i]) on every axis i.
+Tensor slice(Tensor x, std::vector<int64_t> starts, std::vector<int64_t> ends);
+Tensor concat(const std::vector<Tensor>& tensors, int64_t axis);
+Tensor broadcastTo(Tensor x, Shape shape);
+// x = a*x + b*y in place (y broadcasts to x); returns the modified x.
+Tensor scaledAddInplace(Tensor x, Tensor y, double a = 1.0, double b = 1.0);
+Tensor copy(Tensor x);
+// dst = src in place; returns the modified dst.
+Tensor copyInplace(Tensor dst, Tensor src);
+Tensor argmax(Tensor x);  // along the last axis, int32
+
+// --- Collectives. `grouping` nullopt means all replicas; a grouping must be
+// over the graph's replication factor. Shards use ShardLayout(n, groupSize). ---
+Tensor replicatedAllReduce(Tensor t, ReductionType reduction = ReductionType::Sum,
+                           std::optional<ReplicaGrouping> grouping = std::nullopt);
+// Reduce over the group, keep this replica's shard (index in group): 1-D
+// ceil(n/g) elements with metaShape = t's shape.
+Tensor replicatedReduceScatter(Tensor t, ReductionType reduction = ReductionType::Sum,
+                               std::optional<ReplicaGrouping> grouping = std::nullopt);
+// The group's shards reassembled: `outputShape` if given, else t's metaShape,
+// else [g * s] (concatenation).
+Tensor replicatedAllGather(Tensor t, std::optional<ReplicaGrouping> grouping = std::nullopt,
+                           Shape outputShape = {});
+// This replica's shard of its own value, no reduction.
+Tensor replicaShardedSlice(Tensor t, std::optional<ReplicaGrouping> grouping = std::nullopt);
+
+// --- Streaming memory ---
+// Throws GraphError(InvalidRemoteBuffer) for entries < 1.
+RemoteBuffer remoteBuffer(Graph& graph, Shape shape, DType dtype = DType::Float32, int64_t entries = 1);
+Tensor remoteLoad(Graph& graph, RemoteBuffer buffer, int64_t entry = 0);
+void remoteStore(Graph& graph, RemoteBuffer buffer, int64_t entry, Tensor t);
+// A variable kept in buffer[entry] (shape and dtype of the buffer); the host
+// data has the group dimension when the grouping has more than one group.
+Tensor remoteVariable(Graph& graph, std::string name, std::vector<float> hostData, RemoteBuffer buffer,
+                      int64_t entry = 0, std::optional<ReplicaGrouping> grouping = std::nullopt,
+                      RetrievalMode retrievalMode = RetrievalMode::OnePerGroup);
+// A variable of `shape` sharded over `shardOver` members (default: the group
+// size) of each group of `grouping`: member m holds shard m mod shardOver.
+// Throws GraphError(InvalidCollective) when shardOver does not divide the
+// group size.
+ShardedVariable replicaShardedVariable(Graph& graph, std::string name, std::vector<float> hostData,
+                                       Shape shape, std::optional<ReplicaGrouping> grouping = std::nullopt,
+                                       std::optional<int64_t> shardOver = std::nullopt,
+                                       TensorCategory category = TensorCategory::Weight);
+// A variable of `shape` sharded over all replicas and kept in buffer[entry];
+// the buffer must have shape [ceil(n/R)] (its metaShape is set to `shape`).
+// Needs a replication factor > 1 (GraphError(InvalidCollective)).
+Tensor remoteReplicaShardedVariable(Graph& graph, std::string name, std::vector<float> hostData, Shape shape,
+                                    RemoteBuffer buffer, int64_t entry = 0);
+
+}  // namespace ops
+}  // namespace tessera

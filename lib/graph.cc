@@ -1,0 +1,292 @@
+#include "tessera/graph.hpp"
+
+#include <functional>
+#include <limits>
+#include <queue>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "shape_inference.hpp"
+#include "tessera/error.hpp"
+
+namespace tessera {
+
+int64_t numElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      throw GraphError(ErrorCode::ShapeMismatch, shapeStr(shape),
+                       fmt::format("dimension {} is negative; dimensions must be >= 0", d));
+    }
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d) {
+      throw GraphError(ErrorCode::ShapeMismatch, shapeStr(shape),
+                       "the number of elements overflows a 64-bit integer");
+    }
+    n *= d;
+  }
+  return n;
+}
+
+std::string shapeStr(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+Graph::Graph(int64_t replicationFactor) : replicationFactor_(replicationFactor) {
+  if (replicationFactor < 1) {
+    throw GraphError(ErrorCode::InvalidOperand, "Graph",
+                     fmt::format("replicationFactor is {}; it must be at least 1", replicationFactor));
+  }
+}
+
+const TensorNode& Graph::tensor(TensorId id) const {
+  if (id < 0 || static_cast<std::size_t>(id) >= tensors_.size()) {
+    throw GraphError(ErrorCode::UnknownTensor, fmt::format("tensor #{}", id),
+                     fmt::format("no tensor has id {}; the graph has {} tensors", id, tensors_.size()));
+  }
+  return tensors_[static_cast<std::size_t>(id)];
+}
+
+TensorNode& Graph::tensor(TensorId id) {
+  return const_cast<TensorNode&>(static_cast<const Graph&>(*this).tensor(id));
+}
+
+const OpNode& Graph::op(OpId id) const {
+  if (id < 0 || static_cast<std::size_t>(id) >= ops_.size()) {
+    throw GraphError(ErrorCode::InvalidOperand, fmt::format("op #{}", id),
+                     fmt::format("no op has id {}; the graph has {} ops", id, ops_.size()));
+  }
+  return ops_[static_cast<std::size_t>(id)];
+}
+
+const RemoteBufferInfo& Graph::remoteBuffer(int64_t id) const {
+  if (id < 0 || static_cast<std::size_t>(id) >= remoteBuffers_.size()) {
+    throw GraphError(ErrorCode::InvalidRemoteBuffer, fmt::format("remote buffer #{}", id),
+                     fmt::format("no remote buffer has id {}; the graph has {} remote buffers", id,
+                                 remoteBuffers_.size()));
+  }
+  return remoteBuffers_[static_cast<std::size_t>(id)];
+}
+
+TensorId Graph::find(std::string_view name) const {
+  if (auto id = tryFind(name)) return *id;
+  throw GraphError(ErrorCode::UnknownTensor, std::string(name), "no tensor has this name");
+}
+
+std::optional<TensorId> Graph::tryFind(std::string_view name) const {
+  auto it = names_.find(std::string(name));
+  if (it == names_.end()) return std::nullopt;
+  return it->second;
+}
+
+TensorId Graph::storageOf(TensorId t) const {
+  const TensorId alias = tensor(t).aliasOf;
+  return alias == kNoTensor ? t : alias;
+}
+
+std::string Graph::uniqueName(std::string_view base) {
+  std::string name(base);
+  if (!names_.contains(name)) return name;
+  // Resume where the last search for this base stopped, so that n tensors
+  // with one base cost O(n), not O(n^2).
+  int64_t& next = nextSuffix_[name];
+  for (;;) {
+    ++next;
+    std::string candidate = fmt::format("{}.{}", base, next);
+    if (!names_.contains(candidate)) return candidate;
+  }
+}
+
+void Graph::rename(TensorId id, std::string name) {
+  TensorNode& node = tensor(id);
+  if (node.name == name) return;
+  if (names_.contains(name)) {
+    throw GraphError(
+        ErrorCode::DuplicateTensorName, name,
+        fmt::format("cannot rename tensor \"{}\": the name is taken; choose another name", node.name));
+  }
+  names_.erase(node.name);
+  names_.emplace(name, id);
+  node.name = std::move(name);
+}
+
+OpId Graph::pushOp(OpNode node) {
+  const auto id = static_cast<OpId>(ops_.size());
+  if (sequenceDepth_ > 0) {
+    if (lastInSequence_ != kNoOp) node.after.push_back(lastInSequence_);
+    lastInSequence_ = id;
+  }
+  ops_.push_back(std::move(node));
+  return id;
+}
+
+TensorId Graph::addSource(OpKind kind, TensorNode node) {
+  if (kind != OpKind::Input && kind != OpKind::Variable && kind != OpKind::Constant) {
+    throw GraphError(ErrorCode::InvalidOperand, node.name,
+                     fmt::format("addSource makes Input, Variable or Constant ops, not {}", kind));
+  }
+  if (node.name.empty()) node.name = uniqueName(toString(kind));
+  if (names_.contains(node.name)) {
+    throw GraphError(ErrorCode::DuplicateTensorName, node.name,
+                     fmt::format("a tensor named \"{}\" already exists; choose another name", node.name));
+  }
+  numElements(node.shape);
+  const auto tensorId = static_cast<TensorId>(tensors_.size());
+  OpNode op;
+  op.kind = kind;
+  op.outputs = {tensorId};
+  op.name = node.name;
+  node.producer = static_cast<OpId>(ops_.size());
+  node.consumers.clear();
+  node.aliasOf = kNoTensor;
+  names_.emplace(node.name, tensorId);
+  tensors_.push_back(std::move(node));
+  pushOp(std::move(op));
+  return tensorId;
+}
+
+void Graph::orderState(StateOrder& state, OpId op, bool writes) {
+  OpNode& node = ops_[static_cast<std::size_t>(op)];
+  if (writes) {
+    // Readers of the old value go first, then the previous writer.
+    for (OpId reader : state.readersSinceWrite)
+      if (reader != op) node.after.push_back(reader);
+    if (state.lastWriter != kNoOp && state.lastWriter != op) node.after.push_back(state.lastWriter);
+    state.readersSinceWrite.clear();
+    state.lastWriter = op;
+  } else if (state.lastWriter != op) {
+    if (state.lastWriter != kNoOp) node.after.push_back(state.lastWriter);
+    state.readersSinceWrite.push_back(op);
+  }
+}
+
+OpId Graph::addOp(OpKind kind, std::vector<TensorId> inputs, OpAttributes attributes, std::string name) {
+  if (kind == OpKind::Input || kind == OpKind::Variable || kind == OpKind::Constant) {
+    throw GraphError(ErrorCode::InvalidOperand, std::string(toString(kind)),
+                     "sources are added with addSource, not addOp");
+  }
+  if (name.empty()) name = std::string(toString(kind));
+  for (TensorId t : inputs) {
+    if (t < 0 || static_cast<std::size_t>(t) >= tensors_.size()) {
+      throw GraphError(
+          ErrorCode::UnknownTensor, name,
+          fmt::format("input tensor id {} does not exist; the graph has {} tensors", t, tensors_.size()));
+    }
+  }
+  std::vector<OutputSpec> outputs = inferOutputs(*this, kind, inputs, attributes, name);
+
+  const auto opId = static_cast<OpId>(ops_.size());
+  OpNode node;
+  node.kind = kind;
+  node.inputs = inputs;
+  node.attributes = std::move(attributes);
+  node.name = uniqueName(name);
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    TensorNode out;
+    out.name = i == 0 ? node.name : uniqueName(fmt::format("{}.out{}", node.name, i));
+    out.dtype = outputs[i].dtype;
+    out.shape = std::move(outputs[i].shape);
+    out.metaShape = std::move(outputs[i].metaShape);
+    out.producer = opId;
+    if (isInplace(kind) && i == 0) out.aliasOf = storageOf(inputs[0]);
+    const auto outId = static_cast<TensorId>(tensors_.size());
+    names_.emplace(out.name, outId);
+    tensors_.push_back(std::move(out));
+    node.outputs.push_back(outId);
+  }
+  const OpAttributes& attrs = node.attributes;
+  const bool loads = kind == OpKind::RemoteLoad;
+  const bool stores = kind == OpKind::RemoteStore;
+  const int64_t buffer = attrs.remoteBuffer;
+  pushOp(std::move(node));
+
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    tensors_[static_cast<std::size_t>(inputs[i])].consumers.push_back(opId);
+    const bool writes = isInplace(kind) && i == 0;
+    orderState(storageOrder_[storageOf(inputs[i])], opId, writes);
+  }
+  if (loads || stores) orderState(bufferOrder_[buffer], opId, stores);
+  return opId;
+}
+
+int64_t Graph::addRemoteBuffer(RemoteBufferInfo info) {
+  if (info.entries < 1) {
+    throw GraphError(
+        ErrorCode::InvalidRemoteBuffer, fmt::format("remote buffer #{}", remoteBuffers_.size()),
+        fmt::format("entries is {}; a remote buffer needs a positive number of entries", info.entries));
+  }
+  for (int64_t d : info.shape) {
+    if (d < 0) {
+      throw GraphError(ErrorCode::InvalidRemoteBuffer,
+                       fmt::format("remote buffer #{}", remoteBuffers_.size()),
+                       fmt::format("shape {} has a negative dimension", shapeStr(info.shape)));
+    }
+  }
+  remoteBuffers_.push_back(std::move(info));
+  return static_cast<int64_t>(remoteBuffers_.size()) - 1;
+}
+
+void Graph::setRemoteBufferMetaShape(int64_t id, Shape metaShape) {
+  remoteBuffer(id);
+  remoteBuffers_[static_cast<std::size_t>(id)].metaShape = std::move(metaShape);
+}
+
+void Graph::addAfter(OpId op, OpId before) {
+  this->op(before);
+  this->op(op);
+  ops_[static_cast<std::size_t>(op)].after.push_back(before);
+}
+
+void Graph::beginSequence() {
+  if (sequenceDepth_++ == 0) lastInSequence_ = kNoOp;
+}
+
+void Graph::endSequence() {
+  if (sequenceDepth_ == 0) {
+    throw GraphError(ErrorCode::InvalidProgramOrder, "endSequence",
+                     "endSequence() without a matching beginSequence()");
+  }
+  --sequenceDepth_;
+}
+
+std::vector<OpId> Graph::schedule() const {
+  const std::size_t n = ops_.size();
+  std::vector<int64_t> pending(n, 0);
+  std::vector<std::vector<OpId>> successors(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const OpNode& node = ops_[i];
+    for (TensorId t : node.inputs) {
+      successors[static_cast<std::size_t>(tensors_[static_cast<std::size_t>(t)].producer)].push_back(
+          static_cast<OpId>(i));
+      ++pending[i];
+    }
+    for (OpId before : node.after) {
+      successors[static_cast<std::size_t>(before)].push_back(static_cast<OpId>(i));
+      ++pending[i];
+    }
+  }
+  std::priority_queue<OpId, std::vector<OpId>, std::greater<>> ready;
+  for (std::size_t i = 0; i < n; ++i)
+    if (pending[i] == 0) ready.push(static_cast<OpId>(i));
+  std::vector<OpId> order;
+  order.reserve(n);
+  while (!ready.empty()) {
+    const OpId next = ready.top();
+    ready.pop();
+    order.push_back(next);
+    for (OpId s : successors[static_cast<std::size_t>(next)])
+      if (--pending[static_cast<std::size_t>(s)] == 0) ready.push(s);
+  }
+  if (order.size() != n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (pending[i] > 0) {
+        throw GraphError(
+            ErrorCode::InvalidProgramOrder, ops_[i].name,
+            fmt::format("the ops' data flow and `after` constraints form a cycle through op \"{}\" "
+                        "({} of {} ops cannot be scheduled); remove one of the constraints",
+                        ops_[i].name, n - order.size(), n));
+      }
+    }
+  }
+  return order;
+}
+
+}  // namespace tessera

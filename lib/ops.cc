@@ -1,0 +1,346 @@
+#include "tessera/ops.hpp"
+
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "tessera/error.hpp"
+#include "tessera/shard_layout.hpp"
+
+namespace tessera::ops {
+namespace {
+
+Graph& graphOf(std::string_view op, std::initializer_list<Tensor> tensors) {
+  Graph* graph = nullptr;
+  for (const Tensor& t : tensors) {
+    if (!t.valid()) {
+      throw GraphError(ErrorCode::InvalidOperand, std::string(op), "an operand is an empty Tensor handle");
+    }
+    if (graph != nullptr && graph != &t.graph()) {
+      throw GraphError(
+          ErrorCode::InvalidOperand, std::string(op),
+          fmt::format("operand \"{}\" belongs to another graph; all operands must come from one graph",
+                      t.name()));
+    }
+    graph = &t.graph();
+  }
+  return *graph;
+}
+
+Tensor single(Graph& graph, OpId op) { return {&graph, graph.op(op).outputs.at(0)}; }
+
+Tensor unary(OpKind kind, Tensor x, OpAttributes attributes = {}) {
+  Graph& graph = graphOf(toString(kind), {x});
+  return single(graph, graph.addOp(kind, {x.id()}, std::move(attributes)));
+}
+
+Tensor binary(OpKind kind, Tensor a, Tensor b, OpAttributes attributes = {}) {
+  Graph& graph = graphOf(toString(kind), {a, b});
+  return single(graph, graph.addOp(kind, {a.id(), b.id()}, std::move(attributes)));
+}
+
+OpAttributes collective(ReductionType reduction, std::optional<ReplicaGrouping> grouping) {
+  OpAttributes attributes;
+  attributes.reduction = reduction;
+  attributes.grouping = std::move(grouping);
+  return attributes;
+}
+
+void checkBuffer(const Graph& graph, RemoteBuffer buffer, std::string_view who) {
+  if (buffer.graph() != &graph) {
+    throw GraphError(ErrorCode::InvalidRemoteBuffer, std::string(who),
+                     fmt::format("remote buffer #{} belongs to another graph (or is empty)", buffer.id()));
+  }
+}
+
+// The grouping of a variable, defaulting to all replicas, checked against
+// the graph's replication factor.
+ReplicaGrouping variableGrouping(const Graph& graph, const std::string& name,
+                                 const std::optional<ReplicaGrouping>& grouping) {
+  const ReplicaGrouping g = grouping.value_or(ReplicaGrouping(graph.replicationFactor()));
+  if (g.numReplicas() != graph.replicationFactor()) {
+    throw GraphError(
+        ErrorCode::InvalidOperand, name,
+        fmt::format("the grouping {} is over {} replicas but the graph's replication factor is {}", g.str(),
+                    g.numReplicas(), graph.replicationFactor()));
+  }
+  return g;
+}
+
+// Checks host data against PopXL's shape_on_host: [numGroups, ...shape] for
+// more than one group, else shape.
+void checkHostData(const std::string& name, const std::vector<float>& data, const Shape& shape,
+                   const ReplicaGrouping& grouping) {
+  Shape host = shape;
+  std::string derivation = fmt::format("the variable's shape {} (one group)", shapeStr(shape));
+  if (grouping.numGroups() > 1) {
+    host.insert(host.begin(), grouping.numGroups());
+    derivation = fmt::format("[numGroups {}] + shape {} from {}", grouping.numGroups(), shapeStr(shape),
+                             grouping.str());
+  }
+  const int64_t expected = numElements(host);
+  if (static_cast<int64_t>(data.size()) != expected) {
+    throw GraphError(ErrorCode::HostShapeMismatch, name,
+                     fmt::format("host data has {} elements; expected host shape {} ({} elements): {}",
+                                 data.size(), shapeStr(host), expected, derivation));
+  }
+}
+
+}  // namespace
+
+Tensor input(Graph& graph, std::string name, Shape shape, DType dtype) {
+  TensorNode node;
+  node.name = std::move(name);
+  node.shape = std::move(shape);
+  node.dtype = dtype;
+  return {&graph, graph.addSource(OpKind::Input, std::move(node))};
+}
+
+Tensor variable(Graph& graph, std::string name, std::vector<float> hostData, Shape shape,
+                std::optional<ReplicaGrouping> grouping, RetrievalMode retrievalMode, TensorCategory category,
+                DType dtype) {
+  const ReplicaGrouping g = variableGrouping(graph, name, grouping);
+  checkHostData(name, hostData, shape, g);
+  TensorNode node;
+  node.name = std::move(name);
+  node.shape = std::move(shape);
+  node.dtype = dtype;
+  node.category = category;
+  node.grouping = g;
+  node.retrievalMode = retrievalMode;
+  node.data = std::move(hostData);
+  return {&graph, graph.addSource(OpKind::Variable, std::move(node))};
+}
+
+Tensor constant(Graph& graph, std::string name, std::vector<float> data, Shape shape, DType dtype) {
+  const int64_t expected = numElements(shape);
+  if (static_cast<int64_t>(data.size()) != expected) {
+    throw GraphError(ErrorCode::HostShapeMismatch, name,
+                     fmt::format("constant data has {} elements; shape {} needs {}", data.size(),
+                                 shapeStr(shape), expected));
+  }
+  TensorNode node;
+  node.name = std::move(name);
+  node.shape = std::move(shape);
+  node.dtype = dtype;
+  node.data = std::move(data);
+  return {&graph, graph.addSource(OpKind::Constant, std::move(node))};
+}
+
+Tensor scalar(Graph& graph, double value) {
+  return constant(graph, graph.uniqueName("scalar"), {static_cast<float>(value)}, {});
+}
+
+Tensor matmul(Tensor a, Tensor b) { return binary(OpKind::MatMul, a, b); }
+Tensor add(Tensor a, Tensor b) { return binary(OpKind::Add, a, b); }
+Tensor sub(Tensor a, Tensor b) { return binary(OpKind::Sub, a, b); }
+Tensor mul(Tensor a, Tensor b) { return binary(OpKind::Mul, a, b); }
+Tensor div(Tensor a, Tensor b) { return binary(OpKind::Div, a, b); }
+Tensor neg(Tensor x) { return unary(OpKind::Neg, x); }
+Tensor relu(Tensor x) { return unary(OpKind::Relu, x); }
+Tensor gelu(Tensor x) { return unary(OpKind::Gelu, x); }
+Tensor tanh(Tensor x) { return unary(OpKind::Tanh, x); }
+Tensor sigmoid(Tensor x) { return unary(OpKind::Sigmoid, x); }
+Tensor exp(Tensor x) { return unary(OpKind::Exp, x); }
+Tensor log(Tensor x) { return unary(OpKind::Log, x); }
+Tensor sqrt(Tensor x) { return unary(OpKind::Sqrt, x); }
+Tensor softmax(Tensor x) { return unary(OpKind::Softmax, x); }
+Tensor logSoftmax(Tensor x) { return unary(OpKind::LogSoftmax, x); }
+
+Tensor softmaxCrossEntropy(Tensor logits, Tensor labels, ReductionType reduction) {
+  OpAttributes attributes;
+  attributes.reduction = reduction;
+  return binary(OpKind::SoftmaxCrossEntropy, logits, labels, std::move(attributes));
+}
+
+Tensor reduceSum(Tensor x, std::vector<int64_t> axes, bool keepDims) {
+  OpAttributes attributes;
+  attributes.axes = std::move(axes);
+  attributes.keepDims = keepDims;
+  return unary(OpKind::ReduceSum, x, std::move(attributes));
+}
+
+Tensor reduceMean(Tensor x, std::vector<int64_t> axes, bool keepDims) {
+  OpAttributes attributes;
+  attributes.axes = std::move(axes);
+  attributes.keepDims = keepDims;
+  return unary(OpKind::ReduceMean, x, std::move(attributes));
+}
+
+Tensor reshape(Tensor x, Shape shape) {
+  OpAttributes attributes;
+  attributes.shape = std::move(shape);
+  return unary(OpKind::Reshape, x, std::move(attributes));
+}
+
+Tensor transpose(Tensor x, std::vector<int64_t> perm) {
+  OpAttributes attributes;
+  attributes.axes = std::move(perm);
+  return unary(OpKind::Transpose, x, std::move(attributes));
+}
+
+Tensor slice(Tensor x, std::vector<int64_t> starts, std::vector<int64_t> ends) {
+  OpAttributes attributes;
+  attributes.starts = std::move(starts);
+  attributes.ends = std::move(ends);
+  return unary(OpKind::Slice, x, std::move(attributes));
+}
+
+Tensor concat(const std::vector<Tensor>& tensors, int64_t axis) {
+  if (tensors.empty())
+    throw GraphError(ErrorCode::InvalidOperand, "Concat", "Concat: needs at least one input");
+  std::vector<TensorId> ids;
+  for (const Tensor& t : tensors) {
+    graphOf("Concat", {tensors.front(), t});
+    ids.push_back(t.id());
+  }
+  OpAttributes attributes;
+  attributes.axis = axis;
+  Graph& graph = tensors.front().graph();
+  return single(graph, graph.addOp(OpKind::Concat, std::move(ids), std::move(attributes)));
+}
+
+Tensor broadcastTo(Tensor x, Shape shape) {
+  OpAttributes attributes;
+  attributes.shape = std::move(shape);
+  return unary(OpKind::BroadcastTo, x, std::move(attributes));
+}
+
+Tensor scaledAddInplace(Tensor x, Tensor y, double a, double b) {
+  OpAttributes attributes;
+  attributes.a = a;
+  attributes.b = b;
+  return binary(OpKind::ScaledAddInplace, x, y, std::move(attributes));
+}
+
+Tensor copy(Tensor x) { return unary(OpKind::Copy, x); }
+Tensor copyInplace(Tensor dst, Tensor src) { return binary(OpKind::CopyInplace, dst, src); }
+Tensor argmax(Tensor x) { return unary(OpKind::ArgMax, x); }
+
+Tensor replicatedAllReduce(Tensor t, ReductionType reduction, std::optional<ReplicaGrouping> grouping) {
+  return unary(OpKind::ReplicatedAllReduce, t, collective(reduction, std::move(grouping)));
+}
+
+Tensor replicatedReduceScatter(Tensor t, ReductionType reduction, std::optional<ReplicaGrouping> grouping) {
+  return unary(OpKind::ReplicatedReduceScatter, t, collective(reduction, std::move(grouping)));
+}
+
+Tensor replicatedAllGather(Tensor t, std::optional<ReplicaGrouping> grouping, Shape outputShape) {
+  OpAttributes attributes = collective(ReductionType::Sum, std::move(grouping));
+  attributes.shape = std::move(outputShape);
+  return unary(OpKind::ReplicatedAllGather, t, std::move(attributes));
+}
+
+Tensor replicaShardedSlice(Tensor t, std::optional<ReplicaGrouping> grouping) {
+  return unary(OpKind::ReplicaShardedSlice, t, collective(ReductionType::Sum, std::move(grouping)));
+}
+
+RemoteBuffer remoteBuffer(Graph& graph, Shape shape, DType dtype, int64_t entries) {
+  RemoteBufferInfo info;
+  info.shape = std::move(shape);
+  info.dtype = dtype;
+  info.entries = entries;
+  return {&graph, graph.addRemoteBuffer(std::move(info))};
+}
+
+Tensor remoteLoad(Graph& graph, RemoteBuffer buffer, int64_t entry) {
+  checkBuffer(graph, buffer, "RemoteLoad");
+  OpAttributes attributes;
+  attributes.remoteBuffer = buffer.id();
+  attributes.entry = entry;
+  return single(graph, graph.addOp(OpKind::RemoteLoad, {}, std::move(attributes)));
+}
+
+void remoteStore(Graph& graph, RemoteBuffer buffer, int64_t entry, Tensor t) {
+  checkBuffer(graph, buffer, "RemoteStore");
+  if (&graphOf("RemoteStore", {t}) != &graph) {
+    throw GraphError(ErrorCode::InvalidOperand, "RemoteStore",
+                     fmt::format("tensor \"{}\" belongs to another graph", t.name()));
+  }
+  OpAttributes attributes;
+  attributes.remoteBuffer = buffer.id();
+  attributes.entry = entry;
+  graph.addOp(OpKind::RemoteStore, {t.id()}, std::move(attributes));
+}
+
+Tensor remoteVariable(Graph& graph, std::string name, std::vector<float> hostData, RemoteBuffer buffer,
+                      int64_t entry, std::optional<ReplicaGrouping> grouping, RetrievalMode retrievalMode) {
+  checkBuffer(graph, buffer, name);
+  const RemoteBufferInfo& info = buffer.info();
+  if (entry < 0 || entry >= info.entries) {
+    throw GraphError(ErrorCode::InvalidRemoteBuffer, name,
+                     fmt::format("entry {} of remote buffer #{} is out of range; entries are 0..{}", entry,
+                                 buffer.id(), info.entries - 1));
+  }
+  const Tensor v = variable(graph, std::move(name), std::move(hostData), info.shape, std::move(grouping),
+                            retrievalMode, TensorCategory::Weight, info.dtype);
+  TensorNode& node = graph.tensor(v.id());
+  node.remoteBuffer = buffer.id();
+  node.remoteEntry = entry;
+  return v;
+}
+
+ShardedVariable replicaShardedVariable(Graph& graph, std::string name, std::vector<float> hostData,
+                                       Shape shape, std::optional<ReplicaGrouping> grouping,
+                                       std::optional<int64_t> shardOver, TensorCategory category) {
+  const ReplicaGrouping g = variableGrouping(graph, name, grouping);
+  const int64_t shards = shardOver.value_or(g.groupSize());
+  if (shards < 1 || shards > g.groupSize() || g.groupSize() % shards != 0) {
+    throw GraphError(ErrorCode::InvalidCollective, name,
+                     fmt::format("shardOver is {}; it must be a positive divisor of the group size {} of {}",
+                                 shards, g.groupSize(), g.str()));
+  }
+  checkHostData(name, hostData, shape, g);
+  const ShardLayout layout(numElements(shape), shards);
+  TensorNode node;
+  node.name = std::move(name);
+  node.shape = {layout.shardElements()};
+  node.metaShape = std::move(shape);
+  node.shardCount = shards;
+  node.category = category;
+  node.grouping = g;
+  node.data = std::move(hostData);
+  const Tensor v{&graph, graph.addSource(OpKind::Variable, std::move(node))};
+  return {v, v};
+}
+
+Tensor remoteReplicaShardedVariable(Graph& graph, std::string name, std::vector<float> hostData, Shape shape,
+                                    RemoteBuffer buffer, int64_t entry) {
+  checkBuffer(graph, buffer, name);
+  const int64_t replicas = graph.replicationFactor();
+  if (replicas < 2) {
+    throw GraphError(
+        ErrorCode::InvalidCollective, name,
+        fmt::format("the graph's replication factor is {}; it must be greater than 1 to create a "
+                    "replica sharded variable",
+                    replicas));
+  }
+  const RemoteBufferInfo& info = buffer.info();
+  const ShardLayout layout(numElements(shape), replicas);
+  if (info.shape != Shape{layout.shardElements()} || info.dtype != DType::Float32) {
+    throw GraphError(ErrorCode::InvalidRemoteBuffer, name,
+                     fmt::format("remote buffer #{} has shape {} {}; a variable of shape {} sharded over {} "
+                                 "replicas needs float32 [{}]",
+                                 buffer.id(), shapeStr(info.shape), info.dtype, shapeStr(shape), replicas,
+                                 layout.shardElements()));
+  }
+  if (!info.metaShape.empty() && info.metaShape != shape) {
+    throw GraphError(
+        ErrorCode::InvalidRemoteBuffer, name,
+        fmt::format("remote buffer #{} holds shards of {}; it cannot hold a variable of shape {}",
+                    buffer.id(), shapeStr(info.metaShape), shapeStr(shape)));
+  }
+  if (entry < 0 || entry >= info.entries) {
+    throw GraphError(ErrorCode::InvalidRemoteBuffer, name,
+                     fmt::format("entry {} of remote buffer #{} is out of range; entries are 0..{}", entry,
+                                 buffer.id(), info.entries - 1));
+  }
+  ShardedVariable sharded = replicaShardedVariable(graph, std::move(name), std::move(hostData), shape);
+  graph.setRemoteBufferMetaShape(buffer.id(), std::move(shape));
+  TensorNode& node = graph.tensor(sharded.variable.id());
+  node.remoteBuffer = buffer.id();
+  node.remoteEntry = entry;
+  return sharded.variable;
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,433 @@
+#include "tessera/autodiff.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/reference_evaluator.hpp"
+#include "tessera/error.hpp"
+#include "tessera/ops.hpp"
+#include "test_support.hpp"
+
+using namespace tessera;
+using test::ReferenceEvaluator;
+
+namespace {
+
+constexpr double kStep = 1e-6;
+constexpr double kTolerance = 1e-6;
+
+std::vector<float> randomFloats(std::mt19937& rng, std::size_t n, double lo, double hi) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(dist(rng));
+  return v;
+}
+
+std::vector<double> randomDoubles(std::mt19937& rng, std::size_t n, double lo, double hi) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<double> v(n);
+  for (double& x : v) x = dist(rng);
+  return v;
+}
+
+std::size_t sizeOf(const Tensor& t) { return static_cast<std::size_t>(numElements(t.shape())); }
+
+// Differentiates loss = sum(y * r) (r random, y = build(inputs)) with respect
+// to `wrt` (inputs fed with random values in [lo, hi], different on every
+// replica, and variables), evaluates the gradients with the oracle and
+// compares every element on every replica with central differences of the
+// global loss (the sum of the replicas' losses).
+void checkGradients(Graph& g, const std::vector<Tensor>& wrt, Tensor y, double lo, double hi,
+                    unsigned seed = 7) {
+  std::mt19937 rng(seed);
+  const Tensor r = ops::constant(g, "r", randomFloats(rng, sizeOf(y), -1.0, 1.0), y.shape());
+  const Tensor loss = ops::reduceSum(ops::mul(y, r));
+  const std::vector<Tensor> grads = autodiff(g, loss, wrt);
+  REQUIRE(grads.size() == wrt.size());
+
+  ReferenceEvaluator ev(g);
+  const int64_t replicas = g.replicationFactor();
+  // Every input of the graph gets random values; ints are fed by the tests as constants.
+  std::vector<std::vector<std::vector<double>>> feeds(g.tensors().size());
+  for (const OpNode& op : g.ops()) {
+    if (op.kind != OpKind::Input) continue;
+    const TensorId t = op.outputs[0];
+    for (int64_t q = 0; q < replicas; ++q) {
+      feeds[static_cast<std::size_t>(t)].push_back(
+          randomDoubles(rng, static_cast<std::size_t>(numElements(g.tensor(t).shape)), lo, hi));
+      ev.feed(t, q, feeds[static_cast<std::size_t>(t)].back());
+    }
+  }
+  auto isInput = [&](const Tensor& t) { return g.op(t.node().producer).kind == OpKind::Input; };
+  ev.run();
+  std::vector<std::vector<std::vector<double>>> analytic(wrt.size());
+  for (std::size_t k = 0; k < wrt.size(); ++k)
+    for (int64_t q = 0; q < replicas; ++q) analytic[k].push_back(ev.value(grads[k].id(), q));
+
+  for (std::size_t k = 0; k < wrt.size(); ++k) {
+    for (int64_t q = 0; q < replicas; ++q) {
+      for (std::size_t i = 0; i < sizeOf(wrt[k]); ++i) {
+        auto lossWith = [&](double delta) {
+          if (isInput(wrt[k])) {
+            std::vector<double> values =
+                feeds[static_cast<std::size_t>(wrt[k].id())][static_cast<std::size_t>(q)];
+            values[i] += delta;
+            ev.feed(wrt[k].id(), q, values);
+          } else {
+            ev.state(wrt[k].id(), q)[i] += delta;
+          }
+          ev.run();
+          const double value = ev.sumOverReplicas(loss.id());
+          if (isInput(wrt[k])) {
+            ev.feed(wrt[k].id(), q,
+                    feeds[static_cast<std::size_t>(wrt[k].id())][static_cast<std::size_t>(q)]);
+          } else {
+            ev.state(wrt[k].id(), q)[i] -= delta;
+          }
+          return value;
+        };
+        const double numeric = (lossWith(kStep) - lossWith(-kStep)) / (2 * kStep);
+        const double exact = analytic[k][static_cast<std::size_t>(q)].at(i);
+        INFO("d loss / d " << wrt[k].name() << "[" << i << "] on replica " << q << ": autodiff " << exact
+                           << ", finite differences " << numeric);
+        CHECK(std::abs(exact - numeric) <= kTolerance * std::max({1.0, std::abs(exact), std::abs(numeric)}));
+      }
+    }
+  }
+}
+
+struct UnaryCase {
+  std::string name;
+  Shape shape;
+  double lo;
+  double hi;
+  std::function<Tensor(Tensor)> op;
+};
+
+struct BinaryCase {
+  std::string name;
+  Shape a;
+  Shape b;
+  std::function<Tensor(Tensor, Tensor)> op;
+  double lo = -1.0;  // inputs are drawn from [lo, hi]
+  double hi = 1.0;
+};
+
+Tensor helperOp(OpKind kind, Tensor x, OpAttributes attributes) {
+  Graph& g = x.graph();
+  return {&g, g.op(g.addOp(kind, {x.id()}, std::move(attributes))).outputs[0]};
+}
+
+}  // namespace
+
+TEST_CASE("gradient check of every single-input op") {
+  const std::vector<UnaryCase> cases = {
+      {"neg", {3, 4}, -1, 1, [](Tensor x) { return ops::neg(x); }},
+      {"relu", {3, 4}, -1, 1, [](Tensor x) { return ops::relu(x); }},
+      {"gelu", {3, 4}, -2, 2, [](Tensor x) { return ops::gelu(x); }},
+      {"tanh", {3, 4}, -2, 2, [](Tensor x) { return ops::tanh(x); }},
+      {"sigmoid", {3, 4}, -2, 2, [](Tensor x) { return ops::sigmoid(x); }},
+      {"exp", {3, 4}, -1, 1, [](Tensor x) { return ops::exp(x); }},
+      {"log", {3, 4}, 0.5, 2, [](Tensor x) { return ops::log(x); }},
+      {"sqrt", {3, 4}, 0.5, 2, [](Tensor x) { return ops::sqrt(x); }},
+      {"softmax", {3, 5}, -2, 2, [](Tensor x) { return ops::softmax(x); }},
+      {"logSoftmax", {3, 5}, -2, 2, [](Tensor x) { return ops::logSoftmax(x); }},
+      {"softmax of a 3-D tensor", {2, 2, 3}, -2, 2, [](Tensor x) { return ops::softmax(x); }},
+      {"reduceSum over axis 1", {2, 3, 4}, -1, 1, [](Tensor x) { return ops::reduceSum(x, {1}); }},
+      {"reduceSum keepDims over 0 and 2",
+       {2, 3, 4},
+       -1,
+       1,
+       [](Tensor x) {
+         return ops::reduceSum(x, {0, 2}, true);
+       }},
+      {"reduceSum of all", {2, 3}, -1, 1, [](Tensor x) { return ops::reduceSum(x); }},
+      {"reduceMean over the last axis", {2, 3, 4}, -1, 1, [](Tensor x) { return ops::reduceMean(x, {-1}); }},
+      {"reduceMean of all, keepDims", {2, 3}, -1, 1, [](Tensor x) { return ops::reduceMean(x, {}, true); }},
+      {"reshape",
+       {3, 4},
+       -1,
+       1,
+       [](Tensor x) {
+         return ops::reshape(x, {2, -1});
+       }},
+      {"transpose",
+       {2, 3, 4},
+       -1,
+       1,
+       [](Tensor x) {
+         return ops::transpose(x, {2, 0, 1});
+       }},
+      {"transpose reversed", {2, 3}, -1, 1, [](Tensor x) { return ops::transpose(x); }},
+      {"slice",
+       {4, 5},
+       -1,
+       1,
+       [](Tensor x) {
+         return ops::slice(x, {1, 2}, {3, 5});
+       }},
+      {"broadcastTo",
+       {3, 1},
+       -1,
+       1,
+       [](Tensor x) {
+         return ops::broadcastTo(x, {2, 3, 4});
+       }},
+      {"copy", {3, 2}, -1, 1, [](Tensor x) { return ops::copy(x); }},
+      {"a chain through one input used twice",
+       {3, 4},
+       -1,
+       1,
+       [](Tensor x) { return ops::mul(ops::tanh(x), ops::add(x, x)); }},
+      {"ReduceToShape",
+       {2, 3, 4},
+       -1,
+       1,
+       [](Tensor x) {
+         OpAttributes a;
+         a.shape = {3, 1};
+         return helperOp(OpKind::ReduceToShape, x, a);
+       }},
+      {"SlicePad",
+       {2, 3},
+       -1,
+       1,
+       [](Tensor x) {
+         OpAttributes a;
+         a.starts = {1, 0};
+         a.ends = {3, 3};
+         a.shape = {4, 5};
+         return helperOp(OpKind::SlicePad, x, a);
+       }},
+  };
+  for (const UnaryCase& c : cases) {
+    SUBCASE(c.name.c_str()) {
+      Graph g;
+      const Tensor x = ops::input(g, "x", c.shape);
+      checkGradients(g, {x}, c.op(x), c.lo, c.hi);
+    }
+  }
+}
+
+TEST_CASE("gradient check of every two-input op, with broadcasting") {
+  const std::vector<BinaryCase> cases = {
+      {"matmul", {3, 4}, {4, 2}, [](Tensor a, Tensor b) { return ops::matmul(a, b); }},
+      {"batched matmul", {2, 3, 4}, {4, 2}, [](Tensor a, Tensor b) { return ops::matmul(a, b); }},
+      {"add", {3, 4}, {3, 4}, [](Tensor a, Tensor b) { return ops::add(a, b); }},
+      {"add a row", {3, 4}, {4}, [](Tensor a, Tensor b) { return ops::add(a, b); }},
+      {"add both broadcast", {3, 1}, {1, 4}, [](Tensor a, Tensor b) { return ops::add(a, b); }},
+      {"sub a column", {2, 3, 4}, {3, 1}, [](Tensor a, Tensor b) { return ops::sub(a, b); }},
+      {"mul", {3, 4}, {3, 4}, [](Tensor a, Tensor b) { return ops::mul(a, b); }},
+      {"mul a scalar", {3, 4}, {}, [](Tensor a, Tensor b) { return ops::mul(a, b); }},
+      {"div", {3, 4}, {3, 4}, [](Tensor a, Tensor b) { return ops::div(a, b); }, 0.5, 2.0},
+      {"div by a row", {2, 4}, {4}, [](Tensor a, Tensor b) { return ops::div(a, b); }, 0.5, 2.0},
+      {"concat axis 1",
+       {2, 3},
+       {2, 2},
+       [](Tensor a, Tensor b) {
+         return ops::concat({a, b}, 1);
+       }},
+      {"concat axis 0",
+       {1, 3},
+       {2, 3},
+       [](Tensor a, Tensor b) {
+         return ops::concat({a, b, a}, 0);
+       }},
+      {"scaledAddInplace",
+       {3, 4},
+       {3, 4},
+       [](Tensor a, Tensor b) { return ops::scaledAddInplace(a, b, 0.7, -1.3); }},
+      {"scaledAddInplace broadcasting y",
+       {3, 4},
+       {4},
+       [](Tensor a, Tensor b) { return ops::scaledAddInplace(a, b, 1.0, 0.25); }},
+      {"copyInplace", {3, 2}, {3, 2}, [](Tensor a, Tensor b) { return ops::copyInplace(a, b); }},
+  };
+  for (const BinaryCase& c : cases) {
+    SUBCASE(c.name.c_str()) {
+      Graph g;
+      const Tensor a = ops::input(g, "a", c.a);
+      const Tensor b = ops::input(g, "b", c.b);
+      checkGradients(g, {a, b}, c.op(a, b), c.lo, c.hi);
+    }
+  }
+}
+
+TEST_CASE("gradient check of softmax cross-entropy with Sum and Mean") {
+  for (ReductionType reduction : {ReductionType::Sum, ReductionType::Mean}) {
+    SUBCASE(std::string(toString(reduction)).c_str()) {
+      Graph g;
+      const Tensor logits = ops::input(g, "logits", {4, 5});
+      const Tensor labels = ops::constant(g, "labels", {0, 3, 1, 4}, {4}, DType::Int32);
+      checkGradients(g, {logits}, ops::softmaxCrossEntropy(logits, labels, reduction), -2, 2);
+    }
+  }
+}
+
+TEST_CASE("gradient check of the collectives on 4 replicas in three groupings") {
+  const std::vector<ReplicaGrouping> groupings = {ReplicaGrouping(4, 1, 4), ReplicaGrouping(4, 1, 2),
+                                                  ReplicaGrouping(4, 2, 2)};
+  for (const ReplicaGrouping& grouping : groupings) {
+    const int64_t gs = grouping.groupSize();
+    SUBCASE(grouping.str().c_str()) {
+      for (ReductionType reduction : {ReductionType::Sum, ReductionType::Mean}) {
+        CAPTURE(toString(reduction));
+        {
+          Graph g(4);
+          const Tensor x = ops::input(g, "x", {3, 5});
+          checkGradients(g, {x}, ops::replicatedAllReduce(x, reduction, grouping), -1, 1);
+        }
+        {
+          // 15 elements over the group: the shards carry zero padding.
+          Graph g(4);
+          const Tensor x = ops::input(g, "x", {3, 5});
+          checkGradients(g, {x}, ops::replicatedReduceScatter(x, reduction, grouping), -1, 1);
+        }
+      }
+      {
+        Graph g(4);
+        const Tensor shard = ops::input(g, "shard", {3});
+        checkGradients(g, {shard}, ops::replicatedAllGather(shard, grouping), -1, 1);
+      }
+      {
+        // A shard of a [3, 5] tensor gathered back to its full shape (padding dropped).
+        Graph g(4);
+        const int64_t s = (15 + gs - 1) / gs;
+        const Tensor shard = ops::input(g, "shard", {s});
+        checkGradients(g, {shard}, ops::replicatedAllGather(shard, grouping, {3, 5}), -1, 1);
+      }
+      {
+        Graph g(4);
+        const Tensor x = ops::input(g, "x", {3, 5});
+        checkGradients(g, {x}, ops::replicaShardedSlice(x, grouping), -1, 1);
+      }
+      {
+        Graph g(4);
+        const Tensor x = ops::input(g, "x", {(15 + gs - 1) / gs});
+        OpAttributes a;
+        a.grouping = grouping;
+        a.shape = {3, 5};
+        checkGradients(g, {x}, helperOp(OpKind::ReplicaShardedPad, x, a), -1, 1);
+      }
+      {
+        // Reduce-scatter then gather back: the RTS round trip.
+        Graph g(4);
+        const Tensor x = ops::input(g, "x", {2, 5});
+        const Tensor y =
+            ops::replicatedAllGather(ops::replicatedReduceScatter(x, ReductionType::Sum, grouping), grouping);
+        CHECK(y.shape() == Shape{2, 5});
+        checkGradients(g, {x}, ops::tanh(y), -1, 1);
+      }
+    }
+  }
+}
+
+TEST_CASE("gradient check of a small MLP with relu and softmax cross-entropy") {
+  // 784 -> 16 -> 10 scaled down to 20 -> 8 -> 4.
+  std::mt19937 rng(3);
+  Graph g;
+  const Tensor x = ops::input(g, "x", {5, 20});
+  const Tensor w0 = ops::variable(g, "W0", randomFloats(rng, 160, -0.5, 0.5), {20, 8});
+  const Tensor b0 = ops::variable(g, "b0", randomFloats(rng, 8, -0.1, 0.1), {8});
+  const Tensor w1 = ops::variable(g, "W1", randomFloats(rng, 32, -0.5, 0.5), {8, 4});
+  const Tensor b1 = ops::variable(g, "b1", randomFloats(rng, 4, -0.1, 0.1), {4});
+  const Tensor labels = ops::constant(g, "labels", {0, 3, 1, 2, 3}, {5}, DType::Int32);
+  const Tensor h = ops::relu(ops::add(ops::matmul(x, w0), b0));
+  const Tensor logits = ops::add(ops::matmul(h, w1), b1);
+  checkGradients(g, {w0, b0, w1, b1, x}, ops::softmaxCrossEntropy(logits, labels, ReductionType::Mean), 0, 1);
+  CHECK(g.tryFind("W0.grad"));
+  CHECK(g.tryFind("b1.grad"));
+}
+
+TEST_CASE(
+    "gradient check of the seed's RTS MLP on 2 replicas: sharded weights gathered, gradients per shard") {
+  std::mt19937 rng(5);
+  Graph g(2);
+  const Tensor x = ops::input(g, "x", {3, 6});
+  const ShardedVariable w0 = ops::replicaShardedVariable(g, "W0", randomFloats(rng, 30, -0.5, 0.5), {6, 5});
+  const RemoteBuffer buffer = ops::remoteBuffer(g, {10}, DType::Float32, 2);
+  const Tensor w1var =
+      ops::remoteReplicaShardedVariable(g, "W1", randomFloats(rng, 20, -0.5, 0.5), {5, 4}, buffer, 0);
+  const Tensor w1shard = ops::remoteLoad(g, buffer, 0);
+  const Tensor w0full = ops::replicatedAllGather(w0.shard);
+  const Tensor w1full = ops::replicatedAllGather(w1shard);
+  CHECK(w0full.shape() == Shape{6, 5});
+  CHECK(w1full.shape() == Shape{5, 4});
+  const Tensor labels = ops::constant(g, "labels", {0, 3, 1}, {3}, DType::Int32);
+  const Tensor logits = ops::matmul(ops::gelu(ops::matmul(x, w0full)), w1full);
+  // The shard of W0 is a variable: its gradient sums both replicas' contributions.
+  checkGradients(g, {w0.shard, x}, ops::softmaxCrossEntropy(logits, labels, ReductionType::Sum), -1, 1);
+  CHECK(w1var.node().remoteBuffer == buffer.id());
+}
+
+TEST_CASE("autodiff names gradients, gives unused tensors a zero gradient") {
+  Graph g;
+  const Tensor x = ops::input(g, "x", {2, 3});
+  const Tensor unused = ops::variable(g, "unused", {1, 2}, {2});
+  const Tensor w = ops::variable(g, "w", {1, 2, 3}, {3});
+  const Tensor loss = ops::reduceSum(ops::mul(x, w));
+  const std::vector<Tensor> grads = autodiff(g, loss, {w, unused, x});
+  CHECK(grads[0].name() == "w.grad");
+  CHECK(grads[1].name() == "unused.grad");
+  CHECK(grads[2].name() == "x.grad");
+  CHECK(grads[0].shape() == Shape{3});
+  CHECK(grads[1].shape() == Shape{2});
+  ReferenceEvaluator ev(g);
+  ev.feed(x.id(), 0, {1, 2, 3, 4, 5, 6});
+  ev.run();
+  CHECK(ev.value(grads[0].id(), 0) == std::vector<double>{5, 7, 9});
+  CHECK(ev.value(grads[1].id(), 0) == std::vector<double>{0, 0});
+  CHECK(ev.value(grads[2].id(), 0) == std::vector<double>{1, 2, 3, 1, 2, 3});
+}
+
+TEST_CASE("autodiff errors name the loss, the op and the tensor") {
+  SUBCASE("the loss must be a float scalar") {
+    Graph g;
+    const Tensor x = ops::input(g, "x", {2, 3});
+    auto e = test::catchError<AutodiffError>([&] { autodiff(g, x, {x}); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::LossNotScalar);
+    CHECK(e->subject() == "x");
+    const Tensor counts = ops::input(g, "counts", {}, DType::Int32);
+    e = test::catchError<AutodiffError>([&] { autodiff(g, counts, {x}); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::LossNotScalar);
+    CHECK(e->subject() == "counts");
+  }
+  SUBCASE("an op without gradient on the path") {
+    Graph g;
+    const Tensor x = ops::input(g, "x", {3});
+    const Tensor dy = ops::input(g, "dy", {3});
+    const Tensor hidden = ops::relu(x);
+    const Tensor second{&g, g.op(g.addOp(OpKind::ReluGrad, {dy.id(), hidden.id()})).outputs[0]};
+    auto e = test::catchError<AutodiffError>([&] { autodiff(g, ops::reduceSum(second), {x}); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::NoGradient);
+    CHECK(e->subject() == "ReluGrad");
+    CHECK(std::string(e->what()).find("\"Relu\"") != std::string::npos);
+  }
+  SUBCASE("int tensors have no gradient") {
+    Graph g;
+    const Tensor labels = ops::input(g, "labels", {3}, DType::Int32);
+    const Tensor x = ops::input(g, "x", {3});
+    auto e = test::catchError<AutodiffError>([&] { autodiff(g, ops::reduceSum(x), {labels}); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::NoGradient);
+    CHECK(e->subject() == "labels");
+  }
+  SUBCASE("handles from another graph") {
+    Graph g;
+    Graph other;
+    const Tensor x = ops::input(other, "x", {});
+    auto e = test::catchError<GraphError>([&] { autodiff(g, x, {x}); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::InvalidOperand);
+    CHECK(e->subject() == "autodiff");
+  }
+}
