@@ -63,6 +63,8 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(InvalidProgramOrder),
     TESSERA_CODE(InvalidCollective),
     TESSERA_CODE(InvalidRemoteBuffer),
+    TESSERA_CODE(ReplicationFactorMismatch),
+    TESSERA_CODE(UnknownStream),
     TESSERA_CODE(NoGradient),
     TESSERA_CODE(LossNotScalar),
     TESSERA_CODE(OutOfMemory),

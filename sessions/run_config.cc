@@ -1,1 +1,454 @@
-// (in progress)
+// The run config: field tables of its sections, the loader with --set
+// overrides and provenance, validate(RunConfig) and the JSON Schema.
+#include "tessera/run_config.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "device_spec_json.hpp"
+#include "json_reader.hpp"
+#include "optimizer_options_json.hpp"
+#include "tessera/error.hpp"
+#include "tessera/json.hpp"
+
+namespace tessera {
+
+// --- Field tables ----------------------------------------------------------------
+
+template <class V>
+void visitFields(V& v, ModelConfig& value) {
+  v.field("type", value.type,
+          {.doc = "The model family. Only \"mlp\": fully connected layers with `activation` between them and "
+                  "softmax cross-entropy on the last."});
+  v.field("layers", value.layers,
+          {.min = 1,
+           .minItems = 2,
+           .rangeCode = ErrorCode::InvalidModel,
+           .doc = "Layer widths from input to output: at least two, each >= 1."});
+  v.field("activation", value.activation, {.doc = "The activation between layers."});
+  v.rule([&value](const jsonio::RuleSite& site) {
+    if (value.type == "mlp") return;
+    const std::string path = site.path("type");
+    throw ConfigError(ErrorCode::InvalidModel, path,
+                      fmt::format("model type \"{}\" is not supported; the only type is \"mlp\"{}",
+                                  value.type, site.origin(path)));
+  });
+}
+
+template <class V>
+void visitFields(V& v, DataConfig& value) {
+  v.field("dataset", value.dataset, {.doc = "The dataset to train and test on."});
+  v.field(
+      "path", value.path,
+      {.doc = "Folder holding the IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte, optionally .gz). "
+              "Empty: the dataset-fashion-mnist package's location (fashion-mnist only)."});
+  v.field("batchSize", value.batchSize, {.min = 1, .doc = "Samples per replica per micro-batch. >= 1."});
+  v.field("testBatchSize", value.testBatchSize,
+          {.min = 1, .doc = "Test samples per replica per step. >= 1."});
+  v.field("epochs", value.epochs, {.min = 1, .doc = "Passes over the training set. >= 1."});
+  v.field("seed", value.seed, {.doc = "Seed for initialisation and shuffling."});
+  v.field("limitTrainSamples", value.limitTrainSamples,
+          {.min = 0, .doc = "Use only the first N training samples (0: all). >= 0."});
+  v.field("limitTestSamples", value.limitTestSamples,
+          {.min = 0, .doc = "Use only the first N test samples (0: all). >= 0."});
+  v.field("shuffle", value.shuffle, {.doc = "Shuffle the training samples before every epoch."});
+  v.rule([&value](const jsonio::RuleSite& site) {
+    if (value.dataset != DatasetKind::Mnist || !value.path.empty()) return;
+    const std::string path = site.path("path");
+    throw ConfigError(ErrorCode::InvalidData, path,
+                      fmt::format("the mnist dataset needs a path to its IDX files; only fashion-mnist has a "
+                                  "default location{}",
+                                  site.origin(path)));
+  });
+}
+
+template <class V>
+void visitFields(V& v, OutputConfig& value) {
+  v.field("checkpoint", value.checkpoint,
+          {.doc = "Checkpoint (.safetensors) written after training; empty: not written."});
+  v.field(
+      "profile", value.profile,
+      {.doc = "Profile report (memory, traffic, modelled time) written after training; empty: not written."});
+  v.field("trace", value.trace, {.doc = "Chrome trace of the modelled run; empty: not written."});
+}
+
+namespace {
+
+constexpr jsonio::FieldSpec kOptimizerTypeSpec{
+    .doc =
+        "The optimizer: sgd, adam, or adamw (Adam with decoupled weight decay). The other keys of the "
+        "section are the options of that type."};
+
+// The keys of an options struct, from its field table.
+template <class T>
+std::vector<std::string> fieldKeys() {
+  std::vector<std::string> keys = jsonio::leafPaths(T{}, {});
+  for (std::string& key : keys) key.erase(0, 1);
+  return keys;
+}
+
+bool contains(const std::vector<std::string>& keys, const std::string& key) {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+// The optimizer section is flat: "type" and the fields of that type's
+// options. Every visitor but the reader and the schema sees it this way.
+template <class V>
+void visitSelected(V& v, OptimizerConfig& value) {
+  v.field("type", value.type, kOptimizerTypeSpec);
+  if (value.type == OptimizerType::Sgd) {
+    visitFields(v, value.sgd);
+    return;
+  }
+  v.skip("decoupledWeightDecay");
+  visitFields(v, value.adam);
+}
+
+}  // namespace
+
+void visitFields(jsonio::JsonReader& v, OptimizerConfig& value) {
+  v.field("type", value.type, kOptimizerTypeSpec);
+  v.setKeyContext(fmt::format("for optimizer type \"{}\"", value.type));
+  const std::vector<std::string> sgdKeys = fieldKeys<SgdOptions>();
+  const std::vector<std::string> adamKeys = fieldKeys<AdamOptions>();
+  const bool sgd = value.type == OptimizerType::Sgd;
+  for (const std::string& key : sgd ? adamKeys : sgdKeys) {
+    if (contains(sgd ? sgdKeys : adamKeys, key)) continue;
+    v.explainKey(key, sgd ? "it is an option of optimizer types \"adam\" and \"adamw\""
+                          : "it is an option of optimizer type \"sgd\"");
+  }
+  // Registered last, so it wins over the explanation above.
+  v.explainKey("decoupledWeightDecay",
+               "the optimizer type decides it (\"adamw\" decouples weight decay, \"adam\" does not)");
+  if (sgd) {
+    visitFields(v, value.sgd);
+    return;
+  }
+  v.skip("decoupledWeightDecay");
+  visitFields(v, value.adam);
+  value.adam.decoupledWeightDecay = value.type == OptimizerType::AdamW;
+}
+
+void visitFields(jsonio::JsonWriter& v, OptimizerConfig& value) { visitSelected(v, value); }
+
+void visitFields(jsonio::LeafLister& v, OptimizerConfig& value) { visitSelected(v, value); }
+
+void visitFields(jsonio::RuleChecker& v, OptimizerConfig& value) {
+  visitSelected(v, value);
+  v.rule([&value](const jsonio::RuleSite& site) {
+    if (value.type == OptimizerType::Sgd ||
+        value.adam.decoupledWeightDecay == (value.type == OptimizerType::AdamW)) {
+      return;
+    }
+    throw ConfigError(
+        ErrorCode::InvalidOptimizer, site.path("type"),
+        fmt::format("type is \"{}\" but adam.decoupledWeightDecay is {}; the type decides it, so use "
+                    "type \"{}\"",
+                    value.type, value.adam.decoupledWeightDecay,
+                    value.adam.decoupledWeightDecay ? "adamw" : "adam"));
+  });
+}
+
+// One closed alternative per optimizer type ("oneOf"), so that a schema
+// validator rejects the options of another type as this reader does.
+void visitFields(jsonio::SchemaBuilder& v, OptimizerConfig&) {
+  nlohmann::json& schema = v.schema();
+  schema.erase("properties");
+  schema.erase("additionalProperties");
+  nlohmann::json alternatives = nlohmann::json::array();
+  for (const auto& [type, name] : EnumNames<OptimizerType>::kNames) {
+    OptimizerConfig defaults;
+    nlohmann::json alternative;
+    jsonio::SchemaBuilder builder(alternative);
+    if (type == OptimizerType::Sgd) {
+      visitFields(builder, defaults.sgd);
+    } else {
+      builder.skip("decoupledWeightDecay");
+      visitFields(builder, defaults.adam);
+    }
+    alternative["title"] = name;
+    alternative["properties"]["type"] = {{"const", name}, {"description", kOptimizerTypeSpec.doc}};
+    // "type" may be left out only for the default type.
+    if (type == OptimizerConfig{}.type) {
+      alternative["properties"]["type"]["default"] = name;
+    } else {
+      alternative["required"] = {"type"};
+    }
+    alternatives.push_back(std::move(alternative));
+  }
+  schema["oneOf"] = std::move(alternatives);
+}
+
+template <class V>
+void visitFields(V& v, RunConfig& value) {
+  v.field("sessionOptions", value.sessionOptions,
+          {.doc = "Replication, gradient accumulation and tensor locations (PopART's SessionOptions)."});
+  v.field("device", value.device, {.doc = "The simulated hardware; all values are per processor (replica)."});
+  v.field("model", value.model, {.doc = "The model to train."});
+  v.field("optimizer", value.optimizer,
+          {.doc = "The optimizer: \"type\" and the options of that type, e.g. {\"type\": \"sgd\", "
+                  "\"learningRate\": 0.05, \"momentum\": 0.9}."});
+  v.field("data", value.data, {.doc = "Dataset, batch sizes, epochs and seed."});
+  v.field("output", value.output, {.doc = "Files written by a training run."});
+}
+
+// --- Public JSON -------------------------------------------------------------------
+
+void to_json(nlohmann::json& j, Activation value) { j = jsonio::enumToJson(value); }
+void from_json(const nlohmann::json& j, Activation& value) { value = jsonio::enumFromJson<Activation>(j); }
+void to_json(nlohmann::json& j, DatasetKind value) { j = jsonio::enumToJson(value); }
+void from_json(const nlohmann::json& j, DatasetKind& value) { value = jsonio::enumFromJson<DatasetKind>(j); }
+void to_json(nlohmann::json& j, Provenance value) { j = jsonio::enumToJson(value); }
+void from_json(const nlohmann::json& j, Provenance& value) { value = jsonio::enumFromJson<Provenance>(j); }
+
+#define TESSERA_SECTION_JSON(Type)                                                      \
+  void to_json(nlohmann::json& j, const Type& value) { j = jsonio::writeValue(value); } \
+  void from_json(const nlohmann::json& j, Type& value) {                                \
+    value = jsonio::readValue<Type>(j, {}, jsonio::SourceMap{});                        \
+  }
+
+TESSERA_SECTION_JSON(ModelConfig)
+TESSERA_SECTION_JSON(OptimizerConfig)
+TESSERA_SECTION_JSON(DataConfig)
+TESSERA_SECTION_JSON(OutputConfig)
+TESSERA_SECTION_JSON(RunConfig)
+#undef TESSERA_SECTION_JSON
+
+// --- Loading -----------------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void badOverride(const std::string& text, std::string_view message) {
+  throw ConfigError(ErrorCode::BadOverride, text, std::string(message));
+}
+
+// "12" -> 12; nullopt for anything but a canonical decimal index.
+std::optional<std::size_t> arrayIndex(const std::string& token) {
+  if (token.empty() || token.size() > 9 || (token.size() > 1 && token[0] == '0')) return std::nullopt;
+  std::size_t index = 0;
+  for (const char c : token) {
+    if (c < '0' || c > '9') return std::nullopt;
+    index = index * 10 + static_cast<std::size_t>(c - '0');
+  }
+  return index;
+}
+
+// The value of an override: JSON if it parses, else the text as a string.
+nlohmann::json overrideValue(std::string_view valueText, const std::string& path, const std::string& text) {
+  try {
+    return parseJsonDocument(valueText, fmt::format("--set {}", text));
+  } catch (const ConfigError& error) {
+    if (error.code() == ErrorCode::JsonSyntax) return std::string(valueText);
+    if (error.code() == ErrorCode::DuplicateKey)
+      throw ConfigError(error.code(), path + error.subject(), error.detail());
+    throw;
+  }
+}
+
+// Applies "PATH=VALUE" to `document`, creating missing objects on the way;
+// returns the canonical JSON pointer it wrote.
+std::string applyOverride(nlohmann::json& document, const std::string& text) {
+  const std::size_t equals = text.find('=');
+  if (equals == std::string::npos) {
+    badOverride(text,
+                "missing \"=\"; an override is PATH=VALUE, e.g. /sessionOptions/replicatedGraphCount=4");
+  }
+  const std::string_view pointer = std::string_view(text).substr(0, equals);
+  if (!pointer.starts_with('/')) {
+    badOverride(
+        text,
+        "the path must be a JSON pointer starting with \"/\", e.g. /sessionOptions/replicatedGraphCount=4");
+  }
+  const auto tokens = jsonio::splitPointer(pointer);
+  if (!tokens)
+    badOverride(text, "in a JSON pointer \"~\" must be followed by 0 (for \"~\") or 1 (for \"/\")");
+  std::string path;
+  for (const std::string& token : *tokens) path = jsonio::childPath(path, token);
+  nlohmann::json value = overrideValue(std::string_view(text).substr(equals + 1), path, text);
+
+  nlohmann::json* node = &document;
+  std::string at;
+  for (std::size_t i = 0; i < tokens->size(); ++i) {
+    const std::string& token = (*tokens)[i];
+    const bool last = i + 1 == tokens->size();
+    if (node->is_object()) {
+      if (last) {
+        (*node)[token] = std::move(value);
+        break;
+      }
+      const auto it = node->find(token);
+      node = it != node->end() ? &*it : &((*node)[token] = nlohmann::json::object());
+    } else if (node->is_array()) {
+      const auto index = arrayIndex(token);
+      if (!index || *index >= node->size()) {
+        badOverride(text,
+                    fmt::format("{} is an array of {} entries and \"{}\" is not the index of one of them",
+                                at.empty() ? "the document" : at, node->size(), token));
+      }
+      if (last) {
+        (*node)[*index] = std::move(value);
+        break;
+      }
+      node = &(*node)[*index];
+    } else {
+      badOverride(text, fmt::format("the path goes through {}, which holds {}, not an object", at,
+                                    jsonio::describeValue(*node)));
+    }
+    at = jsonio::childPath(at, token);
+  }
+  return path;
+}
+
+bool documentHas(const nlohmann::json& document, const std::string& pointer) {
+  const auto tokens = jsonio::splitPointer(pointer);
+  if (!tokens) return false;
+  const nlohmann::json* node = &document;
+  for (const std::string& token : *tokens) {
+    if (node->is_object()) {
+      const auto it = node->find(token);
+      if (it == node->end()) return false;
+      node = &*it;
+    } else if (node->is_array()) {
+      const auto index = arrayIndex(token);
+      if (!index || *index >= node->size()) return false;
+      node = &(*node)[*index];
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+Provenance provenanceOf(const std::string& leaf, const std::vector<std::string>& setPaths,
+                        const nlohmann::json& fileDocument) {
+  for (const std::string& set : setPaths) {
+    if (jsonio::isPathWithin(leaf, set) || jsonio::isPathWithin(set, leaf)) return Provenance::Set;
+  }
+  return documentHas(fileDocument, leaf) ? Provenance::File : Provenance::Default;
+}
+
+[[noreturn]] void throwUnreadable(const std::string& path, int error) {
+  throw IoError(ErrorCode::FileUnreadable, path,
+                fmt::format("cannot read the file: {}", std::generic_category().message(error)));
+}
+
+struct FileCloser {
+  void operator()(std::FILE* file) const noexcept { std::fclose(file); }
+};
+
+std::string readFile(const std::string& path) {
+  errno = 0;
+  const std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
+  if (!file) throwUnreadable(path, errno);
+  std::string text;
+  std::array<char, 1 << 16> buffer{};
+  while (const std::size_t n = std::fread(buffer.data(), 1, buffer.size(), file.get())) {
+    text.append(buffer.data(), n);
+    if (text.size() > jsonio::kMaxDocumentBytes) {
+      throw ConfigError(
+          ErrorCode::DocumentLimit, path,
+          fmt::format("the file is larger than the limit of {} bytes (64 MiB)", jsonio::kMaxDocumentBytes));
+    }
+  }
+  if (std::ferror(file.get())) throwUnreadable(path, errno);
+  return text;
+}
+
+// Layer widths the datasets fix.
+constexpr int64_t kMnistInputs = 28 * 28;
+constexpr int64_t kMnistClasses = 10;
+
+void checkModelFitsData(const RunConfig& config) {
+  if (config.data.dataset == DatasetKind::Synthetic) return;
+  const std::vector<int64_t>& layers = config.model.layers;
+  const std::string_view dataset = toString(config.data.dataset);
+  if (layers.front() != kMnistInputs) {
+    throw ConfigError(
+        ErrorCode::InvalidModel, "/model/layers/0",
+        fmt::format("the input width is {} but {} images have {} pixels; set /model/layers/0 to {}",
+                    layers.front(), dataset, kMnistInputs, kMnistInputs));
+  }
+  if (layers.back() != kMnistClasses) {
+    throw ConfigError(ErrorCode::InvalidModel, fmt::format("/model/layers/{}", layers.size() - 1),
+                      fmt::format("the output width is {} but {} has {} classes; set the last layer to {}",
+                                  layers.back(), dataset, kMnistClasses, kMnistClasses));
+  }
+}
+
+// A training subset smaller than one step's samples would train nothing.
+void checkStepFitsSubset(const RunConfig& config) {
+  const DataConfig& data = config.data;
+  if (data.limitTrainSamples == 0) return;
+  const int64_t replicas = config.sessionOptions.getGlobalReplicationFactor();
+  const int64_t factor = config.sessionOptions.getAccumulationFactor();
+  int64_t perStep = 0;
+  const bool overflow = __builtin_mul_overflow(data.batchSize, replicas, &perStep) ||
+                        __builtin_mul_overflow(perStep, factor, &perStep);
+  if (!overflow && data.limitTrainSamples >= perStep) return;
+  throw ConfigError(ErrorCode::InvalidData, "/data/limitTrainSamples",
+                    fmt::format("limitTrainSamples is {} but one step takes batchSize {} x {} replicas x "
+                                "accumulationFactor {} samples; raise the limit or lower the batch size",
+                                data.limitTrainSamples, data.batchSize, replicas, factor));
+}
+
+}  // namespace
+
+LoadedRunConfig parseRunConfig(std::string_view text, std::string_view source,
+                               const std::vector<std::string>& overrides) {
+  nlohmann::json document = parseJsonDocument(text, source);
+  jsonio::SourceMap sources{std::string(source)};
+  if (!document.is_object()) jsonio::throwWrongType("an object (the run config)", document, {}, sources);
+  // Provenance compares with the document as the file gave it.
+  const nlohmann::json fileDocument = overrides.empty() ? nlohmann::json() : document;
+  std::vector<std::string> setPaths;
+  for (const std::string& override : overrides) {
+    setPaths.push_back(applyOverride(document, override));
+    sources.addOverride(setPaths.back(), override);
+  }
+  LoadedRunConfig loaded;
+  loaded.config = jsonio::readValue<RunConfig>(document, {}, sources);
+  const nlohmann::json& original = overrides.empty() ? document : fileDocument;
+  for (std::string& leaf : jsonio::leafPaths(loaded.config, {})) {
+    const Provenance provenance = provenanceOf(leaf, setPaths, original);
+    loaded.provenance.emplace(std::move(leaf), provenance);
+  }
+  return loaded;
+}
+
+LoadedRunConfig loadRunConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  return parseRunConfig(readFile(path), path, overrides);
+}
+
+void validate(const RunConfig& config) {
+  // The device first: the options are checked against it.
+  jsonio::checkRules(config.device, "/device");
+  validate(config.sessionOptions, config.device);
+  jsonio::checkRules(config.model, "/model");
+  jsonio::checkRules(config.optimizer, "/optimizer");
+  jsonio::checkRules(config.data, "/data");
+  checkModelFitsData(config);
+  checkStepFitsSubset(config);
+}
+
+nlohmann::json runConfigSchema() {
+  nlohmann::json schema = jsonio::schemaOf<RunConfig>(
+      "A tessera run config: session options, simulated device, model, optimizer, data and outputs. Every "
+      "section and key is optional; missing keys take their defaults.");
+  schema["$schema"] = "https://json-schema.org/draft/2020-12/schema";
+  schema["title"] = "tessera run config";
+  // The reader accepts this one value (InvalidModel otherwise).
+  schema["properties"]["model"]["properties"]["type"]["enum"] = {"mlp"};
+  return schema;
+}
+
+}  // namespace tessera

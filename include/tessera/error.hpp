@@ -81,6 +81,8 @@ enum class ErrorCode : int {
   InvalidProgramOrder = 207,
   InvalidCollective = 208,
   InvalidRemoteBuffer = 209,
+  ReplicationFactorMismatch = 210,  // a graph built for another replication factor
+  UnknownStream = 211,              // a step input or output name the program does not have
   // --- Autodiff (3xx) ---
   NoGradient = 301,
   LossNotScalar = 302,

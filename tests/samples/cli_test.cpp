@@ -1,1 +1,589 @@
+// Runs the built `tessera` program (path in TESSERA_CLI) and checks its
+// output and exit codes.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A folder of its own under the system's temporary folder, removed with
+// everything in it when the test ends.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = fs::temp_directory_path() /
+            ("tessera-cli-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const fs::path& path() const { return path_; }
+
+  std::string write(const std::string& name, const std::string& content) const {
+    const fs::path file = path_ / name;
+    std::ofstream out(file, std::ios::binary);
+    out << content;
+    if (!out) throw std::runtime_error("cannot write " + file.string());
+    return file.string();
+  }
+
+ private:
+  fs::path path_;
+};
+
+std::string readFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct CliResult {
+  int exitCode = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs the CLI with `args` passed verbatim (no shell), stdout and stderr
+// captured in files.
+CliResult runCli(const std::vector<std::string>& args) {
+  const char* program = std::getenv("TESSERA_CLI");
+  REQUIRE_MESSAGE(program != nullptr, "TESSERA_CLI must name the tessera program");
+  const TempDir dir;
+  const std::string outPath = (dir.path() / "stdout").string();
+  const std::string errPath = (dir.path() / "stderr").string();
+
+  std::vector<std::string> argvStrings{program};
+  argvStrings.insert(argvStrings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& arg : argvStrings) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  pid_t pid = 0;
+  const int spawnError = posix_spawn(&pid, program, &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  REQUIRE_MESSAGE(spawnError == 0, "cannot start ", program, ": ", std::strerror(spawnError));
+
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) REQUIRE(errno == EINTR);
+  CliResult result;
+  // A crash shows as the negated signal number, never as a valid exit code.
+  result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  result.out = readFile(outPath);
+  result.err = readFile(errPath);
+  return result;
+}
+
+json parseJson(const CliResult& result) {
+  INFO("stdout: ", result.out);
+  INFO("stderr: ", result.err);
+  REQUIRE(result.exitCode == 0);
+  return json::parse(result.out);
+}
+
+// "tessera ARG..." for failure messages.
+std::string commandLine(const std::vector<std::string>& args) {
+  std::string line = "tessera";
+  for (const std::string& arg : args) line += " " + arg;
+  return line;
+}
+
+bool startsWith(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
+
+// ---------------------------------------------------------------------------
+// validate
+// ---------------------------------------------------------------------------
+
+TEST_CASE("validate accepts every sample run config") {
+  for (const char* name : {"mnist.json", "mnist_rts.json", "rts_recipe.json", "multipod_recipe.json"}) {
+    CAPTURE(name);
+    const std::string path = tessera::test::sourcePath(std::string("samples/configs/") + name);
+    const CliResult result = runCli({"validate", path});
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 0);
+    CHECK(result.out == path + ": valid\n");
+    CHECK(result.err.empty());
+
+    const CliResult explained = runCli({"explain", path, "--json"});
+    INFO("explain stderr: ", explained.err);
+    CHECK(parseJson(explained).contains("provenance"));
+  }
+}
+
+TEST_CASE("validate reports the first broken rule with its id and JSON path") {
+  struct Case {
+    const char* name;
+    const char* config;
+    std::vector<std::string> overrides;
+    const char* expected;  // the start of stderr: "error: [id] subject"
+  };
+  const std::vector<Case> cases = {
+      {"replication count without replication",
+       R"({"sessionOptions": {"replicatedGraphCount": 4}})",
+       {},
+       "error: [tessera.config.110] /sessionOptions/replicatedGraphCount: "},
+      {"replication count from --set",
+       "{}",
+       {"--set", "/sessionOptions/replicatedGraphCount=4"},
+       "error: [tessera.config.110] /sessionOptions/replicatedGraphCount: "},
+      {"accumulation factor without accumulation",
+       R"({"sessionOptions": {"accumulationFactor": 4}})",
+       {},
+       "error: [tessera.config.111] /sessionOptions/accumulationFactor: "},
+      {"invalid enum string",
+       R"({"sessionOptions": {"weightTensorLocationSettings": {"location": {"storage": "onchip"}}}})",
+       {},
+       "error: [tessera.config.102] /sessionOptions/weightTensorLocationSettings/location/storage: "},
+      {"wrong type",
+       R"({"sessionOptions": {"replicatedGraphCount": "two"}})",
+       {},
+       "error: [tessera.config.103] /sessionOptions/replicatedGraphCount: "},
+      {"odd IO tile count",
+       R"({"sessionOptions": {"numIOTiles": 31}})",
+       {},
+       "error: [tessera.config.119] /sessionOptions/numIOTiles: "},
+      {"sharding domain that does not divide the replicas",
+       R"({"sessionOptions": {"enableReplicatedGraphs": true, "replicatedGraphCount": 4,
+           "weightTensorLocationSettings": {"location": {"replicatedTensorSharding": "On",
+             "shardingDomain": {"type": "Consecutive", "replicaGroupSize": 3}}}}})",
+       {},
+       "error: [tessera.config.122] /sessionOptions/weightTensorLocationSettings/location/shardingDomain"},
+      {"too few model layers",
+       R"({"model": {"layers": [784]}})",
+       {},
+       "error: [tessera.config.150] /model/layers"},
+  };
+  const TempDir dir;
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    std::vector<std::string> args{"validate", dir.write("config.json", c.config)};
+    args.insert(args.end(), c.overrides.begin(), c.overrides.end());
+    const CliResult result = runCli(args);
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 1);
+    CHECK(startsWith(result.err, c.expected));
+    CHECK(result.out.empty());
+  }
+}
+
+TEST_CASE("validate suggests the key meant by an unknown one") {
+  const TempDir dir;
+  const std::string path = dir.write("typo.json", R"({"sessionOptions": {"replicatedGraphCont": 2}})");
+  const CliResult result = runCli({"validate", path});
+  INFO("stderr: ", result.err);
+  CHECK(result.exitCode == 1);
+  CHECK(startsWith(result.err, "error: [tessera.config.104] /sessionOptions/replicatedGraphCont: "));
+  CHECK(result.err.find("did you mean \"replicatedGraphCount\"") != std::string::npos);
+}
+
+TEST_CASE("validate reports malformed JSON and malformed overrides") {
+  const TempDir dir;
+  const std::string path = dir.write("broken.json", R"({"sessionOptions": {)");
+  SUBCASE("syntax error") {
+    const CliResult result = runCli({"validate", path});
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 1);
+    CHECK(startsWith(result.err, "error: [tessera.config.101] "));
+    CHECK(result.err.find(path) != std::string::npos);
+  }
+  SUBCASE("override without '='") {
+    const CliResult result = runCli({"validate", dir.write("empty.json", "{}"), "--set", "/data/epochs"});
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 1);
+    CHECK(startsWith(result.err, "error: [tessera.config.107] "));
+    CHECK(result.err.find("/data/epochs") != std::string::npos);
+  }
+}
+
+TEST_CASE("a missing config file is exit code 2 with the file named") {
+  const TempDir dir;
+  const std::string missing = (dir.path() / "missing.json").string();
+  for (const char* command : {"validate", "explain"}) {
+    CAPTURE(command);
+    const CliResult result = runCli({command, missing});
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 2);
+    CHECK(startsWith(result.err, "error: [tessera.io.601] " + missing));
+    CHECK(result.out.empty());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// usage
+// ---------------------------------------------------------------------------
+
+TEST_CASE("usage errors are exit code 2") {
+  const std::vector<std::vector<std::string>> cases = {
+      {"validate"},                              // missing CONFIG
+      {"frobnicate"},                            // unknown subcommand
+      {"groups"},                                // missing --replicas
+      {"groups", "--replicas", "eight"},         // not a number
+      {"groups", "--replicas", "8", "--bogus"},  // unknown flag
+      {"groups", "--replicas", "99999999999"},   // too many to list
+      {"cbr", "--elements", "30"},               // missing --replicas
+      {"cbr", "--elements", "30", "--replicas", "4", "extra"},
+      {"schema", "--json"},
+  };
+  for (const auto& args : cases) {
+    const std::string command = commandLine(args);
+    CAPTURE(command);
+    const CliResult result = runCli(args);
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 2);
+    CHECK(startsWith(result.err, "error: "));
+    CHECK(result.out.empty());
+  }
+}
+
+TEST_CASE("no subcommand prints help and exits with 2") {
+  const CliResult result = runCli({});
+  CHECK(result.exitCode == 2);
+  for (const char* command : {"validate", "explain", "groups", "cbr", "schema"}) {
+    CAPTURE(command);
+    CHECK(result.err.find(command) != std::string::npos);
+  }
+}
+
+TEST_CASE("--help and --version exit with 0") {
+  const CliResult help = runCli({"--help"});
+  CHECK(help.exitCode == 0);
+  CHECK(help.out.find("explain") != std::string::npos);
+
+  const CliResult commandHelp = runCli({"groups", "--help"});
+  CHECK(commandHelp.exitCode == 0);
+  CHECK(commandHelp.out.find("--group-size") != std::string::npos);
+
+  const CliResult version = runCli({"--version"});
+  CHECK(version.exitCode == 0);
+  REQUIRE(!version.out.empty());
+  CHECK(version.out.find('.') != std::string::npos);
+  CHECK(version.out.back() == '\n');
+}
+
+// ---------------------------------------------------------------------------
+// groups
+// ---------------------------------------------------------------------------
+
+TEST_CASE("groups --json lists the assignment and the groups") {
+  struct Case {
+    std::vector<std::string> args;
+    json expected;
+  };
+  const std::vector<Case> cases = {
+      {{"--replicas", "8", "--stride", "2", "--group-size", "2"},
+       {{"numReplicas", 8},
+        {"stride", 2},
+        {"groupSize", 2},
+        {"numGroups", 4},
+        {"assignment", {0, 1, 0, 1, 2, 3, 2, 3}},
+        {"groups", {{0, 2}, {1, 3}, {4, 6}, {5, 7}}}}},
+      {{"--replicas", "16", "--stride", "4", "--group-size", "4"},
+       {{"numReplicas", 16},
+        {"stride", 4},
+        {"groupSize", 4},
+        {"numGroups", 4},
+        {"assignment", {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3}},
+        {"groups", {{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}}}},
+      // Without --group-size the groups tile the replicas: 8 / 2 = 4.
+      {{"--replicas", "8", "--stride", "2"},
+       {{"numReplicas", 8},
+        {"stride", 2},
+        {"groupSize", 4},
+        {"numGroups", 2},
+        {"assignment", {0, 1, 0, 1, 0, 1, 0, 1}},
+        {"groups", {{0, 2, 4, 6}, {1, 3, 5, 7}}}}},
+      // Defaults: one group of every replica.
+      {{"--replicas", "4"},
+       {{"numReplicas", 4},
+        {"stride", 1},
+        {"groupSize", 4},
+        {"numGroups", 1},
+        {"assignment", {0, 0, 0, 0}},
+        {"groups", {{0, 1, 2, 3}}}}},
+  };
+  for (const Case& c : cases) {
+    const std::string command = commandLine(c.args);
+    CAPTURE(command);
+    std::vector<std::string> args{"groups", "--json"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    CHECK(parseJson(runCli(args)) == c.expected);
+  }
+}
+
+TEST_CASE("groups prints group and replica tables") {
+  const CliResult result = runCli({"groups", "--replicas", "8", "--stride", "2", "--group-size", "2"});
+  INFO("stdout: ", result.out);
+  REQUIRE(result.exitCode == 0);
+  CHECK(startsWith(result.out, "ReplicaGrouping(numReplicas=8, stride=2, groupSize=2): 4 groups of 2\n"));
+  CHECK(result.out.find("group  replicas\n0      0 2\n1      1 3\n2      4 6\n3      5 7\n") !=
+        std::string::npos);
+  CHECK(result.out.find("replica  group  index\n0        0      0\n1        1      0\n2        0      1\n") !=
+        std::string::npos);
+}
+
+TEST_CASE("groups rejects an invalid grouping with the library's error id") {
+  struct Case {
+    std::vector<std::string> args;
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {{"--replicas", "12", "--stride", "4", "--group-size", "2"},
+       "error: [tessera.config.141] ReplicaGrouping(numReplicas=12, stride=4, groupSize=2): "},
+      {{"--replicas", "0"}, "error: [tessera.config.140] ReplicaGrouping(numReplicas=0, "},
+      {{"--replicas", "4", "--stride", "0"},
+       "error: [tessera.config.140] ReplicaGrouping(numReplicas=4, stride=0, "},
+      {{"--replicas", "8", "--stride", "3"}, "error: [tessera.config.141] --stride: "},
+  };
+  for (const Case& c : cases) {
+    const std::string command = commandLine(c.args);
+    CAPTURE(command);
+    std::vector<std::string> args{"groups"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const CliResult result = runCli(args);
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 1);
+    CHECK(startsWith(result.err, c.expected));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// cbr
+// ---------------------------------------------------------------------------
+
+TEST_CASE("cbr shows the balanced shard layout") {
+  struct Case {
+    int elements;
+    int replicas;
+    int shardElements;
+    int padding;
+    std::vector<int> realElements;
+    const char* layout;
+  };
+  const std::vector<Case> cases = {
+      {30, 4, 8, 2, {7, 8, 7, 8}, "[0..6,p] [7..14] [15..21,p] [22..29]"},
+      {5, 4, 2, 3, {1, 2, 2, 0}, "[0,p] [1,2] [3,4] [p,p]"},
+      {10, 4, 3, 2, {2, 3, 2, 3}, "[0,1,p] [2,3,4] [5,6,p] [7,8,9]"},
+      {16, 4, 4, 0, {4, 4, 4, 4}, "[0..3] [4..7] [8..11] [12..15]"},
+      {0, 4, 0, 0, {0, 0, 0, 0}, "[] [] [] []"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.elements);
+    CAPTURE(c.replicas);
+    const std::vector<std::string> args{"cbr", "--elements", std::to_string(c.elements), "--replicas",
+                                        std::to_string(c.replicas)};
+    std::vector<std::string> jsonArgs = args;
+    jsonArgs.emplace_back("--json");
+    const json expected = {{"elements", c.elements},
+                           {"replicas", c.replicas},
+                           {"shardElements", c.shardElements},
+                           {"padding", c.padding},
+                           {"realElements", c.realElements}};
+    CHECK(parseJson(runCli(jsonArgs)) == expected);
+
+    const CliResult text = runCli(args);
+    INFO("stdout: ", text.out);
+    CHECK(text.exitCode == 0);
+    CHECK(text.out.find("shard length   " + std::to_string(c.shardElements) + "\n") != std::string::npos);
+    CHECK(text.out.find("padding        " + std::to_string(c.padding) + "\n") != std::string::npos);
+    CHECK(text.out.find(std::string("layout         ") + c.layout + "\n") != std::string::npos);
+  }
+}
+
+TEST_CASE("cbr rejects an invalid layout with the library's error id") {
+  for (const auto& args : {std::vector<std::string>{"cbr", "--elements", "-1", "--replicas", "4"},
+                           std::vector<std::string>{"cbr", "--elements", "30", "--replicas", "0"}}) {
+    const std::string command = commandLine(args);
+    CAPTURE(command);
+    const CliResult result = runCli(args);
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 1);
+    CHECK(startsWith(result.err, "error: [tessera.config.147] "));
+    CHECK(result.err.find("ShardLayout(") != std::string::npos);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// explain
+// ---------------------------------------------------------------------------
+
+// Four replicas with weights sharded over Consecutive(2) domains.
+constexpr const char* kShardedConfig = R"({
+  "sessionOptions": {
+    "enableReplicatedGraphs": true,
+    "replicatedGraphCount": 4,
+    "weightTensorLocationSettings": {
+      "location": {
+        "replicatedTensorSharding": "On",
+        "shardingDomain": {"type": "Consecutive", "replicaGroupSize": 2}
+      }
+    }
+  }
+})";
+
+TEST_CASE("explain --json gives the provenance of values and the sharding domain table") {
+  const TempDir dir;
+  const std::string path = dir.write("sharded.json", kShardedConfig);
+  const json report = parseJson(runCli({"explain", path, "--set", "/data/epochs=3", "--json"}));
+
+  CHECK(report["config"]["sessionOptions"]["replicatedGraphCount"] == 4);
+  CHECK(report["config"]["data"]["epochs"] == 3);
+  CHECK(report["config"]["data"]["batchSize"] == 64);
+
+  const json& provenance = report["provenance"];
+  CHECK(provenance["/sessionOptions/replicatedGraphCount"] == "file");
+  CHECK(provenance["/sessionOptions/weightTensorLocationSettings/location/replicatedTensorSharding"] ==
+        "file");
+  CHECK(provenance["/data/epochs"] == "--set");
+  CHECK(provenance["/data/batchSize"] == "default");
+  CHECK(provenance["/sessionOptions/numIOTiles"] == "default");
+
+  const json expectedDomains = json::array({{
+      {"setting", "/sessionOptions/weightTensorLocationSettings/location/shardingDomain"},
+      {"commGroup", {{"type", "Consecutive"}, {"replicaGroupSize", 2}}},
+      {"numReplicas", 4},
+      {"stride", 1},
+      {"groupSize", 2},
+      {"numGroups", 2},
+      {"assignment", {0, 0, 1, 1}},
+      {"groups", {{0, 1}, {2, 3}}},
+  }});
+  CHECK(report["shardingDomains"] == expectedDomains);
+  CHECK(report["replication"] == json{{"local", 4}, {"global", 4}, {"offset", 0}, {"accumulationFactor", 1}});
+}
+
+TEST_CASE("explain --json lists overrides and non-default domains, and nothing else") {
+  const TempDir dir;
+  SUBCASE("defaults: no domain in use") {
+    const json report = parseJson(runCli({"explain", dir.write("empty.json", "{}"), "--json"}));
+    CHECK(report["shardingDomains"] == json::array());
+    CHECK(report["replication"] ==
+          json{{"local", 1}, {"global", 1}, {"offset", 0}, {"accumulationFactor", 1}});
+  }
+  SUBCASE("an override with RTS On and a non-default domain with RTS Off") {
+    const std::string path = dir.write("override.json", R"({
+      "sessionOptions": {
+        "enableReplicatedGraphs": true,
+        "replicatedGraphCount": 4,
+        "optimizerStateTensorLocationSettings": {
+          "location": {"shardingDomain": {"type": "Orthogonal", "replicaGroupSize": 2}}
+        },
+        "tensorLocationSettingsOverride": {
+          "layer/W1": {"storage": "OffChip", "replicatedTensorSharding": "On"}
+        }
+      }
+    })");
+    const json report = parseJson(runCli({"explain", path, "--json"}));
+    const json& domains = report["shardingDomains"];
+    REQUIRE(domains.size() == 2);
+    CHECK(domains[0]["setting"] ==
+          "/sessionOptions/optimizerStateTensorLocationSettings/location/shardingDomain");
+    CHECK(domains[0]["groups"] == json{{0, 2}, {1, 3}});
+    CHECK(domains[1]["setting"] == "/sessionOptions/tensorLocationSettingsOverride/layer~1W1/shardingDomain");
+    CHECK(domains[1]["commGroup"]["type"] == "All");
+    CHECK(domains[1]["groups"] == json{{0, 1, 2, 3}});
+  }
+}
+
+TEST_CASE("explain prints aligned values with their provenance and the domain tables") {
+  const TempDir dir;
+  const std::string path = dir.write("sharded.json", kShardedConfig);
+  const CliResult result = runCli({"explain", path, "--set", "/data/epochs=3"});
+  INFO("stdout: ", result.out);
+  INFO("stderr: ", result.err);
+  REQUIRE(result.exitCode == 0);
+  CHECK(startsWith(result.out, path + ": valid\n"));
+
+  // Every value line has the form "PATH<pad> = VALUE<pad>   (PROVENANCE)".
+  const auto valueLine = [&](const std::string& pointer) -> std::string {
+    const std::size_t at = result.out.find("\n" + pointer + " ");
+    if (at == std::string::npos) return {};
+    return result.out.substr(at + 1, result.out.find('\n', at + 1) - at - 1);
+  };
+  const auto checkLine = [&](const std::string& pointer, const std::string& value,
+                             const std::string& source) {
+    CAPTURE(pointer);
+    const std::string line = valueLine(pointer);
+    REQUIRE(!line.empty());
+    CHECK(line.find(" = " + value + " ") != std::string::npos);
+    CHECK(line.ends_with("   (" + source + ")"));
+  };
+  checkLine("/sessionOptions/replicatedGraphCount", "4", "file");
+  checkLine("/data/epochs", "3", "--set");
+  checkLine("/data/batchSize", "64", "default");
+  checkLine("/sessionOptions/weightTensorLocationSettings/location/replicatedTensorSharding", "\"On\"",
+            "file");
+  // Aligned: the " = " of every value line is in the same column.
+  CHECK(valueLine("/data/epochs").find(" = ") ==
+        valueLine("/sessionOptions/replicatedGraphCount").find(" = "));
+
+  CHECK(result.out.find("/sessionOptions/weightTensorLocationSettings/location/shardingDomain\n"
+                        "  CommGroup(type=Consecutive, replicaGroupSize=2) -> "
+                        "ReplicaGrouping(numReplicas=4, stride=1, groupSize=2)") != std::string::npos);
+  CHECK(result.out.find("  group  replicas\n  0      0 1\n  1      2 3\n") != std::string::npos);
+  CHECK(result.out.find("  replica  group  shard\n  0        0      0\n  1        0      1\n") !=
+        std::string::npos);
+}
+
+TEST_CASE("explain validates first") {
+  const TempDir dir;
+  const std::string path = dir.write("invalid.json", R"({"sessionOptions": {"replicatedGraphCount": 4}})");
+  for (const bool asJson : {false, true}) {
+    CAPTURE(asJson);
+    std::vector<std::string> args{"explain", path};
+    if (asJson) args.emplace_back("--json");
+    const CliResult result = runCli(args);
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 1);
+    CHECK(startsWith(result.err, "error: [tessera.config.110] /sessionOptions/replicatedGraphCount: "));
+    CHECK(result.out.empty());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// schema
+// ---------------------------------------------------------------------------
+
+TEST_CASE("schema prints the JSON Schema of run configs") {
+  const CliResult result = runCli({"schema"});
+  const json schema = parseJson(result);
+  CHECK(schema.contains("$schema"));
+  CHECK(schema["properties"].contains("sessionOptions"));
+  // Pretty-printed with a 2-space indent.
+  CHECK(result.out.find("\n  \"") != std::string::npos);
+}
+
+}  // namespace

@@ -1,1 +1,712 @@
 #include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "json_reader.hpp"
+#include "tessera/json.hpp"
+#include "tessera/run_config.hpp"
+#include "test_support.hpp"
+
+namespace tessera {
+namespace {
+
+using nlohmann::json;
+
+const std::vector<std::string> kSampleConfigs = {"mnist.json", "mnist_rts.json", "rts_recipe.json",
+                                                 "multipod_recipe.json"};
+
+LoadedRunConfig parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return parseRunConfig(text, "cfg.json", overrides);
+}
+
+// The leaves of a dump: scalars, arrays and empty objects.
+void jsonLeaves(const json& value, const std::string& path, std::vector<std::string>& out) {
+  if (!value.is_object() || value.empty()) {
+    out.push_back(path);
+    return;
+  }
+  for (const auto& [key, member] : value.items()) jsonLeaves(member, jsonio::childPath(path, key), out);
+}
+
+RunConfig nonDefaultConfig(OptimizerType type) {
+  RunConfig c;
+  c.sessionOptions.enableReplicatedGraphs = true;
+  c.sessionOptions.replicatedGraphCount = 2;
+  c.sessionOptions.weightTensorLocationSettings.location.replicatedTensorSharding =
+      ReplicatedTensorSharding::On;
+  c.sessionOptions.tensorLocationSettingsOverride["W0"] = TensorLocation(TensorStorage::OffChip);
+  c.device.tilesPerIpu = 256;
+  c.device.computeFlopsPerSecond = 1e12;
+  c.model.layers = {20, 7, 3};
+  c.model.activation = Activation::Tanh;
+  c.optimizer.type = type;
+  if (type == OptimizerType::Sgd) {
+    c.optimizer.sgd = SgdOptions{
+        .learningRate = 0.05, .momentum = 0.9, .dampening = 0, .weightDecay = 1e-4, .nesterov = true};
+  } else {
+    c.optimizer.adam.learningRate = 3e-4;
+    c.optimizer.adam.beta2 = 0.98;
+    c.optimizer.adam.weightDecay = 0.01;
+    c.optimizer.adam.decoupledWeightDecay = type == OptimizerType::AdamW;
+  }
+  c.data = DataConfig{.dataset = DatasetKind::Synthetic,
+                      .path = "data/x",
+                      .batchSize = 8,
+                      .testBatchSize = 10,
+                      .epochs = 3,
+                      .seed = -7,
+                      .limitTrainSamples = 640,
+                      .limitTestSamples = 100,
+                      .shuffle = false};
+  c.output =
+      OutputConfig{.checkpoint = "out/model.safetensors", .profile = "out/profile.json", .trace = "t.json"};
+  return c;
+}
+
+// --- Sample configs ---------------------------------------------------------------
+
+TEST_CASE("the sample configs load and validate") {
+  for (const std::string& name : kSampleConfigs) {
+    CAPTURE(name);
+    const LoadedRunConfig loaded = loadRunConfig(test::sourcePath("samples/configs/" + name));
+    CHECK_NOTHROW(validate(loaded.config));
+  }
+}
+
+TEST_CASE("the sample configs say what they are meant to") {
+  const auto load = [](const std::string& name) {
+    return loadRunConfig(test::sourcePath("samples/configs/" + name)).config;
+  };
+  const RunConfig mnist = load("mnist.json");
+  CHECK(mnist.model.layers == std::vector<int64_t>{784, 256, 128, 10});
+  CHECK(mnist.model.activation == Activation::Relu);
+  CHECK(mnist.data.dataset == DatasetKind::FashionMnist);
+  CHECK(mnist.data.batchSize == 64);
+  CHECK(mnist.data.epochs == 10);
+  CHECK(mnist.data.seed == 0);
+  CHECK(mnist.optimizer.type == OptimizerType::Adam);
+  CHECK(mnist.optimizer.adam.learningRate == 0.001);
+  CHECK(mnist.sessionOptions.getLocalReplicationFactor() == 1);
+
+  const RunConfig rts = load("mnist_rts.json");
+  CHECK(rts.model == mnist.model);
+  CHECK(rts.sessionOptions.getLocalReplicationFactor() == 2);
+  for (const TensorCategory category : {TensorCategory::Weight, TensorCategory::OptimizerState}) {
+    const TensorLocationSettings& settings = rts.sessionOptions.locationSettings(category);
+    CHECK(settings.location.replicatedTensorSharding == ReplicatedTensorSharding::On);
+    CHECK(settings.minElementsForReplicatedTensorSharding == 2);
+  }
+  CHECK(rts.optimizer.type == OptimizerType::Sgd);
+  CHECK(rts.optimizer.sgd.learningRate == 0.05);
+  CHECK(rts.optimizer.sgd.momentum == 0.9);
+  CHECK(rts.data.batchSize == 32);
+  CHECK(rts.data.epochs == 2);
+
+  const RunConfig recipe = load("rts_recipe.json");
+  CHECK(recipe.sessionOptions.getLocalReplicationFactor() == 4);
+  CHECK(recipe.sessionOptions.weightTensorLocationSettings.minElementsForReplicatedTensorSharding == 4);
+  CHECK(recipe.sessionOptions.optimizerStateTensorLocationSettings.location.replicatedTensorSharding ==
+        ReplicatedTensorSharding::On);
+
+  const RunConfig multipod = load("multipod_recipe.json");
+  const SessionOptions& o = multipod.sessionOptions;
+  CHECK(o.getGlobalReplicationFactor() == 4);
+  CHECK(o.getLocalReplicationFactor() == 2);
+  CHECK(o.getGlobalReplicaOffset() == 0);
+  CHECK(o.optimizerStateTensorLocationSettings.location.replicatedTensorSharding ==
+        ReplicatedTensorSharding::On);
+  CHECK(o.optimizerStateTensorLocationSettings.minElementsForReplicatedTensorSharding == 2);
+  CHECK(o.weightTensorLocationSettings.location.replicatedTensorSharding == ReplicatedTensorSharding::Off);
+  for (const TensorCategory category :
+       {TensorCategory::Weight, TensorCategory::OptimizerState, TensorCategory::Accumulator}) {
+    CHECK(o.locationSettings(category).location.shardingDomain == CommGroup(CommGroupType::Consecutive, 2));
+  }
+}
+
+// --- Round trips --------------------------------------------------------------------
+
+TEST_CASE("run configs and their sections survive a round trip") {
+  for (const RunConfig& config :
+       {RunConfig{}, nonDefaultConfig(OptimizerType::Sgd), nonDefaultConfig(OptimizerType::Adam),
+        nonDefaultConfig(OptimizerType::AdamW)}) {
+    const json j = config;
+    CHECK(j.get<RunConfig>() == config);
+    CHECK(json(j.get<RunConfig>()).dump() == j.dump());
+    CHECK(parse(j.dump()).config == config);
+    CHECK(json(config.model).get<ModelConfig>() == config.model);
+    CHECK(json(config.optimizer).get<OptimizerConfig>() == config.optimizer);
+    CHECK(json(config.data).get<DataConfig>() == config.data);
+    CHECK(json(config.output).get<OutputConfig>() == config.output);
+  }
+  for (const auto& [value, name] : EnumNames<Activation>::kNames)
+    CHECK(json(value).get<Activation>() == value);
+  for (const auto& [value, name] : EnumNames<DatasetKind>::kNames)
+    CHECK(json(value).get<DatasetKind>() == value);
+  for (const auto& [value, name] : EnumNames<Provenance>::kNames) {
+    CHECK(json(value) == std::string(name));
+    CHECK(json(value).get<Provenance>() == value);
+  }
+}
+
+TEST_CASE("the optimizer section is flat and holds the options of its type") {
+  OptimizerConfig sgd;
+  sgd.sgd.learningRate = 0.05;
+  sgd.sgd.momentum = 0.9;
+  CHECK(json(sgd) == json{{"type", "sgd"},
+                          {"learningRate", 0.05},
+                          {"momentum", 0.9},
+                          {"dampening", 0.0},
+                          {"weightDecay", 0.0},
+                          {"nesterov", false}});
+  OptimizerConfig adamw;
+  adamw.type = OptimizerType::AdamW;
+  adamw.adam.decoupledWeightDecay = true;
+  const json j = adamw;
+  CHECK(j["type"] == "adamw");
+  CHECK_FALSE(j.contains("decoupledWeightDecay"));
+  CHECK_FALSE(j.contains("momentum"));
+  CHECK(j["beta1"] == 0.9);
+
+  CHECK(json::parse(R"({"type": "adamw"})").get<OptimizerConfig>().adam.decoupledWeightDecay);
+  CHECK_FALSE(json::parse(R"({"type": "adam"})").get<OptimizerConfig>().adam.decoupledWeightDecay);
+  const auto read =
+      json::parse(R"({"type": "sgd", "learningRate": 0.05, "momentum": 0.9})").get<OptimizerConfig>();
+  CHECK(read.type == OptimizerType::Sgd);
+  CHECK(read.sgd.learningRate == 0.05);
+  CHECK(read.sgd.momentum == 0.9);
+  CHECK(read.adam == AdamOptions{});
+  // Without a type the section is SGD.
+  CHECK(json::parse(R"({"momentum": 0.5})").get<OptimizerConfig>().sgd.momentum == 0.5);
+}
+
+// --- Strict reading -----------------------------------------------------------------
+
+struct BadConfig {
+  const char* name;
+  std::string text;
+  ErrorCode code;
+  std::string subject;
+  std::string fragment;
+};
+
+TEST_CASE("parseRunConfig rejects bad input at the JSON pointer of the value, naming the source") {
+  const std::vector<BadConfig> cases = {
+      {"unknown section", R"({"sessionOption": {}})", ErrorCode::UnknownKey, "/sessionOption",
+       "did you mean \"sessionOptions\"?); allowed keys: data, device, model, optimizer, output, "
+       "sessionOptions"},
+      {"unknown option", R"({"sessionOptions": {"replicatedGraphCont": 2}})", ErrorCode::UnknownKey,
+       "/sessionOptions/replicatedGraphCont", "did you mean \"replicatedGraphCount\""},
+      {"root not an object", R"([])", ErrorCode::WrongType, "",
+       "expected an object (the run config), got an array"},
+      {"section not an object", R"({"device": 5})", ErrorCode::WrongType, "/device", "expected an object"},
+      {"wrong type in a section", R"({"sessionOptions": {"replicatedGraphCount": "4"}})",
+       ErrorCode::WrongType, "/sessionOptions/replicatedGraphCount", "expected an integer, got string \"4\""},
+      {"invalid enum",
+       R"({"sessionOptions": {"weightTensorLocationSettings": {"location": {"storage": "onchip"}}}})",
+       ErrorCode::InvalidEnumValue, "/sessionOptions/weightTensorLocationSettings/location/storage",
+       "(did you mean \"OnChip\"?)"},
+      {"SGD key under adam", R"({"optimizer": {"type": "adam", "momentum": 0.9}})", ErrorCode::UnknownKey,
+       "/optimizer/momentum",
+       "unknown key \"momentum\" for optimizer type \"adam\": it is an option of optimizer type \"sgd\""},
+      {"Adam key under sgd", R"({"optimizer": {"beta1": 0.9}})", ErrorCode::UnknownKey, "/optimizer/beta1",
+       "for optimizer type \"sgd\": it is an option of optimizer types \"adam\" and \"adamw\""},
+      {"decoupledWeightDecay under sgd", R"({"optimizer": {"decoupledWeightDecay": false}})",
+       ErrorCode::UnknownKey, "/optimizer/decoupledWeightDecay",
+       "for optimizer type \"sgd\": the optimizer type decides it"},
+      {"decoupledWeightDecay set by hand",
+       R"({"optimizer": {"type": "adamw", "decoupledWeightDecay": true}})", ErrorCode::UnknownKey,
+       "/optimizer/decoupledWeightDecay", "the optimizer type decides it"},
+      {"typo in an optimizer key", R"({"optimizer": {"type": "adam", "lerningRate": 0.1}})",
+       ErrorCode::UnknownKey, "/optimizer/lerningRate",
+       "for optimizer type \"adam\" (did you mean \"learningRate\"?)"},
+      {"optimizer type in capitals", R"({"optimizer": {"type": "Adam"}})", ErrorCode::InvalidEnumValue,
+       "/optimizer/type", "expected one of \"sgd\", \"adam\", \"adamw\" (did you mean \"adam\"?)"},
+      {"zero learning rate", R"({"optimizer": {"learningRate": 0}})", ErrorCode::OutOfRange,
+       "/optimizer/learningRate", "learningRate is 0; it must be > 0"},
+      {"nesterov without momentum", R"({"optimizer": {"nesterov": true}})", ErrorCode::InvalidOptimizer,
+       "/optimizer/nesterov", "nesterov needs momentum > 0"},
+      {"unknown model type", R"({"model": {"type": "cnn"}})", ErrorCode::InvalidModel, "/model/type",
+       "model type \"cnn\" is not supported; the only type is \"mlp\""},
+      {"one layer", R"({"model": {"layers": [784]}})", ErrorCode::InvalidModel, "/model/layers",
+       "layers has 1 entry; it needs at least 2"},
+      {"empty layer", R"({"model": {"layers": [784, 0, 10]}})", ErrorCode::InvalidModel, "/model/layers/1",
+       "layers[1] is 0; it must be >= 1"},
+      {"layer width as a float", R"({"model": {"layers": [784, 1.5, 10]}})", ErrorCode::WrongType,
+       "/model/layers/1", "expected an integer"},
+      {"layers not an array", R"({"model": {"layers": 784}})", ErrorCode::WrongType, "/model/layers",
+       "expected an array"},
+      {"invalid activation", R"({"model": {"activation": "ReLU"}})", ErrorCode::InvalidEnumValue,
+       "/model/activation", "did you mean \"relu\""},
+      {"zero batch size", R"({"data": {"batchSize": 0}})", ErrorCode::OutOfRange, "/data/batchSize", ">= 1"},
+      {"zero epochs", R"({"data": {"epochs": 0}})", ErrorCode::OutOfRange, "/data/epochs", ">= 1"},
+      {"negative limit", R"({"data": {"limitTestSamples": -1}})", ErrorCode::OutOfRange,
+       "/data/limitTestSamples", ">= 0"},
+      {"mnist without a path", R"({"data": {"dataset": "mnist"}})", ErrorCode::InvalidData, "/data/path",
+       "the mnist dataset needs a path"},
+      {"invalid dataset", R"({"data": {"dataset": "fashion_mnist"}})", ErrorCode::InvalidEnumValue,
+       "/data/dataset", "did you mean \"fashion-mnist\""},
+      {"number for a path", R"({"output": {"checkpoint": 5}})", ErrorCode::WrongType, "/output/checkpoint",
+       "expected a string, got integer 5"},
+      {"no tiles", R"({"device": {"tilesPerIpu": 0}})", ErrorCode::OutOfRange, "/device/tilesPerIpu", ">= 1"},
+      {"duplicate key", R"({"data": {"epochs": 1, "epochs": 2}})", ErrorCode::DuplicateKey, "/data/epochs",
+       "duplicate key \"epochs\""},
+  };
+  for (const BadConfig& c : cases) {
+    INFO(std::string(c.name));
+    const auto error = test::catchError<ConfigError>([&] { parse(c.text); });
+    REQUIRE_MESSAGE(error.has_value(), "no error for ", c.text);
+    INFO(std::string(error->what()));
+    CHECK(error->code() == c.code);
+    CHECK(error->subject() == c.subject);
+    CHECK(error->detail().find(c.fragment) != std::string::npos);
+    CHECK(error->detail().ends_with("(in cfg.json)"));
+  }
+  const auto syntax = test::catchError<ConfigError>([] { parse("{\"data\": {\"epochs\": 1,}}"); });
+  REQUIRE(syntax.has_value());
+  CHECK(syntax->code() == ErrorCode::JsonSyntax);
+  CHECK(syntax->subject() == "cfg.json:1:23");
+}
+
+// --- validate(RunConfig) -------------------------------------------------------------
+
+TEST_CASE("validate checks the device, the options against it, and every section") {
+  struct Case {
+    const char* name;
+    std::function<void(RunConfig&)> change;
+    ErrorCode code;
+    std::string subject;
+  };
+  const std::vector<Case> cases = {
+      {"replicas without replication", [](RunConfig& c) { c.sessionOptions.replicatedGraphCount = 2; },
+       ErrorCode::ReplicationDisabledButCount, "/sessionOptions/replicatedGraphCount"},
+      {"IO tiles beyond the device",
+       [](RunConfig& c) {
+         c.sessionOptions.numIOTiles = 64;
+         c.device.tilesPerIpu = 64;
+       },
+       ErrorCode::IOTilesExceedTiles, "/sessionOptions/numIOTiles"},
+      {"device without tiles", [](RunConfig& c) { c.device.tilesPerIpu = 0; }, ErrorCode::OutOfRange,
+       "/device/tilesPerIpu"},
+      {"device memory beyond 64 bits",
+       [](RunConfig& c) {
+         c.device.tilesPerIpu = int64_t{1} << 40;
+         c.device.bytesPerTile = int64_t{1} << 40;
+       },
+       ErrorCode::InvalidDeviceSpec, "/device/bytesPerTile"},
+      {"model type", [](RunConfig& c) { c.model.type = "cnn"; }, ErrorCode::InvalidModel, "/model/type"},
+      {"one layer", [](RunConfig& c) { c.model.layers = {784}; }, ErrorCode::InvalidModel, "/model/layers"},
+      {"no layers", [](RunConfig& c) { c.model.layers.clear(); }, ErrorCode::InvalidModel, "/model/layers"},
+      {"input width of the dataset",
+       [](RunConfig& c) {
+         c.model.layers = {100, 10};
+       },
+       ErrorCode::InvalidModel, "/model/layers/0"},
+      {"classes of the dataset",
+       [](RunConfig& c) {
+         c.model.layers = {784, 64, 5};
+       },
+       ErrorCode::InvalidModel, "/model/layers/2"},
+      {"learning rate", [](RunConfig& c) { c.optimizer.sgd.learningRate = -1; }, ErrorCode::OutOfRange,
+       "/optimizer/learningRate"},
+      {"adam options checked for adam",
+       [](RunConfig& c) {
+         c.optimizer.type = OptimizerType::Adam;
+         c.optimizer.adam.beta1 = 1;
+       },
+       ErrorCode::OutOfRange, "/optimizer/beta1"},
+      {"decoupled weight decay that contradicts the type",
+       [](RunConfig& c) {
+         c.optimizer.type = OptimizerType::Adam;
+         c.optimizer.adam.decoupledWeightDecay = true;
+       },
+       ErrorCode::InvalidOptimizer, "/optimizer/type"},
+      {"nesterov", [](RunConfig& c) { c.optimizer.sgd.nesterov = true; }, ErrorCode::InvalidOptimizer,
+       "/optimizer/nesterov"},
+      {"epochs", [](RunConfig& c) { c.data.epochs = 0; }, ErrorCode::OutOfRange, "/data/epochs"},
+      {"mnist without a path", [](RunConfig& c) { c.data.dataset = DatasetKind::Mnist; },
+       ErrorCode::InvalidData, "/data/path"},
+      {"a training subset smaller than a step",
+       [](RunConfig& c) {
+         c.sessionOptions.enableReplicatedGraphs = true;
+         c.sessionOptions.replicatedGraphCount = 2;
+         c.data.batchSize = 64;
+         c.data.limitTrainSamples = 100;
+       },
+       ErrorCode::InvalidData, "/data/limitTrainSamples"},
+  };
+  CHECK_NOTHROW(validate(RunConfig{}));
+  for (const Case& c : cases) {
+    INFO(std::string(c.name));
+    RunConfig config;
+    c.change(config);
+    const auto error = test::catchError<ConfigError>([&] { validate(config); });
+    REQUIRE(error.has_value());
+    INFO(std::string(error->what()));
+    CHECK(error->code() == c.code);
+    CHECK(error->subject() == c.subject);
+  }
+  RunConfig synthetic;
+  synthetic.data.dataset = DatasetKind::Synthetic;
+  synthetic.model.layers = {16, 3};
+  synthetic.data.limitTrainSamples = 64;
+  CHECK_NOTHROW(validate(synthetic));
+  for (const OptimizerType type : {OptimizerType::Sgd, OptimizerType::Adam, OptimizerType::AdamW}) {
+    CHECK_NOTHROW(validate(nonDefaultConfig(type)));
+  }
+}
+
+TEST_CASE("reading a section and validating it give the same code and path") {
+  struct Case {
+    const char* name;
+    std::function<void(RunConfig&)> change;
+    std::string text;
+  };
+  const std::vector<Case> cases = {
+      {"model type", [](RunConfig& c) { c.model.type = "rnn"; }, R"({"model": {"type": "rnn"}})"},
+      {"layer count", [](RunConfig& c) { c.model.layers = {10}; }, R"({"model": {"layers": [10]}})"},
+      {"layer width",
+       [](RunConfig& c) {
+         c.model.layers = {784, -3, 10};
+       },
+       R"({"model": {"layers": [784, -3, 10]}})"},
+      {"momentum", [](RunConfig& c) { c.optimizer.sgd.momentum = 1.5; },
+       R"({"optimizer": {"momentum": 1.5}})"},
+      {"eps",
+       [](RunConfig& c) {
+         c.optimizer.type = OptimizerType::AdamW;
+         c.optimizer.adam.decoupledWeightDecay = true;
+         c.optimizer.adam.eps = 0;
+       },
+       R"({"optimizer": {"type": "adamw", "eps": 0}})"},
+      {"nesterov",
+       [](RunConfig& c) {
+         c.optimizer.sgd.nesterov = true;
+         c.optimizer.sgd.momentum = 0.9;
+         c.optimizer.sgd.dampening = 0.5;
+       },
+       R"({"optimizer": {"nesterov": true, "momentum": 0.9, "dampening": 0.5}})"},
+      {"test batch size", [](RunConfig& c) { c.data.testBatchSize = 0; },
+       R"({"data": {"testBatchSize": 0}})"},
+      {"mnist path", [](RunConfig& c) { c.data.dataset = DatasetKind::Mnist; },
+       R"({"data": {"dataset": "mnist"}})"},
+      {"device", [](RunConfig& c) { c.device.streamingBandwidthBytesPerSecond = 0; },
+       R"({"device": {"streamingBandwidthBytesPerSecond": 0}})"},
+  };
+  for (const Case& c : cases) {
+    INFO(std::string(c.name));
+    RunConfig config;
+    c.change(config);
+    const auto validated = test::catchError<ConfigError>([&] { validate(config); });
+    const auto read = test::catchError<ConfigError>([&] { parse(c.text); });
+    REQUIRE(validated.has_value());
+    REQUIRE(read.has_value());
+    CHECK(validated->code() == read->code());
+    CHECK(validated->subject() == read->subject());
+  }
+}
+
+// --- Overrides ------------------------------------------------------------------------
+
+TEST_CASE("overrides set numbers, strings, objects and array entries before reading") {
+  const std::string file = R"({"data": {"epochs": 2}, "model": {"layers": [784, 256, 10]}})";
+  const RunConfig c = parse(file,
+                            {
+                                "/sessionOptions/enableReplicatedGraphs=true",
+                                "/sessionOptions/replicatedGraphCount=4",
+                                "/optimizer/learningRate=0.1",
+                                "/data/dataset=synthetic",
+                                "/data/path=",
+                                "/output/checkpoint=out/model.safetensors",
+                                "/output/profile=\"quoted.json\"",
+                                "/model/layers/1=300",
+                                "/data/epochs=5",
+                                "/data/epochs=7",
+                            })
+                          .config;
+  CHECK(c.sessionOptions.enableReplicatedGraphs);
+  CHECK(c.sessionOptions.replicatedGraphCount == 4);
+  CHECK(c.optimizer.sgd.learningRate == 0.1);
+  CHECK(c.data.dataset == DatasetKind::Synthetic);
+  CHECK(c.data.path.empty());
+  CHECK(c.output.checkpoint == "out/model.safetensors");
+  CHECK(c.output.profile == "quoted.json");
+  CHECK(c.model.layers == std::vector<int64_t>{784, 300, 10});
+  CHECK(c.data.epochs == 7);  // the last override wins
+}
+
+TEST_CASE("overrides create missing objects and replace whole ones") {
+  const RunConfig created =
+      parse("{}",
+            {"/sessionOptions/weightTensorLocationSettings/location/storage=OffChip",
+             "/sessionOptions/tensorLocationSettingsOverride/a~1b~0c={\"replicatedTensorSharding\": \"On\"}"})
+          .config;
+  CHECK(created.sessionOptions.weightTensorLocationSettings.location.storage == TensorStorage::OffChip);
+  REQUIRE(created.sessionOptions.tensorLocationSettingsOverride.contains("a/b~c"));
+  CHECK(created.sessionOptions.tensorLocationSettingsOverride.at("a/b~c").replicatedTensorSharding ==
+        ReplicatedTensorSharding::On);
+
+  const std::string file =
+      R"({"sessionOptions": {"weightTensorLocationSettings":
+        {"location": {"storage": "OffChip", "loadTileSet": "IO"}}}})";
+  const RunConfig replaced =
+      parse(file,
+            {"/sessionOptions/weightTensorLocationSettings/location={\"replicatedTensorSharding\": \"On\"}"})
+          .config;
+  const TensorLocation& location = replaced.sessionOptions.weightTensorLocationSettings.location;
+  CHECK(location.storage == TensorStorage::OnChip);
+  CHECK(location.loadTileSet == TileSet::Compute);
+  CHECK(location.replicatedTensorSharding == ReplicatedTensorSharding::On);
+  CHECK(parse("{}", {"/optimizer={\"type\": \"adam\", \"beta1\": 0.5}"}).config.optimizer.adam.beta1 == 0.5);
+}
+
+TEST_CASE("overridden values are read as strictly as the file, and errors name the override") {
+  const std::vector<BadConfig> cases = {
+      {"word for an integer", "/data/epochs=zero", ErrorCode::WrongType, "/data/epochs",
+       "expected an integer, got string \"zero\" (in --set /data/epochs=zero)"},
+      {"unknown key", "/data/epoch=3", ErrorCode::UnknownKey, "/data/epoch",
+       "did you mean \"epochs\"?); allowed keys: batchSize"},
+      {"out of range", "/sessionOptions/replicatedGraphCount=0", ErrorCode::OutOfRange,
+       "/sessionOptions/replicatedGraphCount", "(in --set /sessionOptions/replicatedGraphCount=0)"},
+      {"below an override", "/sessionOptions/weightTensorLocationSettings={\"location\": {\"storage\": 1}}",
+       ErrorCode::WrongType, "/sessionOptions/weightTensorLocationSettings/location/storage",
+       "(in --set /sessionOptions"},
+      {"duplicate key in a value", "/sessionOptions={\"numIOTiles\": 0, \"numIOTiles\": 32}",
+       ErrorCode::DuplicateKey, "/sessionOptions/numIOTiles", "duplicate key \"numIOTiles\""},
+  };
+  for (const BadConfig& c : cases) {
+    INFO(std::string(c.name));
+    const auto error = test::catchError<ConfigError>([&] { parse(R"({"data": {"epochs": 2}})", {c.text}); });
+    REQUIRE(error.has_value());
+    INFO(std::string(error->what()));
+    CHECK(error->code() == c.code);
+    CHECK(error->subject() == c.subject);
+    CHECK(error->detail().find(c.fragment) != std::string::npos);
+  }
+}
+
+TEST_CASE("malformed overrides are BadOverride naming the override") {
+  struct Case {
+    const char* name;
+    std::string text;
+    std::string fragment;
+  };
+  const std::vector<Case> cases = {
+      {"no '='", "/data/epochs", "missing \"=\""},
+      {"no leading '/'", "data/epochs=3", "must be a JSON pointer starting with \"/\""},
+      {"empty path", "=3", "starting with \"/\""},
+      {"bad escape", "/sessionOptions/tensorLocationSettingsOverride/a~2=1", "\"~\" must be followed by 0"},
+      {"through a number", "/data/epochs/x=3",
+       "goes through /data/epochs, which holds integer 2, not an object"},
+      {"through a string", "/model/type/x=1", "which holds string \"mlp\""},
+      {"array index out of range", "/model/layers/3=1", "/model/layers is an array of 3 entries"},
+      {"array index not a number", "/model/layers/first=1", "\"first\" is not the index"},
+      {"array index with a leading zero", "/model/layers/01=1", "\"01\" is not the index"},
+  };
+  const std::string file = R"({"data": {"epochs": 2}, "model": {"type": "mlp", "layers": [784, 64, 10]}})";
+  for (const Case& c : cases) {
+    INFO(std::string(c.name));
+    const auto error = test::catchError<ConfigError>([&] { parse(file, {c.text}); });
+    REQUIRE(error.has_value());
+    INFO(std::string(error->what()));
+    CHECK(error->code() == ErrorCode::BadOverride);
+    CHECK(error->subject() == c.text);
+    CHECK(error->detail().find(c.fragment) != std::string::npos);
+  }
+}
+
+// --- Provenance -------------------------------------------------------------------------
+
+TEST_CASE("provenance says where every leaf value came from") {
+  const std::string file = R"({
+    "sessionOptions": {
+      "replicatedGraphCount": 1,
+      "weightTensorLocationSettings": {"location": {"replicatedTensorSharding": "On"}},
+      "tensorLocationSettingsOverride": {"w/1": {"storage": "OffChip"}}
+    },
+    "optimizer": {"type": "adam", "learningRate": 0.001},
+    "model": {"layers": [784, 10]},
+    "data": {"epochs": 2}
+  })";
+  const LoadedRunConfig loaded =
+      parse(file, {"/data/epochs=3", "/sessionOptions/activationTensorLocationSettings/location={}",
+                   "/model/layers/0=784", "/output/trace=t.json"});
+  const auto& p = loaded.provenance;
+  const auto at = [&](const std::string& path) {
+    CAPTURE(path);
+    REQUIRE(p.contains(path));
+    return p.at(path);
+  };
+  CHECK(at("/sessionOptions/replicatedGraphCount") == Provenance::File);
+  CHECK(at("/sessionOptions/weightTensorLocationSettings/location/replicatedTensorSharding") ==
+        Provenance::File);
+  CHECK(at("/sessionOptions/weightTensorLocationSettings/location/storage") == Provenance::Default);
+  CHECK(at("/sessionOptions/numIOTiles") == Provenance::Default);
+  CHECK(at("/sessionOptions/tensorLocationSettingsOverride/w~11/storage") == Provenance::File);
+  CHECK(at("/sessionOptions/tensorLocationSettingsOverride/w~11/loadTileSet") == Provenance::Default);
+  CHECK(at("/sessionOptions/activationTensorLocationSettings/location/storage") == Provenance::Set);
+  CHECK(at("/sessionOptions/activationTensorLocationSettings/location/shardingDomain/type") ==
+        Provenance::Set);
+  CHECK(at("/sessionOptions/activationTensorLocationSettings/minElementsForOffChip") == Provenance::Default);
+  CHECK(at("/optimizer/type") == Provenance::File);
+  CHECK(at("/optimizer/learningRate") == Provenance::File);
+  CHECK(at("/optimizer/beta1") == Provenance::Default);
+  CHECK(at("/model/layers") == Provenance::Set);  // an entry was overridden
+  CHECK(at("/model/type") == Provenance::Default);
+  CHECK(at("/data/epochs") == Provenance::Set);
+  CHECK(at("/data/batchSize") == Provenance::Default);
+  CHECK(at("/output/trace") == Provenance::Set);
+  CHECK_FALSE(p.contains("/optimizer/momentum"));  // not an option of adam
+
+  // Exactly the leaves of the canonical dump.
+  std::vector<std::string> leaves;
+  jsonLeaves(json(loaded.config), "", leaves);
+  std::vector<std::string> keys;
+  for (const auto& [path, source] : p) keys.push_back(path);
+  std::sort(leaves.begin(), leaves.end());
+  CHECK(keys == leaves);
+}
+
+TEST_CASE("an empty map is a leaf of its own") {
+  const LoadedRunConfig defaults = parse("{}");
+  CHECK(defaults.provenance.at("/sessionOptions/tensorLocationSettingsOverride") == Provenance::Default);
+  const LoadedRunConfig fromFile = parse(R"({"sessionOptions": {"tensorLocationSettingsOverride": {}}})");
+  CHECK(fromFile.provenance.at("/sessionOptions/tensorLocationSettingsOverride") == Provenance::File);
+  for (const auto& entry : defaults.provenance) {
+    CAPTURE(entry.first);
+    CHECK(entry.second == Provenance::Default);
+  }
+}
+
+// --- Files --------------------------------------------------------------------------------
+
+TEST_CASE("loadRunConfig names the file in IO and syntax errors") {
+  // A name of its own, so that test runs of several build folders do not meet.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("tessera_run_config_test_" + std::to_string(std::random_device{}()));
+  std::filesystem::create_directories(dir);
+  const std::string missing = (dir / "missing.json").string();
+  const auto notFound = test::catchError<IoError>([&] { loadRunConfig(missing); });
+  REQUIRE(notFound.has_value());
+  CHECK(notFound->code() == ErrorCode::FileUnreadable);
+  CHECK(notFound->subject() == missing);
+  CHECK(notFound->detail() == "cannot read the file: No such file or directory");
+
+  const auto directory = test::catchError<IoError>([&] { loadRunConfig(dir.string()); });
+  REQUIRE(directory.has_value());
+  CHECK(directory->code() == ErrorCode::FileUnreadable);
+  CHECK(directory->detail().find("Is a directory") != std::string::npos);
+
+  const std::string broken = (dir / "broken.json").string();
+  std::ofstream(broken) << "{\n  \"data\": {\n    \"epochs\": 3,\n  }\n}\n";
+  const auto syntax = test::catchError<ConfigError>([&] { loadRunConfig(broken); });
+  REQUIRE(syntax.has_value());
+  CHECK(syntax->code() == ErrorCode::JsonSyntax);
+  CHECK(syntax->subject() == broken + ":4:3");
+
+  const std::string good = (dir / "good.json").string();
+  std::ofstream(good) << R"({"data": {"epochs": 3}})";
+  const LoadedRunConfig loaded = loadRunConfig(good, {"/data/batchSize=16"});
+  CHECK(loaded.config.data.epochs == 3);
+  CHECK(loaded.config.data.batchSize == 16);
+  const auto wrong = test::catchError<ConfigError>([&] { loadRunConfig(good, {"/data/epochs=-1"}); });
+  REQUIRE(wrong.has_value());
+  CHECK(wrong->detail().ends_with("(in --set /data/epochs=-1)"));
+  std::filesystem::remove_all(dir);
+}
+
+// --- Schema -----------------------------------------------------------------------------------
+
+// Checks that `node` describes exactly the keys of `value` (a dump), closed,
+// with a description for every property and the dump's defaults.
+void checkSchemaCovers(const json& node, const json& value, const std::string& path) {
+  CAPTURE(path);
+  if (node.contains("oneOf")) {
+    return;  // the optimizer section: checked on its own
+  }
+  if (value.is_object() && node.contains("properties")) {
+    CHECK(node["type"] == "object");
+    CHECK(node["additionalProperties"] == false);
+    std::set<std::string> schemaKeys;
+    for (const auto& [key, property] : node["properties"].items()) schemaKeys.insert(key);
+    std::set<std::string> dumpKeys;
+    for (const auto& [key, member] : value.items()) dumpKeys.insert(key);
+    CHECK(schemaKeys == dumpKeys);
+    for (const auto& [key, member] : value.items()) {
+      const json& property = node["properties"][key];
+      CHECK_FALSE(property.value("description", std::string()).empty());
+      checkSchemaCovers(property, member, path + "/" + key);
+    }
+    return;
+  }
+  if (node.contains("default")) CHECK(node["default"] == value);
+}
+
+void collectEnums(const json& node, std::set<std::vector<std::string>>& out) {
+  if (node.is_object()) {
+    if (node.contains("enum")) out.insert(node["enum"].get<std::vector<std::string>>());
+    for (const auto& [key, member] : node.items()) collectEnums(member, out);
+  } else if (node.is_array()) {
+    for (const json& member : node) collectEnums(member, out);
+  }
+}
+
+template <NamedEnum E>
+std::vector<std::string> names() {
+  std::vector<std::string> out;
+  for (const auto& [value, name] : EnumNames<E>::kNames) out.emplace_back(name);
+  return out;
+}
+
+TEST_CASE("the run config schema is generated from the field tables") {
+  const json schema = runConfigSchema();
+  CHECK(schema["$schema"] == "https://json-schema.org/draft/2020-12/schema");
+  CHECK(schema["title"] == "tessera run config");
+  checkSchemaCovers(schema, json(RunConfig{}), "");
+
+  // The optimizer: one closed alternative per type, each with the keys of
+  // that type's dump.
+  const json& optimizer = schema["properties"]["optimizer"];
+  REQUIRE(optimizer.contains("oneOf"));
+  CHECK_FALSE(optimizer["description"].get<std::string>().empty());
+  std::vector<std::string> consts;
+  for (const json& alternative : optimizer["oneOf"]) {
+    const std::string type = alternative["properties"]["type"]["const"];
+    consts.push_back(type);
+    OptimizerConfig config;
+    config.type = *enumFromString<OptimizerType>(type);
+    config.adam.decoupledWeightDecay = config.type == OptimizerType::AdamW;
+    checkSchemaCovers(alternative, json(config), "/optimizer(" + type + ")");
+  }
+  CHECK(consts == names<OptimizerType>());
+  CHECK(optimizer["oneOf"][0]["properties"]["type"]["default"] == "sgd");
+  CHECK_FALSE(optimizer["oneOf"][0].contains("required"));
+  CHECK(optimizer["oneOf"][1]["required"] == json{"type"});
+
+  // Enum lists are the name tables.
+  std::set<std::vector<std::string>> enums;
+  collectEnums(schema, enums);
+  const std::set<std::vector<std::string>> expected = {
+      names<TensorStorage>(), names<TileSet>(),       names<ReplicatedTensorSharding>(),
+      names<CommGroupType>(), names<ReductionType>(), names<MeanReductionStrategy>(),
+      names<Activation>(),    names<DatasetKind>(),   {"mlp"},
+  };
+  CHECK(enums == expected);
+
+  const json& layers = schema["properties"]["model"]["properties"]["layers"];
+  CHECK(layers["minItems"] == 2);
+  CHECK(layers["items"]["minimum"] == 1);
+  CHECK(schema["properties"]["sessionOptions"]["properties"]["weightTensorLocationSettings"]["properties"]
+              ["minElementsForReplicatedTensorSharding"]["default"] == 8192);
+}
+
+}  // namespace
+}  // namespace tessera

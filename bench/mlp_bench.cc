@@ -1,0 +1,81 @@
+// The training step of an MLP 784-H1-H2-10 (ReLU, softmax cross-entropy, SGD
+// with momentum 0.9) on the simulated device, with the same arguments and
+// output line as the peer benchmarks (hand-written Eigen, libtorch):
+//
+//   tessera_bench_mlp BATCH STEPS THREADS H1 H2 [--replicas R]
+//
+// BATCH is the batch per replica; with R replicas each step trains on
+// R x BATCH samples. THREADS must be 1 (the device runs on one host thread).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tessera/error.hpp"
+#include "tessera/mlp.hpp"
+#include "tessera/optimizer.hpp"
+#include "tessera/session.hpp"
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args;
+  int64_t replicas = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--replicas" && i + 1 < argc) {
+      replicas = std::atoll(argv[++i]);
+    } else {
+      args.push_back(a);
+    }
+  }
+  const auto arg = [&](size_t i, int64_t fallback) { return i < args.size() ? std::atoll(args[i].c_str()) : fallback; };
+  const int64_t batch = arg(0, 64);
+  const int64_t steps = arg(1, 200);
+  const int64_t threads = arg(2, 1);
+  const int64_t h1 = arg(3, 256);
+  const int64_t h2 = arg(4, 128);
+  if (batch < 1 || steps < 1 || threads != 1 || h1 < 1 || h2 < 1 || replicas < 1) {
+    std::fprintf(stderr, "usage: tessera_bench_mlp BATCH STEPS 1 H1 H2 [--replicas R] (one host thread)\n");
+    return 2;
+  }
+  try {
+    tessera::ModelConfig model;
+    model.layers = {784, h1, h2, 10};
+    tessera::MlpGraph mlp = tessera::buildMlp(model, batch, replicas, 0);
+    tessera::SessionOptions options;
+    options.enableReplicatedGraphs = replicas > 1;
+    options.replicatedGraphCount = replicas;
+    options.accumulationAndReplicationReductionType = tessera::ReductionType::Mean;
+    tessera::OptimizerConfig sgd;
+    sgd.sgd.learningRate = 0.05;
+    sgd.sgd.momentum = 0.9;
+    tessera::TrainingSession session(std::move(mlp.graph), mlp.loss, tessera::makeOptimizer(sgd), options,
+                                     tessera::makeSimDevice());
+
+    // Fixed data, as the peers use: uniform inputs and random labels.
+    const int64_t samples = replicas * batch;
+    std::vector<float> x(static_cast<size_t>(samples * 784));
+    std::vector<int32_t> y(static_cast<size_t>(samples));
+    uint64_t state = 12345;
+    const auto next = [&] {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      return static_cast<uint32_t>(state >> 33);
+    };
+    for (float& v : x) v = 0.1f * static_cast<float>(next() % 1000) / 1000.0f;
+    for (int32_t& v : y) v = static_cast<int32_t>(next() % 10);
+
+    const tessera::StepInput inputs[] = {{"input", std::span<const float>(x)}, {"labels", std::span<const int32_t>(y)}};
+    for (int i = 0; i < 20; ++i) session.run(inputs);
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < steps; ++i) session.run(inputs);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("tessera batch=%lld threads=%lld steps=%lld replicas=%lld loss=%.4f step_us=%.1f samples_per_s=%.0f\n",
+                static_cast<long long>(batch), static_cast<long long>(threads), static_cast<long long>(steps),
+                static_cast<long long>(replicas), session.meanLoss(), 1e6 * seconds / static_cast<double>(steps),
+                static_cast<double>(samples * steps) / seconds);
+  } catch (const tessera::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,156 @@
+// Datasets: IDX files (MNIST, Fashion-MNIST), a synthetic stand-in, and the
+// order in which a training run visits the samples.
+//
+// Loading: loadDataset(DataConfig) returns the train and test splits in host
+// memory as float pixels in [0, 1] and int32 labels. IDX files may be gzip'd
+// (recognised by their magic bytes, not their name). Damaged files are
+// IoError(CorruptDataset) naming the file; nothing is allocated before the
+// sizes a header declares have been checked against a limit.
+//
+// Batching: a run with P instances, L local replicas per instance (R = P x L
+// replicas in total), micro-batch B (DataConfig::batchSize) and gradient
+// accumulation factor A consumes a global batch of B x R x A samples per
+// step, split the way PopTorch splits a dataset over processes:
+//
+//   order = epochOrder(N, seed, epoch, shuffle)     same on every instance
+//   S     = B x L x A                               samples per step per instance
+//   range = instanceRange(N, S, P, instanceIndex)   contiguous positions in order
+//
+// Instance i's step k reads positions range.offset + k*S .. + S of `order`,
+// for k < range.count / S; within it, accumulation micro-batch m of local
+// replica r is the B positions from range.offset + k*S + (m*L + r)*B. fillBatch
+// copies any such run of positions into caller-owned host buffers. Samples
+// past P * range.count are not used in that epoch (drop_last), and since the
+// order is reshuffled every epoch, a different remainder is left out each
+// time.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/run_config.hpp"
+
+namespace tessera {
+
+// Where Debian's dataset-fashion-mnist package installs the gzip'd IDX files;
+// loadDataset reads Fashion-MNIST from here when DataConfig::path is empty.
+inline constexpr std::string_view kFashionMnistFolder = "/usr/share/datasets/fashion-mnist";
+
+// The largest number of items (pixels, or labels) an IDX file may declare
+// unless the caller allows more: 1 GiB of unsigned bytes.
+inline constexpr int64_t kDefaultMaxIdxItems = int64_t{1} << 30;
+
+// Shape of the samples of every dataset loadDataset returns.
+inline constexpr int64_t kImageRows = 28;
+inline constexpr int64_t kImageCols = 28;
+inline constexpr int32_t kNumClasses = 10;
+
+// Size of the synthetic dataset when no limit is set (that of Fashion-MNIST).
+inline constexpr int64_t kSyntheticTrainSamples = 60000;
+inline constexpr int64_t kSyntheticTestSamples = 10000;
+
+// The images of an IDX image file (magic 0x00000803).
+struct IdxImages {
+  int64_t count = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  // count x rows x cols, row-major; each byte b becomes b / 255.
+  std::vector<float> pixels;
+};
+
+// Reads an IDX image file (unsigned bytes, 3 dimensions), raw or gzip'd.
+// At most `maxItems` pixels are accepted. IoError(FileUnreadable) when the
+// file cannot be read, IoError(CorruptDataset) when it is not a valid file
+// of that kind.
+IdxImages readIdxImages(const std::string& path, int64_t maxItems = kDefaultMaxIdxItems);
+
+// Reads an IDX label file (unsigned bytes, 1 dimension), raw or gzip'd.
+// Every label must be below `numClasses`. Errors as for readIdxImages.
+std::vector<int32_t> readIdxLabels(const std::string& path, int32_t numClasses = kNumClasses,
+                                   int64_t maxItems = kDefaultMaxIdxItems);
+
+// Samples of one split (train or test).
+struct DatasetSplit {
+  int64_t count = 0;
+  int64_t rows = kImageRows;
+  int64_t cols = kImageCols;
+  // count x rows x cols floats in [0, 1], row-major.
+  std::vector<float> images;
+  // count labels in [0, kNumClasses).
+  std::vector<int32_t> labels;
+
+  int64_t sampleElements() const noexcept { return rows * cols; }
+};
+
+// An image file and its label file, which must hold the same number of
+// samples (IoError(CorruptDataset) naming the label file otherwise).
+DatasetSplit readIdxSplit(const std::string& imagesPath, const std::string& labelsPath,
+                          int64_t maxItems = kDefaultMaxIdxItems);
+
+struct Dataset {
+  DatasetSplit train;
+  DatasetSplit test;
+  int32_t numClasses = kNumClasses;
+  // What was loaded, e.g. `fashion-mnist from /data/fmnist` or `synthetic (seed 7)`.
+  std::string source;
+  // Empty, or something the user should be told: that Fashion-MNIST was not
+  // installed and the synthetic set stands in for it, and how to install it.
+  std::string notice;
+};
+
+// Loads the dataset `config` names, then keeps the first
+// config.limitTrainSamples / limitTestSamples samples of each split (0: all).
+// - fashion-mnist: {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] from
+//   config.path, or from `defaultFolder` when the path is empty. When the
+//   default folder lacks the files, the synthetic set stands in and `notice`
+//   says so; files missing from an explicit path are ConfigError(InvalidData)
+//   at /data/path, since the user asked for that folder.
+// - mnist: the same files from config.path, which must be set and hold them
+//   (ConfigError(InvalidData) at /data/path).
+// - synthetic: makeSyntheticDataset(config.seed, ...).
+// Files that exist but are damaged are IoErrors; they never fall back.
+Dataset loadDataset(const DataConfig& config, std::string_view defaultFolder = kFashionMnistFolder);
+
+// A deterministic, learnable 10-class set of 28x28 images: each class has a
+// blocky random prototype, and each sample is its class's prototype at a
+// random brightness plus noise, clamped to [0, 1]. The same seed gives the
+// same bytes on every platform; the first n samples do not depend on how many
+// are made.
+Dataset makeSyntheticDataset(int64_t seed, int64_t trainSamples = kSyntheticTrainSamples,
+                             int64_t testSamples = kSyntheticTestSamples);
+
+// Fills `order` with the sample indices 0..order.size()-1 in the order epoch
+// `epoch` visits them: a Fisher-Yates shuffle driven by std::mt19937_64
+// seeded from (seed, epoch) when `shuffle` is set, ascending otherwise. The
+// result is the same with every standard library.
+void fillEpochOrder(std::span<int64_t> order, int64_t seed, int64_t epoch, bool shuffle);
+std::vector<int64_t> epochOrder(int64_t numSamples, int64_t seed, int64_t epoch, bool shuffle);
+
+// A run of positions in an epoch order.
+struct SampleRange {
+  int64_t offset = 0;
+  int64_t count = 0;
+  bool operator==(const SampleRange&) const = default;
+};
+
+// The positions instance `instanceIndex` of `numInstances` reads each epoch:
+// stepSamples * floor(numSamples / (stepSamples * numInstances)) of them,
+// starting at instanceIndex times that count (PopTorch's drop_last split).
+// The count is 0 when the dataset holds less than one step per instance.
+// ConfigError(OutOfRange) for a negative numSamples, stepSamples or
+// numInstances below 1, or an index outside [0, numInstances).
+SampleRange instanceRange(int64_t numSamples, int64_t stepSamples, int64_t numInstances,
+                          int64_t instanceIndex);
+
+// Copies the samples at positions first .. first + labels.size() of `order`
+// into `images` (labels.size() x split.sampleElements() floats) and `labels`.
+// Allocates nothing. GraphError(HostShapeMismatch) when `images` has the
+// wrong size; ConfigError(OutOfRange) when the positions run past `order` or
+// an index in `order` is not a sample of `split`.
+void fillBatch(const DatasetSplit& split, std::span<const int64_t> order, int64_t first,
+               std::span<float> images, std::span<int32_t> labels);
+
+}  // namespace tessera

@@ -1,0 +1,111 @@
+// JSON for every option type: to_json / from_json in namespace tessera, found
+// by nlohmann::json through argument-dependent lookup:
+//
+//   nlohmann::json j = options;                  // the canonical dump
+//   auto options = j.get<tessera::SessionOptions>();   // strict reading
+//
+// The dump has every field, keys sorted, enums as their names, so
+// from_json(to_json(x)) == x. Reading is strict: an unknown key, a wrong type,
+// a float where an integer belongs, a number outside the field's range or a
+// string that names no enumerator is a ConfigError whose subject is the JSON
+// pointer of the value within `j` ("" for `j` itself). Missing keys take the
+// C++ default; from_json starts from a default-constructed value.
+//
+// OptimizerConfig is flat: {"type": "adam", "learningRate": 0.001, ...} holds
+// the options of its type only (the other type's options read as their
+// defaults), and the type decides AdamOptions::decoupledWeightDecay.
+//
+// Include <nlohmann/json.hpp> to use these; this header only declares them.
+#pragma once
+
+#include <string_view>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "tessera/device_spec.hpp"
+#include "tessera/optimizer_options.hpp"
+#include "tessera/replica_grouping.hpp"
+#include "tessera/run_config.hpp"
+#include "tessera/session_options.hpp"
+#include "tessera/shard_layout.hpp"
+#include "tessera/tensor_location.hpp"
+
+namespace tessera {
+
+// Parses one JSON document strictly: a syntax error, trailing characters or
+// invalid UTF-8 is ConfigError(JsonSyntax) with subject "SOURCE:LINE:COLUMN";
+// a key that appears twice in an object is DuplicateKey at its JSON pointer;
+// nesting deeper than 64 or a text over 64 MiB is DocumentLimit. `source`
+// names the text in errors (a file name; may be empty).
+nlohmann::json parseJsonDocument(std::string_view text, std::string_view source);
+
+// Enums, as their names ("OnChip"); reading an unknown name is
+// InvalidEnumValue.
+void to_json(nlohmann::json& j, TensorStorage value);
+void from_json(const nlohmann::json& j, TensorStorage& value);
+void to_json(nlohmann::json& j, TileSet value);
+void from_json(const nlohmann::json& j, TileSet& value);
+void to_json(nlohmann::json& j, ReplicatedTensorSharding value);
+void from_json(const nlohmann::json& j, ReplicatedTensorSharding& value);
+void to_json(nlohmann::json& j, CommGroupType value);
+void from_json(const nlohmann::json& j, CommGroupType& value);
+void to_json(nlohmann::json& j, TensorCategory value);
+void from_json(const nlohmann::json& j, TensorCategory& value);
+void to_json(nlohmann::json& j, ReductionType value);
+void from_json(const nlohmann::json& j, ReductionType& value);
+void to_json(nlohmann::json& j, MeanReductionStrategy value);
+void from_json(const nlohmann::json& j, MeanReductionStrategy& value);
+void to_json(nlohmann::json& j, OptimizerType value);
+void from_json(const nlohmann::json& j, OptimizerType& value);
+void to_json(nlohmann::json& j, Activation value);
+void from_json(const nlohmann::json& j, Activation& value);
+void to_json(nlohmann::json& j, DatasetKind value);
+void from_json(const nlohmann::json& j, DatasetKind& value);
+void to_json(nlohmann::json& j, Provenance value);
+void from_json(const nlohmann::json& j, Provenance& value);
+
+// Option structs.
+void to_json(nlohmann::json& j, const CommGroup& value);
+void from_json(const nlohmann::json& j, CommGroup& value);
+void to_json(nlohmann::json& j, const TensorLocation& value);
+void from_json(const nlohmann::json& j, TensorLocation& value);
+void to_json(nlohmann::json& j, const TensorLocationSettings& value);
+void from_json(const nlohmann::json& j, TensorLocationSettings& value);
+void to_json(nlohmann::json& j, const SessionOptions& value);
+void from_json(const nlohmann::json& j, SessionOptions& value);
+void to_json(nlohmann::json& j, const DeviceSpec& value);
+void from_json(const nlohmann::json& j, DeviceSpec& value);
+void to_json(nlohmann::json& j, const SgdOptions& value);
+void from_json(const nlohmann::json& j, SgdOptions& value);
+void to_json(nlohmann::json& j, const AdamOptions& value);
+void from_json(const nlohmann::json& j, AdamOptions& value);
+
+// Run config sections and the whole run config (without overrides or
+// provenance; see parseRunConfig for those).
+void to_json(nlohmann::json& j, const ModelConfig& value);
+void from_json(const nlohmann::json& j, ModelConfig& value);
+void to_json(nlohmann::json& j, const OptimizerConfig& value);
+void from_json(const nlohmann::json& j, OptimizerConfig& value);
+void to_json(nlohmann::json& j, const DataConfig& value);
+void from_json(const nlohmann::json& j, DataConfig& value);
+void to_json(nlohmann::json& j, const OutputConfig& value);
+void from_json(const nlohmann::json& j, OutputConfig& value);
+void to_json(nlohmann::json& j, const RunConfig& value);
+void from_json(const nlohmann::json& j, RunConfig& value);
+
+// {"elements", "shards", "shardElements", "padding", "realElements" (one per
+// shard), "version"}; written for reports and checkpoints, never read back
+// (a layout is rebuilt from elements and shards).
+void to_json(nlohmann::json& j, const ShardLayout& layout);
+
+}  // namespace tessera
+
+// ReplicaGrouping has no default constructor, so its JSON goes through an
+// adl_serializer: {"numReplicas": 8, "stride": 2, "groupSize": 2}. Reading
+// needs numReplicas; stride defaults to 1 and groupSize to numReplicas (one
+// group), as in the constructors. The constructor's checks apply.
+template <>
+struct nlohmann::adl_serializer<tessera::ReplicaGrouping> {
+  static tessera::ReplicaGrouping from_json(const nlohmann::json& j);
+  static void to_json(nlohmann::json& j, const tessera::ReplicaGrouping& grouping);
+};

@@ -1,0 +1,49 @@
+// The multi-layer perceptron of a run config's "model" section, built as a
+// plain training graph: no replication, sharding or offloading in it — the
+// session's transforms add those from SessionOptions.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tessera/graph.hpp"
+#include "tessera/ops.hpp"
+#include "tessera/run_config.hpp"
+#include "tessera/session_options.hpp"
+
+namespace tessera {
+
+struct MlpGraph {
+  Graph graph;
+  // Per replica, per micro-batch: images [batch, inputs] float32, labels
+  // [batch] int32.
+  TensorId input = kNoTensor;
+  TensorId labels = kNoTensor;
+  TensorId logits = kNoTensor;       // [batch, classes]
+  TensorId predictions = kNoTensor;  // [batch] int32 (argmax)
+  TensorId loss = kNoTensor;         // [] mean softmax cross-entropy of the micro-batch
+  // "W0", "b0", "W1", ... in layer order.
+  std::vector<TensorId> weights;
+};
+
+// Layer i computes act(x Wi + bi) (no activation after the last layer).
+// Wi [layers[i], layers[i+1]] is He-normal initialised from `seed` with a
+// generator whose results do not depend on the standard library; bi is zero.
+//
+// With `options`, every weight whose resolved location (resolveTensorLocation)
+// has replicated tensor sharding On is built as a replica-sharded variable
+// over its sharding domain and all-gathered where it is used, PopXL style;
+// the optimizer then shards its state like the weight. Sharding domains All
+// and Consecutive are supported; Orthogonal is ConfigError
+// (UnsupportedCombination) naming the setting.
+//
+// Throws ConfigError(InvalidModel) for a model it cannot build and
+// GraphError for shapes that do not fit.
+MlpGraph buildMlp(const ModelConfig& model, int64_t batchSize, int64_t replicationFactor, int64_t seed,
+                  const SessionOptions* options = nullptr);
+
+// Deterministic standard normal samples (Box-Muller over a 64-bit
+// splitmix/xorshift stream): the same numbers on every platform.
+std::vector<float> normalSamples(int64_t count, uint64_t seed, double stddev);
+
+}  // namespace tessera

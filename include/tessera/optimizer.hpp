@@ -1,0 +1,109 @@
+// Optimizers: the ops that update trainable weights from their gradients.
+//
+// An optimizer appends its update to a graph with the same public ops a user
+// can write by hand (mul, add, sqrt, div, copyInplace, scaledAddInplace), so
+// every update is elementwise and runs unchanged on the shards of a
+// replica-sharded weight. Per-weight state (momentum, Adam moments) lives in
+// variables of category OptimizerState, grouped and sharded like the weight.
+//
+// Values that change between steps (the learning rate, the first-step
+// momentum factors of SGD, Adam's bias corrections) are float32 scalar
+// variables named "optimizer.<name>" that the host writes before each step
+// from hyperParameters(step): the learning rate can change without
+// recompiling. Values fixed for the session (betas, eps, weight decay) are
+// constants.
+//
+//   auto optimizer = makeOptimizer(config.optimizer);
+//   optimizer->addUpdates(graph, {{w.id(), gradient.id()}});
+//   for (int64_t step = 0; ...; ++step) {
+//     for (auto [tensor, value] : optimizer->hyperParameters(step)) writeScalar(tensor, value);
+//     run();
+//   }
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tessera/graph.hpp"
+#include "tessera/ops.hpp"
+#include "tessera/run_config.hpp"
+
+namespace tessera {
+
+// A trainable weight and the gradient its update consumes.
+struct GradientPair {
+  TensorId weight = kNoTensor;
+  TensorId gradient = kNoTensor;
+  bool operator==(const GradientPair&) const = default;
+};
+
+// A hyper-parameter scalar and the value the host writes into it.
+struct HyperParameter {
+  TensorId tensor = kNoTensor;
+  double value = 0.0;
+  bool operator==(const HyperParameter&) const = default;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // "sgd", "adam" or "adamw" (the run config's optimizer type).
+  virtual std::string_view name() const noexcept = 0;
+
+  // Appends the update of every pair to `graph`: the hyper-parameter scalars
+  // "optimizer.<name>" (once), the state of each weight ("<weight>.momentum",
+  // "<weight>.adamM", ...), then the in-place update of each weight. Call it
+  // once per graph; a later call targets a new graph and forgets the old
+  // one's scalars. Throws GraphError: InvalidOperand when a weight is not a
+  // float32 variable, ShapeMismatch when a gradient's shape differs from its
+  // weight's (subject: the weight), DuplicateTensorName when a state name is
+  // taken.
+  void addUpdates(Graph& graph, const std::vector<GradientPair>& pairs);
+
+  // Every hyper-parameter scalar of the last addUpdates() graph with its
+  // value for `step` (0 = the first step); the host writes them before the
+  // step. Empty before addUpdates().
+  std::vector<HyperParameter> hyperParameters(int64_t step) const;
+
+  double learningRate() const noexcept { return learningRate_; }
+  // Used from the next hyperParameters() call on. Throws
+  // ConfigError(OutOfRange) at /optimizer/learningRate unless it is > 0.
+  void setLearningRate(double learningRate);
+
+ protected:
+  // `learningRate` must be > 0 (ConfigError(OutOfRange)).
+  explicit Optimizer(double learningRate);
+
+  // Name (without the "optimizer." prefix) and value at `step` of every
+  // hyper-parameter scalar the update reads: the same names, in the same
+  // order, at every step.
+  virtual std::vector<std::pair<std::string_view, double>> hyperParameterValues(int64_t step) const = 0;
+  // Appends the update of one weight; hyperParameter() gives the scalars.
+  virtual void addUpdate(Graph& graph, Tensor weight, Tensor gradient) = 0;
+  // The scalar "optimizer.<name>" of the graph being updated.
+  Tensor hyperParameter(Graph& graph, std::string_view name) const;
+
+ private:
+  double learningRate_;
+  std::vector<std::pair<std::string, TensorId>> hyperTensors_;
+};
+
+// A zero-initialised variable `name` of `category` with the shape, grouping
+// and sharding of the variable `weight`: optimizer state, gradient
+// accumulators. Throws GraphError(DuplicateTensorName) when `name` is taken.
+Tensor zeroVariableLike(Tensor weight, std::string name, TensorCategory category);
+
+// The optimizer `config` describes: Sgd for sgd, Adam for adam (L2 weight
+// decay) and adamw (decoupled weight decay; the type decides, not
+// config.adam.decoupledWeightDecay). Throws ConfigError for options out of
+// range (the same checks and JSON paths as the run config's reader).
+std::unique_ptr<Optimizer> makeOptimizer(const OptimizerConfig& config);
+
+}  // namespace tessera

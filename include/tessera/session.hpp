@@ -1,0 +1,145 @@
+// Sessions: compile a graph once for a SessionOptions and a device, then run
+// steps and move tensors between host and device.
+//
+//   tessera::Graph g(options.getGlobalReplicationFactor());
+//   ... build the model with tessera::ops, ending in a scalar loss ...
+//   tessera::TrainingSession session(std::move(g), loss.id(), tessera::makeOptimizer(config),
+//                                    options, tessera::makeSimDevice(spec));
+//   session.run({{"x", images}, {"labels", labels}});
+//
+// Host input streams have shape [accumulationFactor, localReplicas, ...shape]
+// where shape is the input's per-replica, per-micro-batch shape and a leading
+// dimension of size 1 is omitted (so [R, B, 28, 28], or [B, 28, 28] when R = 1
+// and there is no accumulation). Outputs come back the same way: one value
+// per micro-batch and local replica.
+//
+// Variables are read and written in their host shape: [numGroups, ...shape]
+// for a grouped variable (the group dimension omitted for one group), or
+// [replicas, ...shape] when read with RetrievalMode::AllReplicas; sharded
+// variables are reassembled through their ShardLayout, so the host always
+// sees the full tensor.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/device.hpp"
+#include "tessera/graph.hpp"
+#include "tessera/optimizer.hpp"
+#include "tessera/session_options.hpp"
+
+namespace tessera {
+
+// A host tensor: a shape and its values (int32 tensors hold exact integer
+// values as floats).
+struct HostTensor {
+  Shape shape;
+  std::vector<float> data;
+  bool operator==(const HostTensor&) const = default;
+};
+
+// One host input of a step: the stream's name and its data in host shape.
+// Int32 streams (labels) may be given as int32 or as exact floats.
+struct StepInput {
+  std::string_view name;
+  std::span<const float> floats{};
+  std::span<const int32_t> ints{};
+  StepInput(std::string_view n, std::span<const float> values) : name(n), floats(values) {}
+  StepInput(std::string_view n, std::span<const int32_t> values) : name(n), ints(values) {}
+};
+
+class TrainingSession {
+ public:
+  // Validates `options` against the device, checks that the graph's
+  // replication factor is the options' global one, then runs the training
+  // pipeline (autodiff, gradient accumulation, replication, optimizer
+  // update), loads the program on `device` and writes every variable's
+  // initial value. `outputs` names extra tensors returned by run() besides
+  // the loss. Throws ConfigError, GraphError, AutodiffError, DeviceError.
+  TrainingSession(Graph graph, TensorId loss, std::unique_ptr<Optimizer> optimizer, SessionOptions options,
+                  std::unique_ptr<Device> device, std::vector<std::string> outputs = {});
+  ~TrainingSession();
+  TrainingSession(TrainingSession&&) noexcept;
+  TrainingSession& operator=(TrainingSession&&) noexcept;
+
+  // The host shape an input stream expects, and how it was derived.
+  Shape inputHostShape(std::string_view name) const;
+
+  // One training step: every local replica runs accumulationFactor
+  // micro-batches, then the weights are updated. Every input stream must be
+  // given once, in its host shape (GraphError(HostShapeMismatch) naming the
+  // stream, the expected shape and its derivation).
+  void run(std::span<const StepInput> inputs);
+  void run(std::initializer_list<StepInput> inputs) { run(std::span<const StepInput>(inputs.begin(), inputs.size())); }
+
+  // The loss of the last step per micro-batch and local replica, host shape
+  // [accumulationFactor, localReplicas] with size-1 dimensions omitted.
+  const HostTensor& loss() const;
+  // The mean of loss() (the mean over the global batch when every replica's
+  // micro-batch has the same size).
+  double meanLoss() const;
+  // An extra output named at construction, after the last step, with host
+  // shape [accumulationFactor, localReplicas, ...shape] (size-1 omitted).
+  const HostTensor& output(std::string_view name) const;
+
+  double learningRate() const;
+  // Takes effect from the next step; nothing is recompiled.
+  void setLearningRate(double learningRate);
+  // Steps run so far.
+  int64_t step() const;
+
+  // Variables by name (weights, optimizer state, accumulators).
+  HostTensor readVariable(std::string_view name,
+                          std::optional<RetrievalMode> mode = std::nullopt) const;
+  void writeVariable(std::string_view name, const HostTensor& value);
+  // Every variable of category Weight, by name.
+  std::vector<std::pair<std::string, HostTensor>> readWeights() const;
+  void writeWeights(const std::vector<std::pair<std::string, HostTensor>>& weights);
+
+  // The transformed per-replica graph the device runs.
+  const Graph& graph() const;
+  const SessionOptions& options() const;
+  const MemoryReport& memory() const;
+  Optimizer& optimizer();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class InferenceSession {
+ public:
+  // Compiles `graph` as it is (no autodiff, no updates); `outputs` are the
+  // tensors run() returns. Gradient accumulation is rejected
+  // (ConfigError(UnsupportedCombination)): it only exists for training.
+  InferenceSession(Graph graph, std::vector<std::string> outputs, SessionOptions options,
+                   std::unique_ptr<Device> device);
+  ~InferenceSession();
+  InferenceSession(InferenceSession&&) noexcept;
+  InferenceSession& operator=(InferenceSession&&) noexcept;
+
+  Shape inputHostShape(std::string_view name) const;
+  void run(std::span<const StepInput> inputs);
+  void run(std::initializer_list<StepInput> inputs) { run(std::span<const StepInput>(inputs.begin(), inputs.size())); }
+  // Host shape [localReplicas, ...shape] (size-1 omitted).
+  const HostTensor& output(std::string_view name) const;
+
+  HostTensor readVariable(std::string_view name,
+                          std::optional<RetrievalMode> mode = std::nullopt) const;
+  void writeVariable(std::string_view name, const HostTensor& value);
+  std::vector<std::pair<std::string, HostTensor>> readWeights() const;
+  void writeWeights(const std::vector<std::pair<std::string, HostTensor>>& weights);
+
+  const Graph& graph() const;
+  const MemoryReport& memory() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera

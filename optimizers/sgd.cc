@@ -1,0 +1,53 @@
+// SGD update ops, PyTorch semantics (see include/tessera/sgd.hpp).
+#include "tessera/sgd.hpp"
+
+#include "json_reader.hpp"
+#include "optimizer_options_json.hpp"
+
+namespace tessera {
+namespace {
+
+const SgdOptions& checked(const SgdOptions& options) {
+  jsonio::checkRules(options, "/optimizer");
+  return options;
+}
+
+}  // namespace
+
+Sgd::Sgd(const SgdOptions& options) : Optimizer(checked(options).learningRate), options_(options) {}
+
+SgdOptions Sgd::options() const {
+  SgdOptions current = options_;
+  current.learningRate = learningRate();
+  return current;
+}
+
+std::vector<std::pair<std::string_view, double>> Sgd::hyperParameterValues(int64_t step) const {
+  std::vector<std::pair<std::string_view, double>> values{{"learningRate", learningRate()}};
+  if (options_.momentum > 0) {
+    // PyTorch starts the momentum buffer with the gradient itself.
+    const bool first = step == 0;
+    values.emplace_back("momentumFactor", first ? 0.0 : options_.momentum);
+    values.emplace_back("dampeningFactor", first ? 1.0 : 1.0 - options_.dampening);
+  }
+  return values;
+}
+
+void Sgd::addUpdate(Graph& graph, Tensor weight, Tensor gradient) {
+  Tensor direction = gradient;
+  if (options_.weightDecay > 0) {
+    direction = ops::add(direction, ops::mul(weight, ops::scalar(graph, options_.weightDecay)));
+  }
+  if (options_.momentum > 0) {
+    Tensor velocity = zeroVariableLike(weight, weight.name() + ".momentum", TensorCategory::OptimizerState);
+    const Tensor next = ops::add(ops::mul(velocity, hyperParameter(graph, "momentumFactor")),
+                                 ops::mul(direction, hyperParameter(graph, "dampeningFactor")));
+    velocity = ops::copyInplace(velocity, next);
+    direction = options_.nesterov
+                    ? ops::add(direction, ops::mul(velocity, ops::scalar(graph, options_.momentum)))
+                    : velocity;
+  }
+  ops::scaledAddInplace(weight, ops::mul(direction, hyperParameter(graph, "learningRate")), 1.0, -1.0);
+}
+
+}  // namespace tessera

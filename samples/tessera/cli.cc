@@ -1,0 +1,112 @@
+#include "cli.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cstddef>
+
+#include <fmt/format.h>
+
+#include "tessera/run_config.hpp"
+
+namespace tessera::cli {
+
+const CLI::Validator& listableCount() {
+  static const CLI::Validator validator(
+      [](const std::string& text) -> std::string {
+        int64_t value = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        // Text that is not a number is left to the option's own conversion,
+        // which reports it.
+        if (ec != std::errc{} || end != text.data() + text.size()) return {};
+        if (value <= kMaxListedCount) return {};
+        return fmt::format("{} is too large to list; at most {} are supported", value, kMaxListedCount);
+      },
+      fmt::format("<= {}", kMaxListedCount), "LISTABLE");
+  return validator;
+}
+
+void addConfigArgs(CLI::App& command, ConfigArgs& args) {
+  command.add_option("CONFIG", args.path, "Run config file (JSON)")->required();
+  command
+      .add_option("--set", args.overrides,
+                  "Override one value of the config before it is read: PATH is a JSON pointer such as "
+                  "/sessionOptions/replicatedGraphCount, VALUE is JSON (or else a plain string). Repeatable.")
+      ->type_name("PATH=VALUE")
+      ->allow_extra_args(false);
+}
+
+LoadedRunConfig loadValidated(const ConfigArgs& args) {
+  LoadedRunConfig loaded = loadRunConfig(args.path, args.overrides);
+  validate(loaded.config);
+  return loaded;
+}
+
+nlohmann::json groupingJson(const ReplicaGrouping& grouping) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (int64_t g = 0; g < grouping.numGroups(); ++g) groups.push_back(grouping.replicasAt(g));
+  return {
+      {"numReplicas", grouping.numReplicas()}, {"stride", grouping.stride()},
+      {"groupSize", grouping.groupSize()},     {"numGroups", grouping.numGroups()},
+      {"assignment", grouping.assignment()},   {"groups", std::move(groups)},
+  };
+}
+
+std::string groupingTables(const ReplicaGrouping& grouping, std::string_view indexLabel) {
+  std::vector<std::vector<std::string>> groupRows;
+  for (int64_t g = 0; g < grouping.numGroups(); ++g) {
+    groupRows.push_back({std::to_string(g), joinInts(grouping.replicasAt(g))});
+  }
+  std::vector<std::vector<std::string>> replicaRows;
+  for (int64_t r = 0; r < grouping.numReplicas(); ++r) {
+    replicaRows.push_back(
+        {std::to_string(r), std::to_string(grouping.groupAt(r)), std::to_string(grouping.indexInGroupAt(r))});
+  }
+  return formatTable({"group", "replicas"}, groupRows) + "\n" +
+         formatTable({"replica", "group", std::string(indexLabel)}, replicaRows);
+}
+
+std::string formatTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> widths(header.size());
+  for (std::size_t c = 0; c < header.size(); ++c) widths[c] = header[c].size();
+  for (const auto& row : rows) {
+    for (std::size_t c = 0; c < row.size() && c < widths.size(); ++c)
+      widths[c] = std::max(widths[c], row[c].size());
+  }
+  std::string out;
+  const auto appendRow = [&](const std::vector<std::string>& cells) {
+    std::string line;
+    for (std::size_t c = 0; c < cells.size(); ++c) {
+      // The last column is not padded, so lines carry no trailing blanks.
+      line += c + 1 < cells.size() ? fmt::format("{:<{}}  ", cells[c], widths[c]) : cells[c];
+    }
+    out += line + "\n";
+  };
+  appendRow(header);
+  for (const auto& row : rows) appendRow(row);
+  return out;
+}
+
+std::string joinInts(const std::vector<int64_t>& values) { return fmt::format("{}", fmt::join(values, " ")); }
+
+void printJson(const nlohmann::json& value) {
+  // Replacing invalid UTF-8 keeps a stray byte in a config string from
+  // turning a report into an exception.
+  fmt::print("{}\n", value.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+std::string escapePointerToken(std::string_view token) {
+  std::string out;
+  for (const char c : token) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera::cli

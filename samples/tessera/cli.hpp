@@ -1,0 +1,84 @@
+// Pieces shared by the subcommands of the tessera command-line tool. Each
+// subcommand lives in its own cmd_NAME.cc and is listed once, in main.cc.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "tessera/replica_grouping.hpp"
+#include "tessera/run_config.hpp"
+
+namespace tessera::cli {
+
+// Exit codes: success, invalid input (a tessera::Error), usage errors and
+// unreadable files, and defects.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitInvalidInput = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitInternal = 3;
+
+// Runs a parsed subcommand and returns its exit code. tessera errors
+// propagate to main, which reports them all in one place.
+using Action = std::function<int()>;
+
+// Declares a subcommand's arguments on `command` and returns the action that
+// runs it; the arguments are parsed into state the action owns.
+using Attach = Action (*)(CLI::App& command);
+
+struct Subcommand {
+  std::string_view name;
+  std::string_view summary;
+  Attach attach;
+};
+
+Action attachValidate(CLI::App& command);
+Action attachExplain(CLI::App& command);
+Action attachGroups(CLI::App& command);
+Action attachCbr(CLI::App& command);
+Action attachSchema(CLI::App& command);
+Action attachTrain(CLI::App& command);
+
+// Replica and shard counts are listed one entry each; above this the output
+// would be unreadable (and the lists would exhaust memory), so such counts
+// are usage errors.
+inline constexpr int64_t kMaxListedCount = int64_t{1} << 20;
+// Rejects values above kMaxListedCount; lower bounds are the library's to
+// check, so that its error ids reach the user.
+const CLI::Validator& listableCount();
+
+// The run config file and its --set overrides, shared by the commands that
+// read one.
+struct ConfigArgs {
+  std::string path;
+  std::vector<std::string> overrides;
+};
+void addConfigArgs(CLI::App& command, ConfigArgs& args);
+// loadRunConfig followed by validate(RunConfig).
+LoadedRunConfig loadValidated(const ConfigArgs& args);
+
+// {"numReplicas", "stride", "groupSize", "numGroups", "assignment", "groups"}.
+nlohmann::json groupingJson(const ReplicaGrouping& grouping);
+// "group  replicas" then "replica  group  INDEX" tables; `indexLabel` names
+// the position of a replica in its group ("index", or "shard" for a sharding
+// domain).
+std::string groupingTables(const ReplicaGrouping& grouping, std::string_view indexLabel);
+
+// Left-aligned columns separated by two spaces.
+std::string formatTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<std::string>>& rows);
+// Space-separated values, e.g. "0 2 4 6".
+std::string joinInts(const std::vector<int64_t>& values);
+
+// Pretty JSON with a 2-space indent on stdout.
+void printJson(const nlohmann::json& value);
+
+// A JSON pointer token: "~" -> "~0", "/" -> "~1".
+std::string escapePointerToken(std::string_view token);
+
+}  // namespace tessera::cli

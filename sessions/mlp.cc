@@ -1,0 +1,136 @@
+#include "tessera/mlp.hpp"
+
+#include <cmath>
+#include <numbers>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "tessera/error.hpp"
+#include "tessera/location_resolver.hpp"
+
+namespace tessera {
+namespace {
+
+// splitmix64: a tiny, well-mixed generator fully specified by its code.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in (0, 1]: never 0, so log() below is finite.
+  double uniform() { return (static_cast<double>(next() >> 11) + 1.0) * 0x1.0p-53; }
+
+ private:
+  uint64_t state_;
+};
+
+Tensor applyActivation(Activation activation, Tensor x) {
+  switch (activation) {
+    case Activation::Relu: return ops::relu(x);
+    case Activation::Gelu: return ops::gelu(x);
+    case Activation::Tanh: return ops::tanh(x);
+    case Activation::Sigmoid: return ops::sigmoid(x);
+  }
+  return x;
+}
+
+// A weight as the model uses it: a plain variable, or the all-gathered
+// shards of a replica-sharded one when its resolved location says so.
+Tensor weightVariable(Graph& g, const std::string& name, std::vector<float> data, Shape shape,
+                      const SessionOptions* options) {
+  const int64_t replicas = g.replicationFactor();
+  if (options != nullptr) {
+    const ResolvedLocation resolved =
+        resolveTensorLocation(*options, TensorInfo{name, TensorCategory::Weight, numElements(shape)});
+    const TensorLocation& location = resolved.location;
+    if (location.replicatedTensorSharding == ReplicatedTensorSharding::On) {
+      const CommGroup& domain = location.shardingDomain;
+      if (domain.type == CommGroupType::Orthogonal) {
+        throw ConfigError(ErrorCode::UnsupportedCombination, resolved.decidedBy + "/shardingDomain",
+                          fmt::format("{}: an Orthogonal sharding domain is not supported for replica-sharded "
+                                      "weights yet; use All or Consecutive",
+                                      name));
+      }
+      const int64_t shards = domain.groupSize(replicas);
+      if (shards > 1) {
+        const ShardedVariable sharded =
+            ops::replicaShardedVariable(g, name, std::move(data), shape, std::nullopt, shards);
+        return ops::replicatedAllGather(sharded.shard, domain.toReplicaGrouping(replicas), shape);
+      }
+    }
+  }
+  return ops::variable(g, name, std::move(data), std::move(shape));
+}
+
+}  // namespace
+
+std::vector<float> normalSamples(int64_t count, uint64_t seed, double stddev) {
+  SplitMix64 rng(seed);
+  std::vector<float> out(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; i += 2) {
+    const double radius = std::sqrt(-2.0 * std::log(rng.uniform()));
+    const double angle = 2.0 * std::numbers::pi * rng.uniform();
+    out[static_cast<size_t>(i)] = static_cast<float>(stddev * radius * std::cos(angle));
+    if (i + 1 < count) out[static_cast<size_t>(i + 1)] = static_cast<float>(stddev * radius * std::sin(angle));
+  }
+  return out;
+}
+
+MlpGraph buildMlp(const ModelConfig& model, int64_t batchSize, int64_t replicationFactor, int64_t seed,
+                  const SessionOptions* options) {
+  if (model.type != "mlp") {
+    throw ConfigError(ErrorCode::InvalidModel, "/model/type",
+                      fmt::format("unknown model type \"{}\"; expected \"mlp\"", model.type));
+  }
+  if (model.layers.size() < 2) {
+    throw ConfigError(ErrorCode::InvalidModel, "/model/layers",
+                      fmt::format("{} layer width(s) given; an MLP needs at least 2 (inputs and classes)",
+                                  model.layers.size()));
+  }
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    if (model.layers[i] < 1) {
+      throw ConfigError(ErrorCode::InvalidModel, fmt::format("/model/layers/{}", i),
+                        fmt::format("layer width {} must be >= 1", model.layers[i]));
+    }
+  }
+  if (batchSize < 1) {
+    throw ConfigError(ErrorCode::InvalidData, "/data/batchSize",
+                      fmt::format("batch size {} must be >= 1", batchSize));
+  }
+
+  MlpGraph mlp;
+  mlp.graph = Graph(replicationFactor);
+  Graph& g = mlp.graph;
+  Tensor x = ops::input(g, "input", {batchSize, model.layers.front()});
+  Tensor labels = ops::input(g, "labels", {batchSize}, DType::Int32);
+  mlp.input = x.id();
+  mlp.labels = labels.id();
+
+  const size_t numLayers = model.layers.size() - 1;
+  for (size_t i = 0; i < numLayers; ++i) {
+    const int64_t in = model.layers[i];
+    const int64_t out = model.layers[i + 1];
+    // He-normal: stddev sqrt(2 / fan_in). Each layer draws from its own
+    // stream so that changing one width leaves the others' values alone.
+    const uint64_t layerSeed = static_cast<uint64_t>(seed) * 1000003ull + i;
+    Tensor w = weightVariable(g, fmt::format("W{}", i), normalSamples(in * out, layerSeed, std::sqrt(2.0 / in)),
+                              {in, out}, options);
+    Tensor b = weightVariable(g, fmt::format("b{}", i), std::vector<float>(static_cast<size_t>(out), 0.0f), {out},
+                              options);
+    mlp.weights.push_back(g.find(fmt::format("W{}", i)));
+    mlp.weights.push_back(g.find(fmt::format("b{}", i)));
+    x = ops::add(ops::matmul(x, w), b);
+    if (i + 1 < numLayers) x = applyActivation(model.activation, x);
+  }
+  mlp.logits = x.id();
+  mlp.loss = ops::softmaxCrossEntropy(x, labels, ReductionType::Mean).id();
+  mlp.predictions = ops::argmax(x).id();
+  return mlp;
+}
+
+}  // namespace tessera

@@ -1,0 +1,201 @@
+#include "tessera/session.hpp"
+
+#include <numeric>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "location_support.hpp"
+#include "session_runtime.hpp"
+#include "tessera/error.hpp"
+#include "tessera/transform.hpp"
+#include "training_pipeline.hpp"
+
+namespace tessera {
+namespace {
+
+void checkOptions(const Graph& graph, const SessionOptions& options, const Device& device, bool training) {
+  validate(options, device.spec());
+  if (graph.replicationFactor() != options.getGlobalReplicationFactor()) {
+    throw GraphError(ErrorCode::ReplicationFactorMismatch, "Graph",
+                     fmt::format("the graph was built for {} replica(s) but the session options give a global "
+                                 "replication factor of {}; build the graph with Graph({})",
+                                 graph.replicationFactor(), options.getGlobalReplicationFactor(),
+                                 options.getGlobalReplicationFactor()));
+  }
+  detail::checkLocationsSupported(graph, options, training);
+}
+
+std::vector<TensorId> findOutputs(const Graph& graph, const std::vector<std::string>& names) {
+  std::vector<TensorId> ids;
+  for (const std::string& name : names) {
+    const auto id = graph.tryFind(name);
+    if (!id) {
+      throw GraphError(ErrorCode::UnknownStream, name, "no tensor of that name to return from the session");
+    }
+    ids.push_back(*id);
+  }
+  return ids;
+}
+
+size_t outputIndex(const std::vector<std::string>& names, std::string_view name) {
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return i;
+  throw GraphError(ErrorCode::UnknownStream, std::string(name),
+                   "not an output of this session; name it in the session's outputs");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// TrainingSession
+// ---------------------------------------------------------------------------
+
+struct TrainingSession::Impl {
+  SessionOptions options;
+  std::unique_ptr<Optimizer> optimizer;
+  std::vector<std::string> outputNames;
+  std::unique_ptr<detail::SessionRuntime> runtime;
+  std::vector<TensorId> weights;
+  HostTensor noLoss;
+  int64_t step = 0;
+  double meanLoss = 0.0;
+};
+
+TrainingSession::TrainingSession(Graph graph, TensorId loss, std::unique_ptr<Optimizer> optimizer,
+                                 SessionOptions options, std::unique_ptr<Device> device,
+                                 std::vector<std::string> outputs)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& impl = *impl_;
+  if (!optimizer) throw ConfigError(ErrorCode::InvalidOptimizer, "/optimizer", "no optimizer given");
+  if (!device) throw DeviceError(ErrorCode::InvalidProgram, "device", "no device given");
+  checkOptions(graph, options, *device, true);
+  impl.options = std::move(options);
+  impl.optimizer = std::move(optimizer);
+  impl.outputNames = std::move(outputs);
+  const int64_t af = impl.options.getAccumulationFactor();
+  if (af > 1 && !impl.outputNames.empty()) {
+    throw ConfigError(ErrorCode::UnsupportedCombination, "/sessionOptions/accumulationFactor",
+                      fmt::format("extra training outputs ({}) cannot be returned with gradient accumulation "
+                                  "(factor {}); read them from an InferenceSession instead",
+                                  fmt::join(impl.outputNames, ", "), af));
+  }
+
+  TrainingGraph training{std::move(graph), TrainingTensors{loss, {}, {}}};
+  runTrainingPipeline(training, impl.options, *impl.optimizer);
+  impl.weights = training.tensors.weights;
+
+  std::vector<TensorId> outputIds{training.tensors.loss};
+  const std::vector<TensorId> extra = findOutputs(training.graph, impl.outputNames);
+  outputIds.insert(outputIds.end(), extra.begin(), extra.end());
+  impl.runtime =
+      std::make_unique<detail::SessionRuntime>(std::move(training.graph), impl.options, std::move(device), af, outputIds);
+  // After accumulation the loss holds one value per micro-batch.
+  impl.runtime->setOutputMicroBatchLeading(0, af > 1);
+}
+
+TrainingSession::~TrainingSession() = default;
+TrainingSession::TrainingSession(TrainingSession&&) noexcept = default;
+TrainingSession& TrainingSession::operator=(TrainingSession&&) noexcept = default;
+
+Shape TrainingSession::inputHostShape(std::string_view name) const { return impl_->runtime->inputHostShape(name); }
+
+void TrainingSession::run(std::span<const StepInput> inputs) {
+  Impl& impl = *impl_;
+  for (const HyperParameter& hyper : impl.optimizer->hyperParameters(impl.step)) {
+    impl.runtime->writeScalar(hyper.tensor, hyper.value);
+  }
+  impl.runtime->run(inputs);
+  ++impl.step;
+  const std::vector<float>& losses = impl.runtime->output(0).data;
+  double sum = 0.0;
+  for (float v : losses) sum += v;
+  impl.meanLoss = losses.empty() ? 0.0 : sum / static_cast<double>(losses.size());
+}
+
+const HostTensor& TrainingSession::loss() const { return impl_->runtime->output(0); }
+double TrainingSession::meanLoss() const { return impl_->meanLoss; }
+
+const HostTensor& TrainingSession::output(std::string_view name) const {
+  return impl_->runtime->output(1 + outputIndex(impl_->outputNames, name));
+}
+
+double TrainingSession::learningRate() const { return impl_->optimizer->learningRate(); }
+void TrainingSession::setLearningRate(double learningRate) { impl_->optimizer->setLearningRate(learningRate); }
+int64_t TrainingSession::step() const { return impl_->step; }
+
+HostTensor TrainingSession::readVariable(std::string_view name, std::optional<RetrievalMode> mode) const {
+  return impl_->runtime->readVariable(name, mode);
+}
+
+void TrainingSession::writeVariable(std::string_view name, const HostTensor& value) {
+  impl_->runtime->writeVariable(name, value.data, value.shape);
+}
+
+std::vector<std::pair<std::string, HostTensor>> TrainingSession::readWeights() const {
+  return impl_->runtime->readVariables(TensorCategory::Weight);
+}
+
+void TrainingSession::writeWeights(const std::vector<std::pair<std::string, HostTensor>>& weights) {
+  for (const auto& [name, value] : weights) writeVariable(name, value);
+}
+
+const Graph& TrainingSession::graph() const { return impl_->runtime->graph(); }
+const SessionOptions& TrainingSession::options() const { return impl_->options; }
+const MemoryReport& TrainingSession::memory() const { return impl_->runtime->memory(); }
+Optimizer& TrainingSession::optimizer() { return *impl_->optimizer; }
+
+// ---------------------------------------------------------------------------
+// InferenceSession
+// ---------------------------------------------------------------------------
+
+struct InferenceSession::Impl {
+  std::vector<std::string> outputNames;
+  std::unique_ptr<detail::SessionRuntime> runtime;
+};
+
+InferenceSession::InferenceSession(Graph graph, std::vector<std::string> outputs, SessionOptions options,
+                                   std::unique_ptr<Device> device)
+    : impl_(std::make_unique<Impl>()) {
+  if (!device) throw DeviceError(ErrorCode::InvalidProgram, "device", "no device given");
+  checkOptions(graph, options, *device, false);
+  if (options.enableGradientAccumulation) {
+    throw ConfigError(ErrorCode::UnsupportedCombination, "/sessionOptions/enableGradientAccumulation",
+                      "gradient accumulation only exists for training; set it to false for an inference session");
+  }
+  impl_->outputNames = std::move(outputs);
+  const std::vector<TensorId> ids = findOutputs(graph, impl_->outputNames);
+  impl_->runtime = std::make_unique<detail::SessionRuntime>(std::move(graph), options, std::move(device), 1, ids);
+}
+
+InferenceSession::~InferenceSession() = default;
+InferenceSession::InferenceSession(InferenceSession&&) noexcept = default;
+InferenceSession& InferenceSession::operator=(InferenceSession&&) noexcept = default;
+
+Shape InferenceSession::inputHostShape(std::string_view name) const { return impl_->runtime->inputHostShape(name); }
+void InferenceSession::run(std::span<const StepInput> inputs) { impl_->runtime->run(inputs); }
+
+const HostTensor& InferenceSession::output(std::string_view name) const {
+  return impl_->runtime->output(outputIndex(impl_->outputNames, name));
+}
+
+HostTensor InferenceSession::readVariable(std::string_view name, std::optional<RetrievalMode> mode) const {
+  return impl_->runtime->readVariable(name, mode);
+}
+
+void InferenceSession::writeVariable(std::string_view name, const HostTensor& value) {
+  impl_->runtime->writeVariable(name, value.data, value.shape);
+}
+
+std::vector<std::pair<std::string, HostTensor>> InferenceSession::readWeights() const {
+  return impl_->runtime->readVariables(TensorCategory::Weight);
+}
+
+void InferenceSession::writeWeights(const std::vector<std::pair<std::string, HostTensor>>& weights) {
+  for (const auto& [name, value] : weights) writeVariable(name, value);
+}
+
+const Graph& InferenceSession::graph() const { return impl_->runtime->graph(); }
+const MemoryReport& InferenceSession::memory() const { return impl_->runtime->memory(); }
+
+}  // namespace tessera

@@ -1,0 +1,319 @@
+#include "session_runtime.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "tessera/error.hpp"
+#include "tessera/shard_layout.hpp"
+
+namespace tessera::detail {
+namespace {
+
+const Shape& hostValueShape(const TensorNode& node) { return node.metaShape.empty() ? node.shape : node.metaShape; }
+
+ReplicaGrouping groupingOf(const TensorNode& node, int64_t globalReplicas) {
+  return node.grouping.value_or(ReplicaGrouping(globalReplicas));
+}
+
+}  // namespace
+
+Shape hostLeadingShape(int64_t accumulationFactor, int64_t localReplicas, const Shape& rest) {
+  Shape shape;
+  if (accumulationFactor > 1) shape.push_back(accumulationFactor);
+  if (localReplicas > 1) shape.push_back(localReplicas);
+  shape.insert(shape.end(), rest.begin(), rest.end());
+  return shape;
+}
+
+SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, std::unique_ptr<Device> device,
+                               int64_t accumulationFactor, const std::vector<TensorId>& outputs)
+    : device_(std::move(device)), accumulationFactor_(accumulationFactor) {
+  program_.localReplicas = options.getLocalReplicationFactor();
+  program_.globalReplicas = options.getGlobalReplicationFactor();
+  program_.replicaOffset = options.getGlobalReplicaOffset();
+  program_.numIOTiles = options.numIOTiles;
+  if (program_.globalReplicas != program_.localReplicas) {
+    throw ConfigError(ErrorCode::UnsupportedCombination, "/sessionOptions/enableDistributedReplicatedGraphs",
+                      fmt::format("a global replication factor of {} over {} local replica(s) needs several "
+                                  "instances, which this session cannot run; use one instance with "
+                                  "replicatedGraphCount {}",
+                                  program_.globalReplicas, program_.localReplicas, program_.globalReplicas));
+  }
+  program_.graph = std::move(graph);
+  executable_ = device_->load(program_);
+
+  const Graph& g = program_.graph;
+  for (const OpNode& op : g.ops()) {
+    if (op.kind != OpKind::Input) continue;
+    const TensorNode& node = g.tensor(op.outputs.front());
+    Stream s;
+    s.tensor = op.outputs.front();
+    s.dtype = node.dtype;
+    const Shape micro = accumulationFactor_ > 1 ? Shape(node.shape.begin() + 1, node.shape.end()) : node.shape;
+    s.hostShape = hostLeadingShape(accumulationFactor_, program_.localReplicas, micro);
+    s.derivation = fmt::format("[accumulationFactor={}, localReplicas={}, ...{}] with size-1 dimensions omitted",
+                               accumulationFactor_, program_.localReplicas, shapeStr(micro));
+    s.device.assign(static_cast<size_t>(program_.localReplicas * numElements(node.shape)), 0.0f);
+    streams_.push_back(std::move(s));
+  }
+  for (TensorId t : outputs) {
+    Output out;
+    out.tensor = t;
+    const ReplicaGrouping layout = executable_->layout(t);
+    out.groups.assign(static_cast<size_t>(layout.numGroups() * numElements(g.tensor(t).shape)), 0.0f);
+    outputs_.push_back(std::move(out));
+  }
+  writeInitialValues();
+}
+
+void SessionRuntime::setOutputMicroBatchLeading(size_t index, bool leading) {
+  outputs_.at(index).microBatchLeading = leading;
+}
+
+SessionRuntime::Stream& SessionRuntime::stream(std::string_view name) {
+  return const_cast<Stream&>(std::as_const(*this).stream(name));
+}
+
+const SessionRuntime::Stream& SessionRuntime::stream(std::string_view name) const {
+  for (const Stream& s : streams_)
+    if (program_.graph.tensor(s.tensor).name == name) return s;
+  std::vector<std::string> names;
+  for (const Stream& s : streams_) names.push_back(program_.graph.tensor(s.tensor).name);
+  throw GraphError(ErrorCode::UnknownStream, std::string(name),
+                   fmt::format("no input stream of that name; the program's streams are {}", names));
+}
+
+Shape SessionRuntime::inputHostShape(std::string_view name) const { return stream(name).hostShape; }
+
+void SessionRuntime::run(std::span<const StepInput> inputs) {
+  for (Stream& s : streams_) s.fed = false;
+  for (const StepInput& input : inputs) {
+    Stream& s = stream(input.name);
+    const TensorNode& node = program_.graph.tensor(s.tensor);
+    const auto expected = static_cast<size_t>(numElements(s.hostShape));
+    const size_t received = input.ints.empty() ? input.floats.size() : input.ints.size();
+    if (s.fed) {
+      throw GraphError(ErrorCode::HostShapeMismatch, node.name, "the stream was given twice in one step");
+    }
+    if (received != expected || (!input.ints.empty() && !input.floats.empty())) {
+      throw GraphError(ErrorCode::HostShapeMismatch, node.name,
+                       fmt::format("expected host shape {} = {} elements, {}; received {} elements",
+                                   shapeStr(s.hostShape), expected, s.derivation, received));
+    }
+    if (!input.ints.empty() && s.dtype != DType::Int32) {
+      throw GraphError(ErrorCode::HostShapeMismatch, node.name, "int32 data given for a float32 stream");
+    }
+    // Host order is [micro-batch, replica, ...]; the device keeps each
+    // replica's micro-batches together: [replica, micro-batch, ...].
+    const int64_t af = accumulationFactor_;
+    const int64_t replicas = program_.localReplicas;
+    const auto block = static_cast<size_t>(numElements(node.shape) / af);
+    for (int64_t a = 0; a < af; ++a) {
+      for (int64_t r = 0; r < replicas; ++r) {
+        const size_t from = static_cast<size_t>(a * replicas + r) * block;
+        float* to = s.device.data() + static_cast<size_t>(r * af + a) * block;
+        if (input.ints.empty()) {
+          std::copy_n(input.floats.data() + from, block, to);
+        } else {
+          std::transform(input.ints.data() + from, input.ints.data() + from + block, to,
+                         [](int32_t v) { return static_cast<float>(v); });
+        }
+      }
+    }
+    s.fed = true;
+  }
+  std::vector<Executable::Feed> feeds;
+  feeds.reserve(streams_.size());
+  for (const Stream& s : streams_) {
+    if (!s.fed) {
+      throw GraphError(ErrorCode::HostShapeMismatch, program_.graph.tensor(s.tensor).name,
+                       fmt::format("the stream was not given; expected host shape {} ({})", shapeStr(s.hostShape),
+                                   s.derivation));
+    }
+    feeds.push_back({s.tensor, s.device});
+  }
+  executable_->run(feeds);
+  readOutputs();
+}
+
+void SessionRuntime::readOutputs() {
+  const int64_t replicas = program_.localReplicas;
+  for (Output& out : outputs_) {
+    const TensorNode& node = program_.graph.tensor(out.tensor);
+    const ReplicaGrouping layout = executable_->layout(out.tensor);
+    executable_->read(out.tensor, out.groups);
+    const int64_t elements = numElements(node.shape);
+    const int64_t lead = out.microBatchLeading && !node.shape.empty() ? node.shape.front() : 1;
+    const Shape rest = out.microBatchLeading && !node.shape.empty() ? Shape(node.shape.begin() + 1, node.shape.end())
+                                                                     : node.shape;
+    out.host.shape = hostLeadingShape(lead, replicas, rest);
+    out.host.data.resize(static_cast<size_t>(replicas * elements));
+    const int64_t block = elements / lead;
+    for (int64_t r = 0; r < replicas; ++r) {
+      const float* value = out.groups.data() + layout.groupAt(r) * elements;
+      for (int64_t a = 0; a < lead; ++a) {
+        std::copy_n(value + a * block, block, out.host.data.data() + (a * replicas + r) * block);
+      }
+    }
+  }
+}
+
+TensorId SessionRuntime::variable(std::string_view name) const {
+  const auto id = program_.graph.tryFind(name);
+  if (!id || program_.graph.tensor(*id).producer == kNoOp ||
+      program_.graph.op(program_.graph.tensor(*id).producer).kind != OpKind::Variable) {
+    throw GraphError(ErrorCode::UnknownTensor, std::string(name), "no variable of that name in the session's graph");
+  }
+  return *id;
+}
+
+Shape SessionRuntime::variableHostShape(const TensorNode& node, RetrievalMode mode) const {
+  const ReplicaGrouping grouping = groupingOf(node, program_.globalReplicas);
+  Shape shape;
+  if (mode == RetrievalMode::AllReplicas && grouping.groupSize() > 1) {
+    shape.push_back(program_.globalReplicas);
+  } else if (grouping.numGroups() > 1) {
+    shape.push_back(grouping.numGroups());
+  }
+  const Shape& value = hostValueShape(node);
+  shape.insert(shape.end(), value.begin(), value.end());
+  return shape;
+}
+
+void SessionRuntime::replicaValue(const TensorNode& node, std::span<const float> host, int64_t localReplica,
+                                  std::span<float> out) const {
+  const ReplicaGrouping grouping = groupingOf(node, program_.globalReplicas);
+  const int64_t global = program_.replicaOffset + localReplica;
+  const int64_t group = grouping.numGroups() > 1 ? grouping.groupAt(global) : 0;
+  const int64_t n = numElements(hostValueShape(node));
+  const auto slice = host.subspan(static_cast<size_t>(group * n), static_cast<size_t>(n));
+  if (node.metaShape.empty()) {
+    std::copy(slice.begin(), slice.end(), out.begin());
+    return;
+  }
+  const ShardLayout layout(n, node.shardCount);
+  layout.hostToShard(slice, grouping.indexInGroupAt(global) % node.shardCount, out);
+}
+
+void SessionRuntime::writeInitialValues() {
+  const Graph& g = program_.graph;
+  for (const OpNode& op : g.ops()) {
+    if (op.kind != OpKind::Variable) continue;
+    const TensorNode& node = g.tensor(op.outputs.front());
+    writeVariable(node.name, node.data, variableHostShape(node, RetrievalMode::OnePerGroup));
+  }
+}
+
+void SessionRuntime::writeVariable(std::string_view name, std::span<const float> hostData, const Shape& hostShape) {
+  const TensorId t = variable(name);
+  const TensorNode& node = program_.graph.tensor(t);
+  const Shape expected = variableHostShape(node, RetrievalMode::OnePerGroup);
+  if (hostShape != expected || hostData.size() != static_cast<size_t>(numElements(expected))) {
+    const ReplicaGrouping grouping = groupingOf(node, program_.globalReplicas);
+    throw GraphError(ErrorCode::HostShapeMismatch, node.name,
+                     fmt::format("expected host shape {} ({} group(s) of {} x {}{}); received {} with {} values",
+                                 shapeStr(expected), grouping.numGroups(), grouping.str(),
+                                 shapeStr(hostValueShape(node)), node.metaShape.empty() ? "" : ", reassembled from shards",
+                                 shapeStr(hostShape), hostData.size()));
+  }
+  const auto elements = static_cast<size_t>(numElements(node.shape));
+  if (node.remoteBuffer >= 0) {
+    std::vector<float> replicas(static_cast<size_t>(program_.localReplicas) * elements);
+    for (int64_t r = 0; r < program_.localReplicas; ++r) {
+      replicaValue(node, hostData, r, std::span<float>(replicas).subspan(static_cast<size_t>(r) * elements, elements));
+    }
+    executable_->writeRemote(node.remoteBuffer, node.remoteEntry, replicas);
+    return;
+  }
+  const ReplicaGrouping layout = executable_->layout(t);
+  std::vector<float> groups(static_cast<size_t>(layout.numGroups()) * elements);
+  for (int64_t j = 0; j < layout.numGroups(); ++j) {
+    replicaValue(node, hostData, layout.replicaAt(j, 0),
+                 std::span<float>(groups).subspan(static_cast<size_t>(j) * elements, elements));
+  }
+  executable_->write(t, groups);
+}
+
+void SessionRuntime::writeScalar(TensorId variable, double value) {
+  const ReplicaGrouping layout = executable_->layout(variable);
+  const auto elements = static_cast<size_t>(numElements(program_.graph.tensor(variable).shape));
+  std::vector<float> groups(static_cast<size_t>(layout.numGroups()) * elements, static_cast<float>(value));
+  executable_->write(variable, groups);
+}
+
+HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<RetrievalMode> mode) const {
+  const TensorId t = variable(name);
+  const TensorNode& node = program_.graph.tensor(t);
+  const RetrievalMode retrieval = mode.value_or(node.retrievalMode);
+  const int64_t replicas = program_.localReplicas;
+  const auto elements = static_cast<size_t>(numElements(node.shape));
+
+  // Every local replica's value.
+  std::vector<float> values(static_cast<size_t>(replicas) * elements);
+  if (node.remoteBuffer >= 0) {
+    executable_->readRemote(node.remoteBuffer, node.remoteEntry, values);
+  } else {
+    const ReplicaGrouping layout = executable_->layout(t);
+    std::vector<float> groups(static_cast<size_t>(layout.numGroups()) * elements);
+    executable_->read(t, groups);
+    for (int64_t r = 0; r < replicas; ++r) {
+      std::copy_n(groups.data() + static_cast<size_t>(layout.groupAt(r)) * elements, elements,
+                  values.data() + static_cast<size_t>(r) * elements);
+    }
+  }
+  const auto valueOf = [&](int64_t globalReplica) {
+    return std::span<const float>(values).subspan(static_cast<size_t>(globalReplica - program_.replicaOffset) * elements,
+                                                  elements);
+  };
+
+  const ReplicaGrouping grouping = groupingOf(node, program_.globalReplicas);
+  const auto n = static_cast<size_t>(numElements(hostValueShape(node)));
+  // The full value of group `group`, reassembled from its first shardCount
+  // members when sharded.
+  const auto groupValue = [&](int64_t group, std::span<float> out) {
+    if (node.metaShape.empty()) {
+      const auto v = valueOf(grouping.replicaAt(group, 0));
+      std::copy(v.begin(), v.end(), out.begin());
+      return;
+    }
+    const ShardLayout layout(static_cast<int64_t>(n), node.shardCount);
+    std::vector<float> shards(static_cast<size_t>(layout.paddedElements()));
+    for (int64_t m = 0; m < node.shardCount; ++m) {
+      const auto v = valueOf(grouping.replicaAt(group, m));
+      std::copy(v.begin(), v.end(), shards.begin() + static_cast<std::ptrdiff_t>(m * layout.shardElements()));
+    }
+    layout.shardsToHost(shards, out);
+  };
+
+  HostTensor host;
+  host.shape = variableHostShape(node, retrieval);
+  host.data.resize(static_cast<size_t>(numElements(host.shape)));
+  std::span<float> out(host.data);
+  if (retrieval == RetrievalMode::AllReplicas && grouping.groupSize() > 1) {
+    for (int64_t r = 0; r < program_.globalReplicas; ++r) {
+      groupValue(grouping.groupAt(r), out.subspan(static_cast<size_t>(r) * n, n));
+    }
+  } else {
+    for (int64_t group = 0; group < grouping.numGroups(); ++group) {
+      groupValue(group, out.subspan(static_cast<size_t>(group) * n, n));
+    }
+  }
+  return host;
+}
+
+std::vector<std::pair<std::string, HostTensor>> SessionRuntime::readVariables(TensorCategory category) const {
+  std::vector<std::pair<std::string, HostTensor>> out;
+  const Graph& g = program_.graph;
+  for (const OpNode& op : g.ops()) {
+    if (op.kind != OpKind::Variable) continue;
+    const TensorNode& node = g.tensor(op.outputs.front());
+    if (node.category != category) continue;
+    out.emplace_back(node.name, readVariable(node.name, RetrievalMode::OnePerGroup));
+  }
+  return out;
+}
+
+}  // namespace tessera::detail

@@ -1,0 +1,91 @@
+// What training and inference sessions share once their graph is final:
+// the loaded executable, the host shapes of streams and variables, and the
+// mapping between host tensors and the device's per-group buffers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/device.hpp"
+#include "tessera/graph.hpp"
+#include "tessera/session.hpp"
+#include "tessera/session_options.hpp"
+
+namespace tessera::detail {
+
+class SessionRuntime {
+ public:
+  // `graph` is final (every transform applied). `accumulationFactor` > 1
+  // means inputs have a leading micro-batch dimension on the device.
+  // `outputs` are read back after every run.
+  SessionRuntime(Graph graph, const SessionOptions& options, std::unique_ptr<Device> device,
+                 int64_t accumulationFactor, const std::vector<TensorId>& outputs);
+
+  const Graph& graph() const noexcept { return program_.graph; }
+  int64_t localReplicas() const noexcept { return program_.localReplicas; }
+  int64_t accumulationFactor() const noexcept { return accumulationFactor_; }
+
+  Shape inputHostShape(std::string_view name) const;
+  // Feeds the inputs (host shape [af, localReplicas, ...] with size-1
+  // dimensions omitted) and runs the program once.
+  void run(std::span<const StepInput> inputs);
+
+  // Output i of the constructor's list, in host shape: the leading
+  // dimensions [af, localReplicas] (size 1 omitted) for a tensor whose first
+  // dimension is the micro-batch index (`microBatchLeading`), else
+  // [localReplicas] (size 1 omitted), followed by the rest of its shape.
+  const HostTensor& output(size_t index) const { return outputs_[index].host; }
+  void setOutputMicroBatchLeading(size_t index, bool leading);
+
+  TensorId variable(std::string_view name) const;
+  HostTensor readVariable(std::string_view name, std::optional<RetrievalMode> mode) const;
+  void writeVariable(std::string_view name, std::span<const float> hostData, const Shape& hostShape);
+  // Writes one value into a scalar variable on every replica.
+  void writeScalar(TensorId variable, double value);
+  std::vector<std::pair<std::string, HostTensor>> readVariables(TensorCategory category) const;
+
+  const MemoryReport& memory() const { return executable_->memory(); }
+
+ private:
+  struct Stream {
+    TensorId tensor = kNoTensor;
+    DType dtype = DType::Float32;
+    Shape hostShape;
+    std::string derivation;     // how hostShape follows from the options
+    std::vector<float> device;  // [localReplicas, ...device shape]
+    bool fed = false;
+  };
+  struct Output {
+    TensorId tensor = kNoTensor;
+    bool microBatchLeading = false;
+    std::vector<float> groups;
+    HostTensor host;
+  };
+
+  Shape variableHostShape(const TensorNode& node, RetrievalMode mode) const;
+  // The value variable `node` holds on local replica r, given host data in
+  // one-per-group host shape.
+  void replicaValue(const TensorNode& node, std::span<const float> host, int64_t localReplica,
+                    std::span<float> out) const;
+  void writeInitialValues();
+  void readOutputs();
+  Stream& stream(std::string_view name);
+  const Stream& stream(std::string_view name) const;
+
+  Program program_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Executable> executable_;
+  int64_t accumulationFactor_ = 1;
+  std::vector<Stream> streams_;
+  std::vector<Output> outputs_;
+};
+
+// "[2, 4, 784]" style host shapes leave out leading dimensions of size 1.
+Shape hostLeadingShape(int64_t accumulationFactor, int64_t localReplicas, const Shape& rest);
+
+}  // namespace tessera::detail

@@ -1,0 +1,27 @@
+#include "training_pipeline.hpp"
+
+#include "transforms/autodiff_transform.hpp"
+#include "transforms/gradient_accumulation.hpp"
+#include "transforms/optimizer_update.hpp"
+#include "transforms/replication.hpp"
+
+namespace tessera {
+
+std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptions& options,
+                                                              Optimizer& optimizer,
+                                                              TrainingTensors& tensors) {
+  std::vector<std::unique_ptr<Transform>> pipeline;
+  pipeline.push_back(std::make_unique<AutodiffTransform>(tensors));
+  pipeline.push_back(std::make_unique<GradientAccumulationTransform>(options, tensors));
+  pipeline.push_back(std::make_unique<ReplicationTransform>(options, tensors));
+  pipeline.push_back(std::make_unique<OptimizerUpdateTransform>(optimizer, tensors));
+  return pipeline;
+}
+
+void runTrainingPipeline(TrainingGraph& training, const SessionOptions& options, Optimizer& optimizer) {
+  for (const auto& transform : buildTrainingPipeline(options, optimizer, training.tensors)) {
+    runTransform(*transform, training.graph);
+  }
+}
+
+}  // namespace tessera

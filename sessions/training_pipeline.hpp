@@ -1,0 +1,31 @@
+// The training compile pipeline: the one place that lists the transforms a
+// training graph goes through, in order.
+//
+//   autodiff → gradientAccumulation → replication → optimizerUpdate
+//
+// Gradients are accumulated before they are reduced over replicas, so each
+// step all-reduces every gradient once rather than once per micro-batch,
+// and the update consumes the reduced accumulator. Every transform is in the
+// list whatever the options; one whose option is off changes nothing.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "tessera/optimizer.hpp"
+#include "tessera/session_options.hpp"
+#include "tessera/transform.hpp"
+
+namespace tessera {
+
+// The transforms in order. They keep references to `optimizer` and
+// `tensors`, which must outlive them; `tensors` describes the graph they are
+// applied to.
+std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptions& options,
+                                                              Optimizer& optimizer, TrainingTensors& tensors);
+
+// Builds the pipeline for training.tensors and runs it on training.graph
+// with runTransform (errors name the transform).
+void runTrainingPipeline(TrainingGraph& training, const SessionOptions& options, Optimizer& optimizer);
+
+}  // namespace tessera

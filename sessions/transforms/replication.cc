@@ -1,0 +1,74 @@
+#include "replication.hpp"
+
+#include <fmt/format.h>
+
+#include "tessera/error.hpp"
+#include "tessera/ops.hpp"
+
+namespace tessera {
+
+ReplicationTransform::ReplicationTransform(const SessionOptions& options, TrainingTensors& tensors)
+    : replicas_(options.getGlobalReplicationFactor()),
+      replicasPath_(fmt::format(
+          "{}/{}", kSessionOptionsPath,
+          options.enableDistributedReplicatedGraphs ? "globalReplicationFactor" : "replicatedGraphCount")),
+      reduction_(options.accumulationAndReplicationReductionType), tensors_(tensors) {}
+
+void ReplicationTransform::apply(Graph& graph) {
+  if (graph.replicationFactor() != replicas_) {
+    throw GraphError(ErrorCode::InvalidCollective, replicasPath_,
+                     fmt::format("the options ask for {} replicas but the graph was built for {}; build the "
+                                 "graph with Graph({}) or change the replication options",
+                                 replicas_, graph.replicationFactor(), replicas_));
+  }
+  if (replicas_ == 1) return;
+  if (tensors_.gradients.size() != tensors_.weights.size()) {
+    throw GraphError(ErrorCode::InvalidOperand, "gradients",
+                     fmt::format("{} weights but {} gradients; run autodiff before reducing gradients",
+                                 tensors_.weights.size(), tensors_.gradients.size()));
+  }
+  for (std::size_t k = 0; k < tensors_.weights.size(); ++k) {
+    const TensorNode& weight = graph.tensor(tensors_.weights[k]);
+    const ReplicaGrouping grouping = weight.grouping.value_or(ReplicaGrouping(replicas_));
+    if (grouping.groupSize() == 1) continue;
+    if (!weight.metaShape.empty()) {
+      reduceShardGradient(graph, k, grouping);
+      continue;
+    }
+    const std::optional<ReplicaGrouping> over =
+        grouping.numGroups() == 1 ? std::nullopt : std::optional<ReplicaGrouping>(grouping);
+    const Tensor gradient{&graph, tensors_.gradients[k]};
+    const Tensor reduced = ops::replicatedAllReduce(gradient, reduction_, over);
+    graph.rename(reduced.id(), graph.uniqueName(gradient.name() + ".reduced"));
+    tensors_.gradients[k] = reduced.id();
+  }
+}
+
+// A replica-sharded weight is used through an AllGather over the replicas
+// that hold one shard each, so autodiff already reduce-scattered (summed) its
+// gradient over them. What is left: summing over the replicas of the
+// weight's group that hold the same shard, and the 1/groupSize of a Mean.
+void ReplicationTransform::reduceShardGradient(Graph& graph, std::size_t k, const ReplicaGrouping& grouping) {
+  const TensorNode& weight = graph.tensor(tensors_.weights[k]);
+  const int64_t shards = weight.shardCount;
+  if (shards < 1 || grouping.groupSize() % shards != 0) {
+    throw GraphError(ErrorCode::InvalidCollective, weight.name,
+                     fmt::format("{} shards do not divide the {} replicas of its group {}", shards,
+                                 grouping.groupSize(), grouping.str()));
+  }
+  const std::string name = graph.tensor(tensors_.gradients[k]).name;
+  Tensor gradient{&graph, tensors_.gradients[k]};
+  const int64_t holders = grouping.groupSize() / shards;
+  if (holders > 1) {
+    gradient = ops::replicatedAllReduce(gradient, ReductionType::Sum,
+                                        ReplicaGrouping(replicas_, grouping.stride() * shards, holders));
+  }
+  if (reduction_ == ReductionType::Mean) {
+    gradient = ops::mul(gradient, ops::scalar(graph, 1.0 / static_cast<double>(grouping.groupSize())));
+  }
+  if (gradient.id() == tensors_.gradients[k]) return;
+  graph.rename(gradient.id(), graph.uniqueName(name + ".reduced"));
+  tensors_.gradients[k] = gradient.id();
+}
+
+}  // namespace tessera

@@ -1,0 +1,143 @@
+#include "collectives.hpp"
+
+#include <algorithm>
+
+#include "tessera/shard_layout.hpp"
+
+namespace tessera::sim {
+namespace {
+
+std::size_t at(int64_t i) { return static_cast<std::size_t>(i); }
+
+// Every member's input, summed in replica order into `out` (elements
+// [begin, begin + count) of the value), then scaled.
+void reduceMembers(const Step& s, int64_t group, int64_t begin, int64_t count, float* out) {
+  const int64_t* members = s.table.data() + group * s.groupSize;
+  std::copy_n(s.in[0] + members[0] + begin, count, out);
+  for (int64_t m = 1; m < s.groupSize; ++m) {
+    const float* x = s.in[0] + members[m] + begin;
+    for (int64_t i = 0; i < count; ++i) out[i] += x[i];
+  }
+  if (s.scale != 1.0f)
+    for (int64_t i = 0; i < count; ++i) out[i] *= s.scale;
+}
+
+void allReduceKernel(const Step& s) {
+  for (int64_t j = 0; j < s.groups; ++j) reduceMembers(s, j, 0, s.outElements, s.out + j * s.outElements);
+}
+
+void reduceScatterKernel(const Step& s) {
+  for (int64_t j = 0; j < s.groups; ++j) {
+    float* out = s.out + j * s.outElements;
+    std::fill_n(out, s.outElements, 0.0f);
+    reduceMembers(s, j, s.table2[at(2 * j)], s.table2[at(2 * j + 1)], out);
+  }
+}
+
+void allGatherKernel(const Step& s) {
+  for (int64_t j = 0; j < s.groups; ++j) {
+    float* out = s.out + j * s.outElements;
+    for (int64_t i = 0; i < s.groupSize; ++i) {
+      const float* shard = s.in[0] + s.table[at(j * s.groupSize + i)];
+      std::copy_n(shard, s.table2[at(2 * i + 1)], out + s.table2[at(2 * i)]);
+    }
+  }
+}
+
+void shardedSliceKernel(const Step& s) {
+  for (int64_t j = 0; j < s.groups; ++j) {
+    float* out = s.out + j * s.outElements;
+    std::fill_n(out, s.outElements, 0.0f);
+    std::copy_n(s.in[0] + s.table[at(j)] + s.table2[at(2 * j)], s.table2[at(2 * j + 1)], out);
+  }
+}
+
+void shardedPadKernel(const Step& s) {
+  for (int64_t j = 0; j < s.groups; ++j) {
+    float* out = s.out + j * s.outElements;
+    std::fill_n(out, s.outElements, 0.0f);
+    std::copy_n(s.in[0] + s.table[at(j)], s.table2[at(2 * j + 1)], out + s.table2[at(2 * j)]);
+  }
+}
+
+void remoteLoadKernel(const Step& s) {
+  for (int64_t j = 0; j < s.groups; ++j)
+    std::copy_n(s.in[0] + s.table[at(j)], s.outElements, s.out + j * s.outElements);
+}
+
+void remoteStoreKernel(const Step& s) {
+  for (int64_t r = 0; r < s.groups; ++r)
+    std::copy_n(s.in[0] + s.table[at(2 * r + 1)], s.outElements, s.out + s.table[at(2 * r)]);
+}
+
+}  // namespace
+
+void planCollective(Step& step, const OpNode& op, const ReplicaGrouping& out, const ReplicaGrouping& in,
+                    int64_t inputElements, int64_t outputElements, const LocalTopology& topology) {
+  const ReplicaGrouping grouping = op.attributes.grouping.value_or(ReplicaGrouping(topology.globalReplicas));
+  const int64_t g = grouping.groupSize();
+  step.groups = out.numGroups();
+  step.groupSize = g;
+  step.outElements = outputElements;
+  step.inElements[0] = inputElements;
+  step.scale = op.kind != OpKind::ReplicatedAllGather && op.attributes.reduction == ReductionType::Mean &&
+                       (op.kind == OpKind::ReplicatedAllReduce || op.kind == OpKind::ReplicatedReduceScatter)
+                   ? 1.0f / static_cast<float>(g)
+                   : 1.0f;
+  const bool gathers = op.kind == OpKind::ReplicatedAllReduce || op.kind == OpKind::ReplicatedReduceScatter ||
+                       op.kind == OpKind::ReplicatedAllGather;
+  const int64_t full = op.kind == OpKind::ReplicatedAllReduce ? inputElements
+                       : op.kind == OpKind::ReplicatedAllGather || op.kind == OpKind::ReplicaShardedPad
+                           ? outputElements
+                           : inputElements;
+  const ShardLayout layout(full, g);
+  for (int64_t j = 0; j < step.groups; ++j) {
+    const int64_t replica = out.replicaAt(j, 0);
+    const std::vector<int64_t> members = localMembers(topology, grouping, replica, op.name);
+    const int64_t index = localIndexInGroup(topology, grouping, replica);
+    if (gathers) {
+      for (int64_t m : members) step.table.push_back(in.groupAt(m) * inputElements);
+    } else {
+      step.table.push_back(in.groupAt(replica) * inputElements);
+    }
+    if (op.kind != OpKind::ReplicatedAllGather && op.kind != OpKind::ReplicatedAllReduce) {
+      step.table2.push_back(layout.hostOffset(index));
+      step.table2.push_back(layout.realElements(index));
+    }
+  }
+  switch (op.kind) {
+    case OpKind::ReplicatedAllReduce: step.kernel = allReduceKernel; break;
+    case OpKind::ReplicatedReduceScatter: step.kernel = reduceScatterKernel; break;
+    case OpKind::ReplicatedAllGather:
+      for (int64_t i = 0; i < g; ++i) {
+        step.table2.push_back(layout.hostOffset(i));
+        step.table2.push_back(layout.realElements(i));
+      }
+      step.kernel = allGatherKernel;
+      break;
+    case OpKind::ReplicaShardedSlice: step.kernel = shardedSliceKernel; break;
+    default: step.kernel = shardedPadKernel; break;
+  }
+}
+
+void planRemoteLoad(Step& step, const ReplicaGrouping& out, int64_t entry, int64_t elements,
+                    int64_t replicas) {
+  step.groups = out.numGroups();
+  step.outElements = elements;
+  for (int64_t j = 0; j < step.groups; ++j)
+    step.table.push_back((entry * replicas + out.replicaAt(j, 0)) * elements);
+  step.kernel = remoteLoadKernel;
+}
+
+void planRemoteStore(Step& step, const ReplicaGrouping& in, int64_t entry, int64_t elements,
+                     int64_t replicas) {
+  step.groups = replicas;
+  step.outElements = elements;
+  for (int64_t r = 0; r < replicas; ++r) {
+    step.table.push_back((entry * replicas + r) * elements);
+    step.table.push_back(in.groupAt(r) * elements);
+  }
+  step.kernel = remoteStoreKernel;
+}
+
+}  // namespace tessera::sim

@@ -1,0 +1,709 @@
+#include "executor.hpp"
+
+#include <algorithm>
+#include <cstdint>
+
+#include <fmt/format.h>
+
+#include "collectives.hpp"
+#include "memory_accounting.hpp"
+#include "tessera/error.hpp"
+#include "tessera/shard_layout.hpp"
+
+namespace tessera::sim {
+namespace {
+
+constexpr int64_t kAlignFloats = 16;  // 64-byte aligned buffers
+
+std::size_t at(int64_t i) { return static_cast<std::size_t>(i); }
+
+int64_t alignUp(int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+
+std::vector<int64_t> contiguousStrides(const Shape& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (std::size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
+  return strides;
+}
+
+// Strides, in `big`'s index space, of a tensor of shape `small` that
+// broadcasts to `big` (numpy rules).
+std::vector<int64_t> broadcastStrides(const Shape& small, const Shape& big) {
+  const std::vector<int64_t> own = contiguousStrides(small);
+  std::vector<int64_t> strides(big.size(), 0);
+  const std::size_t offset = big.size() - small.size();
+  for (std::size_t d = 0; d < small.size(); ++d) strides[offset + d] = small[d] == 1 ? 0 : own[d];
+  return strides;
+}
+
+// One operand of a step: its layout, elements per group and an extra offset
+// inside each group (slices).
+struct Operand {
+  const ReplicaGrouping* layout = nullptr;
+  int64_t elements = 0;
+  int64_t offset = 0;
+};
+
+// Runs of output groups (see kernels.hpp). `maxCount` is 1 in the
+// per-replica reference plan.
+std::vector<Run> makeRuns(const ReplicaGrouping& out, int64_t outElements, int64_t outOffset,
+                          std::span<const Operand> operands, int64_t maxCount) {
+  const int64_t groups = out.numGroups();
+  std::vector<std::vector<int64_t>> source(operands.size());
+  for (std::size_t i = 0; i < operands.size(); ++i) {
+    for (int64_t j = 0; j < groups; ++j)
+      source[i].push_back(operands[i].layout->groupAt(out.replicaAt(j, 0)));
+  }
+  std::vector<Run> runs;
+  for (int64_t j0 = 0; j0 < groups;) {
+    Run run;
+    run.out = j0 * outElements + outOffset;
+    run.advance.fill(true);
+    for (std::size_t i = 0; i < operands.size(); ++i) {
+      run.in[i] = source[i][at(j0)] * operands[i].elements + operands[i].offset;
+    }
+    int64_t count = 1;
+    for (; j0 + count < groups && count < maxCount; ++count) {
+      const int64_t j = j0 + count;
+      bool fits = true;
+      for (std::size_t i = 0; i < operands.size() && fits; ++i) {
+        const int64_t delta = source[i][at(j)] - source[i][at(j0)];
+        if (count == 1) {
+          if (delta != 0 && delta != 1) fits = false;
+          run.advance[i] = delta == 1;
+        } else {
+          fits = delta == (run.advance[i] ? count : 0);
+        }
+      }
+      if (!fits) break;
+    }
+    if (count == 1) run.advance.fill(true);
+    run.count = count;
+    runs.push_back(run);
+    j0 += count;
+  }
+  return runs;
+}
+
+// Fills every run's loop: the run's groups, then `size` with the given
+// per-operand strides inside a group.
+void makeLoops(Step& step, const std::vector<int64_t>& size,
+               const std::vector<std::vector<int64_t>>& strides) {
+  for (Run& run : step.runs) {
+    StridedLoop loop;
+    std::array<int64_t, kMaxOperands> groupStrides{step.outElements, 0, 0};
+    for (std::size_t i = 1; i < strides.size(); ++i) {
+      groupStrides[i] = run.advance[i - 1] ? step.inElements[i - 1] : 0;
+    }
+    loop.push(run.count, groupStrides);
+    for (std::size_t d = 0; d < size.size(); ++d) {
+      std::array<int64_t, kMaxOperands> s{};
+      for (std::size_t i = 0; i < strides.size(); ++i) s[i] = strides[i][d];
+      loop.push(size[d], s);
+    }
+    loop.coalesce();
+    run.loop = loop;
+  }
+}
+
+}  // namespace
+
+SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionMode mode)
+    : program_(std::move(program)), mode_(mode) {
+  checkProgram();
+  topology_ = {program_.localReplicas, program_.globalReplicas, program_.replicaOffset};
+  const Graph& graph = program_.graph;
+  schedule_ = graph.schedule();
+  position_.assign(graph.ops().size(), -1);
+  for (std::size_t p = 0; p < schedule_.size(); ++p) position_[at(schedule_[p])] = static_cast<int64_t>(p);
+  layouts_ = inferLayouts(graph, schedule_, topology_, mode_);
+  writes_.assign(graph.tensors().size(), {});
+  for (OpId id : schedule_) {
+    const OpNode& op = graph.op(id);
+    if (isInplace(op.kind)) writes_[at(graph.storageOf(op.inputs[0]))].push_back(position_[at(id)]);
+  }
+  planFusions();
+  planBuffers();
+  initialiseValues();
+  planSteps();
+  memory_ = accountMemory(program_, schedule_, spec);
+}
+
+void SimExecutable::checkProgram() const {
+  const Program& p = program_;
+  if (p.globalReplicas != p.graph.replicationFactor()) {
+    throw DeviceError(
+        ErrorCode::InvalidProgram, "Program.globalReplicas",
+        fmt::format("globalReplicas is {} but the graph was built for a replication factor of {}; "
+                    "they must be equal",
+                    p.globalReplicas, p.graph.replicationFactor()));
+  }
+  if (p.localReplicas < 1 || p.localReplicas > p.globalReplicas || p.globalReplicas % p.localReplicas != 0) {
+    throw DeviceError(ErrorCode::InvalidProgram, "Program.localReplicas",
+                      fmt::format("localReplicas is {}; it must be a positive divisor of globalReplicas {}",
+                                  p.localReplicas, p.globalReplicas));
+  }
+  if (p.replicaOffset < 0 || p.replicaOffset % p.localReplicas != 0 ||
+      p.replicaOffset + p.localReplicas > p.globalReplicas) {
+    throw DeviceError(ErrorCode::InvalidProgram, "Program.replicaOffset",
+                      fmt::format("replicaOffset is {}; it must be a multiple of localReplicas {} below "
+                                  "globalReplicas {}",
+                                  p.replicaOffset, p.localReplicas, p.globalReplicas));
+  }
+  if (p.numIOTiles < 0) {
+    throw DeviceError(ErrorCode::InvalidProgram, "Program.numIOTiles",
+                      fmt::format("numIOTiles is {}; it must be >= 0", p.numIOTiles));
+  }
+}
+
+void SimExecutable::planFusions() {
+  const Graph& graph = program_.graph;
+  const std::size_t opCount = graph.ops().size();
+  foldedTranspose_.assign(opCount, 0);
+  fusedInto_.assign(opCount, kNoOp);
+  if (mode_ == ExecutionMode::PerReplicaReference) return;
+  // True when no in-place op writes t's storage strictly between positions.
+  auto unchanged = [&](TensorId t, int64_t from, int64_t to) {
+    for (int64_t p : writes_[at(graph.storageOf(t))])
+      if (p > from && p < to) return false;
+    return true;
+  };
+  auto isPlainTranspose = [&](TensorId t) {
+    const OpNode& op = graph.op(graph.tensor(t).producer);
+    return op.kind == OpKind::Transpose && op.attributes.axes == std::vector<int64_t>{1, 0};
+  };
+  const int64_t replicas = program_.localReplicas;
+
+  for (OpId id : schedule_) {
+    const OpNode& ar = graph.op(id);
+    if (ar.kind != OpKind::ReplicatedAllReduce) continue;
+    const TensorId product = ar.inputs[0];
+    const OpId mm = graph.tensor(product).producer;
+    const OpNode& matmul = graph.op(mm);
+    if (matmul.kind != OpKind::MatMul || graph.tensor(product).consumers.size() != 1) continue;
+    if (!isPlainTranspose(matmul.inputs[0])) continue;
+    const OpId tr = graph.tensor(matmul.inputs[0]).producer;
+    const TensorId x = graph.op(tr).inputs[0];
+    const TensorId dy = matmul.inputs[1];
+    if (graph.tensor(dy).shape.size() != 2) continue;
+    if (layouts_[at(x)].numGroups() != replicas || layouts_[at(dy)].numGroups() != replicas) continue;
+    const ReplicaGrouping& out = layouts_[at(product)];
+    const ReplicaGrouping& reduced = layouts_[at(ar.outputs[0])];
+    // Groups of consecutive replicas: group c is replicas c*g .. c*g+g-1.
+    const ReplicaGrouping grouping =
+        ar.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
+    const int64_t g = grouping.groupSize();
+    if (out.numGroups() != replicas || reduced.groupSize() != g || reduced.stride() != 1) continue;
+    bool consecutive = true;
+    for (int64_t r = 0; r < replicas && consecutive; ++r) {
+      const std::vector<int64_t> members = localMembers(topology_, grouping, r, ar.name);
+      for (int64_t i = 0; i < g; ++i) consecutive = consecutive && members[at(i)] == r / g * g + i;
+    }
+    if (!consecutive) continue;
+    const int64_t reducedAt = position_[at(id)];
+    if (!unchanged(x, position_[at(tr)], reducedAt) || !unchanged(dy, position_[at(mm)], reducedAt)) continue;
+    fusedInto_[at(mm)] = id;
+  }
+
+  for (OpId id : schedule_) {
+    const OpNode& op = graph.op(id);
+    if (op.kind != OpKind::Transpose || !isPlainTranspose(op.outputs[0])) continue;
+    const TensorNode& out = graph.tensor(op.outputs[0]);
+    if (out.consumers.empty()) continue;
+    int64_t lastRead = position_[at(id)];
+    bool onlyGemms = true;
+    for (OpId c : out.consumers) {
+      onlyGemms = onlyGemms && graph.op(c).kind == OpKind::MatMul;
+      const OpId reader = fusedInto_[at(c)] != kNoOp ? fusedInto_[at(c)] : c;
+      lastRead = std::max(lastRead, position_[at(reader)]);
+    }
+    if (onlyGemms && unchanged(op.inputs[0], position_[at(id)], lastRead)) {
+      foldedTranspose_[at(id)] = 1;
+      ++stats_.foldedTransposes;
+    }
+  }
+  for (OpId ar : fusedInto_)
+    if (ar != kNoOp) ++stats_.fusedGemmAllReduces;
+}
+
+void SimExecutable::planBuffers() {
+  const Graph& graph = program_.graph;
+  offset_.assign(graph.tensors().size(), -1);
+  int64_t total = 0;
+  for (std::size_t t = 0; t < graph.tensors().size(); ++t) {
+    const TensorNode& node = graph.tensors()[t];
+    if (graph.storageOf(static_cast<TensorId>(t)) != static_cast<TensorId>(t)) continue;
+    const OpId producer = node.producer;
+    if (foldedTranspose_[at(producer)] || fusedInto_[at(producer)] != kNoOp) continue;
+    offset_[t] = total;
+    total += alignUp(layouts_[t].numGroups() * numElements(node.shape));
+  }
+  arena_.assign(at(total), 0.0f);
+  stats_.arenaFloats = total;
+
+  int64_t remoteTotal = 0;
+  for (const RemoteBufferInfo& info : graph.remoteBuffers()) {
+    remoteBase_.push_back(remoteTotal);
+    remoteTotal += alignUp(info.entries * program_.localReplicas * numElements(info.shape));
+  }
+  remote_.assign(at(remoteTotal), 0.0f);
+}
+
+void SimExecutable::initialiseValues() {
+  const Graph& graph = program_.graph;
+  for (const OpNode& op : graph.ops()) {
+    if (op.kind != OpKind::Variable && op.kind != OpKind::Constant) continue;
+    const TensorId t = op.outputs[0];
+    const TensorNode& node = graph.tensor(t);
+    const ReplicaGrouping& layout = layouts_[at(t)];
+    const int64_t n = numElements(node.shape);
+    float* base = arena_.data() + offset_[at(t)];
+    for (int64_t j = 0; j < layout.numGroups(); ++j) {
+      float* value = base + j * n;
+      if (op.kind == OpKind::Constant) {
+        std::copy(node.data.begin(), node.data.end(), value);
+        continue;
+      }
+      const int64_t global = layout.replicaAt(j, 0) + program_.replicaOffset;
+      const ReplicaGrouping grouping = node.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
+      const int64_t group = grouping.numGroups() > 1 ? grouping.groupAt(global) : 0;
+      const bool sharded = !node.metaShape.empty();
+      const int64_t hostElements = sharded ? numElements(node.metaShape) : n;
+      const std::span<const float> host(node.data.data() + group * hostElements, at(hostElements));
+      if (sharded) {
+        const ShardLayout shards(hostElements, node.shardCount);
+        shards.hostToShard(host, grouping.indexInGroupAt(global) % node.shardCount,
+                           std::span<float>(value, at(n)));
+      } else {
+        std::copy(host.begin(), host.end(), value);
+      }
+    }
+    if (node.remoteBuffer >= 0) {
+      for (int64_t r = 0; r < program_.localReplicas; ++r) {
+        float* entry = remoteEntry(node.remoteBuffer, node.remoteEntry, node.name) + r * n;
+        std::copy_n(base + layout.groupAt(r) * n, n, entry);
+      }
+    }
+  }
+}
+
+float* SimExecutable::remoteEntry(int64_t buffer, int64_t entry, std::string_view who) const {
+  const Graph& graph = program_.graph;
+  if (buffer < 0 || at(buffer) >= graph.remoteBuffers().size()) {
+    throw DeviceError(ErrorCode::InvalidProgram, std::string(who),
+                      fmt::format("remote buffer #{} does not exist; the program has {} remote buffers",
+                                  buffer, graph.remoteBuffers().size()));
+  }
+  const RemoteBufferInfo& info = graph.remoteBuffer(buffer);
+  if (entry < 0 || entry >= info.entries) {
+    throw DeviceError(ErrorCode::InvalidProgram, std::string(who),
+                      fmt::format("entry {} of remote buffer #{} is out of range; entries are 0..{}", entry,
+                                  buffer, info.entries - 1));
+  }
+  const int64_t perEntry = program_.localReplicas * numElements(info.shape);
+  return const_cast<float*>(remote_.data()) + remoteBase_[at(buffer)] + entry * perEntry;
+}
+
+void SimExecutable::planSteps() {
+  const Graph& graph = program_.graph;
+  inputSlot_.assign(graph.tensors().size(), -1);
+  for (OpId id : schedule_) planStep(id);
+  int64_t lhs = 0;
+  int64_t rhs = 0;
+  for (Step& step : steps_) {
+    if (step.kernel != matmulKernel()) continue;
+    const auto [a, b] = planGemm(step);
+    lhs = std::max(lhs, alignUp(a));
+    rhs = std::max(rhs, alignUp(b));
+  }
+  gemmScratch_.assign(at(lhs + rhs + kAlignFloats), 0.0f);
+  // Eigen's packed blocks are read with aligned loads.
+  float* base = gemmScratch_.data();
+  const auto misalignment = reinterpret_cast<std::uintptr_t>(base) % (kAlignFloats * sizeof(float));
+  if (misalignment != 0) base += (kAlignFloats * sizeof(float) - misalignment) / sizeof(float);
+  scratch_ = {base, base + lhs};
+  for (Step& step : steps_) {
+    step.scratch = &scratch_;
+    stats_.kernelRuns += std::max<int64_t>(static_cast<int64_t>(step.runs.size()), 1);
+  }
+  feeds_.resize(static_cast<std::size_t>(
+      std::count_if(inputSlot_.begin(), inputSlot_.end(), [](int32_t s) { return s >= 0; })));
+  fed_.assign(feeds_.size(), 0);
+  for (Step& step : steps_)
+    if (step.kind == OpKind::Input) step.feed = &feeds_[at(inputSlot_[at(graph.op(step.op).outputs[0])])];
+  stats_.steps = static_cast<int64_t>(steps_.size());
+}
+
+void SimExecutable::planStep(OpId id) {
+  const Graph& graph = program_.graph;
+  const OpNode& op = graph.op(id);
+  if (op.kind == OpKind::Variable || op.kind == OpKind::Constant) return;
+  if (foldedTranspose_[at(id)] || fusedInto_[at(id)] != kNoOp) return;
+  const int64_t maxCount = mode_ == ExecutionMode::PerReplicaReference ? 1 : program_.localReplicas;
+
+  Step step;
+  step.kind = op.kind;
+  step.op = id;
+  step.name = op.name;
+  auto elements = [&](TensorId t) { return numElements(graph.tensor(t).shape); };
+  auto shape = [&](TensorId t) -> const Shape& { return graph.tensor(t).shape; };
+  auto buffer = [&](TensorId t) { return arena_.data() + offset_[at(graph.storageOf(t))]; };
+  auto layout = [&](TensorId t) -> const ReplicaGrouping& { return layouts_[at(t)]; };
+  const TensorId y = op.outputs.empty() ? kNoTensor : op.outputs[0];
+  if (y != kNoTensor) {
+    step.out = buffer(y);
+    step.outElements = elements(y);
+  }
+  // Runs over the given operands (tensor, extra offset), which become
+  // step.in[0..].
+  auto runsOver = [&](std::initializer_list<std::pair<TensorId, int64_t>> inputs, int64_t outOffset = 0) {
+    std::vector<Operand> operands;
+    std::size_t i = 0;
+    for (const auto& [t, extra] : inputs) {
+      step.in[i] = buffer(t);
+      step.inElements[i] = elements(t);
+      operands.push_back({&layout(t), elements(t), extra});
+      ++i;
+    }
+    step.runs = makeRuns(layout(y), step.outElements, outOffset, operands, maxCount);
+  };
+
+  switch (op.kind) {
+    case OpKind::Input: {
+      const int64_t slot =
+          std::count_if(inputSlot_.begin(), inputSlot_.end(), [](int32_t s) { return s >= 0; });
+      inputSlot_[at(y)] = static_cast<int32_t>(slot);
+      step.kernel = inputKernel();
+      break;
+    }
+    case OpKind::Variable:
+    case OpKind::Constant: return;
+    case OpKind::MatMul: {
+      // A folded Transpose is read from its input, transposed.
+      auto operand = [&](TensorId t, bool& transposed) {
+        const OpNode& producer = graph.op(graph.tensor(t).producer);
+        transposed = foldedTranspose_[at(graph.tensor(t).producer)] != 0;
+        return transposed ? producer.inputs[0] : t;
+      };
+      const TensorId a = operand(op.inputs[0], step.transA);
+      const TensorId b = operand(op.inputs[1], step.transB);
+      const Shape& bShape = shape(op.inputs[1]);
+      step.depth = bShape[0];
+      step.cols = bShape[1];
+      step.rows = step.depth == 0 ? 0 : elements(op.inputs[0]) / step.depth;
+      if (step.depth == 0) step.rows = step.cols == 0 ? 0 : step.outElements / step.cols;
+      runsOver({{a, 0}, {b, 0}});
+      // Folded operands keep the transposed tensor's layout (it is the same).
+      step.kernel = matmulKernel();
+      break;
+    }
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul:
+    case OpKind::Div:
+    case OpKind::ReluGrad:
+    case OpKind::GeluGrad:
+    case OpKind::ScaledAddInplace: {
+      runsOver({{op.inputs[0], 0}, {op.inputs[1], 0}});
+      const Shape& out = shape(y);
+      makeLoops(step, out,
+                {contiguousStrides(out), broadcastStrides(shape(op.inputs[0]), out),
+                 broadcastStrides(shape(op.inputs[1]), out)});
+      step.a = static_cast<float>(op.attributes.a);
+      step.b = static_cast<float>(op.attributes.b);
+      step.kernel = denseKernel(op.kind);
+      break;
+    }
+    case OpKind::Neg:
+    case OpKind::Relu:
+    case OpKind::Gelu:
+    case OpKind::Tanh:
+    case OpKind::Sigmoid:
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Sqrt:
+    case OpKind::BroadcastTo: {
+      runsOver({{op.inputs[0], 0}});
+      const Shape& out = shape(y);
+      makeLoops(step, out, {contiguousStrides(out), broadcastStrides(shape(op.inputs[0]), out)});
+      step.kernel = denseKernel(op.kind);
+      break;
+    }
+    case OpKind::Reshape:
+    case OpKind::Copy:
+    case OpKind::CopyInplace: {
+      const TensorId source = op.kind == OpKind::CopyInplace ? op.inputs[1] : op.inputs[0];
+      runsOver({{source, 0}});
+      makeLoops(step, {step.outElements}, {{1}, {1}});
+      step.kernel = copyKernel();
+      break;
+    }
+    case OpKind::Transpose: {
+      runsOver({{op.inputs[0], 0}});
+      const std::vector<int64_t> inStrides = contiguousStrides(shape(op.inputs[0]));
+      std::vector<int64_t> strides;
+      for (int64_t axis : op.attributes.axes) strides.push_back(inStrides[at(axis)]);
+      makeLoops(step, shape(y), {contiguousStrides(shape(y)), strides});
+      step.kernel = copyKernel();
+      break;
+    }
+    case OpKind::Slice: {
+      const std::vector<int64_t> inStrides = contiguousStrides(shape(op.inputs[0]));
+      int64_t begin = 0;
+      for (std::size_t d = 0; d < inStrides.size(); ++d) begin += op.attributes.starts[d] * inStrides[d];
+      runsOver({{op.inputs[0], begin}});
+      makeLoops(step, shape(y), {contiguousStrides(shape(y)), inStrides});
+      step.kernel = copyKernel();
+      break;
+    }
+    case OpKind::SlicePad: {
+      const std::vector<int64_t> outStrides = contiguousStrides(shape(y));
+      int64_t begin = 0;
+      for (std::size_t d = 0; d < outStrides.size(); ++d) begin += op.attributes.starts[d] * outStrides[d];
+      runsOver({{op.inputs[0], 0}});
+      // Each run clears its groups, then fills the slice.
+      step.zeroFirst = true;
+      step.outLoopOffset = begin;
+      makeLoops(step, shape(op.inputs[0]), {outStrides, contiguousStrides(shape(op.inputs[0]))});
+      step.kernel = copyKernel();
+      break;
+    }
+    case OpKind::Concat: {
+      // One strided copy per input into its part of the output.
+      const Shape& out = shape(y);
+      const std::vector<int64_t> outStrides = contiguousStrides(out);
+      const auto axis = at(op.attributes.axis);
+      int64_t along = 0;
+      for (TensorId t : op.inputs) {
+        Step part = step;
+        part.in = {};
+        std::vector<Operand> operands{{&layout(t), elements(t), 0}};
+        part.in[0] = buffer(t);
+        part.inElements[0] = elements(t);
+        part.runs = makeRuns(layout(y), step.outElements, along * outStrides[axis], operands, maxCount);
+        makeLoops(part, shape(t), {outStrides, contiguousStrides(shape(t))});
+        part.kernel = copyKernel();
+        steps_.push_back(std::move(part));
+        along += shape(t)[axis];
+      }
+      return;
+    }
+    case OpKind::ReduceSum:
+    case OpKind::ReduceMean:
+    case OpKind::ReduceToShape: {
+      const Shape& in = shape(op.inputs[0]);
+      std::vector<int64_t> outStrides;
+      if (op.kind == OpKind::ReduceToShape) {
+        outStrides = broadcastStrides(op.attributes.shape, in);
+      } else {
+        Shape kept = in;
+        for (std::size_t d = 0; d < kept.size(); ++d) {
+          const bool reduced =
+              op.attributes.axes.empty() || std::find(op.attributes.axes.begin(), op.attributes.axes.end(),
+                                                      static_cast<int64_t>(d)) != op.attributes.axes.end();
+          if (reduced) kept[d] = 1;
+        }
+        outStrides = broadcastStrides(kept, in);
+      }
+      runsOver({{op.inputs[0], 0}});
+      makeLoops(step, in, {outStrides, contiguousStrides(in)});
+      if (op.kind == OpKind::ReduceMean && step.outElements > 0 && elements(op.inputs[0]) > 0) {
+        step.scale = static_cast<float>(static_cast<double>(step.outElements) /
+                                        static_cast<double>(elements(op.inputs[0])));
+      }
+      step.kernel = denseKernel(op.kind);
+      break;
+    }
+    case OpKind::Softmax:
+    case OpKind::LogSoftmax:
+    case OpKind::ArgMax: {
+      runsOver({{op.inputs[0], 0}});
+      step.cols = shape(op.inputs[0]).back();
+      step.kernel = denseKernel(op.kind);
+      break;
+    }
+    case OpKind::SoftmaxCrossEntropy:
+    case OpKind::SoftmaxCrossEntropyGrad: {
+      const bool grad = op.kind == OpKind::SoftmaxCrossEntropyGrad;
+      if (grad) {
+        runsOver({{op.inputs[0], 0}, {op.inputs[1], 0}, {op.inputs[2], 0}});
+      } else {
+        runsOver({{op.inputs[0], 0}, {op.inputs[1], 0}});
+      }
+      const Shape& logits = shape(op.inputs[grad ? 1 : 0]);
+      step.rows = logits[0];
+      step.cols = logits[1];
+      if (op.attributes.reduction == ReductionType::Mean && step.rows > 0) {
+        step.scale = 1.0f / static_cast<float>(step.rows);
+      }
+      step.kernel = denseKernel(op.kind);
+      break;
+    }
+    case OpKind::ReplicatedAllReduce: {
+      if (op.inputs.size() == 1 && graph.tensor(op.inputs[0]).producer != kNoOp &&
+          fusedInto_[at(graph.tensor(op.inputs[0]).producer)] == id) {
+        // sum_r x_r^T dy_r over each group of consecutive replicas, as one GEMM per group.
+        const OpNode& matmul = graph.op(graph.tensor(op.inputs[0]).producer);
+        const TensorId x = graph.op(graph.tensor(matmul.inputs[0]).producer).inputs[0];
+        const TensorId dy = matmul.inputs[1];
+        const ReplicaGrouping grouping =
+            op.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
+        const int64_t g = grouping.groupSize();
+        const int64_t batch = shape(x)[0];
+        step.transA = true;
+        step.rows = shape(x)[1];
+        step.cols = shape(dy)[1];
+        step.depth = g * batch;
+        step.in[0] = buffer(x);
+        step.in[1] = buffer(dy);
+        step.inElements = {elements(x), elements(dy), 0};
+        if (op.attributes.reduction == ReductionType::Mean) step.scale = 1.0f / static_cast<float>(g);
+        for (int64_t c = 0; c < layout(y).numGroups(); ++c) {
+          Run run;
+          run.out = c * step.outElements;
+          run.in = {c * g * elements(x), c * g * elements(dy), 0};
+          run.advance.fill(true);
+          step.runs.push_back(run);
+        }
+        step.kernel = matmulKernel();
+        break;
+      }
+      [[fallthrough]];
+    }
+    case OpKind::ReplicatedReduceScatter:
+    case OpKind::ReplicatedAllGather:
+    case OpKind::ReplicaShardedSlice:
+    case OpKind::ReplicaShardedPad: {
+      const TensorId x = op.inputs[0];
+      step.in[0] = buffer(x);
+      planCollective(step, op, layout(y), layout(x), elements(x), step.outElements, topology_);
+      break;
+    }
+    case OpKind::RemoteLoad: {
+      const RemoteBufferInfo& info = graph.remoteBuffer(op.attributes.remoteBuffer);
+      step.in[0] = remoteEntry(op.attributes.remoteBuffer, 0, op.name);
+      planRemoteLoad(step, layout(y), op.attributes.entry, numElements(info.shape), program_.localReplicas);
+      break;
+    }
+    case OpKind::RemoteStore: {
+      const RemoteBufferInfo& info = graph.remoteBuffer(op.attributes.remoteBuffer);
+      step.out = remoteEntry(op.attributes.remoteBuffer, 0, op.name);
+      step.in[0] = buffer(op.inputs[0]);
+      planRemoteStore(step, layout(op.inputs[0]), op.attributes.entry, numElements(info.shape),
+                      program_.localReplicas);
+      break;
+    }
+  }
+  steps_.push_back(std::move(step));
+}
+
+ReplicaGrouping SimExecutable::layout(TensorId tensor) const {
+  program_.graph.tensor(tensor);
+  return layouts_[at(tensor)];
+}
+
+std::span<float> SimExecutable::hostBuffer(TensorId tensor, std::string_view who) const {
+  const Graph& graph = program_.graph;
+  if (tensor < 0 || at(tensor) >= graph.tensors().size()) {
+    throw DeviceError(ErrorCode::InvalidProgram, fmt::format("tensor #{}", tensor),
+                      fmt::format("{}: no tensor has id {}; the program has {} tensors", who, tensor,
+                                  graph.tensors().size()));
+  }
+  const TensorNode& node = graph.tensor(tensor);
+  const int64_t offset = offset_[at(graph.storageOf(tensor))];
+  if (offset < 0) {
+    throw DeviceError(
+        ErrorCode::InvalidProgram, node.name,
+        fmt::format("{}: the device computes this tensor inside a fused step and never stores it; "
+                    "read the tensor it feeds instead",
+                    who));
+  }
+  const auto size = at(layouts_[at(tensor)].numGroups() * numElements(node.shape));
+  return {const_cast<float*>(arena_.data()) + offset, size};
+}
+
+void SimExecutable::write(TensorId tensor, std::span<const float> groups) {
+  const std::span<float> target = hostBuffer(tensor, "write");
+  if (groups.size() != target.size()) {
+    throw DeviceError(ErrorCode::InvalidProgram, program_.graph.tensor(tensor).name,
+                      fmt::format("write: {} values given; the layout {} needs {} groups x {} elements = {}",
+                                  groups.size(), layouts_[at(tensor)].str(), layouts_[at(tensor)].numGroups(),
+                                  numElements(program_.graph.tensor(tensor).shape), target.size()));
+  }
+  std::copy(groups.begin(), groups.end(), target.begin());
+}
+
+void SimExecutable::read(TensorId tensor, std::span<float> groups) const {
+  const std::span<float> source = hostBuffer(tensor, "read");
+  if (groups.size() != source.size()) {
+    throw DeviceError(
+        ErrorCode::InvalidProgram, program_.graph.tensor(tensor).name,
+        fmt::format("read: room for {} values given; the layout {} holds {} groups x {} elements = {}",
+                    groups.size(), layouts_[at(tensor)].str(), layouts_[at(tensor)].numGroups(),
+                    numElements(program_.graph.tensor(tensor).shape), source.size()));
+  }
+  std::copy(source.begin(), source.end(), groups.begin());
+}
+
+void SimExecutable::writeRemote(int64_t buffer, int64_t entry, std::span<const float> replicas) {
+  float* target = remoteEntry(buffer, entry, "writeRemote");
+  const auto size = at(program_.localReplicas * numElements(program_.graph.remoteBuffer(buffer).shape));
+  if (replicas.size() != size) {
+    throw DeviceError(
+        ErrorCode::InvalidProgram, fmt::format("remote buffer #{}", buffer),
+        fmt::format("writeRemote: {} values given; an entry holds {} replicas x {} elements = {}",
+                    replicas.size(), program_.localReplicas,
+                    numElements(program_.graph.remoteBuffer(buffer).shape), size));
+  }
+  std::copy(replicas.begin(), replicas.end(), target);
+}
+
+void SimExecutable::readRemote(int64_t buffer, int64_t entry, std::span<float> replicas) const {
+  const float* source = remoteEntry(buffer, entry, "readRemote");
+  const auto size = at(program_.localReplicas * numElements(program_.graph.remoteBuffer(buffer).shape));
+  if (replicas.size() != size) {
+    throw DeviceError(
+        ErrorCode::InvalidProgram, fmt::format("remote buffer #{}", buffer),
+        fmt::format("readRemote: room for {} values given; an entry holds {} replicas x {} elements "
+                    "= {}",
+                    replicas.size(), program_.localReplicas,
+                    numElements(program_.graph.remoteBuffer(buffer).shape), size));
+  }
+  std::copy_n(source, size, replicas.begin());
+}
+
+void SimExecutable::run(std::span<const Feed> inputs) {
+  const Graph& graph = program_.graph;
+  std::fill(fed_.begin(), fed_.end(), 0);
+  for (const Feed& feed : inputs) {
+    if (feed.tensor < 0 || at(feed.tensor) >= inputSlot_.size() || inputSlot_[at(feed.tensor)] < 0) {
+      throw DeviceError(ErrorCode::InvalidProgram, fmt::format("tensor #{}", feed.tensor),
+                        "run: the fed tensor is not an Input of the program");
+    }
+    const TensorNode& node = graph.tensor(feed.tensor);
+    const auto expected = at(program_.localReplicas * numElements(node.shape));
+    if (feed.data.size() != expected) {
+      throw DeviceError(
+          ErrorCode::InvalidProgram, node.name,
+          fmt::format("run: {} values fed; the input needs [{} replicas] + {} = {} values", feed.data.size(),
+                      program_.localReplicas, shapeStr(node.shape), expected));
+    }
+    const auto slot = at(inputSlot_[at(feed.tensor)]);
+    feeds_[slot] = feed.data;
+    fed_[slot] = 1;
+  }
+  for (std::size_t t = 0; t < inputSlot_.size(); ++t) {
+    if (inputSlot_[t] >= 0 && !fed_[at(inputSlot_[t])]) {
+      throw DeviceError(ErrorCode::InvalidProgram, graph.tensors()[t].name,
+                        "run: this Input was not fed; every Input needs host data for each run");
+    }
+  }
+  struct Guard {
+    Guard() { forbidEigenMalloc(true); }
+    ~Guard() { forbidEigenMalloc(false); }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+  } guard;
+  for (const Step& step : steps_) step.kernel(step);
+}
+
+}  // namespace tessera::sim

@@ -1,0 +1,87 @@
+// The loaded program of the simulated device.
+//
+// Loading plans everything once: the schedule, a replica layout per tensor
+// (layouts.hpp), one arena holding every buffer (numGroups x elements floats
+// per storage; in-place outputs alias their input), the remote buffers, and
+// one precompiled Step per op (kernels.hpp). Two rewrites make the
+// vectorized plan cheap:
+//  - a rank-2 Transpose read only by MatMuls is not materialised: the GEMMs
+//    read its input transposed;
+//  - MatMul(Transpose(x), dy) whose only reader is an AllReduce (Sum or
+//    Mean) over groups of consecutive replicas, with x and dy per replica,
+//    becomes one GEMM per group over the concatenated batch
+//    (sum_r x_r^T dy_r = X^T DY) that writes the reduced value directly.
+// run() executes the steps and allocates nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kernels.hpp"
+#include "layouts.hpp"
+#include "tessera/device.hpp"
+
+namespace tessera::sim {
+
+// What the planner did; for tests and profiles.
+struct PlanStats {
+  int64_t steps = 0;
+  int64_t kernelRuns = 0;           // kernel calls per run() over all steps (runs of groups)
+  int64_t foldedTransposes = 0;     // Transposes read in place by GEMMs
+  int64_t fusedGemmAllReduces = 0;  // gradient GEMMs fused with their all-reduce
+  int64_t arenaFloats = 0;          // host floats of every planned buffer
+};
+
+class SimExecutable final : public Executable {
+ public:
+  // Throws DeviceError(InvalidProgram) for a program this device cannot run.
+  SimExecutable(Program program, const DeviceSpec& spec, ExecutionMode mode);
+
+  ReplicaGrouping layout(TensorId tensor) const override;
+  void write(TensorId tensor, std::span<const float> groups) override;
+  void read(TensorId tensor, std::span<float> groups) const override;
+  void writeRemote(int64_t buffer, int64_t entry, std::span<const float> replicas) override;
+  void readRemote(int64_t buffer, int64_t entry, std::span<float> replicas) const override;
+  void run(std::span<const Feed> inputs) override;
+  const MemoryReport& memory() const override { return memory_; }
+
+  const PlanStats& stats() const noexcept { return stats_; }
+  const Graph& graph() const noexcept { return program_.graph; }
+
+ private:
+  void checkProgram() const;
+  void planFusions();
+  void planBuffers();
+  void initialiseValues();
+  void planSteps();
+  void planStep(OpId id);
+  // Host-visible storage of a tensor, or a DeviceError naming it.
+  std::span<float> hostBuffer(TensorId tensor, std::string_view who) const;
+  float* remoteEntry(int64_t buffer, int64_t entry, std::string_view who) const;
+
+  Program program_;
+  ExecutionMode mode_;
+  LocalTopology topology_;
+  std::vector<OpId> schedule_;
+  std::vector<int64_t> position_;             // of each op in the schedule
+  std::vector<ReplicaGrouping> layouts_;      // per tensor
+  std::vector<int64_t> offset_;               // per storage tensor; -1 when not materialised
+  std::vector<char> foldedTranspose_;         // per op
+  std::vector<OpId> fusedInto_;               // per MatMul op: the AllReduce computing it, else kNoOp
+  std::vector<std::vector<int64_t>> writes_;  // per storage: schedule positions of in-place writes
+  std::vector<float> arena_;
+  std::vector<float> remote_;
+  std::vector<int64_t> remoteBase_;  // per remote buffer
+  std::vector<float> gemmScratch_;
+  GemmScratch scratch_;
+  std::vector<Step> steps_;
+  std::vector<int32_t> inputSlot_;  // per tensor: index into feeds_, -1 for non-inputs
+  std::vector<std::span<const float>> feeds_;
+  std::vector<char> fed_;
+  MemoryReport memory_;
+  PlanStats stats_;
+};
+
+}  // namespace tessera::sim

@@ -1,0 +1,120 @@
+// Precompiled steps and the kernels that run them.
+//
+// At load time every op becomes one Step (a few become several or none):
+// a kernel pointer plus everything it needs precomputed (arena pointers,
+// runs of groups, strided loops, matrix sizes). Running a step reads only
+// that data, so the step path allocates nothing.
+//
+// Groups and runs. A buffer stores one value per group of its layout, group
+// after group. An op's output groups are processed in runs: consecutive
+// output groups along which every input either advances to its next group or
+// stays on one group (a shared weight under per-replica activations). A
+// run is one kernel call over the stacked groups, e.g. one GEMM of
+// [count*B, K] x [K, N]. Vectorized plans usually have one run per op;
+// the per-replica reference plan has runs of one group.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tessera/graph.hpp"
+
+namespace tessera::sim {
+
+inline constexpr int kMaxDims = 12;
+inline constexpr int kMaxOperands = 3;
+
+// A loop nest over `size` where operand i (0 = output) moves by stride[i][d]
+// along dimension d. Dimensions are coalesced at load time.
+struct StridedLoop {
+  int rank = 0;
+  std::array<int64_t, kMaxDims> size{};
+  std::array<std::array<int64_t, kMaxDims>, kMaxOperands> stride{};
+
+  // Appends a dimension (outer to inner).
+  void push(int64_t extent, std::array<int64_t, kMaxOperands> strides);
+  // Drops extent-1 dimensions and merges dimensions that are contiguous for
+  // every operand.
+  void coalesce();
+  int64_t elements() const;
+};
+
+struct Run {
+  int64_t count = 1;                         // output groups in the run
+  int64_t out = 0;                           // offset of the first output group
+  std::array<int64_t, kMaxOperands> in{};    // offset of each input's first group
+  std::array<bool, kMaxOperands> advance{};  // input moves with the output group
+  StridedLoop loop;                          // strided kernels: the whole run
+};
+
+struct Step;
+using Kernel = void (*)(const Step&);
+
+// Scratch shared by every GEMM of a plan (Eigen's packing buffers).
+struct GemmScratch {
+  float* lhs = nullptr;
+  float* rhs = nullptr;
+};
+
+struct Step {
+  Kernel kernel = nullptr;
+  OpKind kind = OpKind::Input;
+  OpId op = kNoOp;
+  std::string name;  // the op's, for errors
+  float* out = nullptr;
+  std::array<const float*, kMaxOperands> in{};
+  int64_t outElements = 0;  // per group
+  std::array<int64_t, kMaxOperands> inElements{};
+  std::vector<Run> runs;
+
+  // Scalars: ScaledAddInplace (a, b); the factor of means, Mean cross
+  // entropy and Mean collectives (scale).
+  float a = 1.0f;
+  float b = 1.0f;
+  float scale = 1.0f;
+  bool zeroFirst = false;     // pads clear the output run first
+  int64_t outLoopOffset = 0;  // where a run's loop starts inside its first output group
+
+  // MatMul: per group C[m, n] = sum_k A[m, k] B[k, n]; `rows` counts every
+  // row of a group's (possibly batched) left operand. Transposed operands
+  // are read in place.
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t depth = 0;
+  bool transA = false;
+  bool transB = false;
+  // Eigen's cache blocking for this product, chosen at load time.
+  int64_t blockK = 0;
+  int64_t blockM = 0;
+  int64_t blockN = 0;
+  const GemmScratch* scratch = nullptr;
+
+  // Softmax-like kernels: `cols` classes per row. Collectives and remote
+  // transfers: tables of offsets (see collectives.hpp).
+  std::vector<int64_t> table;
+  std::vector<int64_t> table2;
+  int64_t groups = 0;
+  int64_t groupSize = 0;
+
+  // Input: the host data for this run (set by the executor before run).
+  const std::span<const float>* feed = nullptr;
+};
+
+// The kernel of a dense (non-collective, non-transfer) op kind.
+Kernel denseKernel(OpKind kind);
+Kernel matmulKernel();
+Kernel copyKernel();  // strided copy (Copy, Reshape, Transpose, Slice, pads, Concat parts)
+Kernel inputKernel();
+
+// Chooses Eigen's cache blocking for an [m, k] x [k, n] product and returns
+// the scratch it needs (lhs, rhs floats).
+std::array<int64_t, 2> planGemm(Step& step);
+
+// The step path must not allocate; in builds with assertions enabled, Eigen
+// is told so while run() executes.
+void forbidEigenMalloc(bool forbid);
+
+}  // namespace tessera::sim

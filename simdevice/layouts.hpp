@@ -1,0 +1,54 @@
+// Replica layouts: which local replicas hold the same value of a tensor.
+//
+// A layout is a ReplicaGrouping over the replicas this device simulates;
+// replicas of one group hold one value and the buffer stores one value per
+// group. Layouts are inferred from value equality: for every replica the
+// planner computes a key (the groups of the values it was computed from) and
+// replicas with equal keys share a group. When the partition of equal keys is
+// not a ReplicaGrouping, the layout is per replica, which is always correct.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tessera/device.hpp"
+#include "tessera/graph.hpp"
+#include "tessera/replica_grouping.hpp"
+
+namespace tessera::sim {
+
+// One group per replica.
+ReplicaGrouping perReplica(int64_t replicas);
+
+// The grouping whose assignment() equals `groups` after renumbering the groups
+// by first appearance, or nullopt when no ReplicaGrouping partitions the
+// replicas that way.
+std::optional<ReplicaGrouping> groupingOfAssignment(std::span<const int64_t> groups);
+
+// Renumbers keys by first appearance: equal keys get equal ids.
+std::vector<int64_t> assignmentOfKeys(const std::vector<std::vector<int64_t>>& keys);
+
+// The replicas of this device in a collective's group, as local indices in
+// group order. `grouping` is over the global replicas.
+struct LocalTopology {
+  int64_t localReplicas = 1;
+  int64_t globalReplicas = 1;
+  int64_t replicaOffset = 0;
+};
+// Members of the group of local replica r, and r's index in that group.
+// Throws DeviceError(InvalidProgram) naming `subject` when a member is not
+// simulated by this device.
+std::vector<int64_t> localMembers(const LocalTopology& topology, const ReplicaGrouping& grouping,
+                                  int64_t replica, const std::string& subject);
+int64_t localIndexInGroup(const LocalTopology& topology, const ReplicaGrouping& grouping, int64_t replica);
+
+// Layouts of every tensor's storage (indexed by tensor id; aliases share
+// their storage's layout). In PerReplicaReference mode every layout is per
+// replica. `schedule` is graph.schedule().
+std::vector<ReplicaGrouping> inferLayouts(const Graph& graph, std::span<const OpId> schedule,
+                                          const LocalTopology& topology, ExecutionMode mode);
+
+}  // namespace tessera::sim

@@ -1,0 +1,630 @@
+#include "tessera/dataset.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <zlib.h>
+
+#include "tessera/error.hpp"
+#include "test_support.hpp"
+
+using namespace tessera;
+
+namespace {
+
+using Bytes = std::vector<unsigned char>;
+
+// A folder of its own under the system's temporary folder, removed at the end.
+class TempFolder {
+ public:
+  TempFolder() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "tessera-dataset-XXXXXX").string();
+    REQUIRE(mkdtemp(pattern.data()) != nullptr);
+    path_ = pattern;
+  }
+  TempFolder(const TempFolder&) = delete;
+  TempFolder& operator=(const TempFolder&) = delete;
+  ~TempFolder() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+void appendU32(Bytes& bytes, uint32_t value) {
+  for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<unsigned char>(value >> shift));
+}
+
+Bytes idxHeader(uint32_t magic, const std::vector<uint32_t>& dims) {
+  Bytes bytes;
+  appendU32(bytes, magic);
+  for (const uint32_t d : dims) appendU32(bytes, d);
+  return bytes;
+}
+
+// An IDX image file of `count` images whose pixel i is (i * 7 + image) % 256.
+Bytes imageFile(uint32_t count, uint32_t rows, uint32_t cols) {
+  Bytes bytes = idxHeader(0x00000803, {count, rows, cols});
+  for (uint32_t n = 0; n < count; ++n)
+    for (uint32_t i = 0; i < rows * cols; ++i) bytes.push_back(static_cast<unsigned char>((i * 7 + n) % 256));
+  return bytes;
+}
+
+Bytes labelFile(const std::vector<unsigned char>& labels) {
+  Bytes bytes = idxHeader(0x00000801, {static_cast<uint32_t>(labels.size())});
+  bytes.insert(bytes.end(), labels.begin(), labels.end());
+  return bytes;
+}
+
+std::string writeRaw(const std::string& path, const Bytes& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(out.good());
+  return path;
+}
+
+std::string writeGzip(const std::string& path, const Bytes& bytes) {
+  gzFile file = gzopen(path.c_str(), "wb");
+  REQUIRE(file != nullptr);
+  const int written = gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size()));
+  CHECK(written == static_cast<int>(bytes.size()));
+  REQUIRE(gzclose(file) == Z_OK);
+  return path;
+}
+
+Bytes readBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return Bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Writes the four files of an IDX dataset (train: 5 samples, test: 3).
+void writeIdxDataset(const TempFolder& folder, bool gzip) {
+  const auto write = [&](const std::string& name, const Bytes& bytes) {
+    if (gzip) {
+      writeGzip(folder.file(name + ".gz"), bytes);
+    } else {
+      writeRaw(folder.file(name), bytes);
+    }
+  };
+  write("train-images-idx3-ubyte", imageFile(5, 28, 28));
+  write("train-labels-idx1-ubyte", labelFile({3, 1, 4, 1, 5}));
+  write("t10k-images-idx3-ubyte", imageFile(3, 28, 28));
+  write("t10k-labels-idx1-ubyte", labelFile({9, 2, 6}));
+}
+
+template <class Fn>
+IoError expectIoError(Fn&& fn, ErrorCode code, const std::string& subject, const std::string& fragment) {
+  const auto error = test::catchError<IoError>(fn);
+  REQUIRE_MESSAGE(error.has_value(), "expected an IoError containing: " << fragment);
+  INFO(error->what());
+  CHECK(error->code() == code);
+  CHECK(error->subject() == subject);
+  CHECK(error->detail().find(fragment) != std::string::npos);
+  return *error;
+}
+
+template <class E, class Fn>
+void expectError(Fn&& fn, ErrorCode code, const std::string& subject, const std::string& fragment) {
+  const auto error = test::catchError<E>(fn);
+  REQUIRE_MESSAGE(error.has_value(), "expected an error containing: " << fragment);
+  INFO(error->what());
+  CHECK(error->code() == code);
+  CHECK(error->subject() == subject);
+  CHECK(error->detail().find(fragment) != std::string::npos);
+}
+
+bool isPermutation(const std::vector<int64_t>& order) {
+  std::vector<int64_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 0; i < sorted.size(); ++i)
+    if (sorted[i] != static_cast<int64_t>(i)) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("IDX files round trip, raw and gzip'd") {
+  TempFolder folder;
+  const Bytes images = imageFile(4, 3, 5);
+  const Bytes labels = labelFile({0, 9, 3, 7});
+  for (const bool gzip : {false, true}) {
+    CAPTURE(gzip);
+    // The name never decides: the gzip'd files have no .gz suffix and the raw ones do.
+    const std::string imagesPath = folder.file(gzip ? "images-gz" : "images.gz");
+    const std::string labelsPath = folder.file(gzip ? "labels-gz" : "labels.gz");
+    if (gzip) {
+      writeGzip(imagesPath, images);
+      writeGzip(labelsPath, labels);
+      CHECK(readBytes(imagesPath).at(0) == 0x1f);
+    } else {
+      writeRaw(imagesPath, images);
+      writeRaw(labelsPath, labels);
+    }
+    const IdxImages read = readIdxImages(imagesPath);
+    CHECK(read.count == 4);
+    CHECK(read.rows == 3);
+    CHECK(read.cols == 5);
+    REQUIRE(read.pixels.size() == 60);
+    for (std::size_t k = 0; k < read.pixels.size(); ++k) {
+      CHECK(read.pixels[k] == static_cast<float>(images[16 + k]) / 255.0f);
+    }
+    CHECK(readIdxLabels(labelsPath) == std::vector<int32_t>{0, 9, 3, 7});
+
+    const DatasetSplit split = readIdxSplit(imagesPath, labelsPath);
+    CHECK(split.count == 4);
+    CHECK(split.sampleElements() == 15);
+    CHECK(split.images == read.pixels);
+    CHECK(split.labels == std::vector<int32_t>{0, 9, 3, 7});
+  }
+}
+
+TEST_CASE("pixels map bytes 0..255 onto [0, 1]") {
+  TempFolder folder;
+  Bytes bytes = idxHeader(0x00000803, {1, 16, 16});
+  for (int b = 0; b < 256; ++b) bytes.push_back(static_cast<unsigned char>(b));
+  const IdxImages images = readIdxImages(writeRaw(folder.file("all-bytes"), bytes));
+  REQUIRE(images.pixels.size() == 256);
+  CHECK(images.pixels.front() == 0.0f);
+  CHECK(images.pixels.back() == 1.0f);
+  CHECK(images.pixels[51] == doctest::Approx(0.2f));
+  CHECK(std::is_sorted(images.pixels.begin(), images.pixels.end()));
+}
+
+TEST_CASE("gzip files made of several members read as one stream") {
+  TempFolder folder;
+  const Bytes labels = labelFile({1, 2, 3, 4, 5, 6});
+  const std::string first = writeGzip(folder.file("first"), Bytes(labels.begin(), labels.begin() + 9));
+  const std::string second = writeGzip(folder.file("second"), Bytes(labels.begin() + 9, labels.end()));
+  Bytes joined = readBytes(first);
+  const Bytes tail = readBytes(second);
+  joined.insert(joined.end(), tail.begin(), tail.end());
+  CHECK(readIdxLabels(writeRaw(folder.file("joined"), joined)) == std::vector<int32_t>{1, 2, 3, 4, 5, 6});
+}
+
+TEST_CASE("damaged IDX files are CorruptDataset errors naming the file") {
+  TempFolder folder;
+  const Bytes goodImages = imageFile(2, 4, 4);
+  struct Row {
+    std::string name;
+    Bytes bytes;
+    bool images;  // read as images, else as labels
+    std::string fragment;
+  };
+  Bytes trailing = goodImages;
+  trailing.push_back(0);
+  Bytes truncated = goodImages;
+  truncated.resize(truncated.size() - 5);
+  const std::vector<Row> rows = {
+      {"empty", {}, true, "the data is 0 bytes long"},
+      {"short magic", {0, 0, 8}, true, "the data is 3 bytes long"},
+      {"not idx", idxHeader(0x12345678, {1, 1, 1}), true, "expected the IDX magic 0x00000803"},
+      {"float data", idxHeader(0x00000d03, {1, 1, 1}), true, "IDX data type 0x0d (float32) is not supported"},
+      {"labels read as images", labelFile({1, 2}), true, "found 1 dimension (magic 0x00000801)"},
+      {"images read as labels", goodImages, false, "expected a label file with 1 dimension"},
+      {"truncated header", Bytes(goodImages.begin(), goodImages.begin() + 10), true,
+       "the header is truncated"},
+      {"zero count", idxHeader(0x00000803, {0, 28, 28}), true, "dimension 0 (count) at byte offset 4 is 0"},
+      {"zero rows", idxHeader(0x00000803, {5, 0, 28}), true, "dimension 1 (rows) at byte offset 8 is 0"},
+      {"zero cols", idxHeader(0x00000803, {5, 28, 0}), true, "dimension 2 (cols) at byte offset 12 is 0"},
+      {"zero labels", idxHeader(0x00000801, {0}), false, "dimension 0 (count) at byte offset 4 is 0"},
+      {"overflow", idxHeader(0x00000803, {0xffffffff, 0xffffffff, 0xffffffff}), true, "overflows 64 bits"},
+      {"over the limit", idxHeader(0x00000803, {0x10000, 0x1000, 0x1000}), true,
+       "65536 images of 4096x4096 pixels = 1099511627776 bytes of data, more than the limit of 1073741824"},
+      {"truncated data", truncated, true,
+       "the header declares 32 bytes of data after the 16-byte header, but the data ends at byte offset 43 "
+       "after 27 of them"},
+      {"trailing bytes", trailing, true, "unexpected bytes after the last item"},
+      {"label out of range", labelFile({1, 10, 2}), false,
+       "label 10 of sample 1 (byte offset 9) is outside 0..9"},
+  };
+  for (const Row& row : rows) {
+    CAPTURE(row.name);
+    const std::string path = writeRaw(folder.file("bad"), row.bytes);
+    if (row.images) {
+      expectIoError([&] { readIdxImages(path); }, ErrorCode::CorruptDataset, path, row.fragment);
+    } else {
+      expectIoError([&] { readIdxLabels(path); }, ErrorCode::CorruptDataset, path, row.fragment);
+    }
+  }
+}
+
+TEST_CASE("damaged gzip streams are CorruptDataset errors") {
+  TempFolder folder;
+  const Bytes images = imageFile(20, 28, 28);
+  const Bytes gz = readBytes(writeGzip(folder.file("good"), images));
+  REQUIRE(gz.size() > 64);
+
+  Bytes flipped = gz;
+  for (std::size_t i = 20; i < 40; ++i) flipped[i] ^= 0x5a;
+  Bytes badCrc = gz;
+  badCrc[gz.size() - 6] ^= 0xff;  // the CRC-32 is in the last 8 bytes
+  Bytes truncated(gz.begin(), gz.begin() + static_cast<std::ptrdiff_t>(gz.size() - 4));
+  Bytes garbage = gz;
+  garbage.push_back('x');
+  garbage.push_back('y');
+  const Bytes header(gz.begin(), gz.begin() + 5);
+
+  struct Row {
+    std::string name;
+    Bytes bytes;
+    std::string fragment;
+  };
+  const std::vector<Row> rows = {
+      {"flipped data", flipped, "corrupt gzip stream near compressed byte offset"},
+      {"bad checksum", badCrc, "incorrect data check"},
+      {"truncated stream", truncated, "the gzip stream is truncated"},
+      {"only a header", header, "the gzip stream is truncated"},
+      {"garbage after the stream", garbage,
+       "unexpected bytes after the end of the gzip stream at compressed byte"},
+  };
+  for (const Row& row : rows) {
+    CAPTURE(row.name);
+    const std::string path = writeRaw(folder.file("bad.gz"), row.bytes);
+    expectIoError([&] { readIdxImages(path); }, ErrorCode::CorruptDataset, path, row.fragment);
+  }
+}
+
+TEST_CASE("the size limit is checked before reading the data") {
+  TempFolder folder;
+  const std::string images = writeRaw(folder.file("images"), imageFile(3, 4, 4));
+  CHECK(readIdxImages(images, 48).count == 3);
+  expectIoError([&] { readIdxImages(images, 47); }, ErrorCode::CorruptDataset, images,
+                "3 images of 4x4 pixels = 48 bytes of data, more than the limit of 47");
+  const std::string labels = writeRaw(folder.file("labels"), labelFile({1, 2, 3}));
+  CHECK(readIdxLabels(labels, 10, 3).size() == 3);
+  expectIoError([&] { readIdxLabels(labels, 10, 2); }, ErrorCode::CorruptDataset, labels,
+                "3 labels = 3 bytes of data, more than the limit of 2");
+  // A header that claims a huge, within-limit size but holds no data fails
+  // as truncated, without the reader trusting the claim beyond the limit.
+  const std::string liar = writeRaw(folder.file("liar"), idxHeader(0x00000803, {1000, 28, 28}));
+  expectIoError([&] { readIdxImages(liar); }, ErrorCode::CorruptDataset, liar, "the file is truncated");
+}
+
+TEST_CASE("labels are checked against the number of classes") {
+  TempFolder folder;
+  const std::string path = writeRaw(folder.file("labels"), labelFile({0, 1, 2, 3}));
+  CHECK(readIdxLabels(path, 4).size() == 4);
+  expectIoError([&] { readIdxLabels(path, 3); }, ErrorCode::CorruptDataset, path,
+                "label 3 of sample 3 (byte offset 11) is outside 0..2");
+}
+
+TEST_CASE("images and labels must have the same count") {
+  TempFolder folder;
+  const std::string images = writeRaw(folder.file("images"), imageFile(3, 28, 28));
+  const std::string labels = writeRaw(folder.file("labels"), labelFile({1, 2}));
+  expectIoError([&] { readIdxSplit(images, labels); }, ErrorCode::CorruptDataset, labels,
+                fmt::format("holds 2 labels but {} holds 3 images", images));
+}
+
+TEST_CASE("missing or unreadable files are FileUnreadable errors with the reason") {
+  TempFolder folder;
+  const std::string missing = folder.file("nothing-here");
+  expectIoError([&] { readIdxImages(missing); }, ErrorCode::FileUnreadable, missing,
+                "No such file or directory");
+  expectIoError([&] { readIdxLabels(missing); }, ErrorCode::FileUnreadable, missing,
+                "No such file or directory");
+  expectIoError([&] { readIdxImages(folder.str()); }, ErrorCode::FileUnreadable, folder.str(),
+                "Is a directory");
+}
+
+TEST_CASE("loadDataset reads IDX folders, raw or gzip'd") {
+  for (const bool gzip : {false, true}) {
+    CAPTURE(gzip);
+    TempFolder folder;
+    writeIdxDataset(folder, gzip);
+    for (const DatasetKind kind : {DatasetKind::FashionMnist, DatasetKind::Mnist}) {
+      CAPTURE(toString(kind));
+      DataConfig config;
+      config.dataset = kind;
+      config.path = folder.str();
+      const Dataset dataset = loadDataset(config);
+      CHECK(dataset.train.count == 5);
+      CHECK(dataset.test.count == 3);
+      CHECK(dataset.train.images.size() == 5 * 784);
+      CHECK(dataset.train.labels == std::vector<int32_t>{3, 1, 4, 1, 5});
+      CHECK(dataset.test.labels == std::vector<int32_t>{9, 2, 6});
+      CHECK(dataset.source == fmt::format("{} from {}", toString(kind), folder.str()));
+      CHECK(dataset.notice.empty());
+
+      config.limitTrainSamples = 2;
+      config.limitTestSamples = 100;  // more than there are: all of them
+      const Dataset limited = loadDataset(config);
+      CHECK(limited.train.count == 2);
+      CHECK(limited.train.labels == std::vector<int32_t>{3, 1});
+      CHECK(limited.train.images ==
+            std::vector<float>(dataset.train.images.begin(), dataset.train.images.begin() + 2 * 784));
+      CHECK(limited.test.count == 3);
+    }
+  }
+}
+
+TEST_CASE("loadDataset rejects folders without the IDX files it was asked for") {
+  TempFolder empty;
+  TempFolder partial;
+  writeRaw(partial.file("train-images-idx3-ubyte"), imageFile(1, 28, 28));
+  struct Row {
+    DatasetKind kind;
+    std::string path;
+    std::string fragment;
+  };
+  const std::vector<Row> rows = {
+      {DatasetKind::Mnist, "", "the mnist dataset needs a path to its IDX files"},
+      {DatasetKind::Mnist, empty.str(), "missing train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz]"},
+      {DatasetKind::Mnist, partial.str(),
+       "missing train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz]"},
+      {DatasetKind::FashionMnist, empty.str(), "the fashion-mnist IDX files are not in"},
+  };
+  for (const Row& row : rows) {
+    CAPTURE(row.path);
+    DataConfig config;
+    config.dataset = row.kind;
+    config.path = row.path;
+    expectError<ConfigError>([&] { loadDataset(config); }, ErrorCode::InvalidData, "/data/path",
+                             row.fragment);
+  }
+}
+
+TEST_CASE("loadDataset passes on damage in the files instead of falling back") {
+  TempFolder folder;
+  writeIdxDataset(folder, false);
+  const std::string labels = writeRaw(folder.file("t10k-labels-idx1-ubyte"), labelFile({1, 2}));
+  DataConfig config;
+  config.path = folder.str();
+  expectIoError([&] { loadDataset(config); }, ErrorCode::CorruptDataset, labels, "holds 2 labels");
+
+  writeRaw(folder.file("t10k-labels-idx1-ubyte"), labelFile({1, 2, 3}));
+  const std::string images = writeRaw(folder.file("t10k-images-idx3-ubyte"), imageFile(3, 32, 32));
+  expectIoError([&] { loadDataset(config); }, ErrorCode::CorruptDataset, images,
+                "images are 32x32 pixels but MNIST-style datasets have 28x28");
+}
+
+TEST_CASE("without Fashion-MNIST installed, the synthetic set stands in with a notice") {
+  TempFolder folder;
+  const std::string absent = folder.file("not-installed");
+  DataConfig config;
+  config.seed = 3;
+  config.limitTrainSamples = 50;
+  config.limitTestSamples = 20;
+  const Dataset dataset = loadDataset(config, absent);
+  CHECK(dataset.source == "synthetic (seed 3)");
+  CHECK(dataset.train.count == 50);
+  CHECK(dataset.test.count == 20);
+  CHECK(dataset.notice.find(fmt::format("looked in {} for train-images-idx3-ubyte[.gz]", absent)) !=
+        std::string::npos);
+  CHECK(dataset.notice.find("apt-get install dataset-fashion-mnist") != std::string::npos);
+
+  config.dataset = DatasetKind::Synthetic;
+  const Dataset synthetic = loadDataset(config);
+  CHECK(synthetic.notice.empty());
+  CHECK(synthetic.train.images == dataset.train.images);
+  CHECK(synthetic.train.labels == dataset.train.labels);
+}
+
+TEST_CASE("Fashion-MNIST from the dataset-fashion-mnist package") {
+  DataConfig config;
+  const Dataset dataset = loadDataset(config);
+  if (std::filesystem::exists(std::string(kFashionMnistFolder))) {
+    CHECK(dataset.notice.empty());
+    CHECK(dataset.source == fmt::format("fashion-mnist from {}", kFashionMnistFolder));
+    CHECK(dataset.train.count == 60000);
+    CHECK(dataset.test.count == 10000);
+    for (const DatasetSplit* split : {&dataset.train, &dataset.test}) {
+      CHECK(split->rows == 28);
+      CHECK(split->cols == 28);
+      CHECK(split->images.size() == static_cast<std::size_t>(split->count * 784));
+      CHECK(split->labels.size() == static_cast<std::size_t>(split->count));
+      const auto [low, high] = std::minmax_element(split->labels.begin(), split->labels.end());
+      CHECK(*low == 0);
+      CHECK(*high == 9);
+      const auto [dark, bright] = std::minmax_element(split->images.begin(), split->images.end());
+      CHECK(*dark == 0.0f);
+      CHECK(*bright == 1.0f);
+    }
+    // Fashion-MNIST is balanced: 6000 training samples per class.
+    std::array<int64_t, 10> perClass{};
+    for (const int32_t label : dataset.train.labels) ++perClass[static_cast<std::size_t>(label)];
+    CHECK(perClass == std::array<int64_t, 10>{6000, 6000, 6000, 6000, 6000, 6000, 6000, 6000, 6000, 6000});
+  } else {
+    CHECK(dataset.source == fmt::format("synthetic (seed {})", config.seed));
+    CHECK(dataset.notice.find("apt-get install dataset-fashion-mnist") != std::string::npos);
+    CHECK(dataset.train.count == kSyntheticTrainSamples);
+  }
+}
+
+TEST_CASE("the synthetic set is deterministic per seed and learnable") {
+  const Dataset full = makeSyntheticDataset(7);
+  CHECK(full.train.count == 60000);
+  CHECK(full.test.count == 10000);
+  CHECK(full.train.images.size() == 60000u * 784u);
+  CHECK(full.source == "synthetic (seed 7)");
+  CHECK(std::all_of(full.train.images.begin(), full.train.images.end(),
+                    [](float p) { return p >= 0.0f && p <= 1.0f; }));
+
+  const Dataset same = makeSyntheticDataset(7, 1000, 500);
+  CHECK(same.train.labels ==
+        std::vector<int32_t>(full.train.labels.begin(), full.train.labels.begin() + 1000));
+  CHECK(same.train.images ==
+        std::vector<float>(full.train.images.begin(), full.train.images.begin() + 1000 * 784));
+  CHECK(same.test.labels == std::vector<int32_t>(full.test.labels.begin(), full.test.labels.begin() + 500));
+  const Dataset other = makeSyntheticDataset(8, 1000, 500);
+  CHECK(other.train.images != same.train.images);
+  CHECK(other.train.labels != same.train.labels);
+  // Train and test are different samples of the same classes.
+  CHECK(std::vector<float>(full.test.images.begin(), full.test.images.begin() + 784) !=
+        std::vector<float>(full.train.images.begin(), full.train.images.begin() + 784));
+
+  // Every class occurs, roughly equally often.
+  std::array<int64_t, 10> perClass{};
+  for (const int32_t label : full.train.labels) ++perClass[static_cast<std::size_t>(label)];
+  for (const int64_t n : perClass) CHECK((n > 5500 && n < 6500));
+
+  // Learnable: the class means of the training set classify the test set.
+  std::vector<double> means(10 * 784, 0.0);
+  for (int64_t i = 0; i < full.train.count; ++i) {
+    const auto label = static_cast<std::size_t>(full.train.labels[static_cast<std::size_t>(i)]);
+    for (std::size_t p = 0; p < 784; ++p)
+      means[label * 784 + p] +=
+          full.train.images[static_cast<std::size_t>(i) * 784 + p] / static_cast<double>(perClass[label]);
+  }
+  int64_t correct = 0;
+  for (int64_t i = 0; i < full.test.count; ++i) {
+    std::size_t best = 0;
+    double bestDistance = 1e300;
+    for (std::size_t c = 0; c < 10; ++c) {
+      double distance = 0.0;
+      for (std::size_t p = 0; p < 784; ++p) {
+        const double d = full.test.images[static_cast<std::size_t>(i) * 784 + p] - means[c * 784 + p];
+        distance += d * d;
+      }
+      if (distance < bestDistance) {
+        bestDistance = distance;
+        best = c;
+      }
+    }
+    correct += static_cast<int32_t>(best) == full.test.labels[static_cast<std::size_t>(i)];
+  }
+  CHECK(correct > 9000);
+}
+
+TEST_CASE("loadDataset's synthetic set honours the limits") {
+  DataConfig config;
+  config.dataset = DatasetKind::Synthetic;
+  config.seed = 11;
+  config.limitTrainSamples = 640;
+  const Dataset dataset = loadDataset(config);
+  CHECK(dataset.train.count == 640);
+  CHECK(dataset.test.count == kSyntheticTestSamples);
+  CHECK(dataset.train.labels == makeSyntheticDataset(11, 640, 0).train.labels);
+
+  config.limitTestSamples = -1;
+  expectError<ConfigError>([&] { loadDataset(config); }, ErrorCode::OutOfRange, "/data/limitTestSamples",
+                           "limitTestSamples is -1; it must be >= 0");
+}
+
+TEST_CASE("epoch orders are deterministic permutations, reshuffled every epoch") {
+  const std::vector<int64_t> order = epochOrder(1000, 42, 0, true);
+  CHECK(isPermutation(order));
+  CHECK(order == epochOrder(1000, 42, 0, true));
+  CHECK(order != epochOrder(1000, 42, 1, true));
+  CHECK(order != epochOrder(1000, 43, 0, true));
+  std::vector<int64_t> identity(1000);
+  std::iota(identity.begin(), identity.end(), 0);
+  CHECK(order != identity);
+  CHECK(epochOrder(1000, 42, 3, false) == identity);
+  for (const int64_t epoch : {1, 2, 5}) CHECK(isPermutation(epochOrder(1000, 42, epoch, true)));
+  CHECK(epochOrder(0, 1, 0, true).empty());
+  CHECK(epochOrder(1, 1, 0, true) == std::vector<int64_t>{0});
+
+  // The span overload fills the caller's buffer the same way.
+  std::vector<int64_t> buffer(1000, -1);
+  fillEpochOrder(buffer, 42, 0, true);
+  CHECK(buffer == order);
+
+  // Pinned values, also computed by an independent implementation of the
+  // same steps: the order must not change between standard libraries or releases.
+  CHECK(epochOrder(10, 0, 0, true) == std::vector<int64_t>{6, 5, 2, 4, 8, 3, 7, 1, 0, 9});
+  CHECK(epochOrder(10, 42, 3, true) == std::vector<int64_t>{2, 3, 6, 1, 5, 4, 0, 8, 9, 7});
+
+  // Every position is about equally likely to receive every sample.
+  std::array<std::array<int, 4>, 4> counts{};
+  for (int64_t epoch = 0; epoch < 4000; ++epoch) {
+    const std::vector<int64_t> small = epochOrder(4, 9, epoch, true);
+    for (std::size_t p = 0; p < 4; ++p) ++counts[p][static_cast<std::size_t>(small[p])];
+  }
+  for (const auto& row : counts)
+    for (const int n : row) CHECK((n > 850 && n < 1150));
+
+  expectError<ConfigError>([] { epochOrder(-1, 0, 0, true); }, ErrorCode::OutOfRange, "epochOrder",
+                           "numSamples is -1");
+}
+
+TEST_CASE("instance ranges split the epoch the way PopTorch does, dropping the remainder") {
+  struct Row {
+    int64_t samples, step, instances;
+    int64_t perInstance;
+  };
+  const std::vector<Row> rows = {
+      {60000, 64, 1, 59968},                       // 937 steps of 64
+      {60000, 64, 2, 29952},                       // 468 steps each
+      {60000, 64, 4, 14976},                       // 234 steps each
+      {60000, 128, 3, 19968}, {1000, 10, 4, 250},  // exact: nothing dropped
+      {1000, 300, 4, 0},                           // less than one step per instance
+      {7, 1, 3, 2},           {0, 8, 2, 0},       {12, 12, 1, 12},
+  };
+  for (const Row& row : rows) {
+    CAPTURE(row.samples);
+    CAPTURE(row.step);
+    CAPTURE(row.instances);
+    int64_t expectedOffset = 0;
+    for (int64_t index = 0; index < row.instances; ++index) {
+      const SampleRange range = instanceRange(row.samples, row.step, row.instances, index);
+      CHECK(range == SampleRange{expectedOffset, row.perInstance});
+      CHECK(range.count % row.step == 0);
+      CHECK(range.offset + range.count <= row.samples);
+      expectedOffset += range.count;
+    }
+    // The dropped remainder is less than one global step.
+    CHECK(row.samples - expectedOffset < row.step * row.instances);
+  }
+
+  struct BadRow {
+    int64_t samples, step, instances, index;
+    std::string fragment;
+  };
+  const std::vector<BadRow> bad = {
+      {-1, 1, 1, 0, "numSamples is -1"},     {10, 0, 1, 0, "stepSamples is 0; it must be >= 1"},
+      {10, 1, 0, 0, "numInstances is 0"},    {10, 1, 2, 2, "instanceIndex is 2; it must be in [0, 2)"},
+      {10, 1, 2, -1, "instanceIndex is -1"},
+  };
+  for (const BadRow& row : bad) {
+    CAPTURE(row.fragment);
+    expectError<ConfigError>([&] { instanceRange(row.samples, row.step, row.instances, row.index); },
+                             ErrorCode::OutOfRange, "instanceRange", row.fragment);
+  }
+}
+
+TEST_CASE("fillBatch copies a run of the epoch order into host buffers") {
+  const Dataset dataset = makeSyntheticDataset(5, 100, 0);
+  const DatasetSplit& train = dataset.train;
+  const std::vector<int64_t> order = epochOrder(train.count, 5, 0, true);
+  std::vector<float> images(4 * 784, -1.0f);
+  std::vector<int32_t> labels(4, -1);
+  fillBatch(train, order, 10, images, labels);
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto sample = static_cast<std::size_t>(order[10 + i]);
+    CHECK(labels[i] == train.labels[sample]);
+    CHECK(std::equal(images.begin() + static_cast<std::ptrdiff_t>(i * 784),
+                     images.begin() + static_cast<std::ptrdiff_t>((i + 1) * 784),
+                     train.images.begin() + static_cast<std::ptrdiff_t>(sample * 784)));
+  }
+  // The last positions of the order, exactly.
+  fillBatch(train, order, 96, images, labels);
+  CHECK(labels[3] == train.labels[static_cast<std::size_t>(order[99])]);
+
+  std::vector<float> small(3 * 784);
+  expectError<GraphError>([&] { fillBatch(train, order, 0, small, labels); }, ErrorCode::HostShapeMismatch,
+                          "fillBatch",
+                          "the images buffer holds 2352 floats but 4 samples of 28x28 need 3136");
+  expectError<ConfigError>([&] { fillBatch(train, order, 97, images, labels); }, ErrorCode::OutOfRange,
+                           "fillBatch", "positions 97..101 are outside the order of 100 samples");
+  expectError<ConfigError>([&] { fillBatch(train, order, -1, images, labels); }, ErrorCode::OutOfRange,
+                           "fillBatch", "positions -1..3");
+  const std::vector<int64_t> wrong = {0, 1, 100, 2};
+  expectError<ConfigError>([&] { fillBatch(train, wrong, 0, images, labels); }, ErrorCode::OutOfRange,
+                           "fillBatch", "order[2] is 100 but the split has 100 samples");
+}

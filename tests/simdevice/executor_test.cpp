@@ -1,0 +1,576 @@
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <functional>
+#include <new>
+#include <set>
+#include <string>
+
+#include "device_checks.hpp"
+#include "tessera/autodiff.hpp"
+#include "tessera/ops.hpp"
+#include "test_support.hpp"
+
+// Counts every allocation of the test program, to check that running a
+// loaded program allocates nothing. GCC pairs the inlined replacement
+// operators with malloc/free and warns about a mismatch that is not one.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+namespace {
+std::atomic<int64_t> allocations{0};
+}  // namespace
+
+void* operator new(std::size_t size) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+using namespace tessera;
+using test::ReferenceEvaluator;
+
+namespace {
+
+// The sources every case can use, on R replicas: per-replica inputs, a
+// shared weight and weights grouped as (R,1,2) and (R,2,2) when R allows.
+struct Sources {
+  Graph* graph = nullptr;
+  int64_t replicas = 1;
+  Tensor x;       // input [3, 4]
+  Tensor y;       // input [3, 5]
+  Tensor x3;      // input [2, 3, 4]
+  Tensor labels;  // input int32 [3]
+  Tensor w;       // shared [4, 5]
+  Tensor wT;      // shared [5, 4]
+  Tensor wg1;     // grouped (R,1,2) [4, 5]
+  Tensor wg2;     // grouped (R,2,2) [4, 5]
+  Tensor bias;    // shared [5]
+  Tensor vg1;     // grouped (R,1,2) [4]
+  Tensor vg2;     // grouped (R,2,2) [4]
+};
+
+std::optional<ReplicaGrouping> groupingOrAll(int64_t replicas, int64_t stride, int64_t size) {
+  if (replicas < stride * size) return std::nullopt;
+  return ReplicaGrouping(replicas, stride, size);
+}
+
+std::vector<float> hostData(std::optional<ReplicaGrouping> grouping, std::size_t elements, uint64_t seed) {
+  const std::size_t groups = grouping ? static_cast<std::size_t>(grouping->numGroups()) : 1;
+  return test::pseudoRandom((groups > 1 ? groups : 1) * elements, seed);
+}
+
+Sources makeSources(Graph& g) {
+  Sources s;
+  s.graph = &g;
+  s.replicas = g.replicationFactor();
+  s.x = ops::input(g, "x", {3, 4});
+  s.y = ops::input(g, "y", {3, 5});
+  s.x3 = ops::input(g, "x3", {2, 3, 4});
+  s.labels = ops::input(g, "labels", {3}, DType::Int32);
+  s.w = ops::variable(g, "w", test::pseudoRandom(20, 1), {4, 5});
+  s.wT = ops::variable(g, "wT", test::pseudoRandom(20, 2), {5, 4});
+  const auto g1 = groupingOrAll(s.replicas, 1, 2);
+  const auto g2 = groupingOrAll(s.replicas, 2, 2);
+  s.wg1 = ops::variable(g, "wg1", hostData(g1, 20, 3), {4, 5}, g1);
+  s.wg2 = ops::variable(g, "wg2", hostData(g2, 20, 4), {4, 5}, g2);
+  s.bias = ops::variable(g, "bias", test::pseudoRandom(5, 5), {5});
+  s.vg1 = ops::variable(g, "vg1", hostData(g1, 4, 6), {4}, g1);
+  s.vg2 = ops::variable(g, "vg2", hostData(g2, 4, 7), {4}, g2);
+  return s;
+}
+
+Tensor make(Graph& g, OpKind kind, std::vector<Tensor> inputs, OpAttributes attributes = {}) {
+  std::vector<TensorId> ids;
+  for (const Tensor& t : inputs) ids.push_back(t.id());
+  return {&g, g.op(g.addOp(kind, ids, std::move(attributes))).outputs[0]};
+}
+
+struct Case {
+  std::string name;
+  std::function<void(Sources&)> build;
+};
+
+// Every op kind appears in at least one case (checked below).
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      {"matmul with shared, grouped and batched operands",
+       [](Sources& s) {
+         ops::matmul(s.x, s.w);
+         ops::matmul(s.x, s.wg1);
+         ops::matmul(s.x, s.wg2);
+         ops::matmul(s.x3, s.w);
+         ops::matmul(ops::transpose(s.wg1), ops::transpose(s.wT));
+       }},
+      {"matmul with transposed operands",
+       [](Sources& s) {
+         ops::matmul(ops::transpose(s.x), s.y);
+         ops::matmul(s.y, ops::transpose(s.wg2));
+         ops::matmul(s.y, ops::transpose(s.w));
+         const Tensor t = ops::transpose(s.x);
+         ops::matmul(t, s.y);
+         ops::neg(t);
+       }},
+      {"elementwise with broadcasting and mixed layouts",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const Tensor h = ops::matmul(s.x, s.w);
+         ops::add(h, s.bias);
+         ops::sub(s.x, s.vg1);
+         ops::mul(s.vg1, s.vg2);
+         ops::add(s.wg1, s.wg2);
+         ops::sub(ops::scalar(g, 2.0), s.wg1);
+         ops::div(s.x, ops::add(ops::exp(s.x), ops::scalar(g, 0.5)));
+         ops::mul(s.x3, s.vg2);
+         ops::add(ops::reshape(s.vg1, {4, 1}), s.vg2);
+       }},
+      {"unary functions",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         ops::neg(s.x);
+         ops::relu(s.x);
+         ops::gelu(s.x);
+         ops::tanh(s.x);
+         ops::sigmoid(s.wg2);
+         ops::exp(s.x);
+         ops::log(ops::add(ops::exp(s.x), ops::scalar(g, 1.0)));
+         ops::sqrt(ops::exp(s.wg1));
+       }},
+      {"softmax, cross entropy and argmax",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const Tensor logits = ops::mul(ops::matmul(s.x, s.wg1), ops::scalar(g, 30.0));
+         ops::softmax(logits);
+         ops::logSoftmax(logits);
+         ops::softmax(s.x3);
+         ops::argmax(logits);
+         const Tensor loss = ops::softmaxCrossEntropy(logits, s.labels, ReductionType::Mean);
+         ops::softmaxCrossEntropy(logits, s.labels, ReductionType::Sum);
+         OpAttributes mean;
+         mean.reduction = ReductionType::Mean;
+         make(g, OpKind::SoftmaxCrossEntropyGrad, {ops::mul(loss, ops::scalar(g, 3.0)), logits, s.labels},
+              mean);
+         OpAttributes sum;
+         make(g, OpKind::SoftmaxCrossEntropyGrad, {ops::scalar(g, 1.0), logits, s.labels}, sum);
+       }},
+      {"reductions and broadcasts",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         ops::reduceSum(s.x3);
+         ops::reduceSum(s.x3, {0, 2});
+         ops::reduceSum(s.x3, {1}, true);
+         ops::reduceMean(s.x3, {-1});
+         ops::reduceMean(s.wg2, {0}, true);
+         ops::broadcastTo(s.vg1, {3, 4});
+         ops::broadcastTo(s.bias, {2, 3, 5});
+         OpAttributes toShape;
+         toShape.shape = {3, 1};
+         make(g, OpKind::ReduceToShape, {s.x}, toShape);
+         OpAttributes toVector;
+         toVector.shape = {4};
+         make(g, OpKind::ReduceToShape, {s.x3}, toVector);
+       }},
+      {"reshape, transpose, slice, concat and pads",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         ops::reshape(s.x3, {4, -1});
+         ops::transpose(s.x3, {2, 0, 1});
+         ops::transpose(s.x3);
+         ops::slice(s.x3, {0, 1, 1}, {2, 3, 3});
+         ops::slice(s.wg1, {1, 0}, {3, 5});
+         ops::concat({s.x, ops::transpose(s.wg1), ops::transpose(s.wg2)}, 0);
+         ops::concat({s.y, s.x}, 1);
+         OpAttributes pad;
+         pad.shape = {4, 6};
+         pad.starts = {1, 1};
+         pad.ends = {4, 5};
+         make(g, OpKind::SlicePad, {s.x}, pad);
+       }},
+      {"gradient helpers",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         make(g, OpKind::ReluGrad, {s.y, ops::sub(s.y, ops::matmul(s.x, s.wg2))});
+         make(g, OpKind::GeluGrad, {s.y, ops::matmul(s.x, s.wg2)});
+       }},
+      {"in-place updates, copies and refined layouts",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const Tensor before = ops::copy(s.w);
+         ops::scaledAddInplace(s.w, ops::matmul(ops::transpose(s.x), s.y), 0.5, -0.1);
+         ops::matmul(s.x, s.w);
+         ops::scaledAddInplace(s.wg1, s.bias, 1.0, 2.0);
+         const Tensor acc = ops::variable(g, "acc", std::vector<float>(4, 0.0f), {4});
+         ops::copyInplace(acc, s.vg2);
+         ops::copyInplace(s.wT, ops::transpose(s.wg2));
+         ops::add(before, s.w);
+       }},
+      {"collectives over every replica and over groups",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const auto g1 = groupingOrAll(s.replicas, 1, 2);
+         const auto g2 = groupingOrAll(s.replicas, 2, 2);
+         ops::replicatedAllReduce(s.x, ReductionType::Sum);
+         ops::replicatedAllReduce(s.x, ReductionType::Mean, g2);
+         ops::replicatedAllReduce(s.w, ReductionType::Sum, g1);
+         ops::replicatedAllReduce(s.wg1, ReductionType::Mean, g2);
+         const Tensor shard = ops::replicatedReduceScatter(s.x3, ReductionType::Mean, g1);
+         ops::replicatedAllGather(shard, g1);
+         const Tensor own = ops::replicaShardedSlice(s.y, g2);
+         OpAttributes pad;
+         pad.grouping = g2;
+         make(g, OpKind::ReplicaShardedPad, {own}, pad);
+         const ShardedVariable sharded =
+             ops::replicaShardedVariable(g, "sharded", test::pseudoRandom(30, 8), {5, 6});
+         ops::add(ops::replicatedAllGather(sharded.shard), ops::scalar(g, 1.0));
+         const Tensor z = ops::input(g, "z", {5, 6});
+         ops::scaledAddInplace(sharded.shard, ops::replicatedReduceScatter(z, ReductionType::Mean), 1.0,
+                               -0.5);
+         ops::replicatedAllGather(sharded.shard);
+       }},
+      {"remote buffers",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const RemoteBuffer buffer = ops::remoteBuffer(g, {3, 4}, DType::Float32, 2);
+         ops::remoteStore(g, buffer, 1, ops::mul(s.x, s.x));
+         const Tensor loaded = ops::remoteLoad(g, buffer, 1);
+         ops::add(loaded, s.vg1);
+         ops::remoteStore(g, buffer, 0, ops::broadcastTo(s.vg2, {3, 4}));
+         ops::remoteLoad(g, buffer, 0);
+       }},
+  };
+  return all;
+}
+
+void checkAgainstOracle(const Graph& graph, ExecutionMode mode) {
+  const auto feeds = test::makeFeeds(graph, 5, 11);
+  test::DeviceRun device = test::loadOnDevice(graph, mode);
+  ReferenceEvaluator oracle(graph);
+  test::feedOracle(oracle, graph, feeds);
+  // Twice, so that in-place state and remote buffers carry over.
+  for (int step = 0; step < 2; ++step) {
+    test::runDevice(*device.executable, feeds);
+    oracle.run();
+  }
+  CHECK(test::compareAll(*device.executable, graph, oracle) > 0);
+}
+
+}  // namespace
+
+TEST_CASE("every op kind: vectorized and per-replica execution agree with the double reference") {
+  std::set<OpKind> seen;
+  for (const Case& c : cases()) {
+    for (int64_t replicas : {int64_t{1}, int64_t{4}}) {
+      Graph g(replicas);
+      Sources s = makeSources(g);
+      c.build(s);
+      for (const OpNode& op : g.ops()) seen.insert(op.kind);
+      for (ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {
+        INFO(c.name << ", R = " << replicas << ", " << toString(mode));
+        checkAgainstOracle(g, mode);
+      }
+    }
+  }
+  for (const auto& entry : EnumNames<OpKind>::kNames) {
+    INFO(entry.second);
+    CHECK(seen.contains(entry.first));
+  }
+}
+
+TEST_CASE("layouts: inputs per replica, variables by grouping, ops take the finest of their inputs") {
+  Graph g(4);
+  Sources s = makeSources(g);
+  const Tensor h = ops::matmul(s.x, s.w);
+  const Tensor grouped = ops::mul(s.vg1, s.vg1);
+  const Tensor mixed = ops::add(s.vg1, s.vg2);
+  const Tensor coarse = ops::add(ops::scalar(g, 1.0), s.vg1);
+  const Tensor reduced = ops::replicatedAllReduce(h, ReductionType::Sum);
+  const Tensor groupReduced = ops::replicatedAllReduce(h, ReductionType::Sum, ReplicaGrouping(4, 2, 2));
+  const Tensor sharedReduced = ops::replicatedAllReduce(s.w, ReductionType::Mean, ReplicaGrouping(4, 1, 2));
+  const ShardedVariable sharded =
+      ops::replicaShardedVariable(g, "sharded", test::pseudoRandom(30, 1), {30}, std::nullopt, 2);
+  const Tensor gathered = ops::replicatedAllGather(sharded.shard, ReplicaGrouping(4, 1, 2));
+  test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized);
+  const Executable& e = *device.executable;
+  const ReplicaGrouping perReplica(4, 1, 1);
+  const ReplicaGrouping shared(4);
+  struct Row {
+    Tensor tensor;
+    ReplicaGrouping layout;
+  };
+  const std::vector<Row> table = {
+      {s.x, perReplica},
+      {s.w, shared},
+      {s.wg1, ReplicaGrouping(4, 1, 2)},
+      {s.wg2, ReplicaGrouping(4, 2, 2)},
+      {h, perReplica},
+      {grouped, ReplicaGrouping(4, 1, 2)},
+      {mixed, perReplica},
+      {coarse, ReplicaGrouping(4, 1, 2)},
+      {reduced, shared},
+      {groupReduced, ReplicaGrouping(4, 2, 2)},
+      {sharedReduced, shared},
+      // Member m holds shard m mod 2: replicas 0 and 2, 1 and 3 hold one value.
+      {sharded.shard, ReplicaGrouping(4, 2, 2)},
+      {gathered, shared},
+  };
+  for (const Row& row : table) {
+    INFO(row.tensor.name());
+    CHECK(e.layout(row.tensor.id()) == row.layout);
+  }
+  test::DeviceRun reference = test::loadOnDevice(g, ExecutionMode::PerReplicaReference);
+  for (const Row& row : table) CHECK(reference.executable->layout(row.tensor.id()) == perReplica);
+}
+
+TEST_CASE("an in-place update with a per-replica value makes the variable's storage per replica") {
+  Graph g(4);
+  const Tensor x = ops::input(g, "x", {2});
+  const Tensor w = ops::variable(g, "w", {1.0f, 2.0f}, {2});
+  const Tensor before = ops::mul(w, w);
+  ops::scaledAddInplace(w, x, 1.0, 1.0);
+  test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized);
+  CHECK(device.executable->layout(w.id()) == ReplicaGrouping(4, 1, 1));
+  CHECK(device.executable->layout(before.id()) == ReplicaGrouping(4, 1, 1));
+}
+
+TEST_CASE("a per-replica GEMM against a shared weight is one kernel call over the stacked replicas") {
+  Graph g(4);
+  const Tensor x = ops::input(g, "x", {8, 16});
+  const Tensor w = ops::variable(g, "w", test::pseudoRandom(16 * 4, 3), {16, 4});
+  ops::matmul(x, w);
+  test::DeviceRun vectorized = test::loadOnDevice(g, ExecutionMode::Vectorized);
+  CHECK(vectorized.sim->stats().steps == 2);
+  CHECK(vectorized.sim->stats().kernelRuns == 2);
+  test::DeviceRun reference = test::loadOnDevice(g, ExecutionMode::PerReplicaReference);
+  CHECK(reference.sim->stats().kernelRuns == 1 + 4);
+}
+
+namespace {
+
+// sum over replicas of x_r^T dy_r, reduced over `grouping`.
+struct GradientProgram {
+  Graph graph;
+  Tensor product;
+  Tensor reduced;
+};
+
+GradientProgram gradientProgram(int64_t replicas, ReductionType reduction,
+                                std::optional<ReplicaGrouping> grouping) {
+  GradientProgram p{Graph(replicas), {}, {}};
+  const Tensor x = ops::input(p.graph, "x", {6, 5});
+  const Tensor dy = ops::input(p.graph, "dy", {6, 3});
+  p.product = ops::matmul(ops::transpose(x), dy);
+  p.reduced = ops::replicatedAllReduce(p.product, reduction, grouping);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("the gradient GEMM and its all-reduce are fused into one GEMM over the concatenated batch") {
+  struct Row {
+    int64_t replicas;
+    std::optional<ReplicaGrouping> grouping;
+    ReductionType reduction;
+    int64_t fused;  // expected fused GEMMs in the vectorized plan
+  };
+  const std::vector<Row> table = {
+      {4, std::nullopt, ReductionType::Sum, 1},
+      {4, std::nullopt, ReductionType::Mean, 1},
+      {4, ReplicaGrouping(4, 1, 2), ReductionType::Mean, 1},
+      {8, ReplicaGrouping(8, 1, 4), ReductionType::Sum, 1},
+      {1, std::nullopt, ReductionType::Mean, 1},
+      // Members two apart are not consecutive rows of the stacked batch.
+      {4, ReplicaGrouping(4, 2, 2), ReductionType::Sum, 0},
+  };
+  for (const Row& row : table) {
+    INFO("R = " << row.replicas << ", " << (row.grouping ? row.grouping->str() : "all") << ", "
+                << toString(row.reduction));
+    GradientProgram p = gradientProgram(row.replicas, row.reduction, row.grouping);
+    const auto feeds = test::makeFeeds(p.graph, 1, 5);
+    ReferenceEvaluator oracle(p.graph);
+    test::feedOracle(oracle, p.graph, feeds);
+    oracle.run();
+    for (ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {
+      test::DeviceRun device = test::loadOnDevice(p.graph, mode);
+      CHECK(device.sim->stats().fusedGemmAllReduces == (mode == ExecutionMode::Vectorized ? row.fused : 0));
+      test::runDevice(*device.executable, feeds);
+      CHECK(test::compareAll(*device.executable, p.graph, oracle) > 0);
+      for (int64_t r = 0; r < row.replicas; ++r) {
+        CHECK(test::deviceValue(*device.executable, p.graph, p.reduced.id(), r).size() == 15);
+      }
+    }
+  }
+  // The fused product is never stored; reading it says so.
+  GradientProgram p = gradientProgram(4, ReductionType::Sum, std::nullopt);
+  test::DeviceRun device = test::loadOnDevice(p.graph, ExecutionMode::Vectorized);
+  std::vector<float> out(4 * 15);
+  const auto error = test::catchError<DeviceError>([&] { device.executable->read(p.product.id(), out); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::InvalidProgram);
+  CHECK(error->subject() == p.product.name());
+}
+
+namespace {
+
+// A two-layer MLP training step built by hand: forward, autodiff, gradient
+// all-reduce (mean) and an SGD update in place.
+struct Mlp {
+  Graph graph;
+  Tensor x;
+  Tensor labels;
+  std::vector<Tensor> weights;
+  Tensor loss;
+};
+
+Mlp makeMlp(int64_t replicas, int64_t batch) {
+  Mlp m{Graph(replicas), {}, {}, {}, {}};
+  Graph& g = m.graph;
+  m.x = ops::input(g, "x", {batch, 6});
+  m.labels = ops::input(g, "labels", {batch}, DType::Int32);
+  const Tensor w1 = ops::variable(g, "W1", test::pseudoRandom(6 * 8, 21), {6, 8});
+  const Tensor b1 = ops::variable(g, "b1", test::pseudoRandom(8, 22), {8});
+  const Tensor w2 = ops::variable(g, "W2", test::pseudoRandom(8 * 3, 23), {8, 3});
+  const Tensor b2 = ops::variable(g, "b2", test::pseudoRandom(3, 24), {3});
+  m.weights = {w1, b1, w2, b2};
+  const Tensor h = ops::relu(ops::add(ops::matmul(m.x, w1), b1));
+  const Tensor logits = ops::add(ops::matmul(h, w2), b2);
+  m.loss = ops::softmaxCrossEntropy(logits, m.labels, ReductionType::Mean);
+  const std::vector<Tensor> grads = autodiff(g, m.loss, m.weights);
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    const Tensor reduced = ops::replicatedAllReduce(grads[i], ReductionType::Mean);
+    ops::scaledAddInplace(m.weights[i], reduced, 1.0, -0.5);
+  }
+  return m;
+}
+
+// The same 8 rows of data: R replicas get consecutive slices of them.
+std::map<TensorId, std::vector<float>> mlpFeeds(const Mlp& m, int step) {
+  std::vector<float> x = test::pseudoRandom(8 * 6, 100 + static_cast<uint64_t>(step));
+  std::vector<float> labels = test::pseudoRandom(8, 200 + static_cast<uint64_t>(step), 0.0f, 3.0f);
+  for (float& v : labels) v = std::floor(v);
+  return {{m.x.id(), x}, {m.labels.id(), labels}};
+}
+
+std::vector<float> readShared(const Executable& e, const Tensor& t) {
+  std::vector<float> out(static_cast<std::size_t>(e.layout(t.id()).numGroups() * numElements(t.shape())));
+  e.read(t.id(), out);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("an MLP training step on 2 replicas x batch 4 equals 1 replica x batch 8") {
+  Mlp two = makeMlp(2, 4);
+  Mlp one = makeMlp(1, 8);
+  test::DeviceRun onTwo = test::loadOnDevice(two.graph, ExecutionMode::Vectorized);
+  test::DeviceRun onOne = test::loadOnDevice(one.graph, ExecutionMode::Vectorized);
+  test::DeviceRun reference = test::loadOnDevice(two.graph, ExecutionMode::PerReplicaReference);
+  // Both weight gradients are fused GEMM + all-reduce.
+  CHECK(onTwo.sim->stats().fusedGemmAllReduces == 2);
+  CHECK(onTwo.sim->stats().foldedTransposes >= 2);
+  for (int step = 0; step < 3; ++step) {
+    test::runDevice(*onTwo.executable, mlpFeeds(two, step));
+    test::runDevice(*onOne.executable, mlpFeeds(one, step));
+    test::runDevice(*reference.executable, mlpFeeds(two, step));
+  }
+  for (std::size_t i = 0; i < two.weights.size(); ++i) {
+    INFO(two.weights[i].name());
+    // The update keeps every weight shared across replicas.
+    CHECK(onTwo.executable->layout(two.weights[i].id()).numGroups() == 1);
+    const std::vector<float> a = readShared(*onTwo.executable, two.weights[i]);
+    const std::vector<float> b = readShared(*onOne.executable, one.weights[i]);
+    const std::vector<float> c = readShared(*reference.executable, two.weights[i]);
+    REQUIRE(a.size() == b.size());
+    REQUIRE(c.size() == 2 * a.size());
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      CHECK(test::close(a[k], b[k], 1e-6));
+      CHECK(test::close(c[k], b[k], 1e-6));
+      CHECK(test::close(c[a.size() + k], b[k], 1e-6));
+    }
+  }
+  // And the weights did move.
+  CHECK_FALSE(readShared(*onOne.executable, one.weights[0]) == test::pseudoRandom(6 * 8, 21));
+}
+
+TEST_CASE("running a loaded program allocates nothing") {
+  Mlp m = makeMlp(4, 16);
+  for (ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {
+    test::DeviceRun device = test::loadOnDevice(m.graph, mode);
+    std::vector<float> x = test::pseudoRandom(4 * 16 * 6, 1);
+    std::vector<float> labels(4 * 16, 2.0f);
+    const std::vector<Executable::Feed> feeds = {{m.x.id(), x}, {m.labels.id(), labels}};
+    device.executable->run(feeds);
+    const int64_t before = allocations.load();
+    for (int step = 0; step < 3; ++step) device.executable->run(feeds);
+    CHECK(allocations.load() - before == 0);
+  }
+  // Large products, whose packing buffers Eigen would otherwise take from the heap.
+  Graph big(2);
+  const Tensor x = ops::input(big, "x", {256, 384});
+  const Tensor dy = ops::input(big, "dy", {256, 320});
+  const Tensor w = ops::variable(big, "w", test::pseudoRandom(384 * 320, 9), {384, 320});
+  ops::matmul(x, w);
+  ops::replicatedAllReduce(ops::matmul(ops::transpose(x), dy), ReductionType::Mean);
+  test::DeviceRun device = test::loadOnDevice(big, ExecutionMode::Vectorized);
+  CHECK(device.sim->stats().fusedGemmAllReduces == 1);
+  const std::vector<float> xs = test::pseudoRandom(2 * 256 * 384, 10);
+  const std::vector<float> dys = test::pseudoRandom(2 * 256 * 320, 11);
+  const std::vector<Executable::Feed> feeds = {{x.id(), xs}, {dy.id(), dys}};
+  const int64_t before = allocations.load();
+  device.executable->run(feeds);
+  CHECK(allocations.load() - before == 0);
+}
+
+TEST_CASE("run rejects missing, unknown and mis-sized feeds") {
+  Graph g(2);
+  const Tensor x = ops::input(g, "x", {3});
+  const Tensor w = ops::variable(g, "w", {1, 2, 3}, {3});
+  ops::add(x, w);
+  test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized);
+  std::vector<float> six(6, 1.0f);
+  std::vector<float> five(5, 1.0f);
+  struct Row {
+    std::vector<Executable::Feed> feeds;
+    std::string subject;
+  };
+  const std::vector<Row> table = {
+      {{}, "x"},
+      {{{x.id(), five}}, "x"},
+      {{{x.id(), six}, {w.id(), six}}, fmt::format("tensor #{}", w.id())},
+  };
+  for (const Row& row : table) {
+    const auto error = test::catchError<DeviceError>([&] { device.executable->run(row.feeds); });
+    REQUIRE(error);
+    CHECK(error->code() == ErrorCode::InvalidProgram);
+    CHECK(error->subject() == row.subject);
+  }
+}
+
+TEST_CASE("a program whose replica counts do not match its graph is rejected") {
+  Graph g(4);
+  ops::input(g, "x", {3});
+  struct Row {
+    int64_t local;
+    int64_t global;
+    int64_t offset;
+    std::string subject;
+  };
+  const std::vector<Row> table = {
+      {4, 2, 0, "Program.globalReplicas"},
+      {3, 4, 0, "Program.localReplicas"},
+      {2, 4, 1, "Program.replicaOffset"},
+      {2, 4, 4, "Program.replicaOffset"},
+  };
+  for (const Row& row : table) {
+    Program program{g};
+    program.localReplicas = row.local;
+    program.globalReplicas = row.global;
+    program.replicaOffset = row.offset;
+    const auto error = test::catchError<DeviceError>([&] { makeSimDevice()->load(program); });
+    REQUIRE(error);
+    CHECK(error->code() == ErrorCode::InvalidProgram);
+    CHECK(error->subject() == row.subject);
+  }
+}
