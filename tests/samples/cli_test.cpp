@@ -1,111 +1,28 @@
 // Runs the built `tessera` program (path in TESSERA_CLI) and checks its
 // output and exit codes.
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include "support/process.hpp"
 #include "test_support.hpp"
-
-extern char** environ;
 
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using tessera::test::readFile;
+using tessera::test::TempDir;
+using CliResult = tessera::test::ProcessResult;
 
-// A folder of its own under the system's temporary folder, removed with
-// everything in it when the test ends.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("tessera-cli-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const fs::path& path() const { return path_; }
-
-  std::string write(const std::string& name, const std::string& content) const {
-    const fs::path file = path_ / name;
-    std::ofstream out(file, std::ios::binary);
-    out << content;
-    if (!out) throw std::runtime_error("cannot write " + file.string());
-    return file.string();
-  }
-
- private:
-  fs::path path_;
-};
-
-std::string readFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-struct CliResult {
-  int exitCode = -1;
-  std::string out;
-  std::string err;
-};
-
-// Runs the CLI with `args` passed verbatim (no shell), stdout and stderr
-// captured in files.
 CliResult runCli(const std::vector<std::string>& args) {
   const char* program = std::getenv("TESSERA_CLI");
   REQUIRE_MESSAGE(program != nullptr, "TESSERA_CLI must name the tessera program");
-  const TempDir dir;
-  const std::string outPath = (dir.path() / "stdout").string();
-  const std::string errPath = (dir.path() / "stderr").string();
-
-  std::vector<std::string> argvStrings{program};
-  argvStrings.insert(argvStrings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& arg : argvStrings) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0600);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0600);
-  pid_t pid = 0;
-  const int spawnError = posix_spawn(&pid, program, &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  REQUIRE_MESSAGE(spawnError == 0, "cannot start ", program, ": ", std::strerror(spawnError));
-
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) REQUIRE(errno == EINTR);
-  CliResult result;
-  // A crash shows as the negated signal number, never as a valid exit code.
-  result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-  result.out = readFile(outPath);
-  result.err = readFile(errPath);
-  return result;
+  return tessera::test::runProgram(program, args);
 }
 
 json parseJson(const CliResult& result) {
