@@ -129,7 +129,9 @@ std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor
     const std::vector<TensorId> outputs = op.outputs;
     for (TensorId t : outputs) outputGradients.push_back(backward.finalize(t, false));
     const std::vector<TensorId> inputs = graph.op(o).inputs;
-    const std::vector<TensorId> inputGradients = gradientOf(graph, o, outputGradients);
+    std::vector<char> wanted;
+    for (TensorId t : inputs) wanted.push_back(needsGradient(t) ? 1 : 0);
+    const std::vector<TensorId> inputGradients = gradientOf(graph, o, outputGradients, wanted);
     for (std::size_t i = 0; i < inputs.size() && i < inputGradients.size(); ++i) {
       if (inputGradients[i] != kNoTensor && needsGradient(inputs[i]))
         backward.contribute(inputs[i], inputGradients[i]);

@@ -40,12 +40,14 @@ bool hasGradient(OpKind kind) noexcept {
   }
 }
 
-std::vector<TensorId> gradientOf(Graph& graph, OpId opId, std::span<const TensorId> outputGradients) {
+std::vector<TensorId> gradientOf(Graph& graph, OpId opId, std::span<const TensorId> outputGradients,
+                                 std::span<const char> wanted) {
   // A copy: adding ops below may reallocate the op list.
   const OpNode op = graph.op(opId);
   const OpAttributes& at = op.attributes;
   auto in = [&](std::size_t i) { return Tensor{&graph, op.inputs[i]}; };
   auto out = [&](std::size_t i) { return Tensor{&graph, op.outputs[i]}; };
+  auto isWanted = [&](std::size_t i) { return wanted.empty() || wanted[i] != 0; };
   auto make = [&](OpKind kind, std::vector<TensorId> inputs, OpAttributes attributes) {
     return Tensor{&graph, graph.op(graph.addOp(kind, std::move(inputs), std::move(attributes))).outputs[0]};
   };
@@ -69,9 +71,14 @@ std::vector<TensorId> gradientOf(Graph& graph, OpId opId, std::span<const Tensor
       const Tensor b = in(1);
       const int64_t k = b.shape()[0];
       const int64_t n = b.shape()[1];
-      const Tensor a2 = a.shape().size() == 2 ? a : ops::reshape(a, {-1, k});
-      const Tensor dy2 = dy.shape().size() == 2 ? dy : ops::reshape(dy, {-1, n});
-      g = R{ops::matmul(dy, ops::transpose(b)), ops::matmul(ops::transpose(a2), dy2)};
+      // Each gradient is a GEMM as large as the forward product: build only the wanted ones.
+      g = R{Tensor{}, Tensor{}};
+      if (isWanted(0)) g[0] = ops::matmul(dy, ops::transpose(b));
+      if (isWanted(1)) {
+        const Tensor a2 = a.shape().size() == 2 ? a : ops::reshape(a, {-1, k});
+        const Tensor dy2 = dy.shape().size() == 2 ? dy : ops::reshape(dy, {-1, n});
+        g[1] = ops::matmul(ops::transpose(a2), dy2);
+      }
       break;
     }
     case OpKind::Add: g = R{reduceTo(dy, in(0).shape()), reduceTo(dy, in(1).shape())}; break;

@@ -53,6 +53,25 @@ int64_t StridedLoop::elements() const {
 
 namespace {
 
+// The innermost dimension with strides known at compile time, so the
+// compiler vectorizes it; a stride of 0 is a broadcast operand.
+template <int kS0, int kS1, int kS2, class F>
+void innerFixed(int64_t n, int64_t o0, int64_t o1, int64_t o2, F& f) {
+  for (int64_t i = 0; i < n; ++i) f(o0 + i * kS0, o1 + i * kS1, o2 + i * kS2);
+}
+
+// Dispatches the common contiguous and broadcast patterns of the innermost
+// dimension (after coalescing, elementwise ops are mostly one of these).
+template <class F>
+void inner(int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2, F& f) {
+  if (s0 == 1 && s1 == 1 && s2 == 1) return innerFixed<1, 1, 1>(n, o0, o1, o2, f);
+  if (s0 == 1 && s1 == 1 && s2 == 0) return innerFixed<1, 1, 0>(n, o0, o1, o2, f);
+  if (s0 == 1 && s1 == 0 && s2 == 1) return innerFixed<1, 0, 1>(n, o0, o1, o2, f);
+  if (s0 == 1 && s1 == 0 && s2 == 0) return innerFixed<1, 0, 0>(n, o0, o1, o2, f);
+  if (s0 == 0 && s1 == 1 && s2 == 0) return innerFixed<0, 1, 0>(n, o0, o1, o2, f);
+  for (int64_t i = 0; i < n; ++i) f(o0 + i * s0, o1 + i * s1, o2 + i * s2);
+}
+
 // Calls f(outOffset, in0Offset, in1Offset) for every point of the loop.
 template <class F>
 void forEach(const StridedLoop& loop, F&& f) {
@@ -62,18 +81,18 @@ void forEach(const StridedLoop& loop, F&& f) {
     f(int64_t{0}, int64_t{0}, int64_t{0});
     return;
   }
-  const auto inner = static_cast<std::size_t>(loop.rank - 1);
-  const int64_t n = loop.size[inner];
-  const int64_t s0 = loop.stride[0][inner];
-  const int64_t s1 = loop.stride[1][inner];
-  const int64_t s2 = loop.stride[2][inner];
+  const auto innermost = static_cast<std::size_t>(loop.rank - 1);
+  const int64_t n = loop.size[innermost];
+  const int64_t s0 = loop.stride[0][innermost];
+  const int64_t s1 = loop.stride[1][innermost];
+  const int64_t s2 = loop.stride[2][innermost];
   std::array<int64_t, kMaxDims> index{};
   int64_t o0 = 0;
   int64_t o1 = 0;
   int64_t o2 = 0;
   for (;;) {
-    for (int64_t i = 0; i < n; ++i) f(o0 + i * s0, o1 + i * s1, o2 + i * s2);
-    std::size_t d = inner;
+    inner(n, s0, s1, s2, o0, o1, o2, f);
+    std::size_t d = innermost;
     for (;;) {
       if (d == 0) return;
       --d;

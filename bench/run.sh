@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Measures the MLP 784-256-128-10 training step of tessera's simulated device
+# against the same math hand-written in Eigen and against libtorch, all in one
+# run so that the ratios share the machine's state.
+#
+#   bash bench/run.sh PEER_SOURCE_DIR [BUILD_DIR] [REPS]
+#
+# PEER_SOURCE_DIR holds eigen_mlp.cpp and torch_mlp.cpp. BUILD_DIR (default
+# build-bench-release) receives tessera's release build and the peer
+# binaries. Each configuration runs REPS times (default 5); the table shows
+# the median samples/s. Needs libeigen3-dev, libtorch-dev and
+# libopenblas0-pthread (without OpenBLAS, Debian's libtorch falls back to the
+# reference BLAS and is an order of magnitude slower).
+#
+# Build options:
+#   tessera: meson --buildtype=release (-O3, NDEBUG) -Dcpp_args=-march=native
+#   Eigen:   g++ -O3 -march=native -DNDEBUG -std=c++17
+#   libtorch: g++ -O2 -std=c++17, linked against the installed libtorch
+set -euo pipefail
+
+if [[ $# -lt 1 ]]; then
+  echo "usage: bash bench/run.sh PEER_SOURCE_DIR [BUILD_DIR] [REPS]" >&2
+  exit 2
+fi
+peer=$(cd "$1" && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${2:-build-bench-release}
+reps=${3:-5}
+[[ $build = /* ]] || build="$root/$build"
+
+if [[ ! -f "$build/build.ninja" ]]; then
+  meson setup "$build" "$root" --buildtype=release -Dcpp_args=-march=native >/dev/null
+fi
+ninja -C "$build" bench/tessera_bench_mlp >/dev/null
+mkdir -p "$build/peer"
+g++ -O3 -march=native -DNDEBUG -std=c++17 "$peer/eigen_mlp.cpp" -I/usr/include/eigen3 -o "$build/peer/eigen_mlp"
+g++ -O2 -std=c++17 "$peer/torch_mlp.cpp" -I/usr/include/torch/csrc/api/include -ltorch -ltorch_cpu -lc10 \
+  -o "$build/peer/torch_mlp"
+
+tessera="$build/bench/tessera_bench_mlp"
+eigen="$build/peer/eigen_mlp"
+torch="$build/peer/torch_mlp"
+
+# Steps per run: about the same number of samples whatever the batch.
+steps_for() { echo $((32000 / $1)); }
+
+# Median samples/s of REPS runs of a command printing samples_per_s=N.
+median() {
+  local values=()
+  for ((i = 0; i < reps; ++i)); do
+    values+=("$("$@" | sed -n 's/.*samples_per_s=\([0-9.]*\).*/\1/p')")
+  done
+  printf '%s\n' "${values[@]}" | sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
+
+echo "| batch | tessera | Eigen | libtorch | tessera / Eigen | tessera / libtorch |"
+echo "|------:|--------:|------:|---------:|----------------:|-------------------:|"
+for batch in 8 64 256; do
+  steps=$(steps_for "$batch")
+  t=$(median "$tessera" "$batch" "$steps" 1 256 128)
+  e=$(median "$eigen" "$batch" "$steps" 1 256 128)
+  p=$(median "$torch" "$batch" "$steps" 1 256 128)
+  echo "| $batch | $t | $e | $p | $(ratio "$t" "$e") | $(ratio "$t" "$p") |"
+done
+
+echo
+echo "| tessera, global batch 64 | samples/s | vs R = 1 x 64 |"
+echo "|--------------------------|----------:|--------------:|"
+one=$(median "$tessera" 64 "$(steps_for 64)" 1 256 128)
+eight=$(median "$tessera" 8 "$(steps_for 64)" 1 256 128 --replicas 8)
+echo "| R = 1 x batch 64 | $one | 1.00 |"
+echo "| R = 8 x batch 8 | $eight | $(ratio "$eight" "$one") |"
