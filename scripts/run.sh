@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and builds tessera (scripts/setup.sh), then runs the main job:
-# `tessera explain` of the sample replicated-tensor-sharding config.
+# training the MNIST replicated-tensor-sharding sample from its JSON config
+# (`tessera train samples/configs/mnist_rts.json`).
 #
 #   bash scripts/run.sh [--build-dir DIR] [-Dname=value]...
 set -euo pipefail
@@ -19,5 +20,5 @@ done
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh --build-dir "$build_dir" "${setup_args[@]}"
-echo "run: tessera explain samples/configs/mnist_rts.json"
-exec "$build_dir/samples/tessera/tessera" explain samples/configs/mnist_rts.json
+echo "run: tessera train samples/configs/mnist_rts.json"
+exec "$build_dir/samples/tessera/tessera" train samples/configs/mnist_rts.json

@@ -105,6 +105,57 @@ void makeLoops(Step& step, const std::vector<int64_t>& size,
   }
 }
 
+// Elements of a step that a TileKernel can run in slices: one run, a loop of
+// at most one dimension over contiguous output, inputs read contiguously at
+// the output's index or as a scalar. -1 for any other step.
+int64_t flatElements(const Step& step) {
+  if (tileKernel(step.kind) == nullptr || step.runs.size() != 1 || step.zeroFirst || step.outLoopOffset != 0)
+    return -1;
+  const Run& run = step.runs.front();
+  const StridedLoop& loop = run.loop;
+  if (loop.rank == 0) return 1;
+  if (loop.rank != 1 || loop.stride[0][0] != 1) return -1;
+  for (std::size_t i = 1; i < kMaxOperands; ++i)
+    if (loop.stride[i][0] != 0 && loop.stride[i][0] != 1) return -1;
+  return loop.size[0] == run.count * step.outElements ? loop.size[0] : -1;
+}
+
+// A memory range a flat step reads or writes.
+struct Access {
+  const float* begin = nullptr;
+  int64_t size = 0;
+  bool write = false;
+};
+
+std::vector<Access> flatAccesses(const Step& step, int64_t n) {
+  const Run& run = step.runs.front();
+  std::vector<Access> accesses{{step.out + run.out, n, true}};
+  for (std::size_t i = 0; i < kMaxOperands; ++i) {
+    if (step.in[i] == nullptr) continue;
+    const bool whole = run.loop.rank == 0 || run.loop.stride[i + 1][0] == 1;
+    accesses.push_back({step.in[i] + run.in[i], whole ? n : 1, false});
+  }
+  return accesses;
+}
+
+// Slice-by-slice order gives every step the values that step-by-step order
+// gives when the only memory that one step writes and another touches is the
+// same whole range: element e of a step then depends only on element e of
+// the steps before it. Any other overlap (a scalar or a shifted range inside
+// a written buffer) keeps the steps apart.
+bool sliceable(const std::vector<std::vector<Access>>& chain, const std::vector<Access>& next) {
+  for (const std::vector<Access>& earlier : chain) {
+    for (const Access& a : earlier) {
+      for (const Access& b : next) {
+        if (!a.write && !b.write) continue;
+        const bool overlap = a.begin < b.begin + b.size && b.begin < a.begin + a.size;
+        if (overlap && (a.begin != b.begin || a.size != b.size)) return false;
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionMode mode)
@@ -307,6 +358,7 @@ void SimExecutable::planSteps() {
   const Graph& graph = program_.graph;
   inputSlot_.assign(graph.tensors().size(), -1);
   for (OpId id : schedule_) planStep(id);
+  fuseChains();
   int64_t lhs = 0;
   int64_t rhs = 0;
   for (Step& step : steps_) {
@@ -331,6 +383,46 @@ void SimExecutable::planSteps() {
   for (Step& step : steps_)
     if (step.kind == OpKind::Input) step.feed = &feeds_[at(inputSlot_[at(graph.op(step.op).outputs[0])])];
   stats_.steps = static_cast<int64_t>(steps_.size());
+}
+
+void SimExecutable::fuseChains() {
+  std::vector<Step> fused;
+  std::vector<Step> chain;
+  std::vector<std::vector<Access>> accesses;  // of each step of `chain`
+  int64_t chainElements = 0;
+  auto flush = [&] {
+    if (chain.size() == 1) fused.push_back(std::move(chain.front()));
+    if (chain.size() > 1) {
+      Step step;
+      step.kind = chain.front().kind;
+      step.op = chain.front().op;
+      step.name = chain.front().name;
+      step.kernel = chainKernel();
+      step.chainElements = chainElements;
+      stats_.chainedSteps += static_cast<int64_t>(chain.size());
+      ++stats_.fusedChains;
+      step.chain = std::move(chain);
+      fused.push_back(std::move(step));
+    }
+    chain.clear();
+    accesses.clear();
+  };
+  for (Step& step : steps_) {
+    const int64_t n = mode_ == ExecutionMode::PerReplicaReference ? -1 : flatElements(step);
+    if (n < 0) {
+      flush();
+      fused.push_back(std::move(step));
+      continue;
+    }
+    std::vector<Access> own = flatAccesses(step, n);
+    if (!chain.empty() && (n != chainElements || !sliceable(accesses, own))) flush();
+    step.tile = tileKernel(step.kind);
+    chainElements = n;
+    chain.push_back(std::move(step));
+    accesses.push_back(std::move(own));
+  }
+  flush();
+  steps_ = std::move(fused);
 }
 
 void SimExecutable::planStep(OpId id) {

@@ -11,7 +11,10 @@
 //    Mean) over groups of consecutive replicas, with x and dy per replica,
 //    becomes one GEMM per group over the concatenated batch
 //    (sum_r x_r^T dy_r = X^T DY) that writes the reduced value directly.
-// run() executes the steps and allocates nothing.
+// Consecutive elementwise steps over the same flat range of elements are then
+// fused into one chain that runs slice by slice (kernels.hpp), so a chain
+// such as an optimizer update streams each buffer once instead of once per
+// op. run() executes the steps and allocates nothing.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +35,8 @@ struct PlanStats {
   int64_t foldedTransposes = 0;     // Transposes read in place by GEMMs
   int64_t fusedGemmAllReduces = 0;  // gradient GEMMs fused with their all-reduce
   int64_t arenaFloats = 0;          // host floats of every planned buffer
+  int64_t fusedChains = 0;          // chains of elementwise steps run as one pass
+  int64_t chainedSteps = 0;         // steps inside those chains
 };
 
 class SimExecutable final : public Executable {
@@ -57,6 +62,7 @@ class SimExecutable final : public Executable {
   void initialiseValues();
   void planSteps();
   void planStep(OpId id);
+  void fuseChains();
   // Host-visible storage of a tensor, or a DeviceError naming it.
   std::span<float> hostBuffer(TensorId tensor, std::string_view who) const;
   float* remoteEntry(int64_t buffer, int64_t entry, std::string_view who) const;

@@ -392,6 +392,51 @@ void matmul(const Step& s) {
 
 void feedKernel(const Step& s) { std::copy(s.feed->begin(), s.feed->end(), s.out); }
 
+// Flat steps (TileKernel): elements [begin, end) of the single run; an input
+// of stride 0 is a scalar read at every element.
+template <class F>
+void flatTile(const Step& s, int64_t begin, int64_t end, F&& f) {
+  const Run& run = s.runs.front();
+  const int64_t s1 = run.loop.rank == 0 ? 0 : run.loop.stride[1][0];
+  const int64_t s2 = run.loop.rank == 0 ? 0 : run.loop.stride[2][0];
+  inner(end - begin, 1, s1, s2, begin, begin * s1, begin * s2, f);
+}
+
+template <class F>
+void unaryTile(const Step& s, int64_t begin, int64_t end) {
+  float* o = outOf(s, s.runs.front());
+  const float* x = inOf(s, s.runs.front(), 0);
+  flatTile(s, begin, end, [&](int64_t io, int64_t ix, int64_t) { o[io] = F{}(x[ix]); });
+}
+
+template <class F>
+void binaryTile(const Step& s, int64_t begin, int64_t end) {
+  float* o = outOf(s, s.runs.front());
+  const float* x = inOf(s, s.runs.front(), 0);
+  const float* y = inOf(s, s.runs.front(), 1);
+  flatTile(s, begin, end, [&](int64_t io, int64_t ix, int64_t iy) { o[io] = F{}(x[ix], y[iy]); });
+}
+
+void scaledAddTile(const Step& s, int64_t begin, int64_t end) {
+  const double a = s.a;
+  const double b = s.b;
+  float* o = outOf(s, s.runs.front());
+  const float* x = inOf(s, s.runs.front(), 0);
+  const float* y = inOf(s, s.runs.front(), 1);
+  flatTile(s, begin, end,
+           [&](int64_t io, int64_t ix, int64_t iy) { o[io] = static_cast<float>(a * x[ix] + b * y[iy]); });
+}
+
+// Small enough that a slice of every operand of a typical chain fits in L1.
+constexpr int64_t kChainSlice = 512;
+
+void runChain(const Step& s) {
+  for (int64_t begin = 0; begin < s.chainElements; begin += kChainSlice) {
+    const int64_t end = std::min(begin + kChainSlice, s.chainElements);
+    for (const Step& part : s.chain) part.tile(part, begin, end);
+  }
+}
+
 }  // namespace
 
 std::array<int64_t, 2> planGemm(Step& step) {
@@ -443,9 +488,35 @@ Kernel denseKernel(OpKind kind) {
   }
 }
 
+TileKernel tileKernel(OpKind kind) {
+  switch (kind) {
+    case OpKind::Add: return binaryTile<AddF>;
+    case OpKind::Sub: return binaryTile<SubF>;
+    case OpKind::Mul: return binaryTile<MulF>;
+    case OpKind::Div: return binaryTile<DivF>;
+    case OpKind::ReluGrad: return binaryTile<ReluGradF>;
+    case OpKind::GeluGrad: return binaryTile<GeluGradF>;
+    case OpKind::ScaledAddInplace: return scaledAddTile;
+    case OpKind::Neg: return unaryTile<NegF>;
+    case OpKind::Relu: return unaryTile<ReluF>;
+    case OpKind::Gelu: return unaryTile<GeluF>;
+    case OpKind::Tanh: return unaryTile<TanhF>;
+    case OpKind::Sigmoid: return unaryTile<SigmoidF>;
+    case OpKind::Exp: return unaryTile<ExpF>;
+    case OpKind::Log: return unaryTile<LogF>;
+    case OpKind::Sqrt: return unaryTile<SqrtF>;
+    case OpKind::BroadcastTo:
+    case OpKind::Reshape:
+    case OpKind::Copy:
+    case OpKind::CopyInplace: return unaryTile<IdentityF>;
+    default: return nullptr;
+  }
+}
+
 Kernel matmulKernel() { return matmul; }
 Kernel copyKernel() { return copyRuns; }
 Kernel inputKernel() { return feedKernel; }
+Kernel chainKernel() { return runChain; }
 
 void forbidEigenMalloc([[maybe_unused]] bool forbid) {
 #ifdef EIGEN_RUNTIME_NO_MALLOC

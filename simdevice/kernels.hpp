@@ -52,6 +52,10 @@ struct Run {
 
 struct Step;
 using Kernel = void (*)(const Step&);
+// Runs elements [begin, end) of a flat elementwise step (see flatElements in
+// the executor): one run whose loop is a single dimension, output stride 1
+// and input strides 1 or 0 (a scalar).
+using TileKernel = void (*)(const Step&, int64_t begin, int64_t end);
 
 // Scratch shared by every GEMM of a plan (Eigen's packing buffers).
 struct GemmScratch {
@@ -101,6 +105,15 @@ struct Step {
 
   // Input: the host data for this run (set by the executor before run).
   const std::span<const float>* feed = nullptr;
+
+  // Flat elementwise steps: the same work in slices, or null.
+  TileKernel tile = nullptr;
+  // A fused chain (chainKernel): consecutive flat steps over the same
+  // `chainElements`, run slice by slice so that each slice of every operand
+  // stays in cache from the first step to the last instead of every step
+  // streaming its whole buffers from memory.
+  std::vector<Step> chain;
+  int64_t chainElements = 0;
 };
 
 // The kernel of a dense (non-collective, non-transfer) op kind.
@@ -108,6 +121,9 @@ Kernel denseKernel(OpKind kind);
 Kernel matmulKernel();
 Kernel copyKernel();  // strided copy (Copy, Reshape, Transpose, Slice, pads, Concat parts)
 Kernel inputKernel();
+Kernel chainKernel();
+// The slice kernel of an elementwise kind, or null for kinds that have none.
+TileKernel tileKernel(OpKind kind);
 
 // Chooses Eigen's cache blocking for an [m, k] x [k, n] product and returns
 // the scratch it needs (lhs, rhs floats).
