@@ -8,10 +8,17 @@
 #include <nlohmann/json.hpp>
 
 #include "json_reader.hpp"
+#include "option_paths.hpp"
 #include "tessera/replica_grouping.hpp"
 #include "tessera/shard_layout.hpp"
 
 namespace tessera {
+
+std::string jsonPointerToken(std::string_view token) {
+  std::string out;
+  detail::appendPointerToken(out, token);
+  return out;
+}
 
 template <class V>
 void visitFields(V& v, CommGroup& value) {

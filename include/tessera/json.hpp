@@ -39,6 +39,10 @@ namespace tessera {
 // names the text in errors (a file name; may be empty).
 nlohmann::json parseJsonDocument(std::string_view text, std::string_view source);
 
+// `token` as one JSON pointer segment (RFC 6901: "~" -> "~0", "/" -> "~1"),
+// e.g. a tensor name under /sessionOptions/tensorLocationSettingsOverride.
+std::string jsonPointerToken(std::string_view token);
+
 // Enums, as their names ("OnChip"); reading an unknown name is
 // InvalidEnumValue.
 void to_json(nlohmann::json& j, TensorStorage value);

@@ -95,18 +95,5 @@ void printJson(const nlohmann::json& value) {
   fmt::print("{}\n", value.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
-std::string escapePointerToken(std::string_view token) {
-  std::string out;
-  for (const char c : token) {
-    if (c == '~') {
-      out += "~0";
-    } else if (c == '/') {
-      out += "~1";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 }  // namespace tessera::cli

@@ -78,7 +78,4 @@ std::string joinInts(const std::vector<int64_t>& values);
 // Pretty JSON with a 2-space indent on stdout.
 void printJson(const nlohmann::json& value);
 
-// A JSON pointer token: "~" -> "~0", "/" -> "~1".
-std::string escapePointerToken(std::string_view token);
-
 }  // namespace tessera::cli

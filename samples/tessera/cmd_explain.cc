@@ -56,7 +56,7 @@ void collectValues(const nlohmann::json& node, const std::string& pointer, const
   }
   if (node.is_object()) {
     for (const auto& [key, value] : node.items()) {
-      collectValues(value, pointer + "/" + escapePointerToken(key), provenance, here, out);
+      collectValues(value, pointer + "/" + jsonPointerToken(key), provenance, here, out);
     }
   } else {
     for (std::size_t i = 0; i < node.size(); ++i) {
@@ -88,7 +88,7 @@ std::vector<DomainUse> domainsInUse(const SessionOptions& options) {
   for (const auto& [tensor, location] : options.tensorLocationSettingsOverride) {
     if (!inUse(location)) continue;
     uses.push_back({fmt::format("{}/tensorLocationSettingsOverride/{}/shardingDomain", kSessionOptionsPath,
-                                escapePointerToken(tensor)),
+                                jsonPointerToken(tensor)),
                     location});
   }
   return uses;

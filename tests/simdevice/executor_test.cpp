@@ -574,3 +574,35 @@ TEST_CASE("a program whose replica counts do not match its graph is rejected") {
     CHECK(error->subject() == row.subject);
   }
 }
+
+TEST_CASE("consecutive elementwise steps over one range run as one chain, in place updates included") {
+  // A momentum update: v = 0.9 v + g; w -= 0.1 v, then a read of both. 1200
+  // elements span several slices of the chain, the last one partial.
+  Graph g(1);
+  const Tensor w = ops::variable(g, "w", test::pseudoRandom(40 * 30, 1), {40, 30});
+  const Tensor v = ops::variable(g, "v", test::pseudoRandom(40 * 30, 2), {40, 30});
+  const Tensor grad = ops::input(g, "grad", {40, 30});
+  const Tensor decayed = ops::mul(v, ops::scalar(g, 0.9));
+  const Tensor updated = ops::add(decayed, ops::mul(grad, ops::scalar(g, 1.0)));
+  const Tensor stored = ops::copyInplace(v, updated);
+  const Tensor step = ops::mul(stored, ops::scalar(g, 0.1));
+  const Tensor moved = ops::scaledAddInplace(w, step, 1.0, -1.0);
+  // Reads v after the in-place write; the shifted rows of the slices end the
+  // chain, as a slice is not elementwise.
+  const Tensor difference = ops::sub(moved, v);
+  ops::add(ops::slice(difference, {1, 0}, {40, 30}), ops::slice(moved, {0, 0}, {39, 30}));
+  const auto feeds = test::makeFeeds(g, 1, 5);
+  ReferenceEvaluator oracle(g);
+  test::feedOracle(oracle, g, feeds);
+  oracle.run();
+  for (ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {
+    test::DeviceRun device = test::loadOnDevice(g, mode);
+    const bool vectorized = mode == ExecutionMode::Vectorized;
+    // Mul, Mul, Add, CopyInplace, Mul, ScaledAddInplace, Sub; the Slices and
+    // the last Add stay apart.
+    CHECK(device.sim->stats().fusedChains == (vectorized ? 1 : 0));
+    CHECK(device.sim->stats().chainedSteps == (vectorized ? 7 : 0));
+    test::runDevice(*device.executable, feeds);
+    CHECK(test::compareAll(*device.executable, g, oracle) > 0);
+  }
+}
