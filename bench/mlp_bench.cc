@@ -2,16 +2,25 @@
 // with momentum 0.9) on the simulated device, with the same arguments and
 // output line as the peer benchmarks (hand-written Eigen, libtorch):
 //
-//   tessera_bench_mlp BATCH STEPS THREADS H1 H2 [--replicas R]
+//   tessera_bench_mlp BATCH STEPS THREADS H1 H2 [--replicas R] [--rts] [--offchip-state]
 //
 // BATCH is the batch per replica; with R replicas each step trains on
 // R x BATCH samples. THREADS must be 1 (the device runs on one host thread).
+// --rts shards the weights and the momentum over all replicas;
+// --offchip-state keeps the momentum in streaming memory.
+//
+// Under `tessera launch --num-replicas R --num-instances P -- tessera_bench_mlp ...`
+// the launcher's R replicas replace --replicas, each instance feeds its own
+// replicas, and instance 0 prints the line with the samples per second of
+// the whole run.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "tessera/dist.hpp"
 #include "tessera/error.hpp"
 #include "tessera/mlp.hpp"
 #include "tessera/optimizer.hpp"
@@ -20,10 +29,16 @@
 int main(int argc, char** argv) {
   std::vector<std::string> args;
   int64_t replicas = 1;
+  bool rts = false;
+  bool offChipState = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--replicas" && i + 1 < argc) {
       replicas = std::atoll(argv[++i]);
+    } else if (a == "--rts") {
+      rts = true;
+    } else if (a == "--offchip-state") {
+      offChipState = true;
     } else {
       args.push_back(a);
     }
@@ -35,10 +50,14 @@ int main(int argc, char** argv) {
   const int64_t h1 = arg(3, 256);
   const int64_t h2 = arg(4, 128);
   if (batch < 1 || steps < 1 || threads != 1 || h1 < 1 || h2 < 1 || replicas < 1) {
-    std::fprintf(stderr, "usage: tessera_bench_mlp BATCH STEPS 1 H1 H2 [--replicas R] (one host thread)\n");
+    std::fprintf(stderr,
+                 "usage: tessera_bench_mlp BATCH STEPS 1 H1 H2 [--replicas R] [--rts] [--offchip-state] (one host "
+                 "thread)\n");
     return 2;
   }
   try {
+    const tessera::dist::DistEnv env = tessera::dist::readDistEnv();
+    if (env.set) replicas = env.numTotalReplicas;
     tessera::ModelConfig model;
     model.layers = {784, h1, h2, 10};
     tessera::MlpGraph mlp = tessera::buildMlp(model, batch, replicas, 0);
@@ -46,14 +65,29 @@ int main(int argc, char** argv) {
     options.enableReplicatedGraphs = replicas > 1;
     options.replicatedGraphCount = replicas;
     options.accumulationAndReplicationReductionType = tessera::ReductionType::Mean;
+    if (rts) {
+      // Weights and momentum sharded over all replicas.
+      for (auto category : {tessera::TensorCategory::Weight, tessera::TensorCategory::OptimizerState}) {
+        options.locationSettings(category).location.replicatedTensorSharding = tessera::ReplicatedTensorSharding::On;
+      }
+    }
+    if (offChipState) {
+      options.optimizerStateTensorLocationSettings.location.storage = tessera::TensorStorage::OffChip;
+    }
+    tessera::dist::configureSessionOptions(options, env);
     tessera::OptimizerConfig sgd;
     sgd.sgd.learningRate = 0.05;
     sgd.sgd.momentum = 0.9;
+    // Under the launcher, each instance simulates its replicas and reaches the others.
+    std::unique_ptr<tessera::Device> device = tessera::makeSimDevice();
+    if (env.numInstances > 1) {
+      device = tessera::makeSimDevice({}, tessera::ExecutionMode::Vectorized, tessera::dist::instanceCommunicator());
+    }
     tessera::TrainingSession session(std::move(mlp.graph), mlp.loss, tessera::makeOptimizer(sgd), options,
-                                     tessera::makeSimDevice());
+                                     std::move(device));
 
     // Fixed data, as the peers use: uniform inputs and random labels.
-    const int64_t samples = replicas * batch;
+    const int64_t samples = options.getLocalReplicationFactor() * batch;
     std::vector<float> x(static_cast<size_t>(samples * 784));
     std::vector<int32_t> y(static_cast<size_t>(samples));
     uint64_t state = 12345;
@@ -69,12 +103,14 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < steps; ++i) session.run(inputs);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (env.instanceIndex != 0) return 0;
     std::printf("tessera batch=%lld threads=%lld steps=%lld replicas=%lld loss=%.4f step_us=%.1f samples_per_s=%.0f\n",
                 static_cast<long long>(batch), static_cast<long long>(threads), static_cast<long long>(steps),
                 static_cast<long long>(replicas), session.meanLoss(), 1e6 * seconds / static_cast<double>(steps),
-                static_cast<double>(samples * steps) / seconds);
+                static_cast<double>(replicas * batch * steps) / seconds);
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    tessera::dist::abortInstances(1);
     return 1;
   }
   return 0;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Measures the MLP 784-256-128-10 training step of tessera's simulated device
 # against the same math hand-written in Eigen and against libtorch, all in one
-# run so that the ratios share the machine's state.
+# run so that the ratios share the machine's state; then tessera's scaling with
+# the replica count, tensor locations, and an R = 4 run split over 2 and 4
+# instances under `tessera launch` (needs Open MPI).
 #
 #   bash bench/run.sh PEER_SOURCE_DIR [BUILD_DIR] [REPS]
 #
@@ -31,7 +33,7 @@ reps=${3:-5}
 if [[ ! -f "$build/build.ninja" ]]; then
   meson setup "$build" "$root" --buildtype=release -Dcpp_args=-march=native >/dev/null
 fi
-ninja -C "$build" bench/tessera_bench_mlp >/dev/null
+ninja -C "$build" bench/tessera_bench_mlp samples/tessera/tessera >/dev/null
 mkdir -p "$build/peer"
 g++ -O3 -march=native -DNDEBUG -std=c++17 "$peer/eigen_mlp.cpp" -I/usr/include/eigen3 -o "$build/peer/eigen_mlp"
 g++ -O2 -std=c++17 "$peer/torch_mlp.cpp" -I/usr/include/torch/csrc/api/include -ltorch -ltorch_cpu -lc10 \
@@ -72,3 +74,23 @@ one=$(median "$tessera" 64 "$(steps_for 64)" 1 256 128)
 eight=$(median "$tessera" 8 "$(steps_for 64)" 1 256 128 --replicas 8)
 echo "| R = 1 x batch 64 | $one | 1.00 |"
 echo "| R = 8 x batch 8 | $eight | $(ratio "$eight" "$one") |"
+echo
+echo "| tessera, R = 4 x batch 16 | samples/s | vs plain replication |"
+echo "|---------------------------|----------:|---------------------:|"
+plain=$(median "$tessera" 16 "$(steps_for 64)" 1 256 128 --replicas 4)
+located=$(median "$tessera" 16 "$(steps_for 64)" 1 256 128 --replicas 4 --rts --offchip-state)
+echo "| plain replication | $plain | 1.00 |"
+echo "| RTS (weights, momentum) + momentum OffChip | $located | $(ratio "$located" "$plain") |"
+
+# The same run split over instances under `tessera launch` (mpirun): instance 0 prints the line.
+if "$build/samples/tessera/tessera" launch --num-replicas 1 --num-instances 1 -- true 2>/dev/null; then
+  launch=("$build/samples/tessera/tessera" launch --num-replicas 4 --timeout 60)
+  two=$(median "${launch[@]}" --num-instances 2 -- "$tessera" 16 "$(steps_for 64)" 1 256 128)
+  four=$(median "${launch[@]}" --num-instances 4 -- "$tessera" 16 "$(steps_for 64)" 1 256 128)
+  echo
+  echo "| tessera, R = 4 x batch 16 | samples/s | vs 1 instance |"
+  echo "|---------------------------|----------:|--------------:|"
+  echo "| 1 instance x 4 replicas | $plain | 1.00 |"
+  echo "| 2 instances x 2 replicas | $two | $(ratio "$two" "$plain") |"
+  echo "| 4 instances x 1 replica | $four | $(ratio "$four" "$plain") |"
+fi

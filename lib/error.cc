@@ -54,6 +54,8 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(InvalidOptimizer),
     TESSERA_CODE(InvalidData),
     TESSERA_CODE(InvalidDeviceSpec),
+    TESSERA_CODE(ShapeTooLarge),
+    TESSERA_CODE(InvalidOutput),
     TESSERA_CODE(ShapeMismatch),
     TESSERA_CODE(InvalidOperand),
     TESSERA_CODE(UnknownTensor),
@@ -78,6 +80,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(CorruptCheckpoint),
     TESSERA_CODE(CheckpointMismatch),
     TESSERA_CODE(CorruptDataset),
+    TESSERA_CODE(UnsupportedCheckpoint),
     TESSERA_CODE(Internal),
 };
 #undef TESSERA_CODE

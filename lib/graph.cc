@@ -30,6 +30,12 @@ int64_t numElements(const Shape& shape) {
 
 std::string shapeStr(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
+int64_t shardIndexAt(const TensorNode& node, int64_t replicationFactor, int64_t replica) {
+  if (node.shardDomain) return node.shardDomain->indexInGroupAt(replica);
+  const ReplicaGrouping grouping = node.grouping.value_or(ReplicaGrouping(replicationFactor));
+  return grouping.indexInGroupAt(replica) % node.shardCount;
+}
+
 Graph::Graph(int64_t replicationFactor) : replicationFactor_(replicationFactor) {
   if (replicationFactor < 1) {
     throw GraphError(ErrorCode::InvalidOperand, "Graph",

@@ -40,22 +40,6 @@ std::string didYouMean(std::string_view word, std::span<const std::string_view> 
   return match ? fmt::format(" (did you mean \"{}\"?)", *match) : std::string();
 }
 
-// Bytes outside printable ASCII as \xNN, so that a message about invalid
-// UTF-8 is itself valid text.
-std::string printable(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte < 0x7f) {
-      out += c;
-    } else {
-      out += fmt::format("\\x{:02x}", byte);
-    }
-  }
-  return out;
-}
-
 std::string formatBound(double bound) { return fmt::format("{}", bound); }
 
 std::string boundsText(const FieldSpec& spec) {
@@ -128,6 +112,11 @@ class StrictDomBuilder {
     const std::size_t column = reason.find("column ");
     const std::size_t colon = column == std::string::npos ? column : reason.find(": ", column);
     if (colon != std::string::npos) reason.erase(0, colon + 2);
+    syntaxError(position, printable(reason));
+  }
+
+  // `position` counts the characters read, the offending one included.
+  [[noreturn]] void syntaxError(std::size_t position, std::string_view message) const {
     std::size_t line = 1;
     std::size_t col = 0;
     for (std::size_t i = 0; i < position; ++i) {
@@ -140,7 +129,7 @@ class StrictDomBuilder {
     }
     const std::string where =
         source_.empty() ? fmt::format("{}:{}", line, col) : fmt::format("{}:{}:{}", source_, line, col);
-    throw ConfigError(ErrorCode::JsonSyntax, where, printable(reason));
+    throw ConfigError(ErrorCode::JsonSyntax, where, message);
   }
 
   json take() { return std::move(root_); }
@@ -252,6 +241,55 @@ std::string SourceMap::origin(std::string_view path) const {
   return source.empty() ? std::string() : fmt::format(" (in {})", source);
 }
 
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) {
+      out += c;
+    } else {
+      out += fmt::format("\\x{:02x}", byte);
+    }
+  }
+  return out;
+}
+
+std::optional<std::size_t> invalidUtf8Offset(std::string_view text) noexcept {
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
+  for (std::size_t i = 0; i < text.size();) {
+    const unsigned char lead = byte(i);
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    // The length of the sequence and the range of its second byte, which
+    // excludes overlong forms, surrogates and code points above U+10FFFF.
+    std::size_t length = 0;
+    unsigned char low = 0x80;
+    unsigned char high = 0xBF;
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      length = 2;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      length = 3;
+      if (lead == 0xE0) low = 0xA0;
+      if (lead == 0xED) high = 0x9F;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      length = 4;
+      if (lead == 0xF0) low = 0x90;
+      if (lead == 0xF4) high = 0x8F;
+    } else {
+      return i;
+    }
+    if (i + 1 >= text.size() || byte(i + 1) < low || byte(i + 1) > high) return i;
+    for (std::size_t k = 2; k < length; ++k) {
+      if (i + k >= text.size() || (byte(i + k) & 0xC0) != 0x80) return i;
+    }
+    i += length;
+  }
+  return std::nullopt;
+}
+
 std::string describeValue(const json& value) {
   constexpr std::size_t kMaxShown = 60;
   std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -280,17 +318,23 @@ std::string quotedList(std::span<const std::string_view> names) {
 
 std::optional<std::string_view> closestMatch(std::string_view word,
                                              std::span<const std::string_view> candidates) {
+  // A typo changes a few characters; anything further is a different word.
+  const std::size_t allowed = std::max<std::size_t>(2, word.size() / 3);
   std::optional<std::string_view> best;
   std::size_t bestDistance = std::numeric_limits<std::size_t>::max();
   for (const std::string_view candidate : candidates) {
+    // The distance is at least the difference in length: a candidate that
+    // cannot be close enough costs no quadratic comparison (a key may be
+    // megabytes long).
+    const std::size_t gap = word.size() > candidate.size() ? word.size() - candidate.size()
+                                                           : candidate.size() - word.size();
+    if (gap > allowed) continue;
     const std::size_t distance = editDistance(word, candidate);
     if (distance < bestDistance) {
       bestDistance = distance;
       best = candidate;
     }
   }
-  // A typo changes a few characters; anything further is a different word.
-  const std::size_t allowed = std::max<std::size_t>(2, word.size() / 3);
   if (!best || bestDistance > allowed || bestDistance >= word.size()) return std::nullopt;
   return best;
 }
@@ -455,6 +499,13 @@ nlohmann::json parseJsonDocument(std::string_view text, std::string_view source)
   }
   jsonio::StrictDomBuilder builder(text, source);
   nlohmann::json::sax_parse(text.data(), text.data() + text.size(), &builder);
+  // nlohmann's lexer takes a NUL byte for the end of the input, so the parse
+  // stops there without error and whatever follows would go unread. A NUL
+  // inside a string is an error of its own, so one found now ended the parse.
+  if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    builder.syntaxError(nul + 1, "a NUL byte (0x00) is not JSON text; the document must end here or the "
+                                 "file is damaged");
+  }
   return builder.take();
 }
 

@@ -130,6 +130,14 @@ class RuleSite {
 
 // --- Scalars -------------------------------------------------------------------
 
+// Bytes outside printable ASCII as \xNN, so that a message about invalid
+// UTF-8 is itself valid text.
+std::string printable(std::string_view text);
+// The offset of the first byte of `text` that is not part of well-formed
+// UTF-8 (RFC 3629: no overlong forms, surrogates or code points above
+// U+10FFFF, as the JSON parser requires); nullopt when there is none.
+std::optional<std::size_t> invalidUtf8Offset(std::string_view text) noexcept;
+
 // "string \"4\"", "number 1.5", "an object", ... for "got ..." messages.
 std::string describeValue(const nlohmann::json& value);
 // "\"a\", \"b\", \"c\""

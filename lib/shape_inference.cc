@@ -169,7 +169,11 @@ std::vector<OutputSpec> inferOutputs(const Graph& graph, OpKind kind, std::span<
                            "dimensions equal or one of them 1)",
                            c.desc(0), c.desc(1)));
       }
-      return {{*out, c.in(0).dtype, {}}};
+      // A shard combined with a scalar (or another shard) is still a shard
+      // of the same tensor.
+      Shape meta = c.shape(0) == *out ? c.in(0).metaShape : Shape{};
+      if (meta.empty() && c.shape(1) == *out) meta = c.in(1).metaShape;
+      return {{*out, c.in(0).dtype, std::move(meta)}};
     }
     case OpKind::Neg:
     case OpKind::Relu:
@@ -181,7 +185,7 @@ std::vector<OutputSpec> inferOutputs(const Graph& graph, OpKind kind, std::span<
     case OpKind::Sqrt:
       c.arity(1);
       c.dtype(0, DType::Float32);
-      return same(0);
+      return {{c.shape(0), DType::Float32, c.in(0).metaShape}};
     case OpKind::Softmax:
     case OpKind::LogSoftmax:
       c.arity(1);

@@ -116,7 +116,9 @@ void checkDistribution(const SessionOptions& o) {
          "globalReplicaOffset {} + local replication factor {} = {} exceeds globalReplicationFactor {}; this "
          "instance's replicas must lie within 0..{} (stricter than PopART, which only requires offset <= "
          "global), so set globalReplicaOffset to at most {}",
-         offset, local, offset + local, global, global - 1, global - local);
+         // Both are >= 0 here, so their sum fits in 64 unsigned bits.
+         offset, local, static_cast<uint64_t>(offset) + static_cast<uint64_t>(local), global, global - 1,
+         global - local);
   }
   if (o.enableReplicatedGraphs && local == 1) {
     fail(ErrorCode::LocalReplicationFactorOne, fieldPath("replicatedGraphCount"),

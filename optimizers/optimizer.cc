@@ -72,6 +72,10 @@ std::vector<HyperParameter> Optimizer::hyperParameters(int64_t step) const {
   return result;
 }
 
+void Optimizer::rebindHyperParameters(const Graph& graph) {
+  for (auto& [hyperName, tensor] : hyperTensors_) tensor = graph.find(fmt::format("{}{}", kHyperParameterPrefix, hyperName));
+}
+
 Tensor Optimizer::hyperParameter(Graph& graph, std::string_view hyperName) const {
   const auto it = std::find_if(hyperTensors_.begin(), hyperTensors_.end(),
                                [&](const auto& entry) { return entry.first == hyperName; });
@@ -88,9 +92,12 @@ Tensor zeroVariableLike(Tensor weight, std::string name, TensorCategory category
   const int64_t groups = node.grouping ? node.grouping->numGroups() : 1;
   if (!node.metaShape.empty()) {
     std::vector<float> zeros(static_cast<std::size_t>(groups * numElements(node.metaShape)), 0.0F);
-    return ops::replicaShardedVariable(graph, std::move(name), std::move(zeros), node.metaShape,
-                                       node.grouping, node.shardCount, category)
-        .shard;
+    const std::optional<ReplicaGrouping> domain = node.shardDomain;
+    const Tensor state = ops::replicaShardedVariable(graph, std::move(name), std::move(zeros), node.metaShape,
+                                                     node.grouping, node.shardCount, category)
+                             .shard;
+    graph.tensor(state.id()).shardDomain = domain;
+    return state;
   }
   std::vector<float> zeros(static_cast<std::size_t>(groups * numElements(node.shape)), 0.0F);
   return ops::variable(graph, std::move(name), std::move(zeros), node.shape, node.grouping,

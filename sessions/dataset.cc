@@ -15,6 +15,8 @@
 #include <utility>
 
 #include <fmt/format.h>
+// zlib then declares its input pointers const, so a buffer in memory needs no cast.
+#define ZLIB_CONST
 #include <zlib.h>
 
 #include "tessera/error.hpp"
@@ -40,22 +42,23 @@ struct FileCloser {
   void operator()(std::FILE* file) const noexcept { std::fclose(file); }
 };
 
-// The bytes of a file, inflated when it starts with the gzip magic. Reads in
-// fixed chunks, so memory stays bounded whatever the file holds; offsets in
-// messages are those of the (inflated) data.
+// The bytes of a file or of a buffer in memory, inflated when they start
+// with the gzip magic. A file is read in fixed chunks, so memory stays bounded
+// whatever it holds; offsets in messages are those of the (inflated) data.
 class ByteSource {
  public:
-  explicit ByteSource(const std::string& path) : path_(path), input_(kChunkBytes) {
+  explicit ByteSource(const std::string& path) : name_(path), input_(kChunkBytes) {
     errno = 0;
     file_.reset(std::fopen(path.c_str(), "rb"));
     if (!file_) throwUnreadable(path, errno);
     stream_.next_in = input_.data();
-    stream_.avail_in = 0;
-    while (stream_.avail_in < 2 && refill()) {
-    }
-    gzip_ = startsWithGzipMagic();
-    // 15 + 16: the largest window, gzip framing only. It fails only for want of memory.
-    if (gzip_ && inflateInit2(&stream_, 15 + 16) != Z_OK) throw std::bad_alloc();
+    start();
+  }
+  // `bytes` must outlive the source; inflate reads them in place.
+  ByteSource(std::span<const unsigned char> bytes, std::string name)
+      : name_(std::move(name)), memory_(bytes) {
+    stream_.next_in = bytes.data();
+    start();
   }
   ByteSource(const ByteSource&) = delete;
   ByteSource& operator=(const ByteSource&) = delete;
@@ -63,6 +66,8 @@ class ByteSource {
     if (gzip_) inflateEnd(&stream_);
   }
 
+  // The file, or the name the caller gave the buffer.
+  const std::string& name() const noexcept { return name_; }
   bool gzip() const noexcept { return gzip_; }
   // Bytes of data delivered so far.
   uint64_t offset() const noexcept { return delivered_; }
@@ -75,9 +80,22 @@ class ByteSource {
   }
 
  private:
+  void start() {
+    stream_.avail_in = 0;
+    while (stream_.avail_in < 2 && refill()) {
+    }
+    gzip_ = startsWithGzipMagic();
+    // 15 + 16: the largest window, gzip framing only. It fails only for want of memory.
+    if (gzip_ && inflateInit2(&stream_, 15 + 16) != Z_OK) throw std::bad_alloc();
+  }
+
+  // Makes more input available after the unread input; false at the end of
+  // the data.
+  bool refill() { return file_ ? refillFromFile() : refillFromMemory(); }
+
   // Moves the unread input to the front of the buffer and appends what the
-  // file holds next; false at the end of the file.
-  bool refill() {
+  // file holds next.
+  bool refillFromFile() {
     if (eof_) return false;
     std::memmove(input_.data(), stream_.next_in, stream_.avail_in);
     stream_.next_in = input_.data();
@@ -85,11 +103,23 @@ class ByteSource {
     errno = 0;
     const std::size_t n = std::fread(input_.data() + stream_.avail_in, 1, space, file_.get());
     if (n < space) {
-      if (std::ferror(file_.get())) throwUnreadable(path_, errno);
+      if (std::ferror(file_.get())) throwUnreadable(name_, errno);
       eof_ = true;
     }
     stream_.avail_in += static_cast<uInt>(n);
-    fileBytes_ += n;
+    inputBytes_ += n;
+    return n > 0;
+  }
+
+  // The unread input always ends where `memory_` begins, so making more of
+  // the buffer available only moves that boundary; zlib counts input in
+  // uInt, hence the steps.
+  bool refillFromMemory() {
+    const std::size_t n =
+        std::min<std::size_t>(memory_.size(), std::numeric_limits<uInt>::max() - stream_.avail_in);
+    stream_.avail_in += static_cast<uInt>(n);
+    memory_ = memory_.subspan(n);
+    inputBytes_ += n;
     return n > 0;
   }
 
@@ -97,8 +127,8 @@ class ByteSource {
     return stream_.avail_in >= 2 && stream_.next_in[0] == kGzipMagic0 && stream_.next_in[1] == kGzipMagic1;
   }
 
-  // Offset in the file of the next compressed byte inflate would read.
-  uint64_t compressedOffset() const noexcept { return fileBytes_ - stream_.avail_in; }
+  // Offset in the input of the next compressed byte inflate would read.
+  uint64_t compressedOffset() const noexcept { return inputBytes_ - stream_.avail_in; }
 
   std::size_t copyInto(std::span<unsigned char> out) {
     std::size_t done = 0;
@@ -123,7 +153,7 @@ class ByteSource {
         while (stream_.avail_in < 2 && refill()) {
         }
         if (!startsWithGzipMagic()) {
-          throwCorrupt(path_, fmt::format("unexpected bytes after the end of the gzip stream at compressed "
+          throwCorrupt(name_, fmt::format("unexpected bytes after the end of the gzip stream at compressed "
                                           "byte offset {}",
                                           compressedOffset()));
         }
@@ -131,7 +161,7 @@ class ByteSource {
         memberEnded_ = false;
       }
       if (stream_.avail_in == 0 && !refill()) {
-        throwCorrupt(path_,
+        throwCorrupt(name_,
                      fmt::format("the gzip stream is truncated: the file ends at compressed byte offset "
                                  "{} (after {} bytes of data) before the stream's end",
                                  compressedOffset(), delivered_ + done));
@@ -146,21 +176,22 @@ class ByteSource {
       } else if (status != Z_OK && status != Z_BUF_ERROR) {
         // Z_BUF_ERROR only means inflate needs more input, which the loop
         // provides; anything else is a damaged stream.
-        throwCorrupt(path_, fmt::format("corrupt gzip stream near compressed byte offset {}: {}",
+        throwCorrupt(name_, fmt::format("corrupt gzip stream near compressed byte offset {}: {}",
                                         compressedOffset(), stream_.msg ? stream_.msg : zError(status)));
       }
     }
     return done;
   }
 
-  std::string path_;
+  std::string name_;
   std::unique_ptr<std::FILE, FileCloser> file_;
-  std::vector<unsigned char> input_;
+  std::vector<unsigned char> input_;     // the file's chunk buffer
+  std::span<const unsigned char> memory_;  // the buffer's bytes not yet given to zlib
   z_stream stream_{};
   bool gzip_ = false;
   bool eof_ = false;
   bool memberEnded_ = false;
-  uint64_t fileBytes_ = 0;
+  uint64_t inputBytes_ = 0;
   uint64_t delivered_ = 0;
 };
 
@@ -194,7 +225,8 @@ struct IdxHeader {
   int64_t headerBytes = 0;
 };
 
-IdxHeader readIdxHeader(ByteSource& source, const std::string& path, const IdxKind& kind, int64_t maxItems) {
+IdxHeader readIdxHeader(ByteSource& source, const IdxKind& kind, int64_t maxItems) {
+  const std::string& path = source.name();
   const uint32_t expectedMagic = (uint32_t{kIdxUnsignedByte} << 8) | static_cast<uint32_t>(kind.dimensions);
   std::array<unsigned char, 4> magic{};
   const std::size_t got = source.read(magic);
@@ -254,8 +286,9 @@ IdxHeader readIdxHeader(ByteSource& source, const std::string& path, const IdxKi
     throwCorrupt(path, fmt::format("the header declares {}, a size that overflows 64 bits", shape));
   }
   if (items > static_cast<uint64_t>(std::max<int64_t>(maxItems, 0))) {
-    throwCorrupt(path, fmt::format("the header declares {} = {} bytes of data, more than the limit of {}; a "
-                                   "damaged header, or a dataset larger than this reader accepts",
+    throwCorrupt(path, fmt::format("the header declares {} = {} bytes of data, more than the limit of {} "
+                                   "(maxItems); a damaged header, or a dataset larger than this reader "
+                                   "accepts",
                                    shape, items, maxItems));
   }
   header.items = static_cast<int64_t>(items);
@@ -265,7 +298,8 @@ IdxHeader readIdxHeader(ByteSource& source, const std::string& path, const IdxKi
 // Reads the header's items, passing each chunk of bytes and the index of its
 // first item to `consume`, then checks that the data ends there.
 template <class Consume>
-void readIdxItems(ByteSource& source, const std::string& path, const IdxHeader& header, Consume&& consume) {
+void readIdxItems(ByteSource& source, const IdxHeader& header, Consume&& consume) {
+  const std::string& path = source.name();
   std::array<unsigned char, kChunkBytes> chunk{};
   const uint64_t items = static_cast<uint64_t>(header.items);
   uint64_t done = 0;
@@ -296,6 +330,47 @@ constexpr std::array<float, 256> kByteToUnit = [] {
   for (std::size_t b = 0; b < table.size(); ++b) table[b] = static_cast<float>(b) / 255.0f;
   return table;
 }();
+
+// Makes room for `needed` values, growing geometrically up to `declared`:
+// values are stored as the data arrives, so a header that claims more than
+// the data holds costs at most twice the data actually present.
+template <class T>
+void reserveFor(std::vector<T>& values, std::size_t needed, int64_t declared) {
+  if (needed <= values.capacity()) return;
+  values.reserve(std::min(static_cast<std::size_t>(declared), std::max(needed, 2 * values.capacity())));
+}
+
+IdxImages readImages(ByteSource& source, int64_t maxItems) {
+  const IdxHeader header = readIdxHeader(source, kImageFile, maxItems);
+  IdxImages images;
+  images.count = header.dims[0];
+  images.rows = header.dims[1];
+  images.cols = header.dims[2];
+  std::vector<float>& pixels = images.pixels;
+  readIdxItems(source, header, [&](std::span<const unsigned char> bytes, uint64_t first) {
+    reserveFor(pixels, static_cast<std::size_t>(first) + bytes.size(), header.items);
+    for (const unsigned char b : bytes) pixels.push_back(kByteToUnit[b]);
+  });
+  return images;
+}
+
+std::vector<int32_t> readLabels(ByteSource& source, int32_t numClasses, int64_t maxItems) {
+  const IdxHeader header = readIdxHeader(source, kLabelFile, maxItems);
+  std::vector<int32_t> labels;
+  readIdxItems(source, header, [&](std::span<const unsigned char> bytes, uint64_t first) {
+    reserveFor(labels, static_cast<std::size_t>(first) + bytes.size(), header.items);
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      const int32_t label = bytes[i];
+      if (label >= numClasses) {
+        throwCorrupt(source.name(),
+                     fmt::format("label {} of sample {} (byte offset {}) is outside 0..{}", label, first + i,
+                                 static_cast<uint64_t>(header.headerBytes) + first + i, numClasses - 1));
+      }
+      labels.push_back(label);
+    }
+  });
+  return labels;
+}
 
 // ---------------------------------------------------------------------------
 // Deterministic random numbers. The engines' outputs are fixed by their
@@ -486,36 +561,23 @@ int64_t syntheticSize(int64_t limit, int64_t full) { return limit > 0 ? std::min
 
 IdxImages readIdxImages(const std::string& path, int64_t maxItems) {
   ByteSource source(path);
-  const IdxHeader header = readIdxHeader(source, path, kImageFile, maxItems);
-  IdxImages images;
-  images.count = header.dims[0];
-  images.rows = header.dims[1];
-  images.cols = header.dims[2];
-  images.pixels.resize(static_cast<std::size_t>(header.items));
-  float* pixels = images.pixels.data();
-  readIdxItems(source, path, header, [pixels](std::span<const unsigned char> bytes, uint64_t first) {
-    float* out = pixels + first;
-    for (const unsigned char b : bytes) *out++ = kByteToUnit[b];
-  });
-  return images;
+  return readImages(source, maxItems);
 }
 
 std::vector<int32_t> readIdxLabels(const std::string& path, int32_t numClasses, int64_t maxItems) {
   ByteSource source(path);
-  const IdxHeader header = readIdxHeader(source, path, kLabelFile, maxItems);
-  std::vector<int32_t> labels(static_cast<std::size_t>(header.items));
-  readIdxItems(source, path, header, [&](std::span<const unsigned char> bytes, uint64_t first) {
-    for (std::size_t i = 0; i < bytes.size(); ++i) {
-      const int32_t label = bytes[i];
-      if (label >= numClasses) {
-        throwCorrupt(path,
-                     fmt::format("label {} of sample {} (byte offset {}) is outside 0..{}", label, first + i,
-                                 static_cast<uint64_t>(header.headerBytes) + first + i, numClasses - 1));
-      }
-      labels[first + i] = label;
-    }
-  });
-  return labels;
+  return readLabels(source, numClasses, maxItems);
+}
+
+IdxImages parseIdxImages(std::span<const unsigned char> bytes, const std::string& name, int64_t maxItems) {
+  ByteSource source(bytes, name);
+  return readImages(source, maxItems);
+}
+
+std::vector<int32_t> parseIdxLabels(std::span<const unsigned char> bytes, const std::string& name,
+                                    int32_t numClasses, int64_t maxItems) {
+  ByteSource source(bytes, name);
+  return readLabels(source, numClasses, maxItems);
 }
 
 DatasetSplit readIdxSplit(const std::string& imagesPath, const std::string& labelsPath, int64_t maxItems) {
@@ -617,6 +679,28 @@ std::vector<int64_t> epochOrder(int64_t numSamples, int64_t seed, int64_t epoch,
   std::vector<int64_t> order(static_cast<std::size_t>(numSamples));
   fillEpochOrder(order, seed, epoch, shuffle);
   return order;
+}
+
+int64_t instanceStepOffset(int64_t step, int64_t stepSamples, int64_t numInstances, int64_t instanceIndex) {
+  if (step < 0) {
+    throw ConfigError(ErrorCode::OutOfRange, "instanceStepOffset",
+                      fmt::format("step is {}; it must be >= 0", step));
+  }
+  if (stepSamples < 1) {
+    throw ConfigError(ErrorCode::OutOfRange, "instanceStepOffset",
+                      fmt::format("stepSamples is {}; it must be >= 1 (batchSize x local replicas x "
+                                  "accumulationFactor)",
+                                  stepSamples));
+  }
+  if (numInstances < 1) {
+    throw ConfigError(ErrorCode::OutOfRange, "instanceStepOffset",
+                      fmt::format("numInstances is {}; it must be >= 1", numInstances));
+  }
+  if (instanceIndex < 0 || instanceIndex >= numInstances) {
+    throw ConfigError(ErrorCode::OutOfRange, "instanceStepOffset",
+                      fmt::format("instanceIndex is {}; it must be in [0, {})", instanceIndex, numInstances));
+  }
+  return (step * numInstances + instanceIndex) * stepSamples;
 }
 
 SampleRange instanceRange(int64_t numSamples, int64_t stepSamples, int64_t numInstances,

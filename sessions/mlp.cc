@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 
 #include "tessera/error.hpp"
-#include "tessera/location_resolver.hpp"
 
 namespace tessera {
 namespace {
@@ -39,34 +38,6 @@ Tensor applyActivation(Activation activation, Tensor x) {
   return x;
 }
 
-// A weight as the model uses it: a plain variable, or the all-gathered
-// shards of a replica-sharded one when its resolved location says so.
-Tensor weightVariable(Graph& g, const std::string& name, std::vector<float> data, Shape shape,
-                      const SessionOptions* options) {
-  const int64_t replicas = g.replicationFactor();
-  if (options != nullptr) {
-    const ResolvedLocation resolved =
-        resolveTensorLocation(*options, TensorInfo{name, TensorCategory::Weight, numElements(shape)});
-    const TensorLocation& location = resolved.location;
-    if (location.replicatedTensorSharding == ReplicatedTensorSharding::On) {
-      const CommGroup& domain = location.shardingDomain;
-      if (domain.type == CommGroupType::Orthogonal) {
-        throw ConfigError(ErrorCode::UnsupportedCombination, resolved.decidedBy + "/shardingDomain",
-                          fmt::format("{}: an Orthogonal sharding domain is not supported for replica-sharded "
-                                      "weights yet; use All or Consecutive",
-                                      name));
-      }
-      const int64_t shards = domain.groupSize(replicas);
-      if (shards > 1) {
-        const ShardedVariable sharded =
-            ops::replicaShardedVariable(g, name, std::move(data), shape, std::nullopt, shards);
-        return ops::replicatedAllGather(sharded.shard, domain.toReplicaGrouping(replicas), shape);
-      }
-    }
-  }
-  return ops::variable(g, name, std::move(data), std::move(shape));
-}
-
 }  // namespace
 
 std::vector<float> normalSamples(int64_t count, uint64_t seed, double stddev) {
@@ -81,8 +52,7 @@ std::vector<float> normalSamples(int64_t count, uint64_t seed, double stddev) {
   return out;
 }
 
-MlpGraph buildMlp(const ModelConfig& model, int64_t batchSize, int64_t replicationFactor, int64_t seed,
-                  const SessionOptions* options) {
+MlpGraph buildMlp(const ModelConfig& model, int64_t batchSize, int64_t replicationFactor, int64_t seed) {
   if (model.type != "mlp") {
     throw ConfigError(ErrorCode::InvalidModel, "/model/type",
                       fmt::format("unknown model type \"{}\"; expected \"mlp\"", model.type));
@@ -118,12 +88,11 @@ MlpGraph buildMlp(const ModelConfig& model, int64_t batchSize, int64_t replicati
     // He-normal: stddev sqrt(2 / fan_in). Each layer draws from its own
     // stream so that changing one width leaves the others' values alone.
     const uint64_t layerSeed = static_cast<uint64_t>(seed) * 1000003ull + i;
-    Tensor w = weightVariable(g, fmt::format("W{}", i), normalSamples(in * out, layerSeed, std::sqrt(2.0 / in)),
-                              {in, out}, options);
-    Tensor b = weightVariable(g, fmt::format("b{}", i), std::vector<float>(static_cast<size_t>(out), 0.0f), {out},
-                              options);
-    mlp.weights.push_back(g.find(fmt::format("W{}", i)));
-    mlp.weights.push_back(g.find(fmt::format("b{}", i)));
+    const Tensor w =
+        ops::variable(g, fmt::format("W{}", i), normalSamples(in * out, layerSeed, std::sqrt(2.0 / in)), {in, out});
+    const Tensor b = ops::variable(g, fmt::format("b{}", i), std::vector<float>(static_cast<size_t>(out), 0.0f), {out});
+    mlp.weights.push_back(w.id());
+    mlp.weights.push_back(b.id());
     x = ops::add(ops::matmul(x, w), b);
     if (i + 1 < numLayers) x = applyActivation(model.activation, x);
   }

@@ -6,9 +6,11 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -74,12 +76,38 @@ void visitFields(V& v, DataConfig& value) {
 
 template <class V>
 void visitFields(V& v, OutputConfig& value) {
-  v.field("checkpoint", value.checkpoint,
-          {.doc = "Checkpoint (.safetensors) written after training; empty: not written."});
+  v.field(
+      "checkpoint", value.checkpoint,
+      {.doc = "Checkpoint (.safetensors) written after training, and when training is interrupted; empty: "
+              "not written."});
+  v.field(
+      "checkpointEvery", value.checkpointEvery,
+      {.min = 0,
+       .doc = "Also write the checkpoint every this many steps (0: only at the end and when interrupted). "
+              ">= 0; > 0 needs a checkpoint path."});
   v.field(
       "profile", value.profile,
       {.doc = "Profile report (memory, traffic, modelled time) written after training; empty: not written."});
   v.field("trace", value.trace, {.doc = "Chrome trace of the modelled run; empty: not written."});
+  v.rule([&value](const jsonio::RuleSite& site) {
+    if (value.checkpointEvery == 0 || !value.checkpoint.empty()) return;
+    const std::string path = site.path("checkpointEvery");
+    throw ConfigError(
+        ErrorCode::InvalidOutput, path,
+        fmt::format("checkpointEvery is {} but no checkpoint path is set; set {} to a file such as "
+                    "\"out/model.safetensors\" or checkpointEvery to 0{}",
+                    value.checkpointEvery, site.path("checkpoint"), site.origin(path)));
+  });
+}
+
+template <class V>
+void visitFields(V& v, LimitsConfig& value) {
+  v.field("maxTensorBytes", value.maxTensorBytes,
+          {.min = 1,
+           .doc = "The largest tensor a run may create, in bytes: one weight; the model's weights together; "
+                  "one replica's activations of the widest layer for a (test) micro-batch; or the host "
+                  "buffer of one step's input samples. validate() rejects larger sizes before anything is "
+                  "allocated. >= 1."});
 }
 
 namespace {
@@ -200,6 +228,7 @@ void visitFields(V& v, RunConfig& value) {
                   "\"learningRate\": 0.05, \"momentum\": 0.9}."});
   v.field("data", value.data, {.doc = "Dataset, batch sizes, epochs and seed."});
   v.field("output", value.output, {.doc = "Files written by a training run."});
+  v.field("limits", value.limits, {.doc = "Bounds on the sizes the config implies, checked by validate()."});
 }
 
 // --- Public JSON -------------------------------------------------------------------
@@ -221,6 +250,7 @@ TESSERA_SECTION_JSON(ModelConfig)
 TESSERA_SECTION_JSON(OptimizerConfig)
 TESSERA_SECTION_JSON(DataConfig)
 TESSERA_SECTION_JSON(OutputConfig)
+TESSERA_SECTION_JSON(LimitsConfig)
 TESSERA_SECTION_JSON(RunConfig)
 #undef TESSERA_SECTION_JSON
 
@@ -258,6 +288,14 @@ nlohmann::json overrideValue(std::string_view valueText, const std::string& path
 // Applies "PATH=VALUE" to `document`, creating missing objects on the way;
 // returns the canonical JSON pointer it wrote.
 std::string applyOverride(nlohmann::json& document, const std::string& text) {
+  // A value that is not JSON is kept as a string, so nothing else would
+  // check its encoding; every string of a config must be UTF-8 to be written
+  // out again (explain, checkpoints).
+  if (const auto bad = jsonio::invalidUtf8Offset(text)) {
+    badOverride(jsonio::printable(text),
+                fmt::format("byte {} (0x{:02x}) is not valid UTF-8; paths and values must be UTF-8 text",
+                            *bad, static_cast<unsigned char>(text[*bad])));
+  }
   const std::size_t equals = text.find('=');
   if (equals == std::string::npos) {
     badOverride(text,
@@ -272,6 +310,14 @@ std::string applyOverride(nlohmann::json& document, const std::string& text) {
   const auto tokens = jsonio::splitPointer(pointer);
   if (!tokens)
     badOverride(text, "in a JSON pointer \"~\" must be followed by 0 (for \"~\") or 1 (for \"/\")");
+  // Missing objects on the way are created, so the path's length is the
+  // depth it adds to the document.
+  if (tokens->size() > jsonio::kMaxDepth) {
+    throw ConfigError(
+        ErrorCode::DocumentLimit, text,
+        fmt::format("the path has {} segments; the limit is {}, the nesting depth of a document",
+                    tokens->size(), jsonio::kMaxDepth));
+  }
   std::string path;
   for (const std::string& token : *tokens) path = jsonio::childPath(path, token);
   nlohmann::json value = overrideValue(std::string_view(text).substr(equals + 1), path, text);
@@ -401,6 +447,83 @@ void checkStepFitsSubset(const RunConfig& config) {
                                 data.limitTrainSamples, data.batchSize, replicas, factor));
 }
 
+// --- Size bounds ---
+
+constexpr int64_t kFloatBytes = 4;
+
+// The product of positive factors; nullopt when it overflows int64.
+std::optional<int64_t> product(std::initializer_list<int64_t> factors) {
+  int64_t result = 1;
+  for (const int64_t factor : factors) {
+    if (__builtin_mul_overflow(result, factor, &result)) return std::nullopt;
+  }
+  return result;
+}
+
+// Rejects a size over the limit; `bytes` is nullopt when computing it overflowed.
+void checkSize(const std::optional<int64_t>& bytes, int64_t limit, const std::string& path,
+               std::string_view what) {
+  if (bytes && *bytes <= limit) return;
+  const std::string size =
+      bytes ? fmt::format("{} bytes", *bytes) : std::string("more bytes than 64 bits count");
+  throw ConfigError(ErrorCode::ShapeTooLarge, path,
+                    fmt::format("{} would take {}, more than /limits/maxTensorBytes ({} bytes); lower {}, or "
+                                "raise /limits/maxTensorBytes if the host has the memory",
+                                what, size, limit, path));
+}
+
+// Every size the config implies, computed before anything of that size is
+// allocated. The fields are in range here (the section rules ran first).
+void checkSizes(const RunConfig& config) {
+  const int64_t limit = config.limits.maxTensorBytes;
+  const std::vector<int64_t>& layers = config.model.layers;
+  const int64_t local = config.sessionOptions.getLocalReplicationFactor();
+  const int64_t global = config.sessionOptions.getGlobalReplicationFactor();
+  const int64_t factor = config.sessionOptions.getAccumulationFactor();
+  const DataConfig& data = config.data;
+
+  std::optional<int64_t> total = 0;
+  std::size_t widest = 0;
+  for (std::size_t i = 0; i + 1 < layers.size(); ++i) {
+    const std::size_t larger = layers[i + 1] >= layers[i] ? i + 1 : i;
+    const std::optional<int64_t> weight = product({layers[i], layers[i + 1], kFloatBytes});
+    checkSize(weight, limit, fmt::format("/model/layers/{}", larger),
+              fmt::format("weight W{} of {} x {} float32", i, layers[i], layers[i + 1]));
+    // A bias is one row of its weight, so its size cannot overflow.
+    const int64_t bias = layers[i + 1] * kFloatBytes;
+    if (total &&
+        (__builtin_add_overflow(*total, *weight, &*total) || __builtin_add_overflow(*total, bias, &*total))) {
+      total = std::nullopt;
+    }
+    if (layers[i + 1] > layers[widest]) widest = i + 1;
+  }
+  checkSize(
+      total, limit, "/model/layers",
+      fmt::format("the model's {} weights and {} biases together", layers.size() - 1, layers.size() - 1));
+  const int64_t width = layers[widest];
+  checkSize(product({data.batchSize, width, kFloatBytes}), limit, "/data/batchSize",
+            fmt::format("one replica's activations of the widest layer (batchSize {} x {} float32)",
+                        data.batchSize, width));
+  checkSize(product({data.testBatchSize, width, kFloatBytes}), limit, "/data/testBatchSize",
+            fmt::format("one replica's test activations of the widest layer (testBatchSize {} x {} float32)",
+                        data.testBatchSize, width));
+  checkSize(product({data.batchSize, local, factor, layers.front(), kFloatBytes}), limit, "/data/batchSize",
+            fmt::format("the host buffer of one step's inputs (batchSize {} x {} local replicas x "
+                        "accumulationFactor {} x {} inputs, float32)",
+                        data.batchSize, local, factor, layers.front()));
+  checkSize(product({data.testBatchSize, local, layers.front(), kFloatBytes}), limit, "/data/testBatchSize",
+            fmt::format("the host buffer of one test step's inputs (testBatchSize {} x {} local replicas x "
+                        "{} inputs, float32)",
+                        data.testBatchSize, local, layers.front()));
+  // The global batch is a count, never one buffer, but the step loop computes it.
+  if (!product({data.batchSize, global, factor})) {
+    throw ConfigError(ErrorCode::ShapeTooLarge, "/data/batchSize",
+                      fmt::format("a global batch of batchSize {} x {} replicas x accumulationFactor {} "
+                                  "samples does not fit in a 64-bit count; lower /data/batchSize",
+                                  data.batchSize, global, factor));
+  }
+}
+
 }  // namespace
 
 LoadedRunConfig parseRunConfig(std::string_view text, std::string_view source,
@@ -436,8 +559,11 @@ void validate(const RunConfig& config) {
   jsonio::checkRules(config.model, "/model");
   jsonio::checkRules(config.optimizer, "/optimizer");
   jsonio::checkRules(config.data, "/data");
+  jsonio::checkRules(config.output, "/output");
+  jsonio::checkRules(config.limits, "/limits");
   checkModelFitsData(config);
   checkStepFitsSubset(config);
+  checkSizes(config);
 }
 
 nlohmann::json runConfigSchema() {

@@ -5,16 +5,17 @@
 
 #include <fmt/format.h>
 
-#include "location_support.hpp"
 #include "session_runtime.hpp"
 #include "tessera/error.hpp"
+#include "tessera/placement.hpp"
 #include "tessera/transform.hpp"
+#include "time_model.hpp"
 #include "training_pipeline.hpp"
 
 namespace tessera {
 namespace {
 
-void checkOptions(const Graph& graph, const SessionOptions& options, const Device& device, bool training) {
+void checkOptions(const Graph& graph, const SessionOptions& options, const Device& device) {
   validate(options, device.spec());
   if (graph.replicationFactor() != options.getGlobalReplicationFactor()) {
     throw GraphError(ErrorCode::ReplicationFactorMismatch, "Graph",
@@ -23,7 +24,6 @@ void checkOptions(const Graph& graph, const SessionOptions& options, const Devic
                                  graph.replicationFactor(), options.getGlobalReplicationFactor(),
                                  options.getGlobalReplicationFactor()));
   }
-  detail::checkLocationsSupported(graph, options, training);
 }
 
 std::vector<TensorId> findOutputs(const Graph& graph, const std::vector<std::string>& names) {
@@ -36,6 +36,37 @@ std::vector<TensorId> findOutputs(const Graph& graph, const std::vector<std::str
     ids.push_back(*id);
   }
   return ids;
+}
+
+std::string bytesText(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
+  if (bytes >= (int64_t{1} << 10)) return fmt::format("{:.1f} KiB", static_cast<double>(bytes) / (1 << 10));
+  return fmt::format("{} B", bytes);
+}
+
+// The device's out-of-memory error with the settings that would lower the
+// short space's peak, each planned on its own.
+DeviceError outOfMemoryWithSuggestions(const DeviceError& error, const Graph& graph, TensorId loss,
+                                       const Optimizer& optimizer, const SessionOptions& options,
+                                       const DeviceSpec& spec) {
+  const RunPlan plan = planTraining(graph, loss, optimizer, options, spec);
+  const std::optional<MemoryShortfall> shortfall = findShortfall(plan.memory);
+  if (!shortfall) return error;
+  const std::vector<MemorySuggestion> suggestions =
+      suggestMemorySettings(graph, loss, optimizer, options, spec, *shortfall);
+  std::string text = error.detail();
+  if (suggestions.empty()) {
+    text += "\nno single location setting lowers that peak; use a device with more memory per tile, or a smaller "
+            "batch or model";
+  } else {
+    text += "\nsettings that lower it (each planned on its own):";
+    for (const MemorySuggestion& s : suggestions) {
+      text += fmt::format("\n  set {} to {}: peak {} -> {} (saves {}){}", s.setting, s.value,
+                          bytesText(shortfall->neededBytes), bytesText(s.neededBytes), bytesText(s.savingBytes),
+                          s.fits ? ", fits" : ", still too large");
+    }
+  }
+  return DeviceError(error.code(), error.subject(), text);
 }
 
 size_t outputIndex(const std::vector<std::string>& names, std::string_view name) {
@@ -60,6 +91,7 @@ struct TrainingSession::Impl {
   HostTensor noLoss;
   int64_t step = 0;
   double meanLoss = 0.0;
+  TimeReport time;  // of the final program, modelled once
 };
 
 TrainingSession::TrainingSession(Graph graph, TensorId loss, std::unique_ptr<Optimizer> optimizer,
@@ -69,7 +101,7 @@ TrainingSession::TrainingSession(Graph graph, TensorId loss, std::unique_ptr<Opt
   Impl& impl = *impl_;
   if (!optimizer) throw ConfigError(ErrorCode::InvalidOptimizer, "/optimizer", "no optimizer given");
   if (!device) throw DeviceError(ErrorCode::InvalidProgram, "device", "no device given");
-  checkOptions(graph, options, *device, true);
+  checkOptions(graph, options, *device);
   impl.options = std::move(options);
   impl.optimizer = std::move(optimizer);
   impl.outputNames = std::move(outputs);
@@ -81,6 +113,8 @@ TrainingSession::TrainingSession(Graph graph, TensorId loss, std::unique_ptr<Opt
                                   fmt::join(impl.outputNames, ", "), af));
   }
 
+  // Kept to plan alternatives when the program does not fit the device.
+  const Graph original = graph;
   TrainingGraph training{std::move(graph), TrainingTensors{loss, {}, {}}};
   runTrainingPipeline(training, impl.options, *impl.optimizer);
   impl.weights = training.tensors.weights;
@@ -88,8 +122,19 @@ TrainingSession::TrainingSession(Graph graph, TensorId loss, std::unique_ptr<Opt
   std::vector<TensorId> outputIds{training.tensors.loss};
   const std::vector<TensorId> extra = findOutputs(training.graph, impl.outputNames);
   outputIds.insert(outputIds.end(), extra.begin(), extra.end());
-  impl.runtime =
-      std::make_unique<detail::SessionRuntime>(std::move(training.graph), impl.options, std::move(device), af, outputIds);
+  const DeviceSpec spec = device->spec();
+  try {
+    impl.runtime = std::make_unique<detail::SessionRuntime>(std::move(training.graph), impl.options,
+                                                            std::move(device), af, outputIds);
+  } catch (const DeviceError& error) {
+    if (error.code() != ErrorCode::OutOfMemory) throw;
+    throw outOfMemoryWithSuggestions(error, original, loss, *impl.optimizer, impl.options, spec);
+  }
+  const Graph& program = impl.runtime->graph();
+  impl.time = sim::modelTime(program,
+                             {impl.runtime->localReplicas(), impl.options.getGlobalReplicationFactor(),
+                              impl.options.getGlobalReplicaOffset()},
+                             program.schedule(), spec);
   // After accumulation the loss holds one value per micro-batch.
   impl.runtime->setOutputMicroBatchLeading(0, af > 1);
 }
@@ -124,6 +169,14 @@ double TrainingSession::learningRate() const { return impl_->optimizer->learning
 void TrainingSession::setLearningRate(double learningRate) { impl_->optimizer->setLearningRate(learningRate); }
 int64_t TrainingSession::step() const { return impl_->step; }
 
+void TrainingSession::setStep(int64_t step) {
+  if (step < 0) {
+    throw ConfigError(ErrorCode::OutOfRange, "step",
+                      fmt::format("step {} is not allowed; it must be >= 0", step));
+  }
+  impl_->step = step;
+}
+
 HostTensor TrainingSession::readVariable(std::string_view name, std::optional<RetrievalMode> mode) const {
   return impl_->runtime->readVariable(name, mode);
 }
@@ -143,7 +196,9 @@ void TrainingSession::writeWeights(const std::vector<std::pair<std::string, Host
 const Graph& TrainingSession::graph() const { return impl_->runtime->graph(); }
 const SessionOptions& TrainingSession::options() const { return impl_->options; }
 const MemoryReport& TrainingSession::memory() const { return impl_->runtime->memory(); }
+const TimeReport& TrainingSession::modelledTime() const { return impl_->time; }
 Optimizer& TrainingSession::optimizer() { return *impl_->optimizer; }
+const Optimizer& TrainingSession::optimizer() const { return *impl_->optimizer; }
 
 // ---------------------------------------------------------------------------
 // InferenceSession
@@ -158,12 +213,13 @@ InferenceSession::InferenceSession(Graph graph, std::vector<std::string> outputs
                                    std::unique_ptr<Device> device)
     : impl_(std::make_unique<Impl>()) {
   if (!device) throw DeviceError(ErrorCode::InvalidProgram, "device", "no device given");
-  checkOptions(graph, options, *device, false);
+  checkOptions(graph, options, *device);
   if (options.enableGradientAccumulation) {
     throw ConfigError(ErrorCode::UnsupportedCombination, "/sessionOptions/enableGradientAccumulation",
                       "gradient accumulation only exists for training; set it to false for an inference session");
   }
   impl_->outputNames = std::move(outputs);
+  runInferencePipeline(graph, options);
   const std::vector<TensorId> ids = findOutputs(graph, impl_->outputNames);
   impl_->runtime = std::make_unique<detail::SessionRuntime>(std::move(graph), options, std::move(device), 1, ids);
 }

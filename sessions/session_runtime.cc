@@ -1,12 +1,19 @@
 #include "session_runtime.hpp"
 
 #include <algorithm>
+#include <optional>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
+#include "tessera/communicator.hpp"
+#include "tessera/dist.hpp"
 #include "tessera/error.hpp"
+#include "tessera/json.hpp"
 #include "tessera/shard_layout.hpp"
 
 namespace tessera::detail {
@@ -16,6 +23,92 @@ const Shape& hostValueShape(const TensorNode& node) { return node.metaShape.empt
 
 ReplicaGrouping groupingOf(const TensorNode& node, int64_t globalReplicas) {
   return node.grouping.value_or(ReplicaGrouping(globalReplicas));
+}
+
+// FNV-1a: a small, fully specified hash, the same in every build.
+class Fingerprint {
+ public:
+  void add(const void* data, size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < bytes; ++i) hash_ = (hash_ ^ p[i]) * 0x100000001b3ull;
+  }
+  template <class T>
+  void add(const T& value) requires std::is_arithmetic_v<T> || std::is_enum_v<T> {
+    add(&value, sizeof value);
+  }
+  void add(std::string_view text) {
+    add(text.size());
+    add(text.data(), text.size());
+  }
+  template <class T>
+  void add(const std::vector<T>& values) {
+    add(values.size());
+    for (const T& v : values) add(v);
+  }
+  void add(const std::optional<ReplicaGrouping>& grouping) {
+    add(grouping.has_value());
+    if (grouping) {
+      add(grouping->numReplicas());
+      add(grouping->stride());
+      add(grouping->groupSize());
+    }
+  }
+  std::string hex() const { return fmt::format("{:016x}", hash_); }
+
+ private:
+  uint64_t hash_ = 0xcbf29ce484222325ull;
+};
+
+// What instances compare of a graph: its structure as one hash, and each
+// variable's initial value on its own, so that a difference in one (a
+// different seed, say) is named.
+nlohmann::json graphFingerprint(const Graph& graph) {
+  Fingerprint structure;
+  nlohmann::json variables = nlohmann::json::object();
+  for (const TensorNode& t : graph.tensors()) {
+    structure.add(std::string_view(t.name));
+    structure.add(t.dtype);
+    structure.add(t.shape);
+    structure.add(t.category);
+    structure.add(t.grouping);
+    structure.add(t.retrievalMode);
+    structure.add(t.metaShape);
+    structure.add(t.shardCount);
+    structure.add(t.shardDomain);
+    structure.add(t.remoteBuffer);
+    structure.add(t.remoteEntry);
+    const bool variable = t.producer != kNoOp && graph.op(t.producer).kind == OpKind::Variable;
+    if (!variable) {
+      structure.add(t.data);
+      continue;
+    }
+    Fingerprint value;
+    value.add(t.data);
+    variables[t.name] = fmt::format("{} {} values, hash {}", shapeStr(t.shape), t.data.size(), value.hex());
+  }
+  for (const OpNode& op : graph.ops()) {
+    structure.add(op.kind);
+    structure.add(std::string_view(op.name));
+    structure.add(op.inputs);
+    structure.add(op.outputs);
+    structure.add(op.after);
+    const OpAttributes& a = op.attributes;
+    structure.add(a.axes);
+    structure.add(a.keepDims);
+    structure.add(a.shape);
+    structure.add(a.starts);
+    structure.add(a.ends);
+    structure.add(a.axis);
+    structure.add(a.a);
+    structure.add(a.b);
+    structure.add(a.reduction);
+    structure.add(a.grouping);
+    structure.add(a.remoteBuffer);
+    structure.add(a.entry);
+  }
+  return nlohmann::json{{"structure", fmt::format("{} ops, {} tensors, hash {}", graph.ops().size(),
+                                                  graph.tensors().size(), structure.hex())},
+                        {"variables", std::move(variables)}};
 }
 
 }  // namespace
@@ -35,14 +128,8 @@ SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, std::
   program_.globalReplicas = options.getGlobalReplicationFactor();
   program_.replicaOffset = options.getGlobalReplicaOffset();
   program_.numIOTiles = options.numIOTiles;
-  if (program_.globalReplicas != program_.localReplicas) {
-    throw ConfigError(ErrorCode::UnsupportedCombination, "/sessionOptions/enableDistributedReplicatedGraphs",
-                      fmt::format("a global replication factor of {} over {} local replica(s) needs several "
-                                  "instances, which this session cannot run; use one instance with "
-                                  "replicatedGraphCount {}",
-                                  program_.globalReplicas, program_.localReplicas, program_.globalReplicas));
-  }
   program_.graph = std::move(graph);
+  if (program_.globalReplicas != program_.localReplicas) checkInstances(options);
   executable_ = device_->load(program_);
 
   const Graph& g = program_.graph;
@@ -67,6 +154,28 @@ SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, std::
     outputs_.push_back(std::move(out));
   }
   writeInitialValues();
+}
+
+void SessionRuntime::checkInstances(const SessionOptions& options) const {
+  Communicator* communicator = device_->communicator();
+  if (communicator == nullptr) {
+    throw ConfigError(
+        ErrorCode::UnsupportedCombination, "/sessionOptions/enableDistributedReplicatedGraphs",
+        fmt::format("a global replication factor of {} over {} local replica(s) needs the other instances, but "
+                    "the device has no communicator; create it with makeSimDevice(spec, mode, "
+                    "dist::instanceCommunicator()) and start the instances with `tessera launch`, or use one "
+                    "instance with replicatedGraphCount {}",
+                    program_.globalReplicas, program_.localReplicas, program_.globalReplicas));
+  }
+  // Everything but this instance's own offset must be the same everywhere.
+  // One check each, in this order, so that the first difference named is
+  // the cause (other options make other graphs).
+  nlohmann::json sessionOptions = options;
+  sessionOptions.erase("globalReplicaOffset");
+  dist::checkInstancesAgree(*communicator, {{"tesseraVersion", dist::tesseraVersion()}}, "tessera versions");
+  dist::checkInstancesAgree(*communicator, {{"sessionOptions", std::move(sessionOptions)}},
+                            "session options");
+  dist::checkInstancesAgree(*communicator, {{"graph", graphFingerprint(program_.graph)}}, "session graphs");
 }
 
 void SessionRuntime::setOutputMicroBatchLeading(size_t index, bool leading) {
@@ -195,7 +304,7 @@ void SessionRuntime::replicaValue(const TensorNode& node, std::span<const float>
     return;
   }
   const ShardLayout layout(n, node.shardCount);
-  layout.hostToShard(slice, grouping.indexInGroupAt(global) % node.shardCount, out);
+  layout.hostToShard(slice, shardIndexAt(node, program_.globalReplicas, global), out);
 }
 
 void SessionRuntime::writeInitialValues() {
@@ -238,6 +347,14 @@ void SessionRuntime::writeVariable(std::string_view name, std::span<const float>
 }
 
 void SessionRuntime::writeScalar(TensorId variable, double value) {
+  const TensorNode& node = program_.graph.tensor(variable);
+  if (node.remoteBuffer >= 0 || !node.metaShape.empty()) {
+    // Placed off chip or sharded by its location: the general path.
+    const Shape shape = variableHostShape(node, RetrievalMode::OnePerGroup);
+    const std::vector<float> host(static_cast<size_t>(numElements(shape)), static_cast<float>(value));
+    writeVariable(node.name, host, shape);
+    return;
+  }
   const ReplicaGrouping layout = executable_->layout(variable);
   const auto elements = static_cast<size_t>(numElements(program_.graph.tensor(variable).shape));
   std::vector<float> groups(static_cast<size_t>(layout.numGroups()) * elements, static_cast<float>(value));
@@ -264,28 +381,62 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
                   values.data() + static_cast<size_t>(r) * elements);
     }
   }
+  const ReplicaGrouping grouping = groupingOf(node, program_.globalReplicas);
+  const auto n = static_cast<size_t>(numElements(hostValueShape(node)));
+  const int64_t shards = node.metaShape.empty() ? 1 : node.shardCount;
+  // For every shard of a group (a single one when not sharded), the replica
+  // it is read from: a replica of the instance whose replicas start at
+  // `first` when the group has one there, else its first holder.
+  const auto holders = [&](int64_t group, int64_t first) {
+    std::vector<int64_t> chosen(static_cast<size_t>(shards), -1);
+    for (const bool localOnly : {true, false}) {
+      for (int64_t m = 0; m < grouping.groupSize(); ++m) {
+        const int64_t replica = grouping.replicaAt(group, m);
+        if (localOnly && (replica < first || replica >= first + replicas)) continue;
+        const int64_t s = shards == 1 ? 0 : shardIndexAt(node, program_.globalReplicas, replica);
+        if (chosen[static_cast<size_t>(s)] < 0) chosen[static_cast<size_t>(s)] = replica;
+      }
+    }
+    return chosen;
+  };
+  // When some instance lacks a holder of some shard (a sharding domain or a
+  // variable group across instances), every instance gathers every
+  // replica's value: the decision is the same on all, as collectives need.
+  std::vector<float> everyReplica;
+  bool gather = false;
+  for (int64_t first = 0; first < program_.globalReplicas && replicas < program_.globalReplicas && !gather;
+       first += replicas) {
+    for (int64_t group = 0; group < grouping.numGroups() && !gather; ++group) {
+      for (int64_t replica : holders(group, first)) gather = gather || replica < first || replica >= first + replicas;
+    }
+  }
+  if (gather) {
+    everyReplica.resize(static_cast<size_t>(program_.globalReplicas) * elements);
+    device_->communicator()->allGather(values, everyReplica);
+  }
   const auto valueOf = [&](int64_t globalReplica) {
+    if (gather) return std::span<const float>(everyReplica).subspan(static_cast<size_t>(globalReplica) * elements, elements);
     return std::span<const float>(values).subspan(static_cast<size_t>(globalReplica - program_.replicaOffset) * elements,
                                                   elements);
   };
 
-  const ReplicaGrouping grouping = groupingOf(node, program_.globalReplicas);
-  const auto n = static_cast<size_t>(numElements(hostValueShape(node)));
-  // The full value of group `group`, reassembled from its first shardCount
-  // members when sharded.
+  // The full value of group `group`, reassembled from its members' shards
+  // when sharded.
   const auto groupValue = [&](int64_t group, std::span<float> out) {
+    const std::vector<int64_t> from = holders(group, program_.replicaOffset);
     if (node.metaShape.empty()) {
-      const auto v = valueOf(grouping.replicaAt(group, 0));
+      const auto v = valueOf(from.front());
       std::copy(v.begin(), v.end(), out.begin());
       return;
     }
     const ShardLayout layout(static_cast<int64_t>(n), node.shardCount);
-    std::vector<float> shards(static_cast<size_t>(layout.paddedElements()));
-    for (int64_t m = 0; m < node.shardCount; ++m) {
-      const auto v = valueOf(grouping.replicaAt(group, m));
-      std::copy(v.begin(), v.end(), shards.begin() + static_cast<std::ptrdiff_t>(m * layout.shardElements()));
+    std::vector<float> shardValues(static_cast<size_t>(layout.paddedElements()));
+    // Every shard index occurs in the group.
+    for (int64_t s = 0; s < shards; ++s) {
+      const auto v = valueOf(from[static_cast<size_t>(s)]);
+      std::copy(v.begin(), v.end(), shardValues.begin() + static_cast<std::ptrdiff_t>(s * layout.shardElements()));
     }
-    layout.shardsToHost(shards, out);
+    layout.shardsToHost(shardValues, out);
   };
 
   HostTensor host;

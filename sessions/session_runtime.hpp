@@ -67,6 +67,9 @@ class SessionRuntime {
     HostTensor host;
   };
 
+  // A run of several instances: checks that the device can reach them and
+  // that they all run the same options, graph and tessera version.
+  void checkInstances(const SessionOptions& options) const;
   Shape variableHostShape(const TensorNode& node, RetrievalMode mode) const;
   // The value variable `node` holds on local replica r, given host data in
   // one-per-group host shape.

@@ -1,15 +1,23 @@
 #include "tessera/trainer.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <map>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "tessera/checkpoint.hpp"
+#include "tessera/communicator.hpp"
 #include "tessera/dataset.hpp"
+#include "tessera/dist.hpp"
 #include "tessera/error.hpp"
+#include "tessera/json.hpp"
 #include "tessera/mlp.hpp"
 #include "tessera/optimizer.hpp"
+#include "tessera/profile.hpp"
 #include "tessera/session.hpp"
 
 namespace tessera {
@@ -27,29 +35,149 @@ void checkInputWidth(const ModelConfig& model, const DatasetSplit& split) {
   }
 }
 
+// This process's part of a run: one instance of dist::numInstances(), or
+// the whole run.
+class Instances {
+ public:
+  // Reads the launcher's environment, fills the distributed fields of
+  // `options` from it (saying so in `notes` when that changes the config's
+  // replication) and connects to the other instances.
+  Instances(const RunConfig& config, SessionOptions& options, std::vector<std::string>& notes)
+      : env_(dist::readDistEnv()) {
+    if (!env_.set && env_.numInstances > 1) {
+      throw DistError(ErrorCode::InconsistentDistEnv, std::string(dist::kMpiWorldSizeVar),
+                      fmt::format("this is one of {} processes started by mpirun, but without the POPDIST_* "
+                                  "variables that split the replicas between them; start them with `tessera "
+                                  "launch --num-replicas R --num-instances {} -- ...`",
+                                  env_.numInstances, env_.numInstances));
+    }
+    if (!env_.set && options.getGlobalReplicationFactor() != options.getLocalReplicationFactor()) {
+      const int64_t global = options.getGlobalReplicationFactor();
+      const int64_t local = options.getLocalReplicationFactor();
+      throw ConfigError(ErrorCode::UnsupportedCombination, "/sessionOptions/enableDistributedReplicatedGraphs",
+                        fmt::format("the config spreads {} replicas over instances of {}, but this process was "
+                                    "not started as one of them; run `tessera launch --num-replicas {} "
+                                    "--num-instances {} -- tessera train ...`",
+                                    global, local, global, global / local));
+    }
+    dist::configureSessionOptions(options, env_);
+    const int64_t asked = config.sessionOptions.getGlobalReplicationFactor();
+    if (env_.set && options.getGlobalReplicationFactor() != asked) {
+      notes.push_back(fmt::format("the launcher sets the replication: {} replica(s) in total, {} per "
+                                  "instance on {} instance(s) (the config asks for {})",
+                                  env_.numTotalReplicas, env_.numLocalReplicas, env_.numInstances, asked));
+    }
+    if (env_.numInstances > 1) communicator_ = dist::instanceCommunicator();
+  }
+
+  int64_t count() const noexcept { return env_.numInstances; }
+  int64_t index() const noexcept { return env_.instanceIndex; }
+  // Files are written by instance 0 only; every instance computes them.
+  bool writesOutput() const noexcept { return env_.instanceIndex == 0; }
+
+  std::unique_ptr<Device> device(const DeviceSpec& spec) const {
+    if (!communicator_) return makeSimDevice(spec);
+    return makeSimDevice(spec, ExecutionMode::Vectorized, communicator_);
+  }
+
+  // Fails on every instance when they were started with different configs
+  // or loaded different datasets.
+  void checkAgree(const RunConfig& config, const Dataset& data) const {
+    if (!communicator_) return;
+    const nlohmann::json settings{
+        {"runConfig", nlohmann::json(config)},
+        {"dataset", {{"trainSamples", data.train.count}, {"testSamples", data.test.count}}}};
+    dist::checkInstancesAgree(*communicator_, settings, "run configs and datasets");
+  }
+
+  // The mean loss of the step over the global batch, added up in the order
+  // one instance with every replica would use (micro-batch, then global
+  // replica), so that the number does not depend on the split. The same
+  // message carries each instance's answer to `stopRequested` for the next
+  // anyStop().
+  double meanLoss(const TrainingSession& session, const std::function<bool()>& stopRequested) {
+    if (!communicator_) return session.meanLoss();
+    const bool stop = stopRequested && stopRequested();
+    const std::vector<float>& local = session.loss().data;
+    const size_t block = local.size() + 1;
+    mine_.assign(local.begin(), local.end());
+    mine_.push_back(stop ? 1.0f : 0.0f);
+    gathered_.resize(block * static_cast<size_t>(count()));
+    communicator_->allGather(mine_, gathered_);
+    const int64_t perInstance = session.options().getLocalReplicationFactor();
+    const int64_t microBatches = static_cast<int64_t>(local.size()) / perInstance;
+    double sum = 0.0;
+    for (int64_t a = 0; a < microBatches; ++a) {
+      for (int64_t i = 0; i < count(); ++i) {
+        for (int64_t r = 0; r < perInstance; ++r) {
+          sum += gathered_[static_cast<size_t>(i) * block + static_cast<size_t>(a * perInstance + r)];
+        }
+      }
+    }
+    stopGathered_ = false;
+    for (int64_t i = 0; i < count(); ++i) {
+      stopGathered_ = stopGathered_ || gathered_[(static_cast<size_t>(i) + 1) * block - 1] > 0.0f;
+    }
+    gatheredStop_ = true;
+    return sum / static_cast<double>(local.size() * static_cast<size_t>(count()));
+  }
+
+  // True on every instance when any instance's `stopRequested` says so, so
+  // that all stop at the same step: from the answers sent with the last
+  // step's losses, or, before the first step, by an exchange of its own.
+  bool anyStop(const std::function<bool()>& stopRequested) {
+    if (!communicator_) return stopRequested();
+    if (gatheredStop_) return stopGathered_;
+    float flag = stopRequested() ? 1.0f : 0.0f;
+    communicator_->allReduceSum(std::span<float>(&flag, 1));
+    return flag > 0.0f;
+  }
+
+  // The sum of `value` over the instances.
+  int64_t sum(int64_t value) {
+    if (!communicator_) return value;
+    // Exact: counts stay far below 2^24.
+    float total = static_cast<float>(value);
+    communicator_->allReduceSum(std::span<float>(&total, 1));
+    return static_cast<int64_t>(total);
+  }
+
+ private:
+  dist::DistEnv env_;
+  std::shared_ptr<Communicator> communicator_;
+  std::vector<float> mine_;      // this instance's losses of a step and its stop flag
+  std::vector<float> gathered_;  // every instance's
+  bool gatheredStop_ = false;    // stopGathered_ holds the flags of the last step
+  bool stopGathered_ = false;
+};
+
 // Test accuracy with the weights of `session`, batch after batch; the last
-// batch is padded with sample 0 and its padding ignored.
-double evaluate(const RunConfig& config, const TrainingSession& training, const DatasetSplit& test) {
+// batch is padded with sample 0 and its padding ignored. With several
+// instances, each evaluates its part of every global test batch.
+double evaluate(const RunConfig& config, const SessionOptions& trainingOptions, Instances& instances,
+                const TrainingSession& training, const DatasetSplit& test) {
   if (test.count == 0) return 0.0;
-  SessionOptions options = config.sessionOptions;
+  SessionOptions options = trainingOptions;
   options.enableGradientAccumulation = false;
   options.accumulationFactor = 1;
   const int64_t replicas = options.getLocalReplicationFactor();
   const int64_t batch = config.data.testBatchSize;
-  MlpGraph mlp = buildMlp(config.model, batch, options.getGlobalReplicationFactor(), config.data.seed, &options);
+  MlpGraph mlp = buildMlp(config.model, batch, options.getGlobalReplicationFactor(), config.data.seed);
   const std::string predictions = mlp.graph.tensor(mlp.predictions).name;
   const std::string input = mlp.graph.tensor(mlp.input).name;
   const std::string labels = mlp.graph.tensor(mlp.labels).name;
-  InferenceSession inference(std::move(mlp.graph), {predictions}, options, makeSimDevice(config.device));
+  InferenceSession inference(std::move(mlp.graph), {predictions}, options, instances.device(config.device));
   inference.writeWeights(training.readWeights());
 
   const int64_t perStep = batch * replicas;
+  const int64_t globalPerStep = perStep * instances.count();
   std::vector<int64_t> order(static_cast<size_t>(perStep));
   std::vector<float> images(static_cast<size_t>(perStep * test.sampleElements()));
   std::vector<int32_t> labelData(static_cast<size_t>(perStep));
   int64_t correct = 0;
-  for (int64_t first = 0; first < test.count; first += perStep) {
-    const int64_t real = std::min(perStep, test.count - first);
+  for (int64_t globalFirst = 0; globalFirst < test.count; globalFirst += globalPerStep) {
+    const int64_t first = globalFirst + instances.index() * perStep;
+    const int64_t real = std::clamp<int64_t>(test.count - first, 0, perStep);
     for (int64_t i = 0; i < perStep; ++i) order[static_cast<size_t>(i)] = i < real ? first + i : 0;
     fillBatch(test, order, 0, images, labelData);
     inference.run({StepInput(input, images), StepInput(labels, labelData)});
@@ -58,15 +186,83 @@ double evaluate(const RunConfig& config, const TrainingSession& training, const 
       if (static_cast<int32_t>(out.data[static_cast<size_t>(i)]) == labelData[static_cast<size_t>(i)]) ++correct;
     }
   }
-  return static_cast<double>(correct) / static_cast<double>(test.count);
+  return static_cast<double>(instances.sum(correct)) / static_cast<double>(test.count);
+}
+
+// Extra checkpoint metadata the trainer writes and compares when resuming.
+constexpr std::string_view kRunConfigKey = "runConfig";
+constexpr std::string_view kGlobalBatchKey = "globalBatch";
+// Data settings that may change between a run and its resumption: they do not
+// change the order or content of the training batches (batchSize does only
+// through the global batch, which is compared on its own).
+constexpr std::array<std::string_view, 4> kResumableDataKeys = {"epochs", "batchSize", "testBatchSize",
+                                                                "limitTestSamples"};
+
+std::string dumped(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::map<std::string, std::string> runMetadata(const RunConfig& config, int64_t globalBatch) {
+  return {{std::string(kRunConfigKey), dumped(nlohmann::json(config))},
+          {std::string(kGlobalBatchKey), std::to_string(globalBatch)}};
+}
+
+// Warns when the checkpoint's run trained another model function or on other
+// batches than this run would: resuming then does not continue that run
+// exactly.
+void warnAboutRunDifferences(const RunConfig& config, int64_t globalBatch, const Checkpoint& checkpoint,
+                             const std::function<void(const std::string&)>& warn) {
+  const auto batchEntry = checkpoint.extraMetadata.find(std::string(kGlobalBatchKey));
+  if (batchEntry != checkpoint.extraMetadata.end() && batchEntry->second != std::to_string(globalBatch)) {
+    warn(fmt::format(
+        "the checkpoint's run had a global batch of {} samples and this run has {}; the remaining "
+        "steps see other batches than the checkpoint's run would have",
+        batchEntry->second, globalBatch));
+  }
+  const auto runEntry = checkpoint.extraMetadata.find(std::string(kRunConfigKey));
+  if (runEntry == checkpoint.extraMetadata.end()) return;
+  nlohmann::json before;
+  try {
+    before = parseJsonDocument(runEntry->second, kRunConfigKey);
+  } catch (const ConfigError&) {
+    warn(
+        "the checkpoint's runConfig metadata is not valid JSON; the model and data settings are not "
+        "compared");
+    return;
+  }
+  const nlohmann::json after = nlohmann::json(config);
+  std::vector<std::string> changed;
+  for (const char* section : {"model", "data"}) {
+    if (!before.contains(section) || !before[section].is_object()) continue;
+    for (const auto& [key, value] : after[section].items()) {
+      if (std::string_view(section) == "data" &&
+          std::find(kResumableDataKeys.begin(), kResumableDataKeys.end(), key) != kResumableDataKeys.end()) {
+        continue;
+      }
+      const auto old = before[section].find(key);
+      const std::string oldText = old == before[section].end() ? "-" : dumped(*old);
+      if (oldText != dumped(value))
+        changed.push_back(fmt::format("/{}/{} {} -> {}", section, key, oldText, dumped(value)));
+    }
+  }
+  if (!changed.empty()) {
+    warn(
+        fmt::format("the checkpoint's run had other model or data settings ({}); training goes on with this "
+                    "run's",
+                    fmt::join(changed, ", ")));
+  }
 }
 
 }  // namespace
 
-TrainSummary train(const RunConfig& config, const std::function<void(const TrainProgress&)>& onStep) {
+TrainSummary train(const RunConfig& config, const std::function<void(const TrainProgress&)>& onStep,
+                   const TrainControl& control) {
   validate(config);
-  const SessionOptions& options = config.sessionOptions;
+  SessionOptions options = config.sessionOptions;
+  std::vector<std::string> notes;
+  Instances instances(config, options, notes);
   const Dataset data = loadDataset(config.data);
+  instances.checkAgree(config, data);
   checkInputWidth(config.model, data.train);
 
   const int64_t replicas = options.getLocalReplicationFactor();
@@ -81,36 +277,93 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
                                   batch, options.getGlobalReplicationFactor(), af, globalBatch, data.train.count));
   }
 
-  MlpGraph mlp = buildMlp(config.model, batch, options.getGlobalReplicationFactor(), config.data.seed, &options);
+  MlpGraph mlp = buildMlp(config.model, batch, options.getGlobalReplicationFactor(), config.data.seed);
   const std::string input = mlp.graph.tensor(mlp.input).name;
   const std::string labels = mlp.graph.tensor(mlp.labels).name;
   TrainingSession session(std::move(mlp.graph), mlp.loss, makeOptimizer(config.optimizer), options,
-                          makeSimDevice(config.device));
+                          instances.device(config.device));
+  int64_t totalSteps = 0;
+  if (__builtin_mul_overflow(stepsPerEpoch, config.data.epochs, &totalSteps)) {
+    throw ConfigError(ErrorCode::ShapeTooLarge, "/data/epochs",
+                      fmt::format("epochs {} x {} steps per epoch do not fit in a 64-bit step count; lower "
+                                  "/data/epochs",
+                                  config.data.epochs, stepsPerEpoch));
+  }
+  int64_t firstStep = 0;
+  if (!control.resumeFrom.empty()) {
+    const auto warn = [&control](const std::string& warning) {
+      if (control.onWarning) control.onWarning(warning);
+    };
+    const Checkpoint checkpoint = readCheckpoint(control.resumeFrom);
+    for (const std::string& warning : restoreCheckpoint(session, checkpoint, control.resumeFrom).warnings) {
+      warn(warning);
+    }
+    warnAboutRunDifferences(config, globalBatch, checkpoint, warn);
+    firstStep = checkpoint.step;
+    if (firstStep >= totalSteps) {
+      warn(fmt::format(
+          "the checkpoint is at step {}, the end of this run's {} epoch(s) x {} steps is {}; there is "
+          "nothing left to train (raise /data/epochs to train on)",
+          firstStep, config.data.epochs, stepsPerEpoch, totalSteps));
+    }
+  }
 
   TrainSummary summary;
+  summary.firstStep = firstStep;
   summary.globalBatch = globalBatch;
   summary.trainSamples = data.train.count;
   summary.testSamples = data.test.count;
   summary.dataset = data.source;
   summary.notice = data.notice;
-  summary.losses.reserve(static_cast<size_t>(stepsPerEpoch * config.data.epochs));
+  // epochs is user input: reserve for a run of sensible length only; the losses grow past it anyway.
+  summary.losses.reserve(
+      static_cast<size_t>(std::clamp<int64_t>(totalSteps - firstStep, 0, int64_t{1} << 20)));
+  const auto checkpointNow = [&] {
+    // Every instance takes part in reading the variables.
+    const Checkpoint checkpoint = makeCheckpoint(session, runMetadata(config, globalBatch));
+    if (instances.writesOutput()) writeCheckpoint(checkpoint, config.output.checkpoint);
+    summary.checkpoint = config.output.checkpoint;
+    summary.checkpointStep = session.step();
+  };
 
   // Host order [micro-batch, replica, sample]: consecutive samples of the
   // global batch fill replica 0's micro-batch first, so the global batch is
-  // the same whatever the replica count.
+  // the same whatever the replica count. Step k's global batch is the run of
+  // positions from k x globalBatch in the epoch order, which is the same on
+  // every instance; instance i reads its contiguous part of it, from
+  // i x stepSamples (see dataset.hpp).
   const int64_t stepSamples = batch * replicas * af;
+  if (instances.count() > 1) {
+    notes.push_back(fmt::format(
+        "global batch {} = batchSize {} x {} replicas x accumulationFactor {}, of which each of the {} "
+        "instances reads {}; {} training samples make {} steps per epoch{}",
+        globalBatch, batch, options.getGlobalReplicationFactor(), af, instances.count(), stepSamples,
+        data.train.count, stepsPerEpoch,
+        data.train.count % globalBatch == 0
+            ? std::string()
+            : fmt::format(" ({} x {} = {}; the other {} samples are left out of each epoch)", stepsPerEpoch,
+                          globalBatch, stepsPerEpoch * globalBatch, data.train.count % globalBatch)));
+  }
   std::vector<int64_t> order(static_cast<size_t>(data.train.count));
   std::vector<float> images(static_cast<size_t>(stepSamples * data.train.sampleElements()));
   std::vector<int32_t> labelData(static_cast<size_t>(stepSamples));
   double trainSeconds = 0.0;
-  for (int64_t epoch = 0; epoch < config.data.epochs; ++epoch) {
+  // A resumed run starts inside the epoch of its first step.
+  const int64_t firstEpoch = firstStep / stepsPerEpoch;
+  for (int64_t epoch = firstEpoch; epoch < config.data.epochs && !summary.interrupted; ++epoch) {
     fillEpochOrder(order, config.data.seed, epoch, config.data.shuffle);
-    for (int64_t step = 0; step < stepsPerEpoch; ++step) {
+    for (int64_t step = epoch == firstEpoch ? firstStep % stepsPerEpoch : 0; step < stepsPerEpoch; ++step) {
+      if (control.stopRequested && instances.anyStop(control.stopRequested)) {
+        summary.interrupted = true;
+        break;
+      }
       const auto start = Clock::now();
-      fillBatch(data.train, order, step * stepSamples, images, labelData);
+      const int64_t first = instanceStepOffset(step, stepSamples, instances.count(), instances.index());
+      fillBatch(data.train, order, first, images, labelData);
       session.run({StepInput(input, images), StepInput(labels, labelData)});
+      const double loss = instances.meanLoss(session, control.stopRequested);
       trainSeconds += std::chrono::duration<double>(Clock::now() - start).count();
-      summary.losses.push_back(session.meanLoss());
+      summary.losses.push_back(loss);
       ++summary.steps;
       if (onStep) {
         TrainProgress progress;
@@ -118,18 +371,26 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
         progress.epochs = config.data.epochs;
         progress.stepInEpoch = step + 1;
         progress.stepsPerEpoch = stepsPerEpoch;
-        progress.loss = session.meanLoss();
+        progress.loss = loss;
         progress.samplesPerSecond =
-            trainSeconds > 0 ? static_cast<double>(summary.steps * stepSamples) / trainSeconds : 0.0;
+            trainSeconds > 0 ? static_cast<double>(summary.steps * globalBatch) / trainSeconds : 0.0;
         onStep(progress);
       }
+      const int64_t every = config.output.checkpointEvery;
+      if (every > 0 && session.step() % every == 0) checkpointNow();
     }
   }
+  if (!config.output.checkpoint.empty() &&
+      (summary.checkpoint.empty() || summary.checkpointStep != session.step())) {
+    checkpointNow();
+  }
   summary.finalLoss = summary.losses.empty() ? 0.0 : summary.losses.back();
-  summary.samplesPerSecond = trainSeconds > 0 ? static_cast<double>(summary.steps * stepSamples) / trainSeconds : 0.0;
-  summary.testAccuracy = evaluate(config, session, data.test);
+  summary.samplesPerSecond = trainSeconds > 0 ? static_cast<double>(summary.steps * globalBatch) / trainSeconds : 0.0;
+  summary.testAccuracy = summary.interrupted ? 0.0 : evaluate(config, options, instances, session, data.test);
   summary.memory = session.memory();
+  if (instances.writesOutput()) writeTrainingProfiles(config.output, session, summary.steps);
   for (auto& [name, value] : session.readWeights()) summary.weights.emplace_back(name, std::move(value.data));
+  for (const std::string& note : notes) summary.notice += (summary.notice.empty() ? "" : "; ") + note;
   return summary;
 }
 
@@ -142,7 +403,11 @@ nlohmann::json summaryJson(const TrainSummary& summary) {
                         {"globalBatch", summary.globalBatch},
                         {"trainSamples", summary.trainSamples},
                         {"testSamples", summary.testSamples},
-                        {"dataset", summary.dataset}};
+                        {"dataset", summary.dataset},
+                        {"firstStep", summary.firstStep},
+                        {"interrupted", summary.interrupted},
+                        {"checkpoint", summary.checkpoint},
+                        {"checkpointStep", summary.checkpointStep}};
 }
 
 }  // namespace tessera

@@ -2,6 +2,7 @@
 
 #include "transforms/autodiff_transform.hpp"
 #include "transforms/gradient_accumulation.hpp"
+#include "transforms/locations.hpp"
 #include "transforms/optimizer_update.hpp"
 #include "transforms/replication.hpp"
 
@@ -11,17 +12,31 @@ std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptio
                                                               Optimizer& optimizer,
                                                               TrainingTensors& tensors) {
   std::vector<std::unique_ptr<Transform>> pipeline;
+  pipeline.push_back(std::make_unique<WeightShardingTransform>(options, &tensors));
   pipeline.push_back(std::make_unique<AutodiffTransform>(tensors));
   pipeline.push_back(std::make_unique<GradientAccumulationTransform>(options, tensors));
   pipeline.push_back(std::make_unique<ReplicationTransform>(options, tensors));
   pipeline.push_back(std::make_unique<OptimizerUpdateTransform>(optimizer, tensors));
+  pipeline.push_back(std::make_unique<LocationTransform>(options, &tensors));
   return pipeline;
+}
+
+std::vector<std::unique_ptr<Transform>> buildInferencePipeline(const SessionOptions& options) {
+  std::vector<std::unique_ptr<Transform>> pipeline;
+  pipeline.push_back(std::make_unique<WeightShardingTransform>(options, nullptr));
+  pipeline.push_back(std::make_unique<LocationTransform>(options, nullptr));
+  return pipeline;
+}
+
+void runInferencePipeline(Graph& graph, const SessionOptions& options) {
+  for (const auto& transform : buildInferencePipeline(options)) runTransform(*transform, graph);
 }
 
 void runTrainingPipeline(TrainingGraph& training, const SessionOptions& options, Optimizer& optimizer) {
   for (const auto& transform : buildTrainingPipeline(options, optimizer, training.tensors)) {
     runTransform(*transform, training.graph);
   }
+  optimizer.rebindHyperParameters(training.graph);
 }
 
 }  // namespace tessera

@@ -1,7 +1,10 @@
 // The training compile pipeline: the one place that lists the transforms a
 // training graph goes through, in order.
 //
-//   autodiff → gradientAccumulation → replication → optimizerUpdate
+//   weightSharding → autodiff → gradientAccumulation → replication →
+//   optimizerUpdate → locations
+//
+// and the inference one: weightSharding → locations.
 //
 // Gradients are accumulated before they are reduced over replicas, so each
 // step all-reduces every gradient once rather than once per micro-batch,
@@ -23,6 +26,9 @@ namespace tessera {
 // applied to.
 std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptions& options,
                                                               Optimizer& optimizer, TrainingTensors& tensors);
+
+std::vector<std::unique_ptr<Transform>> buildInferencePipeline(const SessionOptions& options);
+void runInferencePipeline(Graph& graph, const SessionOptions& options);
 
 // Builds the pipeline for training.tensors and runs it on training.graph
 // with runTransform (errors name the transform).

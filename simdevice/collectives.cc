@@ -1,7 +1,11 @@
 #include "collectives.hpp"
 
 #include <algorithm>
+#include <string>
 
+#include <fmt/format.h>
+
+#include "tessera/communicator.hpp"
 #include "tessera/shard_layout.hpp"
 
 namespace tessera::sim {
@@ -65,6 +69,36 @@ void remoteLoadKernel(const Step& s) {
     std::copy_n(s.in[0] + s.table[at(j)], s.outElements, s.out + j * s.outElements);
 }
 
+// Packs this instance's replicas' values of every tensor, all-gathers them,
+// and spreads each instance's part into the tensors' values.
+void exchangeKernel(const Step& s) {
+  Exchange& e = *s.exchange;
+  float* send = e.send.data();
+  for (const ExchangedTensor& t : e.tensors) {
+    for (int64_t r = 0; r < e.localReplicas; ++r) {
+      std::copy_n(t.source + t.sourceOffsets[at(r)], t.elements, send);
+      send += t.elements;
+    }
+  }
+  e.communicator->allGather(e.send, e.receive);
+  const float* from = e.receive.data();
+  const int64_t instances = e.communicator->size();
+  for (int64_t q = 0; q < instances; ++q) {
+    for (ExchangedTensor& t : e.tensors) {
+      const int64_t block = e.localReplicas * t.elements;
+      std::copy_n(from, block, t.values.data() + q * block);
+      from += block;
+    }
+  }
+}
+
+void sizeBuffers(Exchange& e) {
+  int64_t local = 0;
+  for (const ExchangedTensor& t : e.tensors) local += e.localReplicas * t.elements;
+  e.send.assign(at(local), 0.0f);
+  e.receive.assign(at(local * e.communicator->size()), 0.0f);
+}
+
 void remoteStoreKernel(const Step& s) {
   for (int64_t r = 0; r < s.groups; ++r)
     std::copy_n(s.in[0] + s.table[at(2 * r + 1)], s.outElements, s.out + s.table[at(2 * r)]);
@@ -72,8 +106,77 @@ void remoteStoreKernel(const Step& s) {
 
 }  // namespace
 
+bool crossesInstances(const LocalTopology& topology, const ReplicaGrouping& grouping) {
+  if (topology.localReplicas == topology.globalReplicas) return false;
+  for (int64_t r = 0; r < topology.localReplicas; ++r) {
+    for (int64_t m : grouping.replicasAt(grouping.groupAt(r + topology.replicaOffset))) {
+      if (m < topology.replicaOffset || m >= topology.replicaOffset + topology.localReplicas) return true;
+    }
+  }
+  return false;
+}
+
+Step planExchange(Exchange& exchange, Communicator* communicator, TensorId tensor, const float* source,
+                  const ReplicaGrouping& layout, int64_t elements, const LocalTopology& topology,
+                  const OpNode& op) {
+  exchange.communicator = communicator;
+  exchange.replicaOffset = topology.replicaOffset;
+  exchange.localReplicas = topology.localReplicas;
+  ExchangedTensor& t = exchange.tensors.emplace_back();
+  t.tensor = tensor;
+  t.source = source;
+  t.elements = elements;
+  for (int64_t r = 0; r < topology.localReplicas; ++r)
+    t.sourceOffsets.push_back(layout.groupAt(r) * elements);
+  t.values.assign(at(topology.globalReplicas * elements), 0.0f);
+  sizeBuffers(exchange);
+  Step step;
+  step.kind = op.kind;
+  step.name = op.name;
+  step.exchange = &exchange;
+  step.kernel = exchangeKernel;
+  return step;
+}
+
+Step mergeExchanges(Exchange& merged, std::span<Exchange* const> parts) {
+  merged.communicator = parts.front()->communicator;
+  merged.replicaOffset = parts.front()->replicaOffset;
+  merged.localReplicas = parts.front()->localReplicas;
+  for (Exchange* part : parts) {
+    for (ExchangedTensor& t : part->tensors) merged.tensors.push_back(std::move(t));
+    part->tensors.clear();
+    part->send = {};
+    part->receive = {};
+  }
+  sizeBuffers(merged);
+  Step step;
+  step.kind = OpKind::ReplicatedAllGather;
+  step.name = fmt::format("exchange of {} tensor(s)", merged.tensors.size());
+  step.exchange = &merged;
+  step.kernel = exchangeKernel;
+  return step;
+}
+
+bool consecutiveGroupsLayout(const LocalTopology& topology, const ReplicaGrouping& grouping,
+                             const ReplicaGrouping& reduced) {
+  const int64_t g = grouping.groupSize();
+  for (int64_t r = 0; r < topology.localReplicas; ++r) {
+    const int64_t global = r + topology.replicaOffset;
+    const std::vector<int64_t> members = grouping.replicasAt(grouping.groupAt(global));
+    for (int64_t i = 0; i < g; ++i) {
+      if (members[at(i)] != global / g * g + i) return false;
+    }
+    for (int64_t q = 0; q < topology.localReplicas; ++q) {
+      const bool sameGroup = grouping.groupAt(global) == grouping.groupAt(q + topology.replicaOffset);
+      if (sameGroup != (reduced.groupAt(r) == reduced.groupAt(q))) return false;
+    }
+  }
+  return true;
+}
+
 void planCollective(Step& step, const OpNode& op, const ReplicaGrouping& out, const ReplicaGrouping& in,
-                    int64_t inputElements, int64_t outputElements, const LocalTopology& topology) {
+                    int64_t inputElements, int64_t outputElements, const LocalTopology& topology,
+                    const ExchangedTensor* exchanged) {
   const ReplicaGrouping grouping = op.attributes.grouping.value_or(ReplicaGrouping(topology.globalReplicas));
   const int64_t g = grouping.groupSize();
   step.groups = out.numGroups();
@@ -91,13 +194,19 @@ void planCollective(Step& step, const OpNode& op, const ReplicaGrouping& out, co
                            ? outputElements
                            : inputElements;
   const ShardLayout layout(full, g);
+  if (exchanged != nullptr) step.in[0] = exchanged->values.data();
   for (int64_t j = 0; j < step.groups; ++j) {
     const int64_t replica = out.replicaAt(j, 0);
-    const std::vector<int64_t> members = localMembers(topology, grouping, replica, op.name);
     const int64_t index = localIndexInGroup(topology, grouping, replica);
-    if (gathers) {
-      for (int64_t m : members) step.table.push_back(in.groupAt(m) * inputElements);
+    if (gathers && exchanged != nullptr) {
+      // Members by global index in the exchanged copy.
+      for (int64_t m : grouping.replicasAt(grouping.groupAt(replica + topology.replicaOffset)))
+        step.table.push_back(m * inputElements);
+    } else if (gathers) {
+      for (int64_t m : localMembers(topology, grouping, replica, op.name))
+        step.table.push_back(in.groupAt(m) * inputElements);
     } else {
+      // Slices and pads read the replica's own value only.
       step.table.push_back(in.groupAt(replica) * inputElements);
     }
     if (op.kind != OpKind::ReplicatedAllGather && op.kind != OpKind::ReplicatedAllReduce) {

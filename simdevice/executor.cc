@@ -6,9 +6,11 @@
 #include <fmt/format.h>
 
 #include "collectives.hpp"
-#include "memory_accounting.hpp"
+#include "memory_planner.hpp"
+#include "tessera/communicator.hpp"
 #include "tessera/error.hpp"
 #include "tessera/shard_layout.hpp"
+#include "time_model.hpp"
 
 namespace tessera::sim {
 namespace {
@@ -158,12 +160,17 @@ bool sliceable(const std::vector<std::vector<Access>>& chain, const std::vector<
 
 }  // namespace
 
-SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionMode mode)
-    : program_(std::move(program)), mode_(mode) {
+SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionMode mode,
+                             std::shared_ptr<Communicator> communicator)
+    : program_(std::move(program)), mode_(mode), communicator_(std::move(communicator)) {
   checkProgram();
   topology_ = {program_.localReplicas, program_.globalReplicas, program_.replicaOffset};
   const Graph& graph = program_.graph;
   schedule_ = graph.schedule();
+  // A program that does not fit is rejected before any buffer is allocated.
+  memory_ = planMemory(program_, schedule_, spec);
+  requireFits(memory_);
+  time_ = modelTime(graph, topology_, schedule_, spec);
   position_.assign(graph.ops().size(), -1);
   for (std::size_t p = 0; p < schedule_.size(); ++p) position_[at(schedule_[p])] = static_cast<int64_t>(p);
   layouts_ = inferLayouts(graph, schedule_, topology_, mode_);
@@ -176,7 +183,6 @@ SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionM
   planBuffers();
   initialiseValues();
   planSteps();
-  memory_ = accountMemory(program_, schedule_, spec);
 }
 
 void SimExecutable::checkProgram() const {
@@ -203,6 +209,22 @@ void SimExecutable::checkProgram() const {
   if (p.numIOTiles < 0) {
     throw DeviceError(ErrorCode::InvalidProgram, "Program.numIOTiles",
                       fmt::format("numIOTiles is {}; it must be >= 0", p.numIOTiles));
+  }
+  // The other replicas live on other instances: instance i simulates
+  // replicas i * localReplicas onwards and is the communicator's rank i.
+  // (Without a communicator, only collectives that stay within this
+  // device's replicas can run; planning the others says so.)
+  if (p.localReplicas == p.globalReplicas || communicator_ == nullptr) return;
+  const int64_t instances = p.globalReplicas / p.localReplicas;
+  const int64_t instance = p.replicaOffset / p.localReplicas;
+  if (communicator_->size() != instances || communicator_->rank() != instance) {
+    throw DeviceError(
+        ErrorCode::InvalidProgram, "Program.globalReplicas",
+        fmt::format("the program runs replicas {}..{} of {} as instance {} of {}, but the device is "
+                    "instance {} of {}; give each instance the communicator of its rank in a communicator of "
+                    "the run's instances",
+                    p.replicaOffset, p.replicaOffset + p.localReplicas - 1, p.globalReplicas, instance,
+                    instances, communicator_->rank(), communicator_->size()));
   }
 }
 
@@ -242,14 +264,7 @@ void SimExecutable::planFusions() {
     // Groups of consecutive replicas: group c is replicas c*g .. c*g+g-1.
     const ReplicaGrouping grouping =
         ar.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
-    const int64_t g = grouping.groupSize();
-    if (out.numGroups() != replicas || reduced.groupSize() != g || reduced.stride() != 1) continue;
-    bool consecutive = true;
-    for (int64_t r = 0; r < replicas && consecutive; ++r) {
-      const std::vector<int64_t> members = localMembers(topology_, grouping, r, ar.name);
-      for (int64_t i = 0; i < g; ++i) consecutive = consecutive && members[at(i)] == r / g * g + i;
-    }
-    if (!consecutive) continue;
+    if (out.numGroups() != replicas || !consecutiveGroupsLayout(topology_, grouping, reduced)) continue;
     const int64_t reducedAt = position_[at(id)];
     if (!unchanged(x, position_[at(tr)], reducedAt) || !unchanged(dy, position_[at(mm)], reducedAt)) continue;
     fusedInto_[at(mm)] = id;
@@ -322,7 +337,7 @@ void SimExecutable::initialiseValues() {
       const std::span<const float> host(node.data.data() + group * hostElements, at(hostElements));
       if (sharded) {
         const ShardLayout shards(hostElements, node.shardCount);
-        shards.hostToShard(host, grouping.indexInGroupAt(global) % node.shardCount,
+        shards.hostToShard(host, shardIndexAt(node, program_.globalReplicas, global),
                            std::span<float>(value, at(n)));
       } else {
         std::copy(host.begin(), host.end(), value);
@@ -358,6 +373,7 @@ void SimExecutable::planSteps() {
   const Graph& graph = program_.graph;
   inputSlot_.assign(graph.tensors().size(), -1);
   for (OpId id : schedule_) planStep(id);
+  batchExchanges();
   fuseChains();
   int64_t lhs = 0;
   int64_t rhs = 0;
@@ -415,7 +431,13 @@ void SimExecutable::fuseChains() {
       continue;
     }
     std::vector<Access> own = flatAccesses(step, n);
-    if (!chain.empty() && (n != chainElements || !sliceable(accesses, own))) flush();
+    // A chain is checked against every access of its steps, so its length is
+    // capped: longer chains would make planning quadratic and gain nothing
+    // once a tile's operands stay in cache.
+    constexpr std::size_t kMaxChainSteps = 32;
+    if (!chain.empty() && (n != chainElements || chain.size() >= kMaxChainSteps || !sliceable(accesses, own))) {
+      flush();
+    }
     step.tile = tileKernel(step.kind);
     chainElements = n;
     chain.push_back(std::move(step));
@@ -423,6 +445,102 @@ void SimExecutable::fuseChains() {
   }
   flush();
   steps_ = std::move(fused);
+}
+
+const float* SimExecutable::exchanged(TensorId tensor, const OpNode& op) {
+  const Graph& graph = program_.graph;
+  if (!communicator_) {
+    // Names the first member this device does not simulate.
+    const ReplicaGrouping grouping =
+        op.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
+    for (int64_t r = 0; r < program_.localReplicas; ++r) localMembers(topology_, grouping, r, op.name);
+  }
+  exchanges_.push_back(std::make_unique<Exchange>());
+  steps_.push_back(planExchange(*exchanges_.back(), communicator_.get(), tensor,
+                                arena_.data() + offset_[at(graph.storageOf(tensor))], layouts_[at(tensor)],
+                                numElements(graph.tensor(tensor).shape), topology_, op));
+  return exchanges_.back()->tensors.front().values.data();
+}
+
+void SimExecutable::accesses(OpId id, std::vector<TensorId>& reads, std::vector<TensorId>& writes) const {
+  const Graph& graph = program_.graph;
+  reads.clear();
+  writes.clear();
+  // A folded transpose or a fused product is computed inside its reader's
+  // step, which then reads their operands.
+  std::vector<TensorId> pending(graph.op(id).inputs);
+  while (!pending.empty()) {
+    const TensorId t = pending.back();
+    pending.pop_back();
+    const OpId producer = graph.tensor(t).producer;
+    if (producer != kNoOp && (foldedTranspose_[at(producer)] || fusedInto_[at(producer)] != kNoOp)) {
+      pending.insert(pending.end(), graph.op(producer).inputs.begin(), graph.op(producer).inputs.end());
+      continue;
+    }
+    reads.push_back(graph.storageOf(t));
+  }
+  for (TensorId t : graph.op(id).outputs) writes.push_back(graph.storageOf(t));
+}
+
+void SimExecutable::batchExchanges() {
+  if (!communicator_) return;
+  const Graph& graph = program_.graph;
+  // A cross-instance collective: its exchange steps and the step reading them.
+  struct Unit {
+    std::vector<Exchange*> exchanges;
+    std::vector<TensorId> sources;  // storages the exchanges read
+    TensorId output = kNoTensor;    // storage the collective writes
+    Step collective;
+  };
+  const auto contains = [](const std::vector<TensorId>& list, TensorId t) {
+    return std::find(list.begin(), list.end(), t) != list.end();
+  };
+  std::vector<Unit> pending;
+  std::vector<Step> planned;
+  const auto flush = [&] {
+    if (pending.empty()) return;
+    std::vector<Exchange*> parts;
+    for (const Unit& unit : pending) parts.insert(parts.end(), unit.exchanges.begin(), unit.exchanges.end());
+    exchanges_.push_back(std::make_unique<Exchange>());
+    planned.push_back(mergeExchanges(*exchanges_.back(), parts));
+    ++stats_.exchanges;
+    for (Unit& unit : pending) planned.push_back(std::move(unit.collective));
+    pending.clear();
+  };
+  std::vector<TensorId> reads;
+  std::vector<TensorId> writes;
+  for (std::size_t i = 0; i < steps_.size();) {
+    if (steps_[i].exchange != nullptr) {
+      Unit unit;
+      for (; steps_[i].exchange != nullptr; ++i) {
+        unit.exchanges.push_back(steps_[i].exchange);
+        for (const ExchangedTensor& t : steps_[i].exchange->tensors)
+          unit.sources.push_back(graph.storageOf(t.tensor));
+      }
+      unit.collective = std::move(steps_[i++]);
+      unit.output = graph.storageOf(graph.op(unit.collective.op).outputs[0]);
+      for (const Unit& earlier : pending) {
+        if (contains(unit.sources, earlier.output)) {
+          flush();
+          break;
+        }
+      }
+      pending.push_back(std::move(unit));
+      continue;
+    }
+    if (!pending.empty()) {
+      accesses(steps_[i].op, reads, writes);
+      bool conflict = false;
+      for (const Unit& unit : pending) {
+        conflict = conflict || contains(reads, unit.output) || contains(writes, unit.output);
+        for (TensorId source : unit.sources) conflict = conflict || contains(writes, source);
+      }
+      if (conflict) flush();
+    }
+    planned.push_back(std::move(steps_[i++]));
+  }
+  flush();
+  steps_ = std::move(planned);
 }
 
 void SimExecutable::planStep(OpId id) {
@@ -649,10 +767,20 @@ void SimExecutable::planStep(OpId id) {
         step.in[1] = buffer(dy);
         step.inElements = {elements(x), elements(dy), 0};
         if (op.attributes.reduction == ReductionType::Mean) step.scale = 1.0f / static_cast<float>(g);
-        for (int64_t c = 0; c < layout(y).numGroups(); ++c) {
+        // Groups that span instances read every member's x and dy from
+        // exchanged copies (by global replica), others from the arena (by
+        // local replica).
+        int64_t first = topology_.replicaOffset;
+        if (crossesInstances(topology_, grouping)) {
+          step.in[0] = exchanged(x, op);
+          step.in[1] = exchanged(dy, op);
+          first = 0;
+        }
+        for (int64_t j = 0; j < layout(y).numGroups(); ++j) {
+          const int64_t start = (layout(y).replicaAt(j, 0) + topology_.replicaOffset) / g * g - first;
           Run run;
-          run.out = c * step.outElements;
-          run.in = {c * g * elements(x), c * g * elements(dy), 0};
+          run.out = j * step.outElements;
+          run.in = {start * elements(x), start * elements(dy), 0};
           run.advance.fill(true);
           step.runs.push_back(run);
         }
@@ -667,7 +795,16 @@ void SimExecutable::planStep(OpId id) {
     case OpKind::ReplicaShardedPad: {
       const TensorId x = op.inputs[0];
       step.in[0] = buffer(x);
-      planCollective(step, op, layout(y), layout(x), elements(x), step.outElements, topology_);
+      const bool gathers = op.kind == OpKind::ReplicatedAllReduce || op.kind == OpKind::ReplicatedReduceScatter ||
+                           op.kind == OpKind::ReplicatedAllGather;
+      const ReplicaGrouping grouping =
+          op.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
+      const ExchangedTensor* values = nullptr;
+      if (gathers && crossesInstances(topology_, grouping)) {
+        exchanged(x, op);
+        values = &exchanges_.back()->tensors.front();
+      }
+      planCollective(step, op, layout(y), layout(x), elements(x), step.outElements, topology_, values);
       break;
     }
     case OpKind::RemoteLoad: {

@@ -15,6 +15,13 @@
 // fused into one chain that runs slice by slice (kernels.hpp), so a chain
 // such as an optimizer update streams each buffer once instead of once per
 // op. run() executes the steps and allocates nothing.
+//
+// A program of one instance of several (localReplicas < globalReplicas)
+// needs the device's communicator for collectives whose groups span
+// instances: their inputs are exchanged first (collectives.hpp), and the
+// exchanges of collectives that do not depend on each other are sent as one
+// message. The fused GEMM then runs over the whole group's exchanged x and
+// dy, as one instance would run it.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +29,7 @@
 #include <span>
 #include <vector>
 
+#include "collectives.hpp"
 #include "kernels.hpp"
 #include "layouts.hpp"
 #include "tessera/device.hpp"
@@ -37,12 +45,15 @@ struct PlanStats {
   int64_t arenaFloats = 0;          // host floats of every planned buffer
   int64_t fusedChains = 0;          // chains of elementwise steps run as one pass
   int64_t chainedSteps = 0;         // steps inside those chains
+  int64_t exchanges = 0;            // messages to the other instances per run() (several collectives each)
 };
 
 class SimExecutable final : public Executable {
  public:
   // Throws DeviceError(InvalidProgram) for a program this device cannot run.
-  SimExecutable(Program program, const DeviceSpec& spec, ExecutionMode mode);
+  // A program of several instances needs their `communicator`.
+  SimExecutable(Program program, const DeviceSpec& spec, ExecutionMode mode,
+                std::shared_ptr<Communicator> communicator = nullptr);
 
   ReplicaGrouping layout(TensorId tensor) const override;
   void write(TensorId tensor, std::span<const float> groups) override;
@@ -51,6 +62,7 @@ class SimExecutable final : public Executable {
   void readRemote(int64_t buffer, int64_t entry, std::span<float> replicas) const override;
   void run(std::span<const Feed> inputs) override;
   const MemoryReport& memory() const override { return memory_; }
+  const TimeReport& modelledTime() const override { return time_; }
 
   const PlanStats& stats() const noexcept { return stats_; }
   const Graph& graph() const noexcept { return program_.graph; }
@@ -63,12 +75,23 @@ class SimExecutable final : public Executable {
   void planSteps();
   void planStep(OpId id);
   void fuseChains();
+  // Adds the step that gathers every replica's value of `tensor` from all
+  // instances before `op`; returns where the values will be.
+  const float* exchanged(TensorId tensor, const OpNode& op);
+  // Moves each cross-instance collective down to the first step that needs
+  // its result or changes its input, and merges the exchanges that meet
+  // there into one message: a step then waits for the other instances once
+  // or twice instead of once per collective. The arithmetic is unchanged.
+  void batchExchanges();
+  // The storages the steps of op `id` read and write.
+  void accesses(OpId id, std::vector<TensorId>& reads, std::vector<TensorId>& writes) const;
   // Host-visible storage of a tensor, or a DeviceError naming it.
   std::span<float> hostBuffer(TensorId tensor, std::string_view who) const;
   float* remoteEntry(int64_t buffer, int64_t entry, std::string_view who) const;
 
   Program program_;
   ExecutionMode mode_;
+  std::shared_ptr<Communicator> communicator_;
   LocalTopology topology_;
   std::vector<OpId> schedule_;
   std::vector<int64_t> position_;             // of each op in the schedule
@@ -83,10 +106,12 @@ class SimExecutable final : public Executable {
   std::vector<float> gemmScratch_;
   GemmScratch scratch_;
   std::vector<Step> steps_;
+  std::vector<std::unique_ptr<Exchange>> exchanges_;  // of cross-instance collectives
   std::vector<int32_t> inputSlot_;  // per tensor: index into feeds_, -1 for non-inputs
   std::vector<std::span<const float>> feeds_;
   std::vector<char> fed_;
   MemoryReport memory_;
+  TimeReport time_;
   PlanStats stats_;
 };
 

@@ -22,7 +22,13 @@
 
 #include "tessera/graph.hpp"
 
+namespace tessera {
+class Communicator;
+}
+
 namespace tessera::sim {
+
+struct Exchange;
 
 inline constexpr int kMaxDims = 12;
 inline constexpr int kMaxOperands = 3;
@@ -105,6 +111,10 @@ struct Step {
 
   // Input: the host data for this run (set by the executor before run).
   const std::span<const float>* feed = nullptr;
+
+  // Exchange steps: what a cross-instance collective gathers from the other
+  // instances (collectives.hpp).
+  Exchange* exchange = nullptr;
 
   // Flat elementwise steps: the same work in slices, or null.
   TileKernel tile = nullptr;

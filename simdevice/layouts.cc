@@ -80,6 +80,20 @@ int64_t localIndexInGroup(const LocalTopology& topology, const ReplicaGrouping& 
 
 std::vector<ReplicaGrouping> inferLayouts(const Graph& graph, std::span<const OpId> schedule,
                                           const LocalTopology& topology, ExecutionMode mode) {
+  if (topology.localReplicas < topology.globalReplicas) {
+    // Other instances' values cannot be looked at, but the layouts of the
+    // whole run can be inferred here too; restricted to this instance's
+    // replicas they keep apart every pair of replicas whose values may differ.
+    const LocalTopology whole{topology.globalReplicas, topology.globalReplicas, 0};
+    std::vector<ReplicaGrouping> layouts = inferLayouts(graph, schedule, whole, mode);
+    for (ReplicaGrouping& layout : layouts) {
+      const std::vector<int64_t> all = layout.assignment();
+      const std::span<const int64_t> mine(all.data() + topology.replicaOffset,
+                                          static_cast<std::size_t>(topology.localReplicas));
+      layout = groupingOfAssignment(mine).value_or(perReplica(topology.localReplicas));
+    }
+    return layouts;
+  }
   const int64_t replicas = topology.localReplicas;
   const std::size_t tensorCount = graph.tensors().size();
   if (mode == ExecutionMode::PerReplicaReference) {
@@ -100,17 +114,46 @@ std::vector<ReplicaGrouping> inferLayouts(const Graph& graph, std::span<const Op
     return keys;
   };
 
+  // What each remote buffer holds. The host may write any buffer per replica,
+  // so replicas' entries differ, unless a variable lives in the buffer: then
+  // its entries are as fine as the variable and every value stored into them,
+  // and a buffer that only ever holds a replicated value is loaded once for
+  // all replicas.
+  Assignment eachOwn(local);
+  for (std::size_t r = 0; r < local; ++r) eachOwn[r] = static_cast<int64_t>(r);
+  std::vector<Assignment> bufferAssignment(graph.remoteBuffers().size(), eachOwn);
+  for (const OpNode& op : graph.ops()) {
+    if (op.kind != OpKind::Variable) continue;
+    const TensorNode& node = graph.tensor(op.outputs[0]);
+    if (node.remoteBuffer >= 0) bufferAssignment[static_cast<std::size_t>(node.remoteBuffer)] = oneGroup;
+  }
+  const auto refineBuffer = [&](int64_t buffer, const Assignment& values) {
+    Assignment& held = bufferAssignment[static_cast<std::size_t>(buffer)];
+    Assignment refined = groupingOf(join(held, values)).assignment();
+    if (refined == held) return false;
+    held = std::move(refined);
+    return true;
+  };
+
   for (bool changed = true; changed;) {
     changed = false;
     for (OpId id : schedule) {
       const OpNode& op = graph.op(id);
+      if (op.kind == OpKind::RemoteStore) {
+        changed = refineBuffer(op.attributes.remoteBuffer, storageAssignment(op.inputs[0])) || changed;
+        continue;
+      }
       if (op.outputs.empty()) continue;
       const TensorId y = op.outputs[0];
       const TensorNode& node = graph.tensor(y);
       std::vector<std::vector<int64_t>> keys;
       switch (op.kind) {
-        case OpKind::Input:
-        case OpKind::RemoteLoad: keys = keysOver([](int64_t r) { return std::vector<int64_t>{r}; }); break;
+        case OpKind::Input: keys = keysOver([](int64_t r) { return std::vector<int64_t>{r}; }); break;
+        case OpKind::RemoteLoad: {
+          const Assignment& held = bufferAssignment[static_cast<std::size_t>(op.attributes.remoteBuffer)];
+          keys = keysOver([&](int64_t r) { return std::vector<int64_t>{held[static_cast<std::size_t>(r)]}; });
+          break;
+        }
         case OpKind::Constant: keys = keysOver([](int64_t) { return std::vector<int64_t>{0}; }); break;
         case OpKind::Variable: {
           const ReplicaGrouping grouping = node.grouping.value_or(ReplicaGrouping(topology.globalReplicas));
@@ -118,9 +161,10 @@ std::vector<ReplicaGrouping> inferLayouts(const Graph& graph, std::span<const Op
           keys = keysOver([&](int64_t r) {
             const int64_t global = r + topology.replicaOffset;
             std::vector<int64_t> key{grouping.groupAt(global)};
-            if (sharded) key.push_back(grouping.indexInGroupAt(global) % node.shardCount);
+            if (sharded) key.push_back(shardIndexAt(node, topology.globalReplicas, global));
             return key;
           });
+          if (node.remoteBuffer >= 0) changed = refineBuffer(node.remoteBuffer, assignmentOfKeys(keys)) || changed;
           break;
         }
         case OpKind::ReplicatedAllReduce:

@@ -1,6 +1,7 @@
 #include <memory>
 
 #include "executor.hpp"
+#include "tessera/communicator.hpp"
 #include "tessera/device.hpp"
 
 namespace tessera {
@@ -8,23 +9,31 @@ namespace {
 
 class SimDevice final : public Device {
  public:
-  SimDevice(DeviceSpec spec, ExecutionMode mode) : spec_(spec), mode_(mode) {}
+  SimDevice(DeviceSpec spec, ExecutionMode mode, std::shared_ptr<Communicator> communicator)
+      : spec_(spec), mode_(mode), communicator_(std::move(communicator)) {}
 
   const DeviceSpec& spec() const override { return spec_; }
   ExecutionMode mode() const override { return mode_; }
   std::unique_ptr<Executable> load(Program program) override {
-    return std::make_unique<sim::SimExecutable>(std::move(program), spec_, mode_);
+    return std::make_unique<sim::SimExecutable>(std::move(program), spec_, mode_, communicator_);
   }
+  Communicator* communicator() const override { return communicator_.get(); }
 
  private:
   DeviceSpec spec_;
   ExecutionMode mode_;
+  std::shared_ptr<Communicator> communicator_;
 };
 
 }  // namespace
 
 std::unique_ptr<Device> makeSimDevice(DeviceSpec spec, ExecutionMode mode) {
-  return std::make_unique<SimDevice>(spec, mode);
+  return std::make_unique<SimDevice>(spec, mode, nullptr);
+}
+
+std::unique_ptr<Device> makeSimDevice(DeviceSpec spec, ExecutionMode mode,
+                                      std::shared_ptr<Communicator> communicator) {
+  return std::make_unique<SimDevice>(spec, mode, std::move(communicator));
 }
 
 }  // namespace tessera

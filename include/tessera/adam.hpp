@@ -9,6 +9,8 @@
 // mhat / (sqrt(vhat) + eps).
 #pragma once
 
+#include <memory>
+
 #include <string_view>
 
 #include "tessera/optimizer.hpp"
@@ -23,6 +25,7 @@ class Adam final : public Optimizer {
 
   // "adamw" when weight decay is decoupled, else "adam".
   std::string_view name() const noexcept override;
+  std::unique_ptr<Optimizer> clone() const override { return std::make_unique<Adam>(options()); }
   // The options with the current learning rate.
   AdamOptions options() const;
 

@@ -4,25 +4,33 @@
 // Loading: loadDataset(DataConfig) returns the train and test splits in host
 // memory as float pixels in [0, 1] and int32 labels. IDX files may be gzip'd
 // (recognised by their magic bytes, not their name). Damaged files are
-// IoError(CorruptDataset) naming the file; nothing is allocated before the
-// sizes a header declares have been checked against a limit.
+// IoError(CorruptDataset) naming the file. The sizes a header declares are
+// checked against a limit (maxItems) before anything is allocated, and
+// memory then grows with the data actually read, so a header that claims
+// more than its file holds costs nothing.
 //
 // Batching: a run with P instances, L local replicas per instance (R = P x L
 // replicas in total), micro-batch B (DataConfig::batchSize) and gradient
 // accumulation factor A consumes a global batch of B x R x A samples per
-// step, split the way PopTorch splits a dataset over processes:
+// step. Every instance reads its own contiguous part of each global batch:
 //
 //   order = epochOrder(N, seed, epoch, shuffle)     same on every instance
 //   S     = B x L x A                               samples per step per instance
-//   range = instanceRange(N, S, P, instanceIndex)   contiguous positions in order
+//   first = instanceStepOffset(k, S, P, i)          = (k x P + i) x S
 //
-// Instance i's step k reads positions range.offset + k*S .. + S of `order`,
-// for k < range.count / S; within it, accumulation micro-batch m of local
-// replica r is the B positions from range.offset + k*S + (m*L + r)*B. fillBatch
-// copies any such run of positions into caller-owned host buffers. Samples
-// past P * range.count are not used in that epoch (drop_last), and since the
-// order is reshuffled every epoch, a different remainder is left out each
-// time.
+// Instance i's step k reads positions first .. first + S of `order`, for
+// k < N / (S x P); within them, accumulation micro-batch m of local replica
+// r is the B positions from first + (m*L + r)*B. fillBatch copies any such
+// run of positions into caller-owned host buffers. Step k's global batch is
+// thus positions k x P x S onwards whatever P is, so a run trains on the same
+// batches however its replicas are split between instances (with A = 1, each
+// global replica even reads the same samples). Samples past the last whole
+// global batch are not used in that epoch (drop_last), and since the order is
+// reshuffled every epoch, a different remainder is left out each time.
+//
+// instanceRange gives PopTorch's split instead, one contiguous block of the
+// epoch per instance, for applications that want it; it allows the same
+// number of steps per epoch.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +48,8 @@ namespace tessera {
 inline constexpr std::string_view kFashionMnistFolder = "/usr/share/datasets/fashion-mnist";
 
 // The largest number of items (pixels, or labels) an IDX file may declare
-// unless the caller allows more: 1 GiB of unsigned bytes.
+// unless the caller allows more: 1 GiB of unsigned bytes, i.e. 4 GiB of
+// float pixels once read (Fashion-MNIST's training images are 47 million).
 inline constexpr int64_t kDefaultMaxIdxItems = int64_t{1} << 30;
 
 // Shape of the samples of every dataset loadDataset returns.
@@ -71,6 +80,14 @@ IdxImages readIdxImages(const std::string& path, int64_t maxItems = kDefaultMaxI
 // Every label must be below `numClasses`. Errors as for readIdxImages.
 std::vector<int32_t> readIdxLabels(const std::string& path, int32_t numClasses = kNumClasses,
                                    int64_t maxItems = kDefaultMaxIdxItems);
+
+// The same readers over bytes already in memory (a file read or received by
+// the caller), raw or gzip'd; `name` stands for the file in errors. They
+// share the file readers' code, checks and limit.
+IdxImages parseIdxImages(std::span<const unsigned char> bytes, const std::string& name,
+                         int64_t maxItems = kDefaultMaxIdxItems);
+std::vector<int32_t> parseIdxLabels(std::span<const unsigned char> bytes, const std::string& name,
+                                    int32_t numClasses = kNumClasses, int64_t maxItems = kDefaultMaxIdxItems);
 
 // Samples of one split (train or test).
 struct DatasetSplit {
@@ -135,6 +152,13 @@ struct SampleRange {
   int64_t count = 0;
   bool operator==(const SampleRange&) const = default;
 };
+
+// The first position of the epoch order that instance `instanceIndex` of
+// `numInstances` reads at step `step`, each instance reading `stepSamples`
+// positions per step: (step x numInstances + instanceIndex) x stepSamples.
+// ConfigError(OutOfRange) for a negative step, stepSamples or numInstances
+// below 1, or an index outside [0, numInstances).
+int64_t instanceStepOffset(int64_t step, int64_t stepSamples, int64_t numInstances, int64_t instanceIndex);
 
 // The positions instance `instanceIndex` of `numInstances` reads each epoch:
 // stepSamples * floor(numSamples / (stepSamples * numInstances)) of them,

@@ -1,7 +1,7 @@
 // The device a session runs on. Like an Env in leveldb, the hardware sits
 // behind an interface; makeSimDevice() returns the simulated multi-replica
-// device, which computes the real numbers of every replica and accounts the
-// memory that real processors would hold.
+// device, which computes the real numbers of every replica and models the
+// memory that real processors would hold and the time they would take.
 //
 // The device never reads SessionOptions: sessions/ lowers options and graph
 // into a Program (a fully transformed per-replica graph plus the replica
@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,8 +19,12 @@
 #include "tessera/enum_names.hpp"
 #include "tessera/graph.hpp"
 #include "tessera/replica_grouping.hpp"
+#include "tessera/tensor_location.hpp"
+#include "tessera/time_model.hpp"
 
 namespace tessera {
+
+class Communicator;
 
 enum class ExecutionMode {
   // Every buffer stores one value per group of its replica layout and every
@@ -47,23 +52,109 @@ struct Program {
   int64_t numIOTiles = 0;      // tiles per processor set aside for IO
 };
 
+// Where bytes live on one replica.
+enum class MemorySpace {
+  ComputeTiles,  // on chip, the tiles that run the program
+  IOTiles,       // on chip, the tiles set aside for IO (Program::numIOTiles)
+  Streaming,     // off chip, streaming memory (remote buffers)
+};
+
+template <>
+struct EnumNames<MemorySpace> {
+  static constexpr std::string_view kTypeName = "MemorySpace";
+  static constexpr std::array kNames = {
+      std::pair{MemorySpace::ComputeTiles, std::string_view{"ComputeTiles"}},
+      std::pair{MemorySpace::IOTiles, std::string_view{"IOTiles"}},
+      std::pair{MemorySpace::Streaming, std::string_view{"Streaming"}}};
+};
+
+// The bytes of one tensor that owns storage (in-place outputs share their
+// input's), or of one remote buffer. The same on every replica: shapes are
+// per replica, and a shared value still costs its bytes on each.
+struct TensorMemory {
+  std::string name;  // remote buffers: "remote buffer #i (what it holds)"
+  TensorCategory category = TensorCategory::Activation;
+  MemorySpace space = MemorySpace::ComputeTiles;
+  int64_t bytes = 0;         // per replica; a shard counts its ceil(n/k) slots, a buffer all entries
+  bool resident = false;     // held all step: on-chip variables and remote buffers
+  bool sharded = false;      // a replica shard (the tensor has a metaShape)
+  int64_t shards = 1;        // k, the number of shards of one full copy
+  int64_t paddingBytes = 0;  // padding of one full copy: (k ceil(n/k) - n) elements (x entries)
+  int64_t firstUse = 0;      // live over schedule positions [firstUse, lastUse]
+  int64_t lastUse = 0;
+  int64_t remoteBuffer = -1;  // the buffer's id when space is Streaming
+};
+
+// The most bytes one memory space of one replica holds at any time.
+struct MemoryPeak {
+  int64_t bytes = 0;
+  // The op during which the peak is first reached; empty when the peak is
+  // the resident bytes alone (always so for streaming memory).
+  std::string op;
+  // The ten largest tensors live at the peak, largest first.
+  std::vector<TensorMemory> largest;
+};
+
+// Bytes of one category at each space's peak.
+struct CategoryMemory {
+  TensorCategory category = TensorCategory::Activation;
+  int64_t computeTilesBytes = 0;
+  int64_t ioTilesBytes = 0;
+  int64_t streamingBytes = 0;
+};
+
 // Bytes one replica holds, as the hardware would.
 struct ReplicaMemory {
-  int64_t replica = 0;  // global replica index
-  int64_t variableBytes = 0;       // variables and shards resident on chip
-  int64_t peakActivationBytes = 0;  // largest set of live non-variable tensors
-  int64_t remoteBufferBytes = 0;   // streaming memory
-  int64_t computeTilesBytes = 0;   // on chip, compute tiles
-  int64_t ioTilesBytes = 0;        // on chip, IO tiles
-  int64_t streamingBytes = 0;      // off chip
+  int64_t replica = 0;              // global replica index
+  int64_t variableBytes = 0;        // variables and shards resident on chip (both tile sets)
+  int64_t peakActivationBytes = 0;  // largest set of live non-variable tensors on chip
+  int64_t remoteBufferBytes = 0;    // streaming memory (= streamingBytes)
+  int64_t computeTilesBytes = 0;    // peak on chip, compute tiles
+  int64_t ioTilesBytes = 0;         // peak on chip, IO tiles
+  int64_t streamingBytes = 0;       // off chip
+  // Padding slots of the shards this replica holds, on chip and off chip
+  // (shards of a balanced layout differ: n=30, k=4 pads shards 0 and 2).
+  int64_t paddingBytes = 0;
+  MemoryPeak computeTilesPeak;
+  MemoryPeak ioTilesPeak;
+  MemoryPeak streamingPeak;
+  std::vector<CategoryMemory> byCategory;  // every category, in enum order
 };
 
 struct MemoryReport {
-  std::vector<ReplicaMemory> perReplica;
-  int64_t computeTilesCapacity = 0;  // bytes per replica
+  std::vector<ReplicaMemory> perReplica;  // local replicas, in order
+  int64_t computeTilesCapacity = 0;       // bytes per replica
   int64_t ioTilesCapacity = 0;
   int64_t streamingCapacity = 0;
+  // Every tensor that owns storage and every remote buffer, on-chip tensors
+  // in schedule order first.
+  std::vector<TensorMemory> tensors;
+  int64_t paddingBytes = 0;  // padding held over every local replica
 };
+
+// Memory per replica of `program` on the hardware `spec` describes, planned
+// from its schedule and liveness without loading it:
+//  - on-chip variables are resident all step, on their tensor's tile set;
+//  - every other tensor that owns storage (inputs, constants, op outputs;
+//    in-place outputs share their input's bytes) is live from its producer
+//    to its last reader in schedule order;
+//  - every remote buffer costs entries x its shape in streaming memory;
+//  - a peak is the most bytes live at any op. float32 and int32 elements
+//    are 4 bytes.
+// Throws GraphError(InvalidProgramOrder) for a cyclic graph and
+// DeviceError(InvalidProgram) for a numIOTiles outside [0, tilesPerIpu) or
+// localReplicas below 1.
+MemoryReport planMemory(const Program& program, const DeviceSpec& spec);
+
+// The first replica and space (compute tiles, then IO tiles, then streaming
+// memory) whose peak exceeds its capacity; nullopt when the program fits.
+struct MemoryShortfall {
+  int64_t replica = 0;  // global index
+  MemorySpace space = MemorySpace::ComputeTiles;
+  int64_t neededBytes = 0;
+  int64_t availableBytes = 0;
+};
+std::optional<MemoryShortfall> findShortfall(const MemoryReport& report);
 
 // A Program loaded on a device, ready to run steps.
 class Executable {
@@ -81,6 +172,8 @@ class Executable {
   virtual void read(TensorId tensor, std::span<float> groups) const = 0;
 
   // Per-replica contents of a remote buffer entry ([localReplicas, ...]).
+  // A buffer that holds a variable is loaded once for the replicas that
+  // share the variable's value, which must then be given equal values.
   virtual void writeRemote(int64_t buffer, int64_t entry, std::span<const float> replicas) = 0;
   virtual void readRemote(int64_t buffer, int64_t entry, std::span<float> replicas) const = 0;
 
@@ -93,6 +186,8 @@ class Executable {
   virtual void run(std::span<const Feed> inputs) = 0;
 
   virtual const MemoryReport& memory() const = 0;
+  // The modelled time of one run (see time_model.hpp).
+  virtual const TimeReport& modelledTime() const = 0;
 };
 
 class Device {
@@ -101,10 +196,25 @@ class Device {
   virtual const DeviceSpec& spec() const = 0;
   virtual ExecutionMode mode() const = 0;
   // Plans buffers and layouts once; running steps allocates nothing per op.
-  // Throws DeviceError(InvalidProgram) for a program it cannot run.
+  // Throws DeviceError(InvalidProgram) for a program it cannot run and
+  // DeviceError(OutOfMemory) for one that does not fit (planMemory() and
+  // findShortfall() give the numbers behind the message).
   virtual std::unique_ptr<Executable> load(Program program) = 0;
+  // The communicator of a multi-instance run (communicator.hpp), or null
+  // when this device runs every replica of its programs itself.
+  virtual Communicator* communicator() const { return nullptr; }
 };
 
 std::unique_ptr<Device> makeSimDevice(DeviceSpec spec = {}, ExecutionMode mode = ExecutionMode::Vectorized);
+// The device of one instance of a multi-instance run: it simulates the
+// program's local replicas, and collectives whose replica groups span
+// instances exchange the other instances' values through `communicator`
+// (one instance per rank, instance i running global replicas from
+// i x localReplicas), reducing every group in replica order, so that the
+// results have the bits of one instance running all replicas. Loading a
+// program whose replicas do not match the communicator is
+// DeviceError(InvalidProgram).
+std::unique_ptr<Device> makeSimDevice(DeviceSpec spec, ExecutionMode mode,
+                                      std::shared_ptr<Communicator> communicator);
 
 }  // namespace tessera

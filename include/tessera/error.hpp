@@ -71,6 +71,8 @@ enum class ErrorCode : int {
   InvalidOptimizer = 151,
   InvalidData = 152,
   InvalidDeviceSpec = 153,
+  ShapeTooLarge = 154,  // a size the run config implies overflows or exceeds /limits/maxTensorBytes
+  InvalidOutput = 155,  // an output section that asks for what it cannot do
   // --- Graph construction (2xx) ---
   ShapeMismatch = 201,
   InvalidOperand = 202,
@@ -100,6 +102,7 @@ enum class ErrorCode : int {
   CorruptCheckpoint = 603,
   CheckpointMismatch = 604,
   CorruptDataset = 605,
+  UnsupportedCheckpoint = 606,  // a well-formed file this tessera cannot use
   // --- Internal (9xx) ---
   Internal = 901,
 };

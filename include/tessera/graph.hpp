@@ -227,13 +227,23 @@ struct TensorNode {
   // Empty when not sharded. Collectives set it on their sharded outputs.
   Shape metaShape;
   // Sharded variables: the number of shards k; member m of a variable group
-  // holds shard m mod k of ShardLayout(n, k).
+  // holds shard m mod k of ShardLayout(n, k), unless shardDomain is set:
+  // then replica r holds shard shardDomain->indexInGroupAt(r) (a sharding
+  // domain such as Orthogonal, whose groups are not runs of the variable's
+  // group). See shardIndexAt().
   int64_t shardCount = 1;
+  std::optional<ReplicaGrouping> shardDomain;
+  // The tile set whose memory holds the tensor's on-chip bytes: IO for
+  // tensors staged or kept on the IO tiles (SessionOptions::numIOTiles).
+  TileSet tileSet = TileSet::Compute;
   // Variables kept in a remote buffer (remoteVariable and friends): their
   // initial value is written to buffer[remoteEntry] on every replica.
   int64_t remoteBuffer = -1;
   int64_t remoteEntry = 0;
 };
+
+// The shard of a sharded variable that global replica `replica` holds.
+int64_t shardIndexAt(const TensorNode& node, int64_t replicationFactor, int64_t replica);
 
 struct OpNode {
   OpKind kind = OpKind::Input;

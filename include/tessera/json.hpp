@@ -94,6 +94,8 @@ void to_json(nlohmann::json& j, const DataConfig& value);
 void from_json(const nlohmann::json& j, DataConfig& value);
 void to_json(nlohmann::json& j, const OutputConfig& value);
 void from_json(const nlohmann::json& j, OutputConfig& value);
+void to_json(nlohmann::json& j, const LimitsConfig& value);
+void from_json(const nlohmann::json& j, LimitsConfig& value);
 void to_json(nlohmann::json& j, const RunConfig& value);
 void from_json(const nlohmann::json& j, RunConfig& value);
 

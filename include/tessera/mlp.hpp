@@ -29,18 +29,12 @@ struct MlpGraph {
 // Layer i computes act(x Wi + bi) (no activation after the last layer).
 // Wi [layers[i], layers[i+1]] is He-normal initialised from `seed` with a
 // generator whose results do not depend on the standard library; bi is zero.
-//
-// With `options`, every weight whose resolved location (resolveTensorLocation)
-// has replicated tensor sharding On is built as a replica-sharded variable
-// over its sharding domain and all-gathered where it is used, PopXL style;
-// the optimizer then shards its state like the weight. Sharding domains All
-// and Consecutive are supported; Orthogonal is ConfigError
-// (UnsupportedCombination) naming the setting.
+// The weights are plain variables: where they live (sharded, off chip) is
+// decided by the session's location transforms from its options.
 //
 // Throws ConfigError(InvalidModel) for a model it cannot build and
 // GraphError for shapes that do not fit.
-MlpGraph buildMlp(const ModelConfig& model, int64_t batchSize, int64_t replicationFactor, int64_t seed,
-                  const SessionOptions* options = nullptr);
+MlpGraph buildMlp(const ModelConfig& model, int64_t batchSize, int64_t replicationFactor, int64_t seed);
 
 // Deterministic standard normal samples (Box-Muller over a 64-bit
 // splitmix/xorshift stream): the same numbers on every platform.

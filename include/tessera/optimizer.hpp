@@ -57,6 +57,10 @@ class Optimizer {
   // "sgd", "adam" or "adamw" (the run config's optimizer type).
   virtual std::string_view name() const noexcept = 0;
 
+  // A new optimizer with the same options and current learning rate, not
+  // yet bound to a graph (sessions plan alternative programs with it).
+  virtual std::unique_ptr<Optimizer> clone() const = 0;
+
   // Appends the update of every pair to `graph`: the hyper-parameter scalars
   // "optimizer.<name>" (once), the state of each weight ("<weight>.momentum",
   // "<weight>.adamM", ...), then the in-place update of each weight. Call it
@@ -71,6 +75,10 @@ class Optimizer {
   // value for `step` (0 = the first step); the host writes them before the
   // step. Empty before addUpdates().
   std::vector<HyperParameter> hyperParameters(int64_t step) const;
+  // Finds the hyper-parameter scalars again, by name, in `graph`: a
+  // transform that rebuilt the graph after addUpdates() gave them new ids.
+  // Throws GraphError(UnknownTensor) when one is missing.
+  void rebindHyperParameters(const Graph& graph);
 
   double learningRate() const noexcept { return learningRate_; }
   // Used from the next hyperParameters() call on. Throws

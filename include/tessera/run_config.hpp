@@ -6,7 +6,8 @@
 //     "model":          {"type": "mlp", "layers": [784, 256, 128, 10]},
 //     "optimizer":      {"type": "sgd", "learningRate": 0.05, "momentum": 0.9},
 //     "data":           {"dataset": "fashion-mnist", "batchSize": 64, "epochs": 10, ...},
-//     "output":         {"checkpoint": "...", "profile": "...", "trace": "..."}
+//     "output":         {"checkpoint": "...", "checkpointEvery": 100, "profile": "...", "trace": "..."},
+//     "limits":         {"maxTensorBytes": 4294967296}
 //   }
 //
 // Every section and key is optional; missing keys take the defaults of the
@@ -94,7 +95,29 @@ struct OutputConfig {
   std::string checkpoint{};
   std::string profile{};
   std::string trace{};
+  // Also write the checkpoint every this many steps (0: only at the end and
+  // when interrupted). >= 0; > 0 needs a checkpoint path.
+  int64_t checkpointEvery = 0;
   bool operator==(const OutputConfig&) const = default;
+};
+
+// The default of LimitsConfig::maxTensorBytes: 4 GiB.
+inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{4} << 30;
+
+// Bounds on the sizes a run config implies. validate() computes every size
+// with overflow checks and rejects one over its bound (ShapeTooLarge, at the
+// path of the setting that makes it large) before anything is allocated, so
+// that a mistyped width or batch size fails with a message instead of
+// exhausting the host's memory.
+struct LimitsConfig {
+  // The largest tensor a run may create, in bytes: one weight; the model's
+  // weights together; one replica's activations of the widest layer for a
+  // (test) micro-batch; or the host buffer of one step's input samples
+  // (batchSize x local replicas x accumulationFactor samples). >= 1. The
+  // default is far above what the simulator trains in reasonable time; raise
+  // it only for a host with the memory to match.
+  int64_t maxTensorBytes = kDefaultMaxTensorBytes;
+  bool operator==(const LimitsConfig&) const = default;
 };
 
 struct RunConfig {
@@ -104,6 +127,7 @@ struct RunConfig {
   OptimizerConfig optimizer{};
   DataConfig data{};
   OutputConfig output{};
+  LimitsConfig limits{};
   bool operator==(const RunConfig&) const = default;
 };
 
@@ -125,14 +149,16 @@ struct LoadedRunConfig {
 };
 
 // Parses `text` (named `source` in errors), applies each "PATH=VALUE"
-// override (PATH a JSON pointer; VALUE parsed as JSON, else taken as a
-// string), then reads the result strictly. Does not run validate().
+// override (PATH a JSON pointer of at most 64 segments; VALUE parsed as
+// JSON, else taken as a string), then reads the result strictly. Does not
+// run validate().
 LoadedRunConfig parseRunConfig(std::string_view text, std::string_view source,
                                const std::vector<std::string>& overrides = {});
 // The same for a file; IoError(FileUnreadable) when it cannot be read.
 LoadedRunConfig loadRunConfig(const std::string& path, const std::vector<std::string>& overrides = {});
 
-// validate(options, device) plus the rules of the other sections.
+// validate(options, device) plus the rules of the other sections and the
+// size bounds of config.limits.
 void validate(const RunConfig& config);
 
 // JSON Schema (draft 2020-12) of the run config, generated from the tables

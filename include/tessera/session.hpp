@@ -91,6 +91,10 @@ class TrainingSession {
   void setLearningRate(double learningRate);
   // Steps run so far.
   int64_t step() const;
+  // Sets the step count, e.g. when resuming from a checkpoint: the optimizer's
+  // step-dependent values (SGD's first-step momentum, Adam's bias correction)
+  // follow it. Throws ConfigError(OutOfRange) for a negative step.
+  void setStep(int64_t step);
 
   // Variables by name (weights, optimizer state, accumulators).
   HostTensor readVariable(std::string_view name,
@@ -104,7 +108,10 @@ class TrainingSession {
   const Graph& graph() const;
   const SessionOptions& options() const;
   const MemoryReport& memory() const;
+  // The modelled time of one step of the compiled program (time_model.hpp).
+  const TimeReport& modelledTime() const;
   Optimizer& optimizer();
+  const Optimizer& optimizer() const;
 
  private:
   struct Impl;

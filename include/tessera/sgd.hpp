@@ -7,6 +7,8 @@
 // so that one program computes both v = g' and v = m v + (1 - d) g'.
 #pragma once
 
+#include <memory>
+
 #include <string_view>
 
 #include "tessera/optimizer.hpp"
@@ -20,6 +22,7 @@ class Sgd final : public Optimizer {
   explicit Sgd(const SgdOptions& options);
 
   std::string_view name() const noexcept override { return "sgd"; }
+  std::unique_ptr<Optimizer> clone() const override { return std::make_unique<Sgd>(options()); }
   // The options with the current learning rate.
   SgdOptions options() const;
 

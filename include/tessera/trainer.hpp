@@ -40,17 +40,50 @@ struct TrainSummary {
   MemoryReport memory;
   // Final weights by name in host shape (for comparisons and checkpoints).
   std::vector<std::pair<std::string, std::vector<float>>> weights;
+  // The step training resumed from (0 when it started from scratch); steps
+  // and losses count the steps run after it.
+  int64_t firstStep = 0;
+  // Stopped by TrainControl::stopRequested before the last step; the test
+  // accuracy is then not evaluated (0).
+  bool interrupted = false;
+  // The checkpoint written last and the step it holds (empty: none written).
+  std::string checkpoint;
+  int64_t checkpointStep = 0;
+};
+
+// How a run starts and stops besides what its config says.
+struct TrainControl {
+  // A checkpoint (see checkpoint.hpp) to resume from: its weights, optimizer
+  // state, learning rate and step are restored and training goes on from that
+  // step of the same data order. Empty: start from the initial weights.
+  std::string resumeFrom;
+  // Polled before every step; when it returns true, training stops there,
+  // writes output.checkpoint when one is configured, and returns with
+  // TrainSummary::interrupted set. Applications set it from a signal handler's
+  // flag (tessera train does for SIGINT).
+  std::function<bool()> stopRequested;
+  // Called with what resuming could not restore exactly but does not stop
+  // training: session options, optimizer hyper-parameters or data settings
+  // that differ from the checkpoint's run.
+  std::function<void(const std::string&)> onWarning;
 };
 
 // Validates the config, loads the data, builds and compiles the model, trains
 // for data.epochs epochs and evaluates the test accuracy. `onStep` is called
-// after every step. Throws the tessera errors of the pieces it uses;
-// ConfigError(InvalidData) when a global batch is larger than the training
-// set, with the equation.
-TrainSummary train(const RunConfig& config, const std::function<void(const TrainProgress&)>& onStep = {});
+// after every step. With output.checkpoint set, the checkpoint is written
+// every output.checkpointEvery steps (when > 0), at the end, and when
+// `control` stops the run; it records the run config as extra metadata
+// "runConfig" and the global batch as "globalBatch", which resuming compares.
+// Throws the tessera errors of the pieces it uses; ConfigError(InvalidData)
+// when a global batch is larger than the training set, with the equation;
+// IoError for a checkpoint that cannot be read, written, or that does not fit
+// the model (see loadCheckpoint()).
+TrainSummary train(const RunConfig& config, const std::function<void(const TrainProgress&)>& onStep = {},
+                   const TrainControl& control = {});
 
 // {"steps", "losses", "finalLoss", "testAccuracy", "samplesPerSecond",
-//  "globalBatch", "trainSamples", "testSamples", "dataset"}
+//  "globalBatch", "trainSamples", "testSamples", "dataset", "firstStep",
+//  "interrupted", "checkpoint", "checkpointStep"}
 nlohmann::json summaryJson(const TrainSummary& summary);
 
 }  // namespace tessera

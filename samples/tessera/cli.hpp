@@ -22,6 +22,8 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitInvalidInput = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitInternal = 3;
+// Stopped by Ctrl-C (128 + SIGINT, as shells report it).
+inline constexpr int kExitInterrupted = 130;
 
 // Runs a parsed subcommand and returns its exit code. tessera errors
 // propagate to main, which reports them all in one place.
@@ -43,6 +45,8 @@ Action attachGroups(CLI::App& command);
 Action attachCbr(CLI::App& command);
 Action attachSchema(CLI::App& command);
 Action attachTrain(CLI::App& command);
+Action attachLaunch(CLI::App& command);
+Action attachCheckpoint(CLI::App& command);
 
 // Replica and shard counts are listed one entry each; above this the output
 // would be unreadable (and the lists would exhaust memory), so such counts

@@ -11,6 +11,7 @@
 #include <fmt/core.h>
 
 #include "cli.hpp"
+#include "tessera/dist.hpp"
 #include "tessera/error.hpp"
 
 namespace tessera::cli {
@@ -24,6 +25,10 @@ constexpr std::array kSubcommands = {
     Subcommand{"groups", "Show which replicas a ReplicaGrouping puts together", attachGroups},
     Subcommand{"cbr", "Show how a tensor is split into padded replica shards", attachCbr},
     Subcommand{"train", "Train the model of a run config and report its test accuracy", attachTrain},
+    Subcommand{"launch",
+               "Run a command as several instances under mpirun, each with its share of the replicas",
+               attachLaunch},
+    Subcommand{"checkpoint", "Inspect checkpoint files", attachCheckpoint},
     Subcommand{"schema", "Print the JSON Schema of run config files", attachSchema},
 };
 
@@ -58,7 +63,10 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace tessera::cli
 
-int main(int argc, char** argv) {
+namespace {
+
+// Runs the command line and reports any error; returns the exit code.
+int runAndReport(int argc, char** argv) {
   using tessera::cli::kExitInternal;
   using tessera::cli::kExitInvalidInput;
   using tessera::cli::kExitUsage;
@@ -79,4 +87,17 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "error: internal: unknown exception\n");
     return kExitInternal;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int status = runAndReport(argc, argv);
+  // An instance of a multi-instance run that failed stops the others now
+  // rather than leaving them to wait for it until their timeout. (After
+  // Ctrl-C every instance stops at the same step and ends normally.)
+  if (status != tessera::cli::kExitOk && status != tessera::cli::kExitInterrupted) {
+    tessera::dist::abortInstances(status);
+  }
+  return status;
 }

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "locations.hpp"
 #include "tessera/error.hpp"
 #include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
@@ -144,7 +145,7 @@ class Unroller {
 
 GradientAccumulationTransform::GradientAccumulationTransform(const SessionOptions& options,
                                                              TrainingTensors& tensors)
-    : factor_(options.getAccumulationFactor()), reduction_(options.accumulationAndReplicationReductionType),
+    : options_(options), factor_(options.getAccumulationFactor()), reduction_(options.accumulationAndReplicationReductionType),
       strategy_(options.meanAccumulationAndReplicationReductionStrategy), tensors_(tensors) {}
 
 void GradientAccumulationTransform::apply(Graph& graph) {
@@ -160,9 +161,16 @@ void GradientAccumulationTransform::apply(Graph& graph) {
   unroller.copyShared();
 
   std::vector<Tensor> accumulators;
+  // Accumulators sharded unlike their weight: the domain each micro-batch's
+  // gradient is reduce-scattered over before it is accumulated.
+  std::vector<std::optional<ReplicaGrouping>> scatterOver;
   for (TensorId w : tensors_.weights) {
     const Tensor weight{&out, unroller.mapped(w, 0)};
-    accumulators.push_back(zeroVariableLike(weight, weight.name() + ".accum", TensorCategory::Accumulator));
+    const std::string name = weight.name() + ".accum";
+    const std::optional<ReplicaGrouping> domain = accumulatorShardingDomain(options_, weight.node(), name);
+    scatterOver.push_back(domain);
+    accumulators.push_back(domain ? shardedZeroVariable(weight, name, *domain)
+                                  : zeroVariableLike(weight, name, TensorCategory::Accumulator));
   }
   const bool running = reduction_ == ReductionType::Mean && strategy_ == MeanReductionStrategy::Running;
   {
@@ -172,7 +180,8 @@ void GradientAccumulationTransform::apply(Graph& graph) {
       unroller.sliceInputs(i);
       unroller.copyMicroBatch(i);
       for (std::size_t k = 0; k < accumulators.size(); ++k) {
-        const Tensor gradient{&out, unroller.mapped(tensors_.gradients[k], i)};
+        Tensor gradient{&out, unroller.mapped(tensors_.gradients[k], i)};
+        if (scatterOver[k]) gradient = ops::replicatedReduceScatter(gradient, ReductionType::Sum, scatterOver[k]);
         Tensor& acc = accumulators[k];
         if (i == 0) {
           acc = ops::copyInplace(acc, gradient);

@@ -44,6 +44,7 @@ class GradientAccumulationTransform final : public Transform {
   void apply(Graph& graph) override;
 
  private:
+  const SessionOptions& options_;
   int64_t factor_;
   ReductionType reduction_;
   MeanReductionStrategy strategy_;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "locations.hpp"
 #include "tessera/error.hpp"
 #include "tessera/ops.hpp"
 
@@ -35,6 +36,10 @@ void ReplicationTransform::apply(Graph& graph) {
       reduceShardGradient(graph, k, grouping);
       continue;
     }
+    if (!graph.tensor(tensors_.gradients[k]).metaShape.empty()) {
+      reduceScatteredGradient(graph, k, grouping);
+      continue;
+    }
     const std::optional<ReplicaGrouping> over =
         grouping.numGroups() == 1 ? std::nullopt : std::optional<ReplicaGrouping>(grouping);
     const Tensor gradient{&graph, tensors_.gradients[k]};
@@ -60,13 +65,42 @@ void ReplicationTransform::reduceShardGradient(Graph& graph, std::size_t k, cons
   Tensor gradient{&graph, tensors_.gradients[k]};
   const int64_t holders = grouping.groupSize() / shards;
   if (holders > 1) {
-    gradient = ops::replicatedAllReduce(gradient, ReductionType::Sum,
-                                        ReplicaGrouping(replicas_, grouping.stride() * shards, holders));
+    // Without a domain, member m of the group holds shard m mod shards.
+    const ReplicaGrouping over = weight.shardDomain
+                                     ? shardHolders(grouping, *weight.shardDomain, weight.name)
+                                     : ReplicaGrouping(replicas_, grouping.stride() * shards, holders);
+    gradient = ops::replicatedAllReduce(gradient, ReductionType::Sum, over);
   }
   if (reduction_ == ReductionType::Mean) {
     gradient = ops::mul(gradient, ops::scalar(graph, 1.0 / static_cast<double>(grouping.groupSize())));
   }
   if (gradient.id() == tensors_.gradients[k]) return;
+  graph.rename(gradient.id(), graph.uniqueName(name + ".reduced"));
+  tensors_.gradients[k] = gradient.id();
+}
+
+// The gradient of an unsharded weight accumulated in a sharded accumulator
+// was reduce-scattered over the accumulator's domain micro-batch by
+// micro-batch: all-reduce it over the replicas holding the same shard, scale
+// a Mean, and gather the whole gradient for the update.
+void ReplicationTransform::reduceScatteredGradient(Graph& graph, std::size_t k, const ReplicaGrouping& grouping) {
+  const TensorNode& accumulator = graph.tensor(graph.storageOf(tensors_.gradients[k]));
+  const TensorNode& weight = graph.tensor(tensors_.weights[k]);
+  if (!accumulator.shardDomain) {
+    throw GraphError(ErrorCode::InvalidCollective, weight.name,
+                     fmt::format("its gradient {} is sharded but has no sharding domain",
+                                 graph.tensor(tensors_.gradients[k]).name));
+  }
+  const ReplicaGrouping domain = *accumulator.shardDomain;
+  const ReplicaGrouping holders = shardHolders(grouping, domain, accumulator.name);
+  const Shape shape = weight.shape;
+  const std::string name = graph.tensor(tensors_.gradients[k]).name;
+  Tensor gradient{&graph, tensors_.gradients[k]};
+  if (holders.groupSize() > 1) gradient = ops::replicatedAllReduce(gradient, ReductionType::Sum, holders);
+  if (reduction_ == ReductionType::Mean) {
+    gradient = ops::mul(gradient, ops::scalar(graph, 1.0 / static_cast<double>(grouping.groupSize())));
+  }
+  gradient = ops::replicatedAllGather(gradient, domain, shape);
   graph.rename(gradient.id(), graph.uniqueName(name + ".reduced"));
   tensors_.gradients[k] = gradient.id();
 }

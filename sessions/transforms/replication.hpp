@@ -33,6 +33,7 @@ class ReplicationTransform final : public Transform {
 
  private:
   void reduceShardGradient(Graph& graph, std::size_t k, const ReplicaGrouping& grouping);
+  void reduceScatteredGradient(Graph& graph, std::size_t k, const ReplicaGrouping& grouping);
 
   int64_t replicas_;
   std::string replicasPath_;

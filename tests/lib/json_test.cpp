@@ -561,5 +561,36 @@ TEST_CASE("range messages state the bound in the form of the table") {
   CHECK_NOTHROW(jsonio::checkRange(int64_t{5}, {}, "/x", "x", ""));
 }
 
+TEST_CASE("invalidUtf8Offset accepts what the JSON parser accepts and finds the first bad byte") {
+  struct Case {
+    std::string name;
+    std::string text;
+    std::optional<std::size_t> offset;
+  };
+  const std::vector<Case> cases = {
+      {"ASCII", "replicatedGraphCount=4", std::nullopt},
+      {"empty", "", std::nullopt},
+      {"two bytes", "r\xc3\xa9sum\xc3\xa9", std::nullopt},
+      {"three bytes", "\xe2\x82\xac", std::nullopt},
+      {"four bytes, the largest code point", "\xf4\x8f\xbf\xbf", std::nullopt},
+      {"stray continuation byte", "ab\x80", 2},
+      {"truncated sequence", "x\xe2\x82", 1},
+      {"overlong two bytes", "\xc0\xaf", 0},
+      {"overlong three bytes", "\xe0\x80\xaf", 0},
+      {"overlong four bytes", "\xf0\x80\x80\xaf", 0},
+      {"surrogate", "\xed\xa0\x80", 0},
+      {"above U+10FFFF", "\xf4\x90\x80\x80", 0},
+      {"never in UTF-8", "ok\xff", 2},
+      {"Latin-1", "caf\xe9", 3},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    CHECK(jsonio::invalidUtf8Offset(c.text) == c.offset);
+    // The parser agrees: a string holding the text is valid JSON exactly when the text is UTF-8.
+    const bool parsed = !test::catchError<ConfigError>([&] { parseJsonDocument("\"" + c.text + "\"", ""); });
+    CHECK(parsed == !c.offset.has_value());
+  }
+}
+
 }  // namespace
 }  // namespace tessera

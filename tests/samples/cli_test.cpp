@@ -402,6 +402,46 @@ TEST_CASE("explain --json gives the provenance of values and the sharding domain
   CHECK(report["replication"] == json{{"local", 4}, {"global", 4}, {"offset", 0}, {"accumulationFactor", 1}});
 }
 
+TEST_CASE("explain --json places every tensor, and --what-if shows the change beside it") {
+  const std::string path = tessera::test::sourcePath("samples/configs/mnist_rts.json");
+  const json report = parseJson(runCli(
+      {"explain", path, "--json", "--what-if",
+       "/sessionOptions/optimizerStateTensorLocationSettings/location/storage=OffChip"}));
+  const auto find = [](const json& tensors, const std::string& name) {
+    for (const json& t : tensors)
+      if (t["name"] == name) return t;
+    return json();
+  };
+  // Two replicas: every sharded tensor holds ceil(n/2) elements, 4 bytes each.
+  const json w0 = find(report["tensors"], "W0");
+  CHECK(w0["category"] == "Weight");
+  CHECK(w0["replicatedTensorSharding"] == "On");
+  CHECK(w0["elements"] == 784 * 256);
+  CHECK(w0["shardElements"] == 784 * 256 / 2);
+  CHECK(w0["bytesPerReplica"] == 784 * 256 / 2 * 4);
+  CHECK(w0["storage"] == "OnChip");
+  const json b2 = find(report["tensors"], "b2");
+  CHECK(b2["shardElements"] == 5);
+  CHECK(find(report["tensors"], "W0.momentum")["shardElements"] == 784 * 256 / 2);
+  CHECK(report["memory"]["perReplica"].size() == 2);
+  CHECK(report["memory"]["perReplica"][0]["streamingBytes"] == 0);
+  CHECK(report["modelledStepTime"]["seconds"].get<double>() > 0);
+  CHECK(report["notApplied"].size() >= 1);  // the one-element hyper-parameters stay whole
+
+  // The momentum moves to streaming memory: its shards' bytes leave the compute tiles.
+  const json& after = report["whatIf"];
+  CHECK(find(after["tensors"], "W0.momentum")["storage"] == "OffChip");
+  int64_t momentumBytes = 0;
+  for (const json& t : after["tensors"]) {
+    if (t["name"].get<std::string>().ends_with(".momentum")) momentumBytes += t["bytesPerReplica"].get<int64_t>();
+  }
+  CHECK(after["memory"]["perReplica"][0]["streamingBytes"] == momentumBytes);
+  CHECK(after["memory"]["perReplica"][0]["computeTilesBytes"].get<int64_t>() <
+        report["memory"]["perReplica"][0]["computeTilesBytes"].get<int64_t>());
+  CHECK(after["settings"] ==
+        json::array({"/sessionOptions/optimizerStateTensorLocationSettings/location/storage=OffChip"}));
+}
+
 TEST_CASE("explain --json lists overrides and non-default domains, and nothing else") {
   const TempDir dir;
   SUBCASE("defaults: no domain in use") {

@@ -102,14 +102,61 @@ TEST_CASE("the RTS config shards its weights and trains like the replicated run"
   checkSameTraining(sharded, replicated, 1e-5);
 }
 
-TEST_CASE("tessera train rejects settings it cannot honour") {
-  const ProcessResult result = tessera::test::runProgram(
-      program("TESSERA_CLI"),
-      {"train", tessera::test::sourcePath("samples/configs/mnist.json"), "--quiet", "--set",
-       "/sessionOptions/activationTensorLocationSettings/location/storage=OffChip"});
-  CHECK(result.exitCode == 1);
-  CHECK(result.err.find("[tessera.config.125] /sessionOptions/activationTensorLocationSettings/location/storage") !=
-        std::string::npos);
+TEST_CASE("the RTS recipe config trains like plain replication") {
+  // The recipe sums gradients over the 4 replicas (PopART's default reduction): a smaller step keeps
+  // training stable, so that float rounding is all that differs.
+  const json sharded = train("samples/configs/rts_recipe.json", {"/data/batchSize=8", "/optimizer/learningRate=0.01"});
+  const json replicated = train("samples/configs/rts_recipe.json",
+                                {"/data/batchSize=8", "/optimizer/learningRate=0.01",
+                                 "/sessionOptions/weightTensorLocationSettings/location/replicatedTensorSharding=Off",
+                                 "/sessionOptions/optimizerStateTensorLocationSettings/location/"
+                                 "replicatedTensorSharding=Off"});
+  checkSameTraining(sharded, replicated, 1e-5);
+}
+
+TEST_CASE("tessera train keeps tensors where the config says and trains the same") {
+  const json reference = train("samples/configs/mnist_rts.json", {});
+  const json located = train("samples/configs/mnist_rts.json",
+                             {"/sessionOptions/numIOTiles=64",
+                              "/sessionOptions/optimizerStateTensorLocationSettings/location/storage=OffChip",
+                              "/sessionOptions/optimizerStateTensorLocationSettings/location/loadTileSet=IO",
+                              "/sessionOptions/activationTensorLocationSettings/location/storage=OffChip",
+                              "/sessionOptions/weightTensorLocationSettings/location/shardingDomain/type=Orthogonal",
+                              "/sessionOptions/weightTensorLocationSettings/location/shardingDomain/replicaGroupSize=2"});
+  checkSameTraining(located, reference, 1e-5);
+}
+
+TEST_CASE("a device too small for the MLP is an OOM error whose first suggestion makes it fit") {
+  // The MLP 784-256-128-10 with Adam at batch 64 peaks at about 5.9 MiB on the compute tiles; its
+  // optimizer state (two moments per weight, about 1 MiB) is the part that can move off chip.
+  const std::vector<std::string> device{"--set", "/device/tilesPerIpu=10", "--set", "/device/bytesPerTile=560000"};
+  std::vector<std::string> args{"train", tessera::test::sourcePath("samples/configs/mnist.json"), "--quiet",
+                                "--set", "/data/limitTrainSamples=640", "--set", "/data/limitTestSamples=64",
+                                "--set", "/data/epochs=1"};
+  args.insert(args.end(), device.begin(), device.end());
+  const ProcessResult tooSmall = tessera::test::runProgram(program("TESSERA_CLI"), args);
+  INFO("stderr: " << tooSmall.err);
+  CHECK(tooSmall.exitCode == 1);
+  CHECK(tooSmall.err.find("[tessera.device.401] replica 0") != std::string::npos);
+  CHECK(tooSmall.err.find("W0") != std::string::npos);  // among the largest tensors at the peak
+  const std::string marker = "settings that lower it (each planned on its own):\n  set ";
+  const std::size_t at = tooSmall.err.find(marker);
+  REQUIRE(at != std::string::npos);
+  const std::size_t pathStart = at + marker.size();
+  const std::size_t to = tooSmall.err.find(" to ", pathStart);
+  const std::size_t colon = tooSmall.err.find(": peak", to);
+  const std::size_t lineEnd = tooSmall.err.find('\n', colon);
+  REQUIRE(colon != std::string::npos);
+  const std::string path = tooSmall.err.substr(pathStart, to - pathStart);
+  const std::string value = tooSmall.err.substr(to + 4, colon - to - 4);
+  CHECK(path == "/sessionOptions/optimizerStateTensorLocationSettings/location/storage");
+  CHECK(tooSmall.err.substr(colon, lineEnd - colon).ends_with(", fits"));
+
+  args.push_back("--set");
+  args.push_back(path + "=" + value);
+  const ProcessResult fits = tessera::test::runProgram(program("TESSERA_CLI"), args);
+  INFO("stderr: " << fits.err);
+  CHECK(fits.exitCode == 0);
 }
 
 TEST_CASE("mnist_rts: two replicas of 4 match one replica of 8, with and without RTS") {

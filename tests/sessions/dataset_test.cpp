@@ -628,3 +628,46 @@ TEST_CASE("fillBatch copies a run of the epoch order into host buffers") {
   expectError<ConfigError>([&] { fillBatch(train, wrong, 0, images, labels); }, ErrorCode::OutOfRange,
                            "fillBatch", "order[2] is 100 but the split has 100 samples");
 }
+
+TEST_CASE("IDX bytes in memory read as the same files do, with the same errors") {
+  TempFolder folder;
+  const Bytes images = imageFile(3, 5, 4);
+  const Bytes labels = labelFile({7, 0, 9});
+  for (const bool gzip : {false, true}) {
+    CAPTURE(gzip);
+    const std::string imagesPath =
+        gzip ? writeGzip(folder.file("images.gz"), images) : writeRaw(folder.file("images"), images);
+    const std::string labelsPath =
+        gzip ? writeGzip(folder.file("labels.gz"), labels) : writeRaw(folder.file("labels"), labels);
+    const Bytes imageBytes = readBytes(imagesPath);
+    const IdxImages fromFile = readIdxImages(imagesPath);
+    const IdxImages fromMemory = parseIdxImages(imageBytes, "images in memory");
+    CHECK(fromMemory.count == fromFile.count);
+    CHECK(fromMemory.rows == fromFile.rows);
+    CHECK(fromMemory.cols == fromFile.cols);
+    CHECK(fromMemory.pixels == fromFile.pixels);
+    CHECK(parseIdxLabels(readBytes(labelsPath), "labels in memory") == std::vector<int32_t>{7, 0, 9});
+
+    // The name stands for the file in errors; the limit and the classes apply as to files.
+    expectIoError([&] { parseIdxImages(imageBytes, "images in memory", 59); }, ErrorCode::CorruptDataset,
+                  "images in memory", "more than the limit of 59");
+    expectIoError([&] { parseIdxLabels(readBytes(labelsPath), "labels in memory", 9); },
+                  ErrorCode::CorruptDataset, "labels in memory", "label 9 of sample 2");
+    Bytes truncated = imageBytes;
+    truncated.resize(truncated.size() - 3);
+    expectIoError([&] { parseIdxImages(truncated, "cut"); }, ErrorCode::CorruptDataset, "cut",
+                  gzip ? "the gzip stream is truncated" : "the file is truncated");
+  }
+  expectIoError([&] { parseIdxImages({}, "nothing"); }, ErrorCode::CorruptDataset, "nothing",
+                "the data is 0 bytes long");
+}
+
+TEST_CASE("a header that claims more data than the file holds fails without trusting the claim") {
+  // 60000 images of 28x28 are 188 MB as floats; the reader must stop at the
+  // end of the 100 bytes of data without having made room for the claim.
+  Bytes liar = idxHeader(0x00000803, {60000, 28, 28});
+  liar.resize(liar.size() + 100, 0);
+  expectIoError([&] { parseIdxImages(liar, "liar"); }, ErrorCode::CorruptDataset, "liar",
+                "the header declares 47040000 bytes of data after the 16-byte header, but the data ends at "
+                "byte offset 116 after 100 of them");
+}

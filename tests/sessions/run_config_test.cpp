@@ -201,7 +201,7 @@ struct BadConfig {
 TEST_CASE("parseRunConfig rejects bad input at the JSON pointer of the value, naming the source") {
   const std::vector<BadConfig> cases = {
       {"unknown section", R"({"sessionOption": {}})", ErrorCode::UnknownKey, "/sessionOption",
-       "did you mean \"sessionOptions\"?); allowed keys: data, device, model, optimizer, output, "
+       "did you mean \"sessionOptions\"?); allowed keys: data, device, limits, model, optimizer, output, "
        "sessionOptions"},
       {"unknown option", R"({"sessionOptions": {"replicatedGraphCont": 2}})", ErrorCode::UnknownKey,
        "/sessionOptions/replicatedGraphCont", "did you mean \"replicatedGraphCount\""},
@@ -706,6 +706,87 @@ TEST_CASE("the run config schema is generated from the field tables") {
   CHECK(layers["items"]["minimum"] == 1);
   CHECK(schema["properties"]["sessionOptions"]["properties"]["weightTensorLocationSettings"]["properties"]
               ["minElementsForReplicatedTensorSharding"]["default"] == 8192);
+}
+
+TEST_CASE("limits bound every size a config implies, at the path of the setting") {
+  struct Case {
+    std::string name;
+    std::string config;
+    std::optional<std::string> subject;  // of ShapeTooLarge; nullopt: valid
+  };
+  const std::vector<Case> cases = {
+      {"the defaults", "{}", std::nullopt},
+      {"a wide layer", R"({"model": {"layers": [784, 2000000000, 10]}})", "/model/layers/1"},
+      {"a wide layer with the limit raised",
+       R"({"model": {"layers": [784, 2000000000, 10]}, "limits": {"maxTensorBytes": 9223372036854775807}})",
+       std::nullopt},
+      {"a wide input", R"({"data": {"dataset": "synthetic"}, "model": {"layers": [2000000000, 10]}})",
+       "/model/layers/0"},
+      {"a width whose weight overflows", R"({"model": {"layers": [784, 4611686018427387904, 10]}})",
+       "/model/layers/1"},
+      {"the weights together", R"({"model": {"layers": [784, 16384, 16384, 16384, 16384, 16384, 10]}})",
+       "/model/layers"},
+      {"a micro-batch of activations", R"({"data": {"batchSize": 2000000}})", "/data/batchSize"},
+      {"a test micro-batch", R"({"data": {"testBatchSize": 2000000}})", "/data/testBatchSize"},
+      {"a step's host buffer",
+       R"({"sessionOptions": {"enableReplicatedGraphs": true, "replicatedGraphCount": 64,
+           "enableGradientAccumulation": true, "accumulationFactor": 64}, "data": {"batchSize": 512}})",
+       "/data/batchSize"},
+      {"a global batch that overflows",
+       R"({"sessionOptions": {"enableDistributedReplicatedGraphs": true, "enableReplicatedGraphs": true,
+           "replicatedGraphCount": 2, "globalReplicationFactor": 4611686018427387904},
+           "data": {"batchSize": 4}})",
+       "/data/batchSize"},
+      // The default model: W0 is 802816 bytes, all weights and biases 940584.
+      {"a limit of exactly the weights", R"({"limits": {"maxTensorBytes": 940584}})", std::nullopt},
+      {"a limit of W0 alone", R"({"limits": {"maxTensorBytes": 802816}})", "/model/layers"},
+      {"a limit one byte below W0", R"({"limits": {"maxTensorBytes": 802815}})", "/model/layers/0"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const RunConfig config = parse(c.config).config;
+    const auto error = test::catchError<ConfigError>([&] { validate(config); });
+    if (!c.subject) {
+      CHECK_FALSE(error.has_value());
+      continue;
+    }
+    REQUIRE(error.has_value());
+    INFO(error->what());
+    CHECK(error->code() == ErrorCode::ShapeTooLarge);
+    CHECK(error->subject() == *c.subject);
+    // The message says which setting to change.
+    CHECK(error->detail().find("lower " + *c.subject) != std::string::npos);
+  }
+}
+
+TEST_CASE("the limits section is read strictly and survives a round trip") {
+  const RunConfig config = parse(R"({"limits": {"maxTensorBytes": 1024}})").config;
+  CHECK(config.limits.maxTensorBytes == 1024);
+  CHECK(json(config)["limits"] == json{{"maxTensorBytes", 1024}});
+  CHECK(json(RunConfig{})["limits"]["maxTensorBytes"] == kDefaultMaxTensorBytes);
+  TESSERA_CHECK_ERROR(parse(R"({"limits": {"maxTensorBytes": 0}})"), ConfigError, ErrorCode::OutOfRange);
+  TESSERA_CHECK_ERROR(parse(R"({"limits": {"maxBytes": 1}})"), ConfigError, ErrorCode::UnknownKey);
+}
+
+TEST_CASE("--set paths are as deep as documents may be, and UTF-8") {
+  const auto segments = [](std::size_t n) {
+    std::string path;
+    for (std::size_t i = 0; i < n; ++i) path += "/a";
+    return path + "=1";
+  };
+  // 64 segments are applied (and then fail as an unknown key), 65 are not.
+  TESSERA_CHECK_ERROR(parse("{}", {segments(64)}), ConfigError, ErrorCode::UnknownKey);
+  const auto deep = test::catchError<ConfigError>([&] { parse("{}", {segments(65)}); });
+  REQUIRE(deep.has_value());
+  CHECK(deep->code() == ErrorCode::DocumentLimit);
+  CHECK(deep->subject() == segments(65));
+
+  const auto bad = test::catchError<ConfigError>([&] { parse("{}", {"/data/path=\xff"}); });
+  REQUIRE(bad.has_value());
+  CHECK(bad->code() == ErrorCode::BadOverride);
+  CHECK(bad->subject() == "/data/path=\\xff");
+  CHECK(bad->detail().find("byte 11 (0xff) is not valid UTF-8") != std::string::npos);
+  CHECK(parse("{}", {"/data/path=r\xc3\xa9sum\xc3\xa9"}).config.data.path == "r\xc3\xa9sum\xc3\xa9");
 }
 
 }  // namespace

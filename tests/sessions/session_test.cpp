@@ -276,7 +276,7 @@ TEST_CASE("inference sessions reject gradient accumulation") {
 TEST_CASE("replica-sharded weights and optimizer state train like replicated ones") {
   const ToyData data = toyData(8 * 4, 12);
   const auto run = [&](int64_t replicas, const SessionOptions& options, OptimizerConfig optimizer) {
-    MlpGraph mlp = buildMlp(toyModel(), 8 / replicas, replicas, 3, &options);
+    MlpGraph mlp = buildMlp(toyModel(), 8 / replicas, replicas, 3);
     TrainingSession session(std::move(mlp.graph), mlp.loss, makeOptimizer(optimizer), options, makeSimDevice());
     RunResult result;
     for (int s = 0; s < 4; ++s) {
@@ -309,36 +309,3 @@ TEST_CASE("replica-sharded weights and optimizer state train like replicated one
   }
 }
 
-TEST_CASE("locations the session cannot honour yet are rejected, naming the setting") {
-  const auto compile = [](const SessionOptions& options, bool shardedModel) {
-    MlpGraph mlp = buildMlp(toyModel(), 4, 2, 0, shardedModel ? &options : nullptr);
-    TrainingSession(std::move(mlp.graph), mlp.loss, makeOptimizer(sgdMomentum()), options, makeSimDevice());
-  };
-  SUBCASE("streaming memory") {
-    SessionOptions options = replicated(2);
-    options.optimizerStateTensorLocationSettings.location.storage = TensorStorage::OffChip;
-    const auto error = test::catchError<ConfigError>([&] { compile(options, true); });
-    REQUIRE(error);
-    CHECK(error->code() == ErrorCode::UnsupportedCombination);
-    CHECK(error->subject() == "/sessionOptions/optimizerStateTensorLocationSettings/location/storage");
-  }
-  SUBCASE("RTS requested for a weight built as a plain variable") {
-    SessionOptions options = replicated(2);
-    options.weightTensorLocationSettings.location.replicatedTensorSharding = ReplicatedTensorSharding::On;
-    options.weightTensorLocationSettings.minElementsForReplicatedTensorSharding = 2;
-    options.optimizerStateTensorLocationSettings = options.weightTensorLocationSettings;
-    const auto error = test::catchError<ConfigError>([&] { compile(options, false); });
-    REQUIRE(error);
-    CHECK(error->subject() == "/sessionOptions/weightTensorLocationSettings/location/replicatedTensorSharding");
-    CHECK(error->detail().starts_with("W0: "));
-  }
-  SUBCASE("optimizer state sharded unlike its weight") {
-    SessionOptions options = replicated(2);
-    options.weightTensorLocationSettings.location.replicatedTensorSharding = ReplicatedTensorSharding::On;
-    options.weightTensorLocationSettings.minElementsForReplicatedTensorSharding = 2;
-    const auto error = test::catchError<ConfigError>([&] { compile(options, true); });
-    REQUIRE(error);
-    CHECK(error->subject() ==
-          "/sessionOptions/optimizerStateTensorLocationSettings/location/replicatedTensorSharding");
-  }
-}

@@ -308,8 +308,8 @@ TEST_CASE("the pipeline lists its transforms in order") {
   const auto pipeline = buildTrainingPipeline(trainingOptions(2, 2, ReductionType::Mean), sgd, tensors);
   std::vector<std::string> names;
   for (const auto& transform : pipeline) names.emplace_back(transform->name());
-  CHECK(names ==
-        std::vector<std::string>{"autodiff", "gradientAccumulation", "replication", "optimizerUpdate"});
+  CHECK(names == std::vector<std::string>{"weightSharding", "autodiff", "gradientAccumulation", "replication",
+                                          "optimizerUpdate", "locations"});
 }
 
 TEST_CASE("the training graph's structure") {

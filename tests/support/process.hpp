@@ -1,6 +1,16 @@
 // Running the built programs from tests: a temporary folder of the test's
 // own, and a process runner that captures stdout, stderr and the exit code
 // (arguments passed verbatim, no shell).
+//
+// TESSERA_CLI_WRAPPER, when set, is a command (words separated by spaces,
+// the first found on PATH) that every program runs under, e.g. a memory
+// checker:
+//
+//   TESSERA_CLI_WRAPPER="valgrind --error-exitcode=99 --leak-check=full -q"
+//
+// The wrapper reports a finding by exiting with kWrapperFindingExitCode, a
+// code the programs never use (1 is the CLI's own "invalid input"), and
+// runProgram fails the test with the wrapper's report then.
 #pragma once
 
 #include <fcntl.h>
@@ -13,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -68,12 +79,25 @@ struct ProcessResult {
   std::string err;
 };
 
+inline constexpr int kWrapperFindingExitCode = 99;
+
+// The words of TESSERA_CLI_WRAPPER; empty when it is unset.
+inline std::vector<std::string> wrapperCommand() {
+  std::vector<std::string> words;
+  const char* wrapper = std::getenv("TESSERA_CLI_WRAPPER");
+  std::istringstream in(wrapper ? wrapper : "");
+  for (std::string word; in >> word;) words.push_back(word);
+  return words;
+}
+
 inline ProcessResult runProgram(const std::string& program, const std::vector<std::string>& args) {
   const TempDir dir;
   const std::string outPath = (dir.path() / "stdout").string();
   const std::string errPath = (dir.path() / "stderr").string();
 
-  std::vector<std::string> argvStrings{program};
+  std::vector<std::string> argvStrings = wrapperCommand();
+  const bool wrapped = !argvStrings.empty();
+  argvStrings.push_back(program);
   argvStrings.insert(argvStrings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& arg : argvStrings) argv.push_back(arg.data());
@@ -84,9 +108,11 @@ inline ProcessResult runProgram(const std::string& program, const std::vector<st
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   pid_t pid = 0;
-  const int spawnError = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+  // A wrapper is looked up on PATH; the program itself is a path.
+  const int spawnError = wrapped ? posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ)
+                                 : posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  REQUIRE_MESSAGE(spawnError == 0, "cannot start ", program, ": ", std::strerror(spawnError));
+  REQUIRE_MESSAGE(spawnError == 0, "cannot start ", argv[0], ": ", std::strerror(spawnError));
 
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) REQUIRE(errno == EINTR);
@@ -94,6 +120,9 @@ inline ProcessResult runProgram(const std::string& program, const std::vector<st
   result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
   result.out = readFile(outPath);
   result.err = readFile(errPath);
+  if (wrapped && result.exitCode == kWrapperFindingExitCode) {
+    FAIL_CHECK("TESSERA_CLI_WRAPPER reported a finding in ", program, ":\n", result.err);
+  }
   return result;
 }
 

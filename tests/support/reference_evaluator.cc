@@ -122,7 +122,7 @@ void ReferenceEvaluator::initialiseVariable(TensorId t) {
     const auto first = node.data.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(group) * n);
     Values host(first, first + static_cast<std::ptrdiff_t>(n));
     Values value =
-        sharded ? shardOf(host, node.shardCount, grouping.indexInGroupAt(r) % node.shardCount) : host;
+        sharded ? shardOf(host, node.shardCount, shardIndexAt(node, replicas_, r)) : host;
     if (node.remoteBuffer >= 0) {
       buffers_[static_cast<std::size_t>(r)][static_cast<std::size_t>(node.remoteBuffer)]
               [static_cast<std::size_t>(node.remoteEntry)] = value;

@@ -1,0 +1,148 @@
+// Checkpoints: a training session's weights and optimizer state in a
+// .safetensors file, with what it takes to continue training as if it had
+// never stopped.
+//
+//   tessera::saveCheckpoint(session, "out/model.safetensors");
+//   ...
+//   tessera::CheckpointLoadReport report = tessera::loadCheckpoint(other, "out/model.safetensors");
+//   for (const std::string& warning : report.warnings) std::cerr << "warning: " << warning << '\n';
+//
+// The file is plain safetensors (8-byte little-endian header length, a JSON
+// header, raw little-endian data), readable by the Python ecosystem. Tensors
+// are logical: every variable in the host shape readVariable() returns with
+// RetrievalMode::OnePerGroup ([numGroups, ...] for a grouped variable, RTS
+// shards reassembled, streaming-memory variables read from their buffer).
+// So a checkpoint loads into any replication factor, sharding setting,
+// sharding domain, tensor location or instance count whose model has the
+// same tensors.
+//
+// Saved: the variables of category Weight and OptimizerState, except the
+// optimizer's hyper-parameter scalars ("optimizer.<name>", recomputed from the
+// step and the learning rate before every step). Not saved: Accumulator
+// variables, which carry nothing from one step to the next (the first
+// micro-batch of a step overwrites them), and activations.
+//
+// Metadata ("__metadata__", all values strings):
+//   format             "tessera.checkpoint"
+//   formatVersion      "1" (kCheckpointFormatVersion)
+//   tesseraVersion     the version of the tessera that wrote it
+//   step               steps run when saved
+//   optimizerStep      the step the optimizer's step-dependent values (SGD's
+//                      first-step momentum, Adam's bias correction) continue
+//                      from; equal to step
+//   optimizer          the optimizer as run config JSON, learningRate being the
+//                      current one: {"type": "sgd", "learningRate": 0.05, ...}
+//   sessionOptions     the canonical JSON dump of the SessionOptions
+//   sessionOptionsHash sessionOptionsHash() of those options
+//   tensors            JSON {NAME: {"category": "Weight", "shardLayoutVersion": 1}, ...}
+//                      (ShardLayout::kVersion when written)
+// plus any extra keys the writer added (the trainer adds "runConfig" and
+// "globalBatch").
+//
+// Writes are atomic: the bytes go to "FILE.tmp.<pid>" in the same folder,
+// which is synced and renamed over FILE, and the folder is synced; a failure
+// at any point removes the temporary file and leaves a previous FILE as it
+// was. A process killed while writing leaves FILE intact (and possibly its
+// temporary file, which nothing reads).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/graph.hpp"
+#include "tessera/run_config.hpp"
+#include "tessera/session.hpp"
+#include "tessera/session_options.hpp"
+#include "tessera/shard_layout.hpp"
+#include "tessera/tensor_location.hpp"
+
+namespace tessera {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+struct CheckpointTensor {
+  std::string name;
+  DType dtype = DType::Float32;  // stored as F32 or I32
+  TensorCategory category = TensorCategory::Weight;
+  int shardLayoutVersion = ShardLayout::kVersion;
+  HostTensor value;  // logical host shape; int32 values as exact floats
+  bool operator==(const CheckpointTensor&) const = default;
+};
+
+struct Checkpoint {
+  int formatVersion = kCheckpointFormatVersion;
+  std::string tesseraVersion;
+  int64_t step = 0;
+  int64_t optimizerStep = 0;
+  // With the learning rate at the time of saving.
+  OptimizerConfig optimizer;
+  // Canonical JSON of the SessionOptions and sessionOptionsHash() of it.
+  std::string sessionOptions;
+  std::string sessionOptionsHash;
+  // In data order.
+  std::vector<CheckpointTensor> tensors;
+  // Metadata keys other than tessera's own (listed above).
+  std::map<std::string, std::string> extraMetadata;
+  bool operator==(const Checkpoint&) const = default;
+};
+
+// What loadCheckpoint() restored, and what a caller may want to tell a user.
+struct CheckpointLoadReport {
+  int64_t step = 0;
+  double learningRate = 0.0;
+  // Differences that do not stop training: session options (replication,
+  // RTS, locations, ...: the tensors are logical), optimizer hyper-parameters
+  // that are compiled into the session (the session's values are kept), the
+  // learning rate (the checkpoint's is restored).
+  std::vector<std::string> warnings;
+};
+
+// A stable hash of the canonical JSON dump of `options` (64-bit FNV-1a):
+// "fnv1a64:" and 16 hex digits.
+std::string sessionOptionsHash(const SessionOptions& options);
+
+// The checkpoint of `session` now. `extraMetadata` is stored too; a key of
+// tessera's own is ConfigError(DuplicateKey) with the key as subject. Throws
+// ConfigError(InvalidOptimizer) for an optimizer other than Sgd and Adam.
+Checkpoint makeCheckpoint(const TrainingSession& session,
+                          std::map<std::string, std::string> extraMetadata = {});
+
+// The .safetensors bytes of `checkpoint`.
+std::vector<uint8_t> encodeCheckpoint(const Checkpoint& checkpoint);
+
+// Reads a checkpoint from bytes, strictly; `source` names them in errors
+// (a file name). Throws IoError only: CorruptCheckpoint for a damaged or
+// malformed file (the container format, missing or invalid tessera
+// metadata, metadata that disagrees with the tensors), UnsupportedCheckpoint
+// for a well-formed file tessera cannot use (not a tessera checkpoint, a newer
+// format or shard layout version, a dtype other than F32 and I32).
+Checkpoint decodeCheckpoint(std::span<const uint8_t> bytes, std::string_view source);
+
+// decodeCheckpoint of a file; IoError(FileUnreadable) when it cannot be read.
+Checkpoint readCheckpoint(const std::string& path);
+// Writes encodeCheckpoint(checkpoint) atomically (see above);
+// IoError(FileUnwritable) naming the file and the system's reason.
+void writeCheckpoint(const Checkpoint& checkpoint, const std::string& path);
+
+// writeCheckpoint(makeCheckpoint(session, extraMetadata), path).
+void saveCheckpoint(const TrainingSession& session, const std::string& path,
+                    std::map<std::string, std::string> extraMetadata = {});
+
+// Restores `checkpoint` into `session`: every saved variable, the learning
+// rate and the step count, so that the next run() computes what the saving
+// session's next run() would have. Nothing is written unless everything
+// matches: IoError(CheckpointMismatch) with subject `source` for another
+// optimizer type, a tensor of the checkpoint the session does not have, a
+// variable of the session the checkpoint does not have, or a different
+// category, dtype or host shape.
+CheckpointLoadReport restoreCheckpoint(TrainingSession& session, const Checkpoint& checkpoint,
+                                       std::string_view source);
+
+// restoreCheckpoint(session, readCheckpoint(path), path).
+CheckpointLoadReport loadCheckpoint(TrainingSession& session, const std::string& path);
+
+}  // namespace tessera

@@ -1,0 +1,109 @@
+// The modelled time of one step: how long the hardware the DeviceSpec
+// describes would take to run a Program once. Like memory, time is modelled
+// from the program, never measured on the host.
+//
+// Every op that does work gets a duration and a lane:
+//  - ComputeTiles: arithmetic, at DeviceSpec::computeFlopsPerSecond. FLOPs per
+//    op, n the output's elements unless said otherwise:
+//      MatMul                                   2 M N K (per batch entry)
+//      Add Sub Mul Div Neg Relu ReluGrad Copy
+//      CopyInplace Transpose Slice Concat
+//      BroadcastTo SlicePad ReplicaShardedSlice
+//      ReplicaShardedPad                        1 n
+//      ScaledAddInplace                         3 n (a x + b y)
+//      Exp Log Sqrt Tanh Sigmoid                4 n
+//      Softmax LogSoftmax                       5 n
+//      SoftmaxCrossEntropy(Grad)                5 per logit
+//      Gelu GeluGrad                            8 n
+//      ReduceSum ReduceMean ReduceToShape
+//      ArgMax                                   1 per input element
+//      Reshape                                  0 (a view)
+//  - Link: collectives as ring transfers over a group of g replicas, B the
+//    bytes of the tensor (for ReduceScatter and AllGather the padded full
+//    tensor, g ceil(n/g) elements): AllReduce moves 2 (g-1)/g B, ReduceScatter
+//    and AllGather (g-1)/g B, at linkBandwidthBytesPerSecond, or at
+//    interInstanceBandwidthBytesPerSecond when a group spans instances (an
+//    instance holds Program::localReplicas consecutive replicas), plus
+//    transferLatencySeconds. A group of one replica costs nothing.
+//  - Streaming / IOTiles: RemoteLoad and RemoteStore move one buffer entry at
+//    streamingBandwidthBytesPerSecond, plus transferLatencySeconds. A
+//    transfer whose tensor lives on the IO tiles (TensorNode::tileSet IO) runs
+//    on the IOTiles lane; any other runs on the Streaming lane.
+//
+// Scheduling: ops are taken in schedule order; an op starts when its inputs
+// and the ops it must run after are done and the resources it occupies are
+// free. Compute ops, Streaming transfers and collectives whose tensors are on
+// the compute tiles all occupy the compute tiles, so they run one after the
+// other; transfers and collectives through the IO tiles occupy the IO tiles
+// instead and overlap compute (their consumers still wait for them). Every
+// streaming transfer also occupies the streaming link, and every collective
+// the link of its group. Sources (inputs, variables, constants) take no time.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tessera/device_spec.hpp"
+#include "tessera/enum_names.hpp"
+#include "tessera/graph.hpp"
+
+namespace tessera {
+
+struct Program;
+
+enum class TimeLane {
+  ComputeTiles,  // arithmetic on the compute tiles
+  IOTiles,       // streaming transfers through the IO tiles, overlapped with compute
+  Link,          // collectives between replicas
+  Streaming,     // streaming transfers through the compute tiles (they block compute)
+};
+
+template <>
+struct EnumNames<TimeLane> {
+  static constexpr std::string_view kTypeName = "TimeLane";
+  static constexpr std::array kNames = {std::pair{TimeLane::ComputeTiles, std::string_view{"ComputeTiles"}},
+                                        std::pair{TimeLane::IOTiles, std::string_view{"IOTiles"}},
+                                        std::pair{TimeLane::Link, std::string_view{"Link"}},
+                                        std::pair{TimeLane::Streaming, std::string_view{"Streaming"}}};
+};
+
+// One op of the step.
+struct OpTime {
+  std::string name;
+  OpKind kind = OpKind::Input;
+  TimeLane lane = TimeLane::ComputeTiles;
+  // Link: the collective's group (ReplicaGrouping::str()); empty otherwise.
+  std::string group;
+  // Link: true when a group spans instances (the slower bandwidth applies).
+  bool interInstance = false;
+  double start = 0.0;     // seconds from the start of the step
+  double duration = 0.0;  // seconds
+  double flops = 0.0;     // ComputeTiles: arithmetic of one replica
+  double bytes = 0.0;     // bytes one replica moves over the link or to or from streaming memory
+};
+
+struct TimeReport {
+  std::vector<OpTime> ops;   // in schedule order; sources are not listed
+  double stepSeconds = 0.0;  // when the last op ends
+  // Sums of durations per lane. compute + streaming (+ collectives on the
+  // compute tiles) run one after the other; overlapped streaming runs beside
+  // them, so the step is shorter than the sum of all four when it helps.
+  double computeSeconds = 0.0;              // ComputeTiles
+  double collectiveSeconds = 0.0;           // Link
+  double streamingSeconds = 0.0;            // Streaming
+  double overlappedStreamingSeconds = 0.0;  // IOTiles
+  double flops = 0.0;                       // every op's flops
+  double linkBytes = 0.0;                   // every collective's bytes
+  double streamingBytes = 0.0;              // every transfer's bytes, both lanes
+};
+
+// The modelled time of one run of `program` on the hardware `spec` describes,
+// without loading it. Throws GraphError(InvalidProgramOrder) for a cyclic
+// graph and DeviceError(InvalidProgram) when localReplicas is below 1.
+TimeReport modelTime(const Program& program, const DeviceSpec& spec);
+
+}  // namespace tessera

@@ -1,0 +1,160 @@
+// tessera launch --num-replicas R --num-instances P [--ipus-per-replica K] [--timeout S]
+//                [--mpi-args "MPIRUN_OPTION..."] [--mpirun PROGRAM] -- COMMAND [ARG...]
+//
+// PopRun for tessera: runs COMMAND as P instances under mpirun, each told by
+// POPDIST_* variables which R / P of the R replicas it simulates (see
+// tessera/dist.hpp); `tessera train` and applications using
+// dist::configureSessionOptions pick them up. --mpi-args holds options for
+// mpirun, split at spaces (e.g. "--host a,b --tag-output"), like PopRun's
+// --mpi-global-args; --oversubscribe is always added so that instances may
+// outnumber cores, and --allow-run-as-root when running as root.
+//
+// mpirun gives every instance the same environment, but the replica offset
+// differs per instance. So mpirun runs this program again, as a small
+// wrapper (the hidden --instance flag) that sets the variables from Open
+// MPI's rank and then replaces itself with COMMAND.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli.hpp"
+#include "tessera/dist.hpp"
+#include "tessera/error.hpp"
+
+namespace tessera::cli {
+namespace {
+
+struct LaunchArgs {
+  int64_t replicas = 1;
+  int64_t instances = 1;
+  int64_t ipusPerReplica = 1;
+  double timeoutSeconds = 0.0;  // 0: the instances' default
+  std::string mpirun = "mpirun";
+  std::string mpiArgs;
+  bool instance = false;
+  std::vector<std::string> command;
+};
+
+std::vector<std::string> words(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string word; in >> word;) out.push_back(word);
+  return out;
+}
+
+// Replaces this process with `argv`; returns only by throwing.
+[[noreturn]] void execute(const std::vector<std::string>& argv, std::string_view hint) {
+  std::vector<char*> pointers;
+  for (const std::string& a : argv) pointers.push_back(const_cast<char*>(a.c_str()));
+  pointers.push_back(nullptr);
+  ::execvp(pointers.front(), pointers.data());
+  throw IoError(ErrorCode::FileUnreadable, argv.front(),
+                fmt::format("cannot run it: {}{}", std::strerror(errno), hint));
+}
+
+void setVariable(std::string_view name, const std::string& value) {
+  ::setenv(std::string(name).c_str(), value.c_str(), 1);
+}
+
+void checkCounts(const LaunchArgs& args) {
+  if (args.replicas < 1) {
+    throw ConfigError(ErrorCode::OutOfRange, "--num-replicas",
+                      fmt::format("{} replicas requested; at least 1 is needed", args.replicas));
+  }
+  if (args.instances < 1) {
+    throw ConfigError(ErrorCode::OutOfRange, "--num-instances",
+                      fmt::format("{} instances requested; at least 1 is needed", args.instances));
+  }
+  if (args.replicas % args.instances != 0) {
+    throw ConfigError(
+        ErrorCode::OutOfRange, "--num-replicas",
+        fmt::format("{} replicas do not split evenly over {} instances (every instance runs the same "
+                    "number); use a multiple of {}",
+                    args.replicas, args.instances, args.instances));
+  }
+  if (args.ipusPerReplica < 1) {
+    throw ConfigError(
+        ErrorCode::OutOfRange, "--ipus-per-replica",
+        fmt::format("{} processors per replica requested; at least 1 is needed", args.ipusPerReplica));
+  }
+  if (args.timeoutSeconds < 0.0) {
+    throw ConfigError(ErrorCode::OutOfRange, "--timeout",
+                      fmt::format("{} s; give a positive number of seconds", args.timeoutSeconds));
+  }
+}
+
+// Inside mpirun: this instance's variables, then COMMAND.
+[[noreturn]] void runInstance(const LaunchArgs& args, const std::vector<std::string>& command) {
+  const char* rank = std::getenv(std::string(dist::kMpiWorldRankVar).c_str());
+  if (rank == nullptr) {
+    throw DistError(ErrorCode::InconsistentDistEnv, std::string(dist::kMpiWorldRankVar),
+                    "not set: --instance runs under mpirun only; use `tessera launch` without it");
+  }
+  const int64_t perInstance = args.replicas / args.instances;
+  const char* localRank = std::getenv(std::string(dist::kMpiLocalRankVar).c_str());
+  setVariable(dist::kNumTotalReplicasVar, std::to_string(args.replicas));
+  setVariable(dist::kNumLocalReplicasVar, std::to_string(perInstance));
+  setVariable(dist::kReplicaIndexOffsetVar, std::to_string(std::atoll(rank) * perInstance));
+  setVariable(dist::kNumIpusPerReplicaVar, std::to_string(args.ipusPerReplica));
+  setVariable(dist::kLocalInstanceIndexVar, localRank != nullptr ? std::string(localRank) : std::string("0"));
+  setVariable("POPDIST_UNIFORM_REPLICAS_PER_INSTANCE", "1");
+  if (args.timeoutSeconds > 0.0) setVariable(dist::kTimeoutVar, fmt::format("{}", args.timeoutSeconds));
+  // The variables must describe what mpirun started.
+  dist::readDistEnv();
+  execute(command, "");
+}
+
+}  // namespace
+
+Action attachLaunch(CLI::App& command) {
+  auto args = std::make_shared<LaunchArgs>();
+  command.add_option("--num-replicas", args->replicas, "Replicas of the whole run (default 1)");
+  command.add_option(
+      "--num-instances", args->instances,
+      "Instances (processes) to start; each runs num-replicas / num-instances replicas (default 1)");
+  command.add_option("--ipus-per-replica", args->ipusPerReplica, "Processors per replica (default 1)");
+  command.add_option("--timeout", args->timeoutSeconds,
+                     "Seconds an instance waits for the others in one exchange before it reports them lost "
+                     "(TESSERA_DIST_TIMEOUT; default 60)");
+  command.add_option("--mpi-args", args->mpiArgs, "Options for mpirun, split at spaces, e.g. \"--host a,b\"")
+      ->type_name("\"OPTION...\"");
+  command.add_option("--mpirun", args->mpirun, "The mpirun program (default: mpirun from PATH)");
+  command.add_flag("--instance", args->instance, "Run as one instance under mpirun (used by launch itself)")
+      ->group("");
+  command.add_option("COMMAND", args->command, "The program to run and its arguments, after --")->required();
+  return [args]() -> int {
+    const std::vector<std::string>& program = args->command;
+    checkCounts(*args);
+    if (args->instance) runInstance(*args, program);
+    if (args->instances > 1 && !dist::mpiAvailable()) {
+      throw DistError(
+          ErrorCode::MpiUnavailable, "--num-instances",
+          fmt::format("{} instances requested but this build of tessera has no MPI support; install "
+                      "libopenmpi-dev and rebuild, or use --num-instances 1",
+                      args->instances));
+    }
+    std::vector<std::string> argv{args->mpirun, "-np", std::to_string(args->instances), "--oversubscribe"};
+    if (::geteuid() == 0) argv.emplace_back("--allow-run-as-root");
+    for (std::string& option : words(args->mpiArgs)) argv.push_back(std::move(option));
+    argv.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
+    argv.insert(argv.end(), {"launch", "--instance", "--num-replicas", std::to_string(args->replicas),
+                             "--num-instances", std::to_string(args->instances), "--ipus-per-replica",
+                             std::to_string(args->ipusPerReplica)});
+    if (args->timeoutSeconds > 0.0)
+      argv.insert(argv.end(), {"--timeout", fmt::format("{}", args->timeoutSeconds)});
+    argv.emplace_back("--");
+    argv.insert(argv.end(), program.begin(), program.end());
+    execute(argv, "; install openmpi-bin (scripts/setup.sh does) or name it with --mpirun");
+  };
+}
+
+}  // namespace tessera::cli

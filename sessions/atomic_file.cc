@@ -1,0 +1,136 @@
+#include "atomic_file.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "tessera/error.hpp"
+
+namespace tessera::detail {
+namespace {
+
+std::optional<WriteFault>& armedFault() {
+  static std::optional<WriteFault> fault;
+  return fault;
+}
+
+std::string reason(int error) { return std::generic_category().message(error); }
+
+class AtomicWrite {
+ public:
+  AtomicWrite(const std::string& path, std::span<const uint8_t> bytes)
+      : path_(path), temporary_(fmt::format("{}.tmp.{}", path, ::getpid())), bytes_(bytes) {
+    const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+    folder_ = folder.empty() ? "." : folder.string();
+  }
+
+  ~AtomicWrite() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!renamed_) ::unlink(temporary_.c_str());
+  }
+
+  AtomicWrite(const AtomicWrite&) = delete;
+  AtomicWrite& operator=(const AtomicWrite&) = delete;
+
+  void run() {
+    at(WriteStage::Create, "create the temporary file");
+    fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail(errno, "create the temporary file");
+    writeData();
+    at(WriteStage::Sync, "sync the file");
+    if (::fsync(fd_) != 0) fail(errno, "sync the file");
+    const int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0) fail(errno, "close the file");
+    at(WriteStage::Rename, "move the file into place");
+    if (::rename(temporary_.c_str(), path_.c_str()) != 0) fail(errno, "move the file into place");
+    renamed_ = true;
+    at(WriteStage::SyncFolder, "sync the folder");
+    syncFolder();
+  }
+
+ private:
+  void writeData() {
+    uint64_t written = 0;
+    const uint64_t size = bytes_.size();
+    while (true) {
+      if (faultPending(WriteStage::Data) && armedFault()->afterBytes == written) fire("write the file");
+      if (written == size) break;
+      uint64_t chunk = size - written;
+      if (faultPending(WriteStage::Data) && armedFault()->afterBytes > written) {
+        chunk = std::min(chunk, armedFault()->afterBytes - written);
+      }
+      const ssize_t n = ::write(fd_, bytes_.data() + written, static_cast<size_t>(chunk));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail(errno, "write the file");
+      }
+      written += static_cast<uint64_t>(n);
+    }
+  }
+
+  void syncFolder() {
+    const int folder = ::open(folder_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const int error = folder < 0 || ::fsync(folder) != 0 ? errno : 0;
+    if (folder >= 0) ::close(folder);
+    if (error != 0) failAfterRename(error);
+  }
+
+  bool faultPending(WriteStage stage) const {
+    return !fired_ && armedFault() && armedFault()->stage == stage;
+  }
+
+  void at(WriteStage stage, std::string_view what) {
+    if (faultPending(stage)) fire(what);
+  }
+
+  void fire(std::string_view what) {
+    fired_ = true;
+    if (armedFault()->action) {
+      armedFault()->action();
+      return;
+    }
+    if (renamed_) failAfterRename(EIO);
+    fail(EIO, what);
+  }
+
+  [[noreturn]] void fail(int error, std::string_view what) const {
+    throw IoError(ErrorCode::FileUnwritable, path_,
+                  fmt::format("cannot {} ({}): {}; the previous file, if any, is unchanged", what, temporary_,
+                              reason(error)));
+  }
+
+  [[noreturn]] void failAfterRename(int error) const {
+    throw IoError(
+        ErrorCode::FileUnwritable, path_,
+        fmt::format("the file is written but its folder {} cannot be synced: {}; it may not survive "
+                    "a power failure",
+                    folder_, reason(error)));
+  }
+
+  const std::string& path_;
+  std::string temporary_;
+  std::string folder_;
+  std::span<const uint8_t> bytes_;
+  int fd_ = -1;
+  bool renamed_ = false;
+  bool fired_ = false;
+};
+
+}  // namespace
+
+void setWriteFault(std::optional<WriteFault> fault) { armedFault() = std::move(fault); }
+
+void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes) {
+  AtomicWrite(path, bytes).run();
+}
+
+}  // namespace tessera::detail

@@ -1,0 +1,43 @@
+// Writing a file so that readers see either the previous file or the whole
+// new one, whatever happens during the write (an error, a full disk, the
+// process killed, the machine losing power after the call returned).
+//
+// A test seam, setWriteFault(), makes a chosen point of the write fail (or run
+// a test's action there, e.g. block until the test kills the process), so
+// tests can show that an interruption at any byte leaves the previous file.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+
+namespace tessera::detail {
+
+// The steps of an atomic write, in order.
+enum class WriteStage { Create, Data, Sync, Rename, SyncFolder };
+
+struct WriteFault {
+  WriteStage stage = WriteStage::Data;
+  // For Data: the fault comes once this many bytes of the file are written
+  // (0: before the first byte; the file's size: after the last).
+  uint64_t afterBytes = 0;
+  // Runs at the fault, after which the write goes on; when empty, the stage
+  // fails as a system call failing with EIO would.
+  std::function<void()> action;
+};
+
+// Arms `fault` for every later write of this process; nullopt disarms.
+// Tests only: the library never calls it.
+void setWriteFault(std::optional<WriteFault> fault);
+
+// Writes `bytes` to "PATH.tmp.<pid>" in the folder of `path`, syncs it,
+// renames it over `path` and syncs the folder. On failure the temporary file
+// is removed, a previous file at `path` is left as it was, and
+// IoError(FileUnwritable) names `path` and the system's reason. (A failure to
+// sync the folder after the rename is reported too, although the new file is
+// then in place.)
+void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes);
+
+}  // namespace tessera::detail

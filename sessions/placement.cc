@@ -1,0 +1,184 @@
+#include "tessera/placement.hpp"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "tessera/error.hpp"
+#include "tessera/mlp.hpp"
+#include "tessera/shard_layout.hpp"
+#include "tessera/transform.hpp"
+#include "training_pipeline.hpp"
+
+namespace tessera {
+namespace {
+
+bool isVariable(const Graph& graph, const TensorNode& node) {
+  return node.producer != kNoOp && graph.op(node.producer).kind == OpKind::Variable;
+}
+
+bool storedOffChip(const Graph& graph, const TensorNode& node) {
+  return std::any_of(node.consumers.begin(), node.consumers.end(),
+                     [&](OpId consumer) { return graph.op(consumer).kind == OpKind::RemoteStore; });
+}
+
+// The variables the program keeps and the activations that own storage;
+// the location transforms' load and staging copies are part of their
+// tensor's placement, not tensors of their own.
+std::vector<TensorPlacement> placements(const Graph& graph, const SessionOptions& options,
+                                        std::vector<NotApplied>& notApplied) {
+  std::vector<TensorPlacement> out;
+  std::set<std::pair<std::string, std::string>> seen;  // (setting, why) reported once
+  const auto place = [&](const TensorNode& node, bool variable) {
+    const int64_t elements = numElements(node.metaShape.empty() ? node.shape : node.metaShape);
+    const ResolvedLocation resolved = resolveTensorLocation(options, {node.name, node.category, elements});
+    TensorPlacement p;
+    p.name = node.name;
+    p.category = node.category;
+    p.elements = elements;
+    p.loadTileSet = resolved.location.loadTileSet;
+    p.storageTileSet = resolved.location.storageTileSet;
+    p.reason = resolved.reason();
+    if (variable) {
+      p.storage = node.remoteBuffer >= 0 ? TensorStorage::OffChip : TensorStorage::OnChip;
+      if (!node.metaShape.empty()) {
+        p.replicatedTensorSharding = ReplicatedTensorSharding::On;
+        p.shardingDomain = node.shardDomain;
+        p.padding = ShardLayout(elements, node.shardCount).paddedElements() - elements;
+      }
+    } else {
+      p.storage = storedOffChip(graph, node) ? TensorStorage::OffChip : TensorStorage::OnChip;
+      if (resolved.location.storage == TensorStorage::OffChip && p.storage == TensorStorage::OnChip) {
+        p.reason += "; storage OffChip -> OnChip: not read by the backward pass";
+      }
+    }
+    p.shardElements = numElements(node.shape);
+    for (const LocationDowngrade& downgrade : resolved.downgrades) {
+      if (seen.insert({downgrade.setting, downgrade.why}).second) notApplied.push_back({node.name, downgrade});
+    }
+    out.push_back(std::move(p));
+  };
+  for (const TensorNode& node : graph.tensors()) {
+    if (isVariable(graph, node)) place(node, true);
+  }
+  for (const OpId id : graph.schedule()) {
+    const OpNode& op = graph.op(id);
+    if (op.kind == OpKind::Variable || op.kind == OpKind::RemoteLoad || op.kind == OpKind::Input ||
+        op.kind == OpKind::Constant) {
+      continue;
+    }
+    for (TensorId t : op.outputs) {
+      const TensorNode& node = graph.tensor(t);
+      if (node.category != TensorCategory::Activation || node.aliasOf != kNoTensor) continue;
+      place(node, false);
+    }
+  }
+  return out;
+}
+
+Program programOf(Graph graph, const SessionOptions& options) {
+  Program program;
+  program.graph = std::move(graph);
+  program.localReplicas = options.getLocalReplicationFactor();
+  program.globalReplicas = options.getGlobalReplicationFactor();
+  program.replicaOffset = options.getGlobalReplicaOffset();
+  program.numIOTiles = options.numIOTiles;
+  return program;
+}
+
+int64_t peakOf(const MemoryReport& report, const MemoryShortfall& shortfall) {
+  for (const ReplicaMemory& replica : report.perReplica) {
+    if (replica.replica != shortfall.replica) continue;
+    switch (shortfall.space) {
+      case MemorySpace::ComputeTiles: return replica.computeTilesBytes;
+      case MemorySpace::IOTiles: return replica.ioTilesBytes;
+      case MemorySpace::Streaming: return replica.streamingBytes;
+    }
+  }
+  return 0;
+}
+
+struct Candidate {
+  std::string setting;
+  std::string value;
+  SessionOptions options;
+};
+
+std::vector<Candidate> candidates(const SessionOptions& options) {
+  std::vector<Candidate> out;
+  const int64_t replicas = options.getGlobalReplicationFactor();
+  const auto path = [](TensorCategory category, std::string_view field) {
+    return fmt::format("{}/{}/location/{}", kSessionOptionsPath, SessionOptions::locationSettingsKey(category), field);
+  };
+  for (TensorCategory category : {TensorCategory::OptimizerState, TensorCategory::Accumulator,
+                                  TensorCategory::Weight, TensorCategory::Activation}) {
+    if (options.locationSettings(category).location.storage == TensorStorage::OffChip) continue;
+    Candidate c{path(category, "storage"), "\"OffChip\"", options};
+    c.options.locationSettings(category).location.storage = TensorStorage::OffChip;
+    out.push_back(std::move(c));
+  }
+  if (options.getLocalReplicationFactor() <= 1) return out;
+  for (TensorCategory category :
+       {TensorCategory::OptimizerState, TensorCategory::Weight, TensorCategory::Accumulator}) {
+    const TensorLocation& location = options.locationSettings(category).location;
+    if (location.replicatedTensorSharding == ReplicatedTensorSharding::Off) {
+      Candidate c{path(category, "replicatedTensorSharding"), "\"On\"", options};
+      c.options.locationSettings(category).location.replicatedTensorSharding = ReplicatedTensorSharding::On;
+      out.push_back(std::move(c));
+    } else if (location.shardingDomain.groupSize(replicas) < replicas) {
+      Candidate c{path(category, "shardingDomain"), R"({"type": "All"})", options};
+      c.options.locationSettings(category).location.shardingDomain = CommGroup{};
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+RunPlan planTraining(Graph graph, TensorId loss, const Optimizer& optimizer, const SessionOptions& options,
+                     const DeviceSpec& spec) {
+  validate(options, spec);
+  const std::unique_ptr<Optimizer> clone = optimizer.clone();
+  TrainingGraph training{std::move(graph), TrainingTensors{loss, {}, {}}};
+  runTrainingPipeline(training, options, *clone);
+  RunPlan plan;
+  plan.tensors = placements(training.graph, options, plan.notApplied);
+  plan.program = programOf(std::move(training.graph), options);
+  plan.memory = planMemory(plan.program, spec);
+  plan.time = modelTime(plan.program, spec);
+  return plan;
+}
+
+RunPlan planRun(const RunConfig& config) {
+  const SessionOptions& options = config.sessionOptions;
+  MlpGraph mlp = buildMlp(config.model, config.data.batchSize, options.getGlobalReplicationFactor(), config.data.seed);
+  const std::unique_ptr<Optimizer> optimizer = makeOptimizer(config.optimizer);
+  return planTraining(std::move(mlp.graph), mlp.loss, *optimizer, options, config.device);
+}
+
+std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId loss, const Optimizer& optimizer,
+                                                    const SessionOptions& options, const DeviceSpec& spec,
+                                                    const MemoryShortfall& shortfall) {
+  std::vector<MemorySuggestion> out;
+  for (Candidate& candidate : candidates(options)) {
+    RunPlan plan;
+    try {
+      plan = planTraining(graph, loss, optimizer, candidate.options, spec);
+    } catch (const Error&) {
+      continue;  // a change these options cannot take is no suggestion
+    }
+    const int64_t needed = peakOf(plan.memory, shortfall);
+    if (needed >= shortfall.neededBytes) continue;
+    out.push_back({std::move(candidate.setting), std::move(candidate.value), needed, shortfall.neededBytes - needed,
+                   !findShortfall(plan.memory).has_value()});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const MemorySuggestion& a, const MemorySuggestion& b) {
+    return a.fits != b.fits ? a.fits : a.savingBytes > b.savingBytes;
+  });
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,188 @@
+#include "tessera/profile.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tessera/error.hpp"
+#include "tessera/run_config.hpp"
+#include "tessera/session.hpp"
+
+namespace tessera {
+namespace {
+
+using nlohmann::json;
+
+constexpr double kMicrosecondsPerSecond = 1e6;
+
+std::string nameOf(auto value) { return std::string(toString(value)); }
+
+json tensorJson(const TensorMemory& t) {
+  json j{{"name", t.name},      {"category", nameOf(t.category)}, {"space", nameOf(t.space)},
+         {"bytes", t.bytes},    {"resident", t.resident},         {"sharded", t.sharded},
+         {"shards", t.shards},  {"paddingBytes", t.paddingBytes}, {"firstUse", t.firstUse},
+         {"lastUse", t.lastUse}};
+  if (t.remoteBuffer >= 0) j["remoteBuffer"] = t.remoteBuffer;
+  return j;
+}
+
+json peakJson(const MemoryPeak& peak) {
+  json largest = json::array();
+  for (const TensorMemory& t : peak.largest) largest.push_back(tensorJson(t));
+  return {{"peakBytes", peak.bytes}, {"op", peak.op}, {"largest", std::move(largest)}};
+}
+
+json memoryJson(const MemoryReport& memory) {
+  json replicas = json::array();
+  for (const ReplicaMemory& m : memory.perReplica) {
+    json byCategory = json::object();
+    for (const CategoryMemory& c : m.byCategory) {
+      byCategory[nameOf(c.category)] = {{"computeTiles", c.computeTilesBytes},
+                                        {"ioTiles", c.ioTilesBytes},
+                                        {"streaming", c.streamingBytes}};
+    }
+    replicas.push_back({{"replica", m.replica},
+                        {"computeTiles", peakJson(m.computeTilesPeak)},
+                        {"ioTiles", peakJson(m.ioTilesPeak)},
+                        {"streaming", peakJson(m.streamingPeak)},
+                        {"variableBytes", m.variableBytes},
+                        {"peakActivationBytes", m.peakActivationBytes},
+                        {"paddingBytes", m.paddingBytes},
+                        {"byCategory", std::move(byCategory)}});
+  }
+  json tensors = json::array();
+  for (const TensorMemory& t : memory.tensors) tensors.push_back(tensorJson(t));
+  return {{"capacity",
+           {{"computeTiles", memory.computeTilesCapacity},
+            {"ioTiles", memory.ioTilesCapacity},
+            {"streaming", memory.streamingCapacity}}},
+          {"paddingBytes", memory.paddingBytes},
+          {"perReplica", std::move(replicas)},
+          {"tensors", std::move(tensors)}};
+}
+
+void writeText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) {
+    throw IoError(ErrorCode::FileUnwritable, path,
+                  fmt::format("cannot open the file for writing ({}); check that its folder exists and is "
+                              "writable",
+                              std::strerror(errno)));
+  }
+  out << text << '\n';
+  out.flush();
+  if (!out) {
+    throw IoError(ErrorCode::FileUnwritable, path,
+                  fmt::format("writing {} bytes failed ({}); check the free space of its file system",
+                              text.size() + 1, std::strerror(errno)));
+  }
+}
+
+// Chrome trace threads: the fixed lanes first, then one link per group.
+struct TraceThreads {
+  static constexpr int kComputeTiles = 0;
+  static constexpr int kIOTiles = 1;
+  static constexpr int kStreaming = 2;
+  std::map<std::string, int> links;
+  std::vector<std::string> linkOrder;
+
+  int of(const OpTime& op) {
+    switch (op.lane) {
+      case TimeLane::ComputeTiles: return kComputeTiles;
+      case TimeLane::IOTiles: return kIOTiles;
+      case TimeLane::Streaming: return kStreaming;
+      case TimeLane::Link: break;
+    }
+    const auto [it, added] = links.try_emplace(op.group, kStreaming + 1 + static_cast<int>(links.size()));
+    if (added) linkOrder.push_back(op.group);
+    return it->second;
+  }
+};
+
+json metadata(std::string_view what, int tid, json args) {
+  return {{"name", what}, {"ph", "M"}, {"pid", 0}, {"tid", tid}, {"args", std::move(args)}};
+}
+
+}  // namespace
+
+json profileJson(const MemoryReport& memory, const TimeReport& time, int64_t steps) {
+  json traffic = json::object();
+  for (const auto& [lane, laneName] : EnumNames<TimeLane>::kNames)
+    traffic[std::string(laneName)] = {{"ops", 0}, {"seconds", 0.0}, {"bytes", 0.0}};
+  json ops = json::array();
+  for (const OpTime& op : time.ops) {
+    json& lane = traffic[nameOf(op.lane)];
+    lane["ops"] = lane["ops"].get<int64_t>() + 1;
+    lane["seconds"] = lane["seconds"].get<double>() + op.duration;
+    lane["bytes"] = lane["bytes"].get<double>() + op.bytes;
+    ops.push_back({{"name", op.name},
+                   {"kind", nameOf(op.kind)},
+                   {"lane", nameOf(op.lane)},
+                   {"group", op.group},
+                   {"interInstance", op.interInstance},
+                   {"startSeconds", op.start},
+                   {"durationSeconds", op.duration},
+                   {"flops", op.flops},
+                   {"bytes", op.bytes}});
+  }
+  return {{"steps", steps},
+          {"time",
+           {{"stepSeconds", time.stepSeconds},
+            {"totalSeconds", time.stepSeconds * static_cast<double>(steps)},
+            {"computeSeconds", time.computeSeconds},
+            {"collectiveSeconds", time.collectiveSeconds},
+            {"streamingSeconds", time.streamingSeconds},
+            {"overlappedStreamingSeconds", time.overlappedStreamingSeconds},
+            {"flops", time.flops}}},
+          {"traffic", std::move(traffic)},
+          {"ops", std::move(ops)},
+          {"memory", memoryJson(memory)}};
+}
+
+json chromeTraceJson(const TimeReport& time) {
+  TraceThreads threads;
+  json events = json::array();
+  for (const OpTime& op : time.ops) {
+    events.push_back({{"name", op.name},
+                      {"cat", nameOf(op.lane)},
+                      {"ph", "X"},
+                      {"ts", op.start * kMicrosecondsPerSecond},
+                      {"dur", op.duration * kMicrosecondsPerSecond},
+                      {"pid", 0},
+                      {"tid", threads.of(op)},
+                      {"args", {{"kind", nameOf(op.kind)}, {"flops", op.flops}, {"bytes", op.bytes}}}});
+  }
+  json named = json::array();
+  named.push_back(metadata("process_name", 0, {{"name", "tessera modelled step (one replica)"}}));
+  auto thread = [&](int tid, const std::string& label) {
+    named.push_back(metadata("thread_name", tid, {{"name", label}}));
+    named.push_back(metadata("thread_sort_index", tid, {{"sort_index", tid}}));
+  };
+  thread(TraceThreads::kComputeTiles, "compute tiles");
+  thread(TraceThreads::kIOTiles, "IO tiles");
+  thread(TraceThreads::kStreaming, "streaming");
+  for (const std::string& group : threads.linkOrder) thread(threads.links.at(group), "link " + group);
+  for (json& e : events) named.push_back(std::move(e));
+  return {{"traceEvents", std::move(named)}, {"displayTimeUnit", "ns"}};
+}
+
+void writeProfile(const std::string& path, const MemoryReport& memory, const TimeReport& time,
+                  int64_t steps) {
+  writeText(path, profileJson(memory, time, steps).dump(1));
+}
+
+void writeChromeTrace(const std::string& path, const TimeReport& time) {
+  writeText(path, chromeTraceJson(time).dump());
+}
+
+void writeTrainingProfiles(const OutputConfig& output, const TrainingSession& session, int64_t steps) {
+  if (!output.profile.empty()) writeProfile(output.profile, session.memory(), session.modelledTime(), steps);
+  if (!output.trace.empty()) writeChromeTrace(output.trace, session.modelledTime());
+}
+
+}  // namespace tessera

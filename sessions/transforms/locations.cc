@@ -1,0 +1,680 @@
+#include "locations.hpp"
+
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "graph_copy.hpp"
+#include "tessera/error.hpp"
+#include "tessera/location_resolver.hpp"
+#include "tessera/ops.hpp"
+#include "tessera/shard_layout.hpp"
+
+namespace tessera {
+namespace {
+
+using detail::GraphCopy;
+
+int64_t logicalElements(const TensorNode& node) {
+  return numElements(node.metaShape.empty() ? node.shape : node.metaShape);
+}
+
+bool sharded(const TensorNode& node) { return !node.metaShape.empty(); }
+
+// Throws when a group of `domain` mixes replicas of different variable
+// groups: those hold different values, which cannot be one sharded tensor.
+void checkDomainFits(const ReplicaGrouping& variableGroups, const ReplicaGrouping& domain,
+                     const ResolvedLocation& resolved, const std::string& name) {
+  for (int64_t r = 0; r < domain.numReplicas(); ++r) {
+    const int64_t first = domain.replicaAt(domain.groupAt(r), 0);
+    if (variableGroups.groupAt(r) != variableGroups.groupAt(first)) {
+      throw ConfigError(ErrorCode::UnsupportedCombination, resolved.decidedBy + "/shardingDomain",
+                        fmt::format("{}: the sharding domain {} puts replicas {} and {} in one group, but they hold "
+                                    "different values of the variable (its grouping is {}); choose a domain whose "
+                                    "groups lie within the variable's groups",
+                                    name, domain.str(), first, r, variableGroups.str()));
+    }
+  }
+}
+
+// The replicas a variable is sharded over, or nullopt when it is kept whole.
+std::optional<ReplicaGrouping> shardingDomainOf(const ResolvedLocation& resolved, const TensorNode& node,
+                                                int64_t replicas) {
+  const TensorLocation& location = resolved.location;
+  if (location.replicatedTensorSharding != ReplicatedTensorSharding::On) return std::nullopt;
+  const ReplicaGrouping domain = location.shardingDomain.toReplicaGrouping(replicas);
+  if (domain.groupSize() <= 1) return std::nullopt;
+  checkDomainFits(node.grouping.value_or(ReplicaGrouping(replicas)), domain, resolved, node.name);
+  return domain;
+}
+
+TensorNode asFull(TensorNode node) {
+  if (!sharded(node)) return node;
+  node.shape = node.metaShape;
+  node.metaShape.clear();
+  node.shardCount = 1;
+  node.shardDomain.reset();
+  return node;
+}
+
+TensorNode asShard(TensorNode node, const ReplicaGrouping& domain) {
+  node = asFull(std::move(node));
+  const ShardLayout layout(numElements(node.shape), domain.groupSize());
+  node.metaShape = node.shape;
+  node.shape = {layout.shardElements()};
+  node.shardCount = domain.groupSize();
+  node.shardDomain = domain;
+  return node;
+}
+
+void copyOpWithMappedInputs(GraphCopy& copy, OpId id) {
+  const OpNode& op = copy.in().op(id);
+  std::vector<TensorId> inputs;
+  inputs.reserve(op.inputs.size());
+  for (TensorId t : op.inputs) inputs.push_back(copy.mapped(t));
+  copy.copyOp(id, std::move(inputs));
+}
+
+bool elementwiseKind(OpKind kind) {
+  switch (kind) {
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul:
+    case OpKind::Div:
+    case OpKind::Neg:
+    case OpKind::Relu:
+    case OpKind::Gelu:
+    case OpKind::Tanh:
+    case OpKind::Sigmoid:
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Sqrt:
+    case OpKind::Copy:
+    case OpKind::ScaledAddInplace:
+    case OpKind::CopyInplace: return true;
+    default: return false;
+  }
+}
+
+// How a value is held in the rebuilt graph.
+struct Value {
+  TensorId id = kNoTensor;
+  bool sharded = false;
+  // Sharded: the grouping whose groups split one value; nullopt when not
+  // known (sharded by hand).
+  std::optional<ReplicaGrouping> domain{};
+};
+
+bool sameHolding(const Value& a, const Value& b) {
+  return a.sharded == b.sharded && (!a.sharded || a.domain == b.domain);
+}
+
+// A variable whose home is not the compute tiles: it gets a working copy on
+// the compute tiles at its first use and is written back after its last
+// in-place update.
+struct Home {
+  enum class Kind { Remote, IoTiles } kind = Kind::Remote;
+  bool viaIoTiles = false;  // Remote: loads and stores are staged on the IO tiles
+  int64_t buffer = -1;      // Remote
+  TensorId variable = kNoTensor;  // the variable in the rebuilt graph
+  bool loaded = false;
+};
+
+// An activation kept in streaming memory between the forward and backward
+// passes.
+struct OffChipActivation {
+  bool viaIoTiles = false;
+  int64_t buffer = -1;
+  TensorId loaded = kNoTensor;
+};
+
+class Relocator {
+ public:
+  Relocator(const Graph& in, const SessionOptions& options, TensorId loss)
+      : in_(in), options_(options), copy_(in), values_(in.tensors().size()), inDomains_(in.tensors().size()),
+        forward_(in.ops().size(), 0), lastWrite_(in.tensors().size(), kNoOp) {
+    if (loss != kNoTensor) markForward(loss);
+    for (std::size_t id = 0; id < in.ops().size(); ++id) {
+      const OpNode& op = in.ops()[id];
+      if (isInplace(op.kind)) lastWrite_[static_cast<std::size_t>(in.storageOf(op.inputs[0]))] = static_cast<OpId>(id);
+    }
+    planActivations();
+  }
+
+  // Whether any tensor is held or placed differently from the graph: most
+  // programs keep everything on the compute tiles, and are not rebuilt.
+  bool changesAnything() const {
+    if (!activations_.empty()) return true;
+    for (const OpNode& op : in_.ops()) {
+      if (op.kind != OpKind::Variable) continue;
+      const TensorNode& node = in_.tensor(op.outputs[0]);
+      if (node.dtype != DType::Float32 || node.remoteBuffer >= 0 || (sharded(node) && !node.shardDomain)) continue;
+      const ResolvedLocation resolved =
+          resolveTensorLocation(options_, {node.name, node.category, logicalElements(node)});
+      if (resolved.location.storage == TensorStorage::OffChip || resolved.location.storageTileSet == TileSet::IO) {
+        return true;
+      }
+      if (node.category == TensorCategory::Weight) continue;
+      const std::optional<ReplicaGrouping> domain = shardingDomainOf(resolved, node, in_.replicationFactor());
+      if (domain.has_value() != sharded(node) || (domain && node.shardDomain != domain)) return true;
+    }
+    return false;
+  }
+
+  Graph run() {
+    for (std::size_t i = 0; i < in_.ops().size(); ++i) {
+      const auto id = static_cast<OpId>(i);
+      const OpNode& op = in_.op(id);
+      if (op.kind == OpKind::Variable) {
+        copyVariable(id);
+      } else if (op.kind == OpKind::Input || op.kind == OpKind::Constant) {
+        const TensorId t = copy_.copySource(id, in_.tensor(op.outputs[0]));
+        values_[index(op.outputs[0])] = {t, false, std::nullopt};
+      } else {
+        copyComputeOp(id);
+        afterOp(id);
+      }
+    }
+    copy_.copyOrder();
+    return copy_.take();
+  }
+
+  TensorId valueId(TensorId original) const { return values_[index(original)].id; }
+  TensorId mapped(TensorId original) const { return copy_.mapped(original); }
+
+ private:
+  static std::size_t index(TensorId t) { return static_cast<std::size_t>(t); }
+  Graph& out() { return copy_.out(); }
+  Tensor outTensor(TensorId t) { return Tensor{&out(), t}; }
+
+  void markForward(TensorId loss) {
+    std::vector<TensorId> stack{loss};
+    std::vector<char> seen(in_.tensors().size(), 0);
+    while (!stack.empty()) {
+      const TensorId t = stack.back();
+      stack.pop_back();
+      if (seen[index(t)] != 0) continue;
+      seen[index(t)] = 1;
+      const OpId producer = in_.tensor(t).producer;
+      if (producer == kNoOp) continue;
+      forward_[static_cast<std::size_t>(producer)] = 1;
+      for (TensorId input : in_.op(producer).inputs) stack.push_back(input);
+    }
+  }
+
+  bool backward(OpId consumer) const { return forward_[static_cast<std::size_t>(consumer)] == 0; }
+
+  // Forward activations read by a backward op go off chip when their
+  // location says so.
+  void planActivations() {
+    for (std::size_t id = 0; id < in_.ops().size(); ++id) {
+      const OpNode& op = in_.ops()[id];
+      if (forward_[id] == 0 || op.kind == OpKind::Variable || op.kind == OpKind::Input ||
+          op.kind == OpKind::Constant) {
+        continue;
+      }
+      for (TensorId t : op.outputs) {
+        const TensorNode& node = in_.tensor(t);
+        if (node.category != TensorCategory::Activation || node.dtype != DType::Float32 || sharded(node) ||
+            node.aliasOf != kNoTensor) {
+          continue;
+        }
+        bool readLater = false;
+        for (OpId consumer : node.consumers) readLater = readLater || backward(consumer);
+        if (!readLater) continue;
+        const ResolvedLocation resolved =
+            resolveTensorLocation(options_, {node.name, TensorCategory::Activation, numElements(node.shape)});
+        if (resolved.location.storage != TensorStorage::OffChip) continue;
+        activations_[t] = OffChipActivation{resolved.location.loadTileSet == TileSet::IO, -1, kNoTensor};
+      }
+    }
+  }
+
+  void copyVariable(OpId id) {
+    const TensorId t = in_.op(id).outputs[0];
+    const TensorNode& node = in_.tensor(t);
+    // Variables placed by hand (in a remote buffer, or sharded without a
+    // domain) say where they live themselves.
+    const bool placedByHand = node.remoteBuffer >= 0 || (sharded(node) && !node.shardDomain);
+    if (node.dtype != DType::Float32 || placedByHand) {
+      const TensorId v = copy_.copySource(id, node);
+      values_[index(t)] = {v, sharded(node), inDomain(t)};
+      return;
+    }
+    const ResolvedLocation resolved = resolveTensorLocation(options_, {node.name, node.category, logicalElements(node)});
+    TensorNode placed = node;
+    // Weights were sharded before autodiff by the same rule; their gradients
+    // and updates are built for that.
+    if (node.category != TensorCategory::Weight) {
+      const std::optional<ReplicaGrouping> domain = shardingDomainOf(resolved, node, in_.replicationFactor());
+      placed = domain ? asShard(node, *domain) : asFull(node);
+    }
+    const TensorLocation& location = resolved.location;
+    std::optional<Home> home;
+    if (location.storage == TensorStorage::OffChip) {
+      home = Home{Home::Kind::Remote, location.loadTileSet == TileSet::IO, -1, kNoTensor, false};
+      home->buffer = out().addRemoteBuffer({placed.shape, placed.dtype, 1, placed.metaShape});
+      placed.remoteBuffer = home->buffer;
+      placed.remoteEntry = 0;
+    } else if (location.storageTileSet == TileSet::IO) {
+      home = Home{Home::Kind::IoTiles, true, -1, kNoTensor, false};
+      placed.tileSet = TileSet::IO;
+    }
+    const bool isShard = sharded(placed);
+    const std::optional<ReplicaGrouping> domain = placed.shardDomain;
+    const TensorId v = copy_.copySource(id, std::move(placed));
+    values_[index(t)] = {v, isShard, domain};
+    if (home) {
+      home->variable = v;
+      homes_[t] = *home;
+    }
+  }
+
+  // The working copy of a variable with a home, made at its first use.
+  void loadHome(TensorId t, Home& home) {
+    const TensorNode& node = in_.tensor(t);
+    Value& value = values_[index(t)];
+    Tensor working;
+    if (home.kind == Home::Kind::Remote) {
+      working = ops::remoteLoad(out(), RemoteBuffer{&out(), home.buffer}, 0);
+      out().rename(working.id(), copy_.freshName(node.name + ".load"));
+      out().tensor(working.id()).category = node.category;
+      if (home.viaIoTiles) {
+        out().tensor(working.id()).tileSet = TileSet::IO;
+        working = ops::copy(working);
+        out().rename(working.id(), copy_.freshName(node.name + ".onCompute"));
+      }
+    } else {
+      working = ops::copy(outTensor(value.id));
+      out().rename(working.id(), copy_.freshName(node.name + ".onCompute"));
+    }
+    out().tensor(working.id()).category = node.category;
+    value.id = working.id();
+    home.loaded = true;
+  }
+
+  void writeBack(const TensorNode& node, const Home& home, TensorId current) {
+    if (home.kind == Home::Kind::IoTiles) {
+      ops::copyInplace(outTensor(home.variable), outTensor(current));
+      return;
+    }
+    Tensor source = outTensor(current);
+    if (home.viaIoTiles) {
+      source = ops::copy(source);
+      out().rename(source.id(), copy_.freshName(node.name + ".store"));
+      out().tensor(source.id()).tileSet = TileSet::IO;
+      out().tensor(source.id()).category = node.category;
+    }
+    ops::remoteStore(out(), RemoteBuffer{&out(), home.buffer}, 0, source);
+  }
+
+  // The value of input tensor t as op `consumer` reads it.
+  Value current(TensorId t, OpId consumer) {
+    if (auto home = homes_.find(t); home != homes_.end() && !home->second.loaded) loadHome(t, home->second);
+    if (auto activation = activations_.find(t); activation != activations_.end() && backward(consumer)) {
+      OffChipActivation& off = activation->second;
+      if (off.loaded == kNoTensor) {
+        const TensorNode& node = in_.tensor(t);
+        Tensor loaded = ops::remoteLoad(out(), RemoteBuffer{&out(), off.buffer}, 0);
+        out().rename(loaded.id(), copy_.freshName(node.name + ".load"));
+        if (off.viaIoTiles) {
+          out().tensor(loaded.id()).tileSet = TileSet::IO;
+          loaded = ops::copy(loaded);
+          out().rename(loaded.id(), copy_.freshName(node.name + ".onCompute"));
+        }
+        off.loaded = loaded.id();
+      }
+      return {off.loaded, false, std::nullopt};
+    }
+    return values_[index(t)];
+  }
+
+  // The sharding domain of an input-graph tensor, as far as it is known.
+  std::optional<ReplicaGrouping> inDomain(TensorId t) {
+    auto& memo = inDomains_[index(t)];
+    if (memo.first) return memo.second;
+    memo.first = true;
+    const TensorNode& node = in_.tensor(t);
+    if (!sharded(node) || node.producer == kNoOp) return memo.second;
+    const OpNode& op = in_.op(node.producer);
+    const int64_t replicas = in_.replicationFactor();
+    switch (op.kind) {
+      case OpKind::Variable:
+        if (node.shardDomain) {
+          memo.second = node.shardDomain;
+        } else {
+          const ReplicaGrouping groups = node.grouping.value_or(ReplicaGrouping(replicas));
+          if (groups.groupSize() == node.shardCount) memo.second = groups;
+        }
+        break;
+      case OpKind::ReplicatedReduceScatter:
+      case OpKind::ReplicaShardedSlice:
+        memo.second = op.attributes.grouping.value_or(ReplicaGrouping(replicas));
+        break;
+      default:
+        for (TensorId input : op.inputs) {
+          if (sharded(in_.tensor(input))) {
+            memo.second = inDomain(input);
+            break;
+          }
+        }
+    }
+    return memo.second;
+  }
+
+  Value inValue(TensorId t) {
+    const bool isShard = sharded(in_.tensor(t));
+    return {kNoTensor, isShard, isShard ? inDomain(t) : std::nullopt};
+  }
+
+  [[noreturn]] void unknownSharding(TensorId original, std::string_view what) const {
+    throw GraphError(ErrorCode::InvalidCollective, in_.tensor(original).name,
+                     fmt::format("{} would be needed, but the tensor was sharded by hand and its sharding domain is "
+                                 "not known; give it a domain (replicaShardedVariable with a grouping) or keep the "
+                                 "tensors it is combined with where the graph put them",
+                                 what));
+  }
+
+  // The full value of `v` (the value of input tensor `original`).
+  TensorId fullOf(const Value& v, TensorId original) {
+    if (!v.sharded) return v.id;
+    if (!v.domain) unknownSharding(original, "an all-gather");
+    if (auto it = gathers_.find(v.id); it != gathers_.end()) return it->second;
+    const Shape full = out().tensor(v.id).metaShape;
+    const Tensor gathered = ops::replicatedAllGather(outTensor(v.id), *v.domain, full);
+    out().rename(gathered.id(), copy_.freshName(in_.tensor(original).name + ".gathered"));
+    out().tensor(gathered.id()).category = in_.tensor(original).category;
+    gathers_[v.id] = gathered.id();
+    return gathered.id();
+  }
+
+  // This replica's shard over `domain` of the value `v`.
+  TensorId shardOf(const Value& v, const ReplicaGrouping& domain, TensorId original) {
+    if (v.sharded && v.domain == domain) return v.id;
+    const TensorId full = fullOf(v, original);
+    const std::pair key{full, std::pair{domain.stride(), domain.groupSize()}};
+    if (auto it = slices_.find(key); it != slices_.end()) return it->second;
+    const Tensor shard = ops::replicaShardedSlice(outTensor(full), domain);
+    out().rename(shard.id(), copy_.freshName(in_.tensor(original).name + ".shard"));
+    out().tensor(shard.id()).category = in_.tensor(original).category;
+    slices_[key] = shard.id();
+    return shard.id();
+  }
+
+  // `v` held the way the input graph held `original`.
+  TensorId asInInput(const Value& v, TensorId original) {
+    const Value wanted = inValue(original);
+    if (sameHolding(v, wanted)) return v.id;
+    if (!wanted.sharded) return fullOf(v, original);
+    if (!wanted.domain) unknownSharding(original, "a sharded slice");
+    return shardOf(v, *wanted.domain, original);
+  }
+
+  // Every input has the op's shape or one element: the op can run on shards.
+  bool shardable(const OpNode& op) const {
+    if (!elementwiseKind(op.kind) || op.outputs.empty()) return false;
+    if (in_.tensor(op.outputs[0]).dtype != DType::Float32) return false;
+    const Shape& shape = in_.tensor(isInplace(op.kind) ? op.inputs[0] : op.outputs[0]).shape;
+    for (TensorId t : op.inputs) {
+      if (in_.tensor(t).shape != shape && !scalarInput(t)) return false;
+    }
+    return true;
+  }
+
+  // A one-element value that broadcasts (a one-element shard does not).
+  bool scalarInput(TensorId t) const {
+    const TensorNode& node = in_.tensor(t);
+    return numElements(node.shape) == 1 && !sharded(node);
+  }
+
+  void copyComputeOp(OpId id) {
+    const OpNode& op = in_.op(id);
+    std::vector<Value> inputs;
+    inputs.reserve(op.inputs.size());
+    bool unchanged = true;
+    for (TensorId t : op.inputs) {
+      inputs.push_back(current(t, id));
+      unchanged = unchanged && sameHolding(inputs.back(), inValue(t));
+    }
+    if (isInplace(op.kind)) invalidate(out().storageOf(inputs[0].id));
+
+    if (unchanged || !shardable(op)) {
+      if (!unchanged && isInplace(op.kind) && !sameHolding(inputs[0], inValue(op.inputs[0]))) {
+        throw GraphError(ErrorCode::InvalidOperand, op.name,
+                         fmt::format("{} modifies {} in place, which its location holds {}, with operands of "
+                                     "other shapes; only elementwise updates can be rewritten for a tensor held "
+                                     "differently from the graph. Change the tensor's replicatedTensorSharding "
+                                     "setting to {}",
+                                     op.name, in_.tensor(op.inputs[0]).name,
+                                     inputs[0].sharded ? "as shards" : "whole",
+                                     inputs[0].sharded ? "Off" : "On"));
+      }
+      std::vector<TensorId> operands;
+      operands.reserve(inputs.size());
+      for (std::size_t i = 0; i < inputs.size(); ++i) operands.push_back(asInInput(inputs[i], op.inputs[i]));
+      copy_.copyOp(id, std::move(operands));
+      for (TensorId t : op.outputs) values_[index(t)] = {copy_.mapped(t), sharded(in_.tensor(t)), inValue(t).domain};
+      return;
+    }
+
+    // Run the elementwise op on shards when an operand is held as shards
+    // (an in-place op follows the tensor it modifies).
+    std::optional<ReplicaGrouping> target;
+    if (isInplace(op.kind)) {
+      if (inputs[0].sharded) target = inputs[0].domain;
+    } else {
+      for (std::size_t i = 0; i < inputs.size() && !target; ++i) {
+        if (!scalarInput(op.inputs[i]) && inputs[i].sharded && inputs[i].domain) target = inputs[i].domain;
+      }
+    }
+    std::vector<TensorId> operands;
+    operands.reserve(inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const TensorId original = op.inputs[i];
+      if (i == 0 && isInplace(op.kind)) {
+        operands.push_back(inputs[0].id);
+      } else if (scalarInput(original) || !target) {
+        operands.push_back(fullOf(inputs[i], original));
+      } else {
+        operands.push_back(shardOf(inputs[i], *target, original));
+      }
+    }
+    const Shape full = in_.tensor(op.outputs[0]).metaShape.empty() ? in_.tensor(op.outputs[0]).shape
+                                                                      : in_.tensor(op.outputs[0]).metaShape;
+    copy_.copyOp(id, std::move(operands));
+    const TensorId y = copy_.mapped(op.outputs[0]);
+    out().tensor(y).metaShape = target ? full : Shape{};
+    values_[index(op.outputs[0])] = {y, target.has_value(), target};
+  }
+
+  // After op `id`: offload what it produced, write homes back after their
+  // last update.
+  void afterOp(OpId id) {
+    const OpNode& op = in_.op(id);
+    for (TensorId t : op.outputs) {
+      auto activation = activations_.find(t);
+      if (activation == activations_.end()) continue;
+      OffChipActivation& off = activation->second;
+      const Value& value = values_[index(t)];
+      off.buffer = out().addRemoteBuffer({out().tensor(value.id).shape, DType::Float32, 1, {}});
+      Tensor source = outTensor(value.id);
+      if (off.viaIoTiles) {
+        source = ops::copy(source);
+        out().rename(source.id(), copy_.freshName(in_.tensor(t).name + ".store"));
+        out().tensor(source.id()).tileSet = TileSet::IO;
+      }
+      ops::remoteStore(out(), RemoteBuffer{&out(), off.buffer}, 0, source);
+    }
+    if (!isInplace(op.kind)) return;
+    const TensorId storage = in_.storageOf(op.inputs[0]);
+    if (lastWrite_[index(storage)] != id) return;
+    if (auto home = homes_.find(storage); home != homes_.end()) {
+      writeBack(in_.tensor(storage), home->second, values_[index(op.outputs[0])].id);
+    }
+  }
+
+  // Conversions of a storage's old contents are stale once it is written.
+  void invalidate(TensorId storage) {
+    for (auto it = gathers_.begin(); it != gathers_.end();) {
+      it = out().storageOf(it->first) == storage ? gathers_.erase(it) : std::next(it);
+    }
+    for (auto it = slices_.begin(); it != slices_.end();) {
+      it = out().storageOf(it->first.first) == storage ? slices_.erase(it) : std::next(it);
+    }
+  }
+
+  const Graph& in_;
+  const SessionOptions& options_;
+  GraphCopy copy_;
+  std::vector<Value> values_;
+  std::vector<std::pair<bool, std::optional<ReplicaGrouping>>> inDomains_;
+  std::vector<char> forward_;
+  std::vector<OpId> lastWrite_;
+  std::unordered_map<TensorId, Home> homes_;
+  std::unordered_map<TensorId, OffChipActivation> activations_;
+  std::map<TensorId, TensorId> gathers_;
+  std::map<std::pair<TensorId, std::pair<int64_t, int64_t>>, TensorId> slices_;
+};
+
+}  // namespace
+
+ReplicaGrouping shardHolders(const ReplicaGrouping& variableGroups, const ReplicaGrouping& domain,
+                             std::string_view tensor) {
+  const int64_t replicas = domain.numReplicas();
+  const int64_t holders = variableGroups.groupSize() / domain.groupSize();
+  // The replicas holding the same shard as r: same variable group, same
+  // index in the domain's group.
+  const auto together = [&](int64_t a, int64_t b) {
+    return variableGroups.groupAt(a) == variableGroups.groupAt(b) &&
+           domain.indexInGroupAt(a) == domain.indexInGroupAt(b);
+  };
+  for (int64_t stride = 1; holders >= 1 && stride <= replicas; ++stride) {
+    if (replicas % (stride * holders) != 0) continue;
+    const ReplicaGrouping candidate(replicas, stride, holders);
+    bool matches = true;
+    for (int64_t a = 0; a < replicas && matches; ++a) {
+      for (int64_t b = 0; b < replicas && matches; ++b) {
+        matches = (candidate.groupAt(a) == candidate.groupAt(b)) == together(a, b);
+      }
+    }
+    if (matches) return candidate;
+    if (holders == 1) break;
+  }
+  throw GraphError(ErrorCode::InvalidCollective, std::string(tensor),
+                   fmt::format("the replicas holding the same shard over {} within {} do not form a replica "
+                               "grouping, so its gradient cannot be reduced over them; choose an All, Consecutive "
+                               "or Orthogonal sharding domain that divides the variable's groups evenly",
+                               domain.str(), variableGroups.str()));
+}
+
+std::optional<ReplicaGrouping> accumulatorShardingDomain(const SessionOptions& options, const TensorNode& weight,
+                                                         const std::string& name) {
+  const int64_t replicas = weight.grouping ? weight.grouping->numReplicas()
+                                           : options.getGlobalReplicationFactor();
+  const ResolvedLocation resolved =
+      resolveTensorLocation(options, {name, TensorCategory::Accumulator, logicalElements(weight)});
+  TensorNode like = asFull(weight);
+  like.name = name;
+  const std::optional<ReplicaGrouping> domain = shardingDomainOf(resolved, like, replicas);
+  if (!domain || !sharded(weight)) return sharded(weight) ? std::nullopt : domain;
+  if (weight.shardDomain != domain) {
+    throw ConfigError(ErrorCode::UnsupportedCombination, resolved.decidedBy + "/shardingDomain",
+                      fmt::format("{}: the accumulator asks to be sharded over {} but its weight {} is sharded over "
+                                  "{}; give the accumulator and the weight the same sharding domain, or set the "
+                                  "accumulator's replicatedTensorSharding to Off",
+                                  name, domain->str(), weight.name,
+                                  weight.shardDomain ? weight.shardDomain->str() : std::string("its own groups")));
+  }
+  return std::nullopt;
+}
+
+Tensor shardedZeroVariable(Tensor weight, std::string name, const ReplicaGrouping& domain) {
+  const TensorNode& node = weight.node();
+  const int64_t groups = node.grouping ? node.grouping->numGroups() : 1;
+  TensorNode state = asShard(node, domain);
+  state.name = std::move(name);
+  state.category = TensorCategory::Accumulator;
+  state.data.assign(static_cast<std::size_t>(groups * numElements(state.metaShape)), 0.0F);
+  state.producer = kNoOp;
+  state.consumers.clear();
+  state.aliasOf = kNoTensor;
+  state.remoteBuffer = -1;
+  return Tensor{&weight.graph(), weight.graph().addSource(OpKind::Variable, std::move(state))};
+}
+
+WeightShardingTransform::WeightShardingTransform(const SessionOptions& options, TrainingTensors* tensors)
+    : options_(options), tensors_(tensors) {}
+
+void WeightShardingTransform::apply(Graph& graph) {
+  const int64_t replicas = graph.replicationFactor();
+  // The weights to shard, decided before anything is copied: most graphs
+  // have none, and then nothing is rebuilt.
+  std::unordered_map<OpId, ReplicaGrouping> domains;
+  for (std::size_t i = 0; i < graph.ops().size(); ++i) {
+    const OpNode& op = graph.ops()[i];
+    if (op.kind != OpKind::Variable) continue;
+    const TensorNode& node = graph.tensor(op.outputs[0]);
+    if (node.category != TensorCategory::Weight || node.dtype != DType::Float32 || sharded(node) ||
+        node.remoteBuffer >= 0) {
+      continue;
+    }
+    const std::optional<ReplicaGrouping> domain = shardingDomainOf(
+        resolveTensorLocation(options_, {node.name, TensorCategory::Weight, numElements(node.shape)}), node,
+        replicas);
+    if (domain) domains.emplace(static_cast<OpId>(i), *domain);
+  }
+  if (domains.empty()) return;
+  GraphCopy copy(graph);
+  std::unordered_map<TensorId, TensorId> variables;  // original weight -> its sharded variable
+  for (std::size_t i = 0; i < graph.ops().size(); ++i) {
+    const auto id = static_cast<OpId>(i);
+    const OpNode& op = graph.op(id);
+    if (op.kind == OpKind::Input || op.kind == OpKind::Constant) {
+      copy.copySource(id, graph.tensor(op.outputs[0]));
+      continue;
+    }
+    if (op.kind != OpKind::Variable) {
+      copyOpWithMappedInputs(copy, id);
+      continue;
+    }
+    const TensorNode& node = graph.tensor(op.outputs[0]);
+    const auto domain = domains.find(id);
+    if (domain == domains.end()) {
+      copy.copySource(id, node);
+      continue;
+    }
+    const TensorId shard = copy.copySource(id, asShard(node, domain->second));
+    const Tensor full = ops::replicatedAllGather(Tensor{&copy.out(), shard}, domain->second, node.shape);
+    copy.out().rename(full.id(), copy.freshName(node.name + ".gathered"));
+    copy.setMapped(op.outputs[0], full.id());
+    variables[op.outputs[0]] = shard;
+  }
+  copy.copyOrder();
+  if (tensors_ != nullptr) {
+    if (tensors_->loss != kNoTensor) tensors_->loss = copy.mapped(tensors_->loss);
+    for (TensorId& w : tensors_->weights) w = variables.count(w) != 0 ? variables.at(w) : copy.mapped(w);
+    for (TensorId& g : tensors_->gradients) g = copy.mapped(g);
+  }
+  graph = copy.take();
+}
+
+LocationTransform::LocationTransform(const SessionOptions& options, TrainingTensors* tensors)
+    : options_(options), tensors_(tensors) {}
+
+void LocationTransform::apply(Graph& graph) {
+  Relocator relocator(graph, options_, tensors_ != nullptr ? tensors_->loss : kNoTensor);
+  if (!relocator.changesAnything()) return;
+  Graph rebuilt = relocator.run();
+  if (tensors_ != nullptr) {
+    if (tensors_->loss != kNoTensor) tensors_->loss = relocator.valueId(tensors_->loss);
+    for (TensorId& w : tensors_->weights) w = relocator.mapped(w);
+    for (TensorId& g : tensors_->gradients) g = relocator.valueId(g);
+  }
+  graph = std::move(rebuilt);
+}
+
+}  // namespace tessera

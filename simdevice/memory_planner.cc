@@ -1,0 +1,432 @@
+#include "memory_planner.hpp"
+
+#include <algorithm>
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "device_spec_json.hpp"
+#include "tessera/error.hpp"
+#include "tessera/shard_layout.hpp"
+
+namespace tessera {
+namespace sim {
+namespace {
+
+std::size_t at(int64_t i) { return static_cast<std::size_t>(i); }
+
+constexpr std::array kChipSpaces = {MemorySpace::ComputeTiles, MemorySpace::IOTiles};
+
+std::size_t chipIndex(MemorySpace space) { return space == MemorySpace::IOTiles ? 1 : 0; }
+
+// Which shard of a sharded tensor each replica holds.
+struct ShardSource {
+  int64_t shards = 0;                       // 0: not known (yet)
+  const TensorNode* variable = nullptr;     // a sharded variable: its own rule
+  std::optional<ReplicaGrouping> grouping;  // a collective's groups: the index in the group
+
+  int64_t shardAt(int64_t replicationFactor, int64_t replica) const {
+    int64_t index = replica;
+    if (variable != nullptr) {
+      index = shardIndexAt(*variable, replicationFactor, replica);
+    } else if (grouping) {
+      index = grouping->indexInGroupAt(replica);
+    }
+    return index % shards;
+  }
+};
+
+// When nothing says how a value was sharded: the smallest shard count that
+// gives its shard length, shard r mod k on replica r.
+ShardSource fallbackSource(int64_t elements, int64_t shardElements) {
+  ShardSource source;
+  source.shards =
+      shardElements > 0 ? std::max<int64_t>(1, (elements + shardElements - 1) / shardElements) : 1;
+  return source;
+}
+
+// The shard source of every sharded tensor (indexed by tensor id) and of
+// every remote buffer holding shards.
+struct ShardSources {
+  std::vector<ShardSource> tensors;
+  std::vector<ShardSource> buffers;
+};
+
+ShardSources traceShards(const Graph& graph, std::span<const OpId> schedule) {
+  const int64_t replicas = graph.replicationFactor();
+  ShardSources s;
+  s.tensors.resize(graph.tensors().size());
+  s.buffers.resize(graph.remoteBuffers().size());
+  auto bufferSource = [&](int64_t buffer) -> ShardSource* {
+    return buffer >= 0 && at(buffer) < s.buffers.size() ? &s.buffers[at(buffer)] : nullptr;
+  };
+  for (const TensorNode& node : graph.tensors()) {
+    ShardSource* buffer = bufferSource(node.remoteBuffer);
+    if (buffer != nullptr && buffer->shards == 0 && !node.metaShape.empty()) {
+      *buffer = {node.shardCount, &node, std::nullopt};
+    }
+  }
+  for (OpId id : schedule) {
+    const OpNode& op = graph.op(id);
+    if (op.kind == OpKind::RemoteStore) {
+      ShardSource* buffer = bufferSource(op.attributes.remoteBuffer);
+      const ShardSource& in = s.tensors[at(op.inputs[0])];
+      if (buffer != nullptr && buffer->shards == 0 && in.shards > 0) *buffer = in;
+      continue;
+    }
+    for (TensorId out : op.outputs) {
+      const TensorNode& node = graph.tensor(out);
+      if (node.metaShape.empty()) continue;
+      ShardSource& source = s.tensors[at(out)];
+      if (op.kind == OpKind::Variable) {
+        source = {node.shardCount, &node, std::nullopt};
+      } else if (op.kind == OpKind::ReplicatedReduceScatter || op.kind == OpKind::ReplicaShardedSlice) {
+        const ReplicaGrouping g = op.attributes.grouping.value_or(ReplicaGrouping(replicas));
+        source = {g.groupSize(), nullptr, g};
+      } else if (op.kind == OpKind::RemoteLoad) {
+        const ShardSource* buffer = bufferSource(op.attributes.remoteBuffer);
+        if (buffer != nullptr) source = *buffer;
+      } else {
+        // Elementwise ops, copies and updates keep their operand's shards.
+        for (TensorId in : op.inputs) {
+          const TensorNode& operand = graph.tensor(in);
+          if (operand.metaShape == node.metaShape && operand.shape == node.shape &&
+              s.tensors[at(in)].shards > 0) {
+            source = s.tensors[at(in)];
+            break;
+          }
+        }
+      }
+      if (source.shards == 0) source = fallbackSource(numElements(node.metaShape), numElements(node.shape));
+    }
+  }
+  for (std::size_t b = 0; b < s.buffers.size(); ++b) {
+    const RemoteBufferInfo& info = graph.remoteBuffers()[b];
+    if (s.buffers[b].shards == 0 && !info.metaShape.empty())
+      s.buffers[b] = fallbackSource(numElements(info.metaShape), numElements(info.shape));
+  }
+  return s;
+}
+
+// A tensor or buffer the planner counts, with what it needs to compute each
+// replica's padding.
+struct Held {
+  TensorMemory memory;
+  ShardSource source;
+  int64_t slots = 0;         // elements per entry
+  int64_t metaElements = 0;  // elements of the full tensor
+  int64_t entries = 1;
+};
+
+void setSharding(Held& held, const ShardSource& source, const Shape& metaShape) {
+  if (metaShape.empty() || source.shards < 1) return;
+  held.source = source;
+  held.metaElements = numElements(metaShape);
+  held.memory.sharded = true;
+  held.memory.shards = source.shards;
+  held.memory.paddingBytes =
+      ShardLayout(held.metaElements, source.shards).padding() * kBytesPerElement * held.entries;
+}
+
+// Padding slots replica `replica` holds in `held`.
+int64_t replicaPadding(const Held& held, int64_t replicationFactor, int64_t replica) {
+  if (!held.memory.sharded) return 0;
+  const ShardLayout layout(held.metaElements, held.source.shards);
+  const int64_t real = layout.realElements(held.source.shardAt(replicationFactor, replica));
+  return std::max<int64_t>(0, held.slots - real) * kBytesPerElement * held.entries;
+}
+
+// "remote buffer #2 (W0, W0/momentum)": the variables kept in it and the
+// tensors stored into it.
+std::string bufferName(int64_t buffer, const std::vector<std::string>& contents) {
+  std::string name = fmt::format("remote buffer #{}", buffer);
+  if (contents.empty()) return name;
+  constexpr std::size_t kNamed = 3;
+  const std::size_t named = std::min(contents.size(), kNamed);
+  name += fmt::format(
+      " ({}", fmt::join(contents.begin(), contents.begin() + static_cast<std::ptrdiff_t>(named), ", "));
+  if (contents.size() > named) name += fmt::format(" and {} more", contents.size() - named);
+  return name + ")";
+}
+
+std::vector<Held> heldTensors(const Graph& graph, std::span<const OpId> schedule,
+                              const ShardSources& shards) {
+  const auto steps = static_cast<int64_t>(schedule.size());
+  const int64_t lastStep = std::max<int64_t>(0, steps - 1);
+  const std::size_t tensorCount = graph.tensors().size();
+  std::vector<int64_t> first(tensorCount, -1);
+  std::vector<int64_t> last(tensorCount, -1);
+  for (int64_t pos = 0; pos < steps; ++pos) {
+    const OpNode& op = graph.op(schedule[at(pos)]);
+    auto touch = [&](TensorId t) {
+      const auto s = at(graph.storageOf(t));
+      if (first[s] < 0) first[s] = pos;
+      last[s] = std::max(last[s], pos);
+    };
+    for (TensorId t : op.inputs) touch(t);
+    for (TensorId t : op.outputs) touch(t);
+  }
+
+  std::vector<Held> held;
+  for (OpId id : schedule) {
+    const OpNode& op = graph.op(id);
+    for (TensorId out : op.outputs) {
+      const TensorNode& node = graph.tensor(out);
+      if (graph.storageOf(out) != out || first[at(out)] < 0) continue;
+      const bool variable = op.kind == OpKind::Variable;
+      if (variable && node.remoteBuffer >= 0) continue;  // counted with its buffer
+      Held h;
+      h.slots = numElements(node.shape);
+      TensorMemory& m = h.memory;
+      m.name = node.name;
+      m.category = node.category;
+      m.space = node.tileSet == TileSet::IO ? MemorySpace::IOTiles : MemorySpace::ComputeTiles;
+      m.bytes = h.slots * kBytesPerElement;
+      m.resident = variable;
+      m.firstUse = variable ? 0 : first[at(out)];
+      m.lastUse = variable ? lastStep : last[at(out)];
+      setSharding(h, shards.tensors[at(out)], node.metaShape);
+      held.push_back(std::move(h));
+    }
+  }
+
+  // Remote buffers: named and categorised after what they hold.
+  const std::size_t bufferCount = graph.remoteBuffers().size();
+  std::vector<std::vector<std::string>> contents(bufferCount);
+  std::vector<std::optional<TensorCategory>> categories(bufferCount);
+  auto addContent = [&](int64_t buffer, const TensorNode& node) {
+    if (buffer < 0 || at(buffer) >= bufferCount) return;
+    std::vector<std::string>& names = contents[at(buffer)];
+    if (std::find(names.begin(), names.end(), node.name) == names.end()) names.push_back(node.name);
+    if (!categories[at(buffer)]) categories[at(buffer)] = node.category;
+  };
+  for (const TensorNode& node : graph.tensors()) addContent(node.remoteBuffer, node);
+  for (OpId id : schedule) {
+    const OpNode& op = graph.op(id);
+    if (op.kind == OpKind::RemoteStore) {
+      addContent(op.attributes.remoteBuffer, graph.tensor(graph.storageOf(op.inputs[0])));
+    }
+  }
+  for (std::size_t b = 0; b < bufferCount; ++b) {
+    const RemoteBufferInfo& info = graph.remoteBuffers()[b];
+    Held h;
+    h.slots = numElements(info.shape);
+    h.entries = info.entries;
+    TensorMemory& m = h.memory;
+    m.name = bufferName(static_cast<int64_t>(b), contents[b]);
+    m.category = categories[b].value_or(TensorCategory::Activation);
+    m.space = MemorySpace::Streaming;
+    m.bytes = info.entries * h.slots * kBytesPerElement;
+    m.resident = true;
+    m.firstUse = 0;
+    m.lastUse = lastStep;
+    m.remoteBuffer = static_cast<int64_t>(b);
+    setSharding(h, shards.buffers[b], info.metaShape);
+    held.push_back(std::move(h));
+  }
+  return held;
+}
+
+// The peak of one on-chip space: when it is first reached and how many bytes.
+struct PeakAt {
+  int64_t bytes = 0;
+  int64_t position = -1;  // -1: only resident bytes
+};
+
+PeakAt chipPeak(const std::vector<Held>& held, MemorySpace space, int64_t steps) {
+  int64_t resident = 0;
+  std::vector<int64_t> delta(at(steps) + 1, 0);
+  for (const Held& h : held) {
+    const TensorMemory& m = h.memory;
+    if (m.space != space) continue;
+    if (m.resident) {
+      resident += m.bytes;
+    } else {
+      delta[at(m.firstUse)] += m.bytes;
+      delta[at(m.lastUse) + 1] -= m.bytes;
+    }
+  }
+  // Resident bytes alone are the peak at no op in particular.
+  PeakAt peak{resident, -1};
+  int64_t live = resident;
+  for (int64_t p = 0; p < steps; ++p) {
+    live += delta[at(p)];
+    if (live > peak.bytes) peak = {live, p};
+  }
+  return peak;
+}
+
+bool liveAt(const TensorMemory& m, int64_t position) {
+  return m.resident || (m.firstUse <= position && position <= m.lastUse);
+}
+
+MemoryPeak describePeak(const Graph& graph, std::span<const OpId> schedule, const std::vector<Held>& held,
+                        MemorySpace space, const PeakAt& where, std::vector<CategoryMemory>& byCategory) {
+  MemoryPeak peak;
+  peak.bytes = where.bytes;
+  if (where.position >= 0 && space != MemorySpace::Streaming)
+    peak.op = graph.op(schedule[at(where.position)]).name;
+  std::vector<const TensorMemory*> live;
+  for (const Held& h : held) {
+    const TensorMemory& m = h.memory;
+    if (m.space != space || (space != MemorySpace::Streaming && !liveAt(m, where.position))) continue;
+    live.push_back(&m);
+    for (CategoryMemory& c : byCategory) {
+      if (c.category != m.category) continue;
+      if (space == MemorySpace::ComputeTiles) c.computeTilesBytes += m.bytes;
+      if (space == MemorySpace::IOTiles) c.ioTilesBytes += m.bytes;
+      if (space == MemorySpace::Streaming) c.streamingBytes += m.bytes;
+    }
+  }
+  const std::size_t count = std::min(live.size(), kLargestAtPeak);
+  std::partial_sort(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(count), live.end(),
+                    [](const TensorMemory* a, const TensorMemory* b) {
+                      return a->bytes != b->bytes ? a->bytes > b->bytes : a->name < b->name;
+                    });
+  for (std::size_t i = 0; i < count; ++i) peak.largest.push_back(*live[i]);
+  return peak;
+}
+
+void checkProgram(const Program& program, const DeviceSpec& spec) {
+  if (program.localReplicas < 1) {
+    throw DeviceError(ErrorCode::InvalidProgram, "Program.localReplicas",
+                      fmt::format("localReplicas is {}; it must be at least 1", program.localReplicas));
+  }
+  if (program.numIOTiles < 0 || program.numIOTiles >= spec.tilesPerIpu) {
+    throw DeviceError(ErrorCode::InvalidProgram, "Program.numIOTiles",
+                      fmt::format("numIOTiles is {}; a device with tilesPerIpu {} needs it in [0, {})",
+                                  program.numIOTiles, spec.tilesPerIpu, spec.tilesPerIpu));
+  }
+}
+
+std::string_view spaceLabel(MemorySpace space) {
+  switch (space) {
+    case MemorySpace::ComputeTiles: return "compute tiles";
+    case MemorySpace::IOTiles: return "IO tiles";
+    case MemorySpace::Streaming: return "streaming memory";
+  }
+  return "memory";
+}
+
+// "512 B", "1.5 KiB", "897.2 MiB".
+std::string humanBytes(int64_t bytes) {
+  constexpr std::array kUnits = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  auto value = static_cast<double>(bytes) / 1024.0;
+  std::size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < kUnits.size()) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return fmt::format("{:.1f} {}", value, kUnits[unit]);
+}
+
+const MemoryPeak& peakOf(const ReplicaMemory& m, MemorySpace space) {
+  switch (space) {
+    case MemorySpace::ComputeTiles: return m.computeTilesPeak;
+    case MemorySpace::IOTiles: return m.ioTilesPeak;
+    case MemorySpace::Streaming: break;
+  }
+  return m.streamingPeak;
+}
+
+}  // namespace
+
+MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, const DeviceSpec& spec) {
+  checkProgram(program, spec);
+  const Graph& graph = program.graph;
+  const TileMemory tiles = tileMemory(spec, program.numIOTiles);
+  MemoryReport report;
+  report.computeTilesCapacity = tiles.computeTileBytes;
+  report.ioTilesCapacity = tiles.ioTileBytes;
+  report.streamingCapacity = spec.streamingMemoryBytes;
+
+  const auto steps = static_cast<int64_t>(schedule.size());
+  const std::vector<Held> held = heldTensors(graph, schedule, traceShards(graph, schedule));
+
+  // Liveness does not depend on the replica: plan one, copy it to each.
+  ReplicaMemory common;
+  for (const auto& [category, name] : EnumNames<TensorCategory>::kNames)
+    common.byCategory.push_back({category});
+  std::array<PeakAt, 2> peaks{};
+  for (MemorySpace space : kChipSpaces) peaks[chipIndex(space)] = chipPeak(held, space, steps);
+  common.computeTilesPeak =
+      describePeak(graph, schedule, held, MemorySpace::ComputeTiles, peaks[0], common.byCategory);
+  common.ioTilesPeak = describePeak(graph, schedule, held, MemorySpace::IOTiles, peaks[1], common.byCategory);
+  int64_t streaming = 0;
+  std::vector<int64_t> activationDelta(at(steps) + 1, 0);
+  for (const Held& h : held) {
+    const TensorMemory& m = h.memory;
+    if (m.space == MemorySpace::Streaming) {
+      streaming += m.bytes;
+    } else if (m.resident) {
+      common.variableBytes += m.bytes;
+    } else {
+      activationDelta[at(m.firstUse)] += m.bytes;
+      activationDelta[at(m.lastUse) + 1] -= m.bytes;
+    }
+  }
+  common.streamingPeak =
+      describePeak(graph, schedule, held, MemorySpace::Streaming, PeakAt{streaming, -1}, common.byCategory);
+  int64_t live = 0;
+  for (int64_t d : activationDelta) {
+    live += d;
+    common.peakActivationBytes = std::max(common.peakActivationBytes, live);
+  }
+  common.computeTilesBytes = common.computeTilesPeak.bytes;
+  common.ioTilesBytes = common.ioTilesPeak.bytes;
+  common.streamingBytes = streaming;
+  common.remoteBufferBytes = streaming;
+
+  for (int64_t r = 0; r < program.localReplicas; ++r) {
+    ReplicaMemory m = common;
+    m.replica = program.replicaOffset + r;
+    for (const Held& h : held) m.paddingBytes += replicaPadding(h, graph.replicationFactor(), m.replica);
+    report.paddingBytes += m.paddingBytes;
+    report.perReplica.push_back(std::move(m));
+  }
+  for (const Held& h : held) report.tensors.push_back(h.memory);
+  return report;
+}
+
+void requireFits(const MemoryReport& report) {
+  const std::optional<MemoryShortfall> shortfall = findShortfall(report);
+  if (!shortfall) return;
+  const auto replica = std::find_if(report.perReplica.begin(), report.perReplica.end(),
+                                    [&](const ReplicaMemory& m) { return m.replica == shortfall->replica; });
+  const MemoryPeak& peak = peakOf(*replica, shortfall->space);
+  std::vector<std::string> largest;
+  for (const TensorMemory& t : peak.largest)
+    largest.push_back(fmt::format("{} ({}, {} bytes)", t.name, t.category, t.bytes));
+  throw DeviceError(
+      ErrorCode::OutOfMemory, fmt::format("replica {}, {}", shortfall->replica, spaceLabel(shortfall->space)),
+      fmt::format("needs {} bytes ({}){} but has {} bytes ({}); largest tensors at the peak: {}",
+                  shortfall->neededBytes, humanBytes(shortfall->neededBytes),
+                  peak.op.empty() ? std::string() : fmt::format(" while op \"{}\" runs", peak.op),
+                  shortfall->availableBytes, humanBytes(shortfall->availableBytes),
+                  fmt::join(largest, ", ")));
+}
+
+}  // namespace sim
+
+MemoryReport planMemory(const Program& program, const DeviceSpec& spec) {
+  return sim::planMemory(program, program.graph.schedule(), spec);
+}
+
+std::optional<MemoryShortfall> findShortfall(const MemoryReport& report) {
+  for (const ReplicaMemory& m : report.perReplica) {
+    const std::array<MemoryShortfall, 3> spaces = {
+        MemoryShortfall{m.replica, MemorySpace::ComputeTiles, m.computeTilesBytes,
+                        report.computeTilesCapacity},
+        MemoryShortfall{m.replica, MemorySpace::IOTiles, m.ioTilesBytes, report.ioTilesCapacity},
+        MemoryShortfall{m.replica, MemorySpace::Streaming, m.streamingBytes, report.streamingCapacity}};
+    for (const MemoryShortfall& s : spaces)
+      if (s.neededBytes > s.availableBytes) return s;
+  }
+  return std::nullopt;
+}
+
+}  // namespace tessera

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Writes the test inputs of tests/data that are binary or regular enough to generate.
+
+    python3 tests/data/generate.py
+
+- idx/: tiny valid IDX files, raw and gzip'd (seeds of the IDX fuzzer, companions of bad files);
+- bad/dataset/: damaged IDX files and gzip streams;
+- bad/config/: the configs that are not plain text (invalid UTF-8, byte order marks, NUL bytes)
+  or are too regular to write by hand (deep nesting);
+- bad/set/: the overrides that are not UTF-8.
+
+The hand-written bad configs and overrides live beside these; bad/expected.json gives the
+expected error of every file. The output is deterministic (gzip'd with mtime 0), so running
+the script again changes nothing unless the script changed.
+"""
+
+import gzip
+import pathlib
+import struct
+
+DATA = pathlib.Path(__file__).resolve().parent
+IMAGES_MAGIC = 0x00000803
+LABELS_MAGIC = 0x00000801
+
+
+def idx(magic, dims, payload=b""):
+    return struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in dims) + payload
+
+
+def images(count, rows, cols):
+    """An image file whose pixel i of image n is (7 i + n) % 256."""
+    pixels = bytes((7 * i + n) % 256 for n in range(count) for i in range(rows * cols))
+    return idx(IMAGES_MAGIC, [count, rows, cols], pixels)
+
+
+def labels(values):
+    return idx(LABELS_MAGIC, [len(values)], bytes(values))
+
+
+def gz(data):
+    return gzip.compress(data, compresslevel=9, mtime=0)
+
+
+def write(relative, data):
+    path = DATA / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def valid_idx():
+    write("idx/tiny-images-idx3-ubyte", images(3, 5, 4))
+    write("idx/tiny-labels-idx1-ubyte", labels([7, 0, 9]))
+    write("idx/tiny-images-idx3-ubyte.gz", gz(images(3, 5, 4)))
+    write("idx/tiny-labels-idx1-ubyte.gz", gz(labels([7, 0, 9])))
+    write("idx/mnist-shape-images-idx3-ubyte.gz", gz(images(2, 28, 28)))
+    write("idx/mnist-shape-labels-idx1-ubyte", labels([3, 1]))
+
+
+def bad_datasets():
+    good = images(3, 5, 4)
+    good_gz = gz(good)
+    files = {
+        # Headers.
+        "empty": b"",
+        "short-magic": b"\x00\x00\x08",
+        "wrong-magic": idx(0x12345678, [1, 1, 1], b"\x00"),
+        "text-file": b"P5 28 28 255\n" + bytes(16),
+        "signed-byte-data": idx(0x00000903, [1, 2, 2], bytes(4)),
+        "float32-data": idx(0x00000D03, [1, 1, 1], bytes(4)),
+        "unknown-data-type": idx(0x00000703, [1, 1, 1], bytes(1)),
+        "labels-read-as-images": labels([1, 2]),
+        "four-dimensions": idx(0x00000804, [1, 1, 1, 1], bytes(1)),
+        "images-read-as-labels": good,
+        "truncated-header": good[:10],
+        "magic-only": struct.pack(">I", IMAGES_MAGIC),
+        "zero-count": idx(IMAGES_MAGIC, [0, 28, 28]),
+        "zero-rows": idx(IMAGES_MAGIC, [5, 0, 28]),
+        "zero-cols": idx(IMAGES_MAGIC, [5, 28, 0]),
+        "zero-labels": idx(LABELS_MAGIC, [0]),
+        # Sizes: a product that overflows 64 bits, one of exactly 2^63 (beyond int64), one
+        # over the 1 GiB limit, and a header that claims far more than the file holds.
+        "dims-overflow-uint64": idx(IMAGES_MAGIC, [0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF]),
+        "dims-overflow-int64": idx(IMAGES_MAGIC, [0x80000000, 0x80000000, 2]),
+        "dims-over-byte-limit": idx(IMAGES_MAGIC, [0x10000, 0x1000, 0x1000]),
+        "labels-over-byte-limit": idx(LABELS_MAGIC, [0xFFFFFFFF]),
+        "header-claims-more": idx(IMAGES_MAGIC, [60000, 28, 28], bytes(100)),
+        # Data.
+        "truncated-data": good[:-5],
+        "trailing-bytes": good + b"\x00",
+        "label-out-of-range": labels([1, 10, 2]),
+        "label-255": labels([255]),
+        "truncated-labels": labels([1, 2, 3, 4])[:-2],
+        # gzip streams.
+        "gz-header-only": good_gz[:5],
+        "gz-truncated": good_gz[:-4],
+        "gz-truncated-mid-stream": good_gz[: len(good_gz) // 2],
+        "gz-bad-crc": good_gz[:-8] + bytes([good_gz[-8] ^ 0xFF]) + good_gz[-7:],
+        "gz-bad-length": good_gz[:-4] + bytes([good_gz[-4] ^ 0x01]) + good_gz[-3:],
+        "gz-corrupt-data": good_gz[:12] + bytes(b ^ 0x5A for b in good_gz[12:24]) + good_gz[24:],
+        "gz-trailing-garbage": good_gz + b"xy",
+        "gz-wrong-magic-inside": gz(idx(0x12345678, [1, 1, 1], b"\x00")),
+        "gz-truncated-idx-inside": gz(good[:-5]),
+        "gz-over-byte-limit-inside": gz(idx(IMAGES_MAGIC, [0x10000, 0x1000, 0x1000])),
+        "gz-label-out-of-range-inside": gz(labels([0, 11])),
+        # A pair: 3 images (idx/tiny-images-idx3-ubyte) but 2 labels.
+        "count-mismatch-labels": labels([1, 2]),
+    }
+    for name, data in files.items():
+        write(f"bad/dataset/{name}", data)
+
+
+def bad_configs():
+    bom = b"\xef\xbb\xbf"
+    files = {
+        # Invalid UTF-8: a stray continuation byte, a truncated sequence, an overlong "/",
+        # an encoded surrogate, a byte that never occurs in UTF-8, in values and in keys.
+        "invalid-utf8-in-string.json": b'{"data": {"path": "fashion\x80mnist"}}',
+        "invalid-utf8-truncated-sequence.json": b'{"data": {"path": "\xe2\x82"}}',
+        "invalid-utf8-overlong.json": b'{"data": {"path": "\xc0\xaf"}}',
+        "invalid-utf8-surrogate.json": b'{"data": {"path": "\xed\xa0\x80"}}',
+        "invalid-utf8-in-key.json": b'{"data": {"pa\xfeth": "x"}}',
+        "invalid-utf8-outside-strings.json": b'{"data": \xff}',
+        "latin1-text.json": b'{"output": {"checkpoint": "r\xe9sum\xe9.safetensors"}}',
+        # Byte order marks: UTF-8's is skipped (RFC 8259 allows it), so the document behind it
+        # is read and its error found; UTF-16's is not JSON text at all; neither is a second one.
+        "utf8-bom-then-wrong-type.json": bom + b'{"data": {"epochs": "3"}}',
+        "utf8-bom-only.json": bom,
+        "utf8-bom-twice.json": bom + bom + b"{}",
+        "utf16le-bom.json": b"\xff\xfe" + "{}".encode("utf-16-le"),
+        "utf16be-bom.json": b"\xfe\xff" + "{}".encode("utf-16-be"),
+        # NUL bytes: a JSON parser may take one for the end of its input and never read on.
+        "nul-after-document.json": b"{}\x00",
+        "nul-then-second-document.json": b'{"data": {"epochs": 2}}\x00{"data": {"epochs": "x"}}',
+        "nul-inside-document.json": b'{"data": \x00{"epochs": 2}}',
+        "nul-only.json": b"\x00",
+        "nul-in-string.json": b'{"data": {"path": "a\x00b"}}',
+        # Nesting: far beyond the limit of 64, and one level beyond it in objects.
+        "nested-arrays-10000.json": b"[" * 10000 + b"]" * 10000,
+        "nested-objects-10000.json": b'{"a":' * 10000 + b"1" + b"}" * 10000,
+        "nested-objects-65.json": b'{"a":' * 65 + b"1" + b"}" * 65,
+        "nested-unclosed-10000.json": b'{"model": ' + b"[" * 10000,
+    }
+    for name, data in files.items():
+        write(f"bad/config/{name}", data)
+
+
+def bad_overrides():
+    files = {
+        # A value that is not JSON is kept as a string, so its bytes must be checked apart
+        # from the JSON parser (found by the overrides fuzz target).
+        "value-invalid-utf8.txt": b"/data/path=some\xeefolder\n",
+        "path-invalid-utf8.txt": b'/sessionOptions/tensorLocationSettingsOverride/W\xff={"storage": "OffChip"}\n',
+        "value-overlong-utf8.txt": b"/output/trace=\xc0\xaf.json\n",
+    }
+    for name, data in files.items():
+        write(f"bad/set/{name}", data)
+
+
+if __name__ == "__main__":
+    valid_idx()
+    bad_datasets()
+    bad_configs()
+    bad_overrides()

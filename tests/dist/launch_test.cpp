@@ -1,0 +1,208 @@
+// Multi-instance runs end to end: `tessera launch` starts instances under
+// mpirun, and training split over them must match one instance running every
+// replica; instances that disagree or go missing must fail everywhere,
+// quickly and clearly. Every run is bounded by the launcher's timeout.
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include "support/process.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using nlohmann::json;
+using tessera::test::ProcessResult;
+using tessera::test::TempDir;
+using Clock = std::chrono::steady_clock;
+
+std::string program(const char* variable) {
+  const char* path = std::getenv(variable);
+  REQUIRE_MESSAGE(path != nullptr, variable, " must name the program");
+  return path;
+}
+
+// The training settings every run below shares: 1024 training samples of
+// Fashion-MNIST (or the synthetic stand-in), a global batch of 4 x 16.
+std::vector<std::string> trainArgs(const std::string& config, const std::vector<std::string>& sets) {
+  std::vector<std::string> args{"train", tessera::test::sourcePath(config), "--quiet"};
+  for (const std::string& set : std::vector<std::string>{
+           "/data/limitTrainSamples=1024", "/data/limitTestSamples=400", "/data/epochs=1",
+           "/data/batchSize=16", "/sessionOptions/enableReplicatedGraphs=true",
+           "/sessionOptions/replicatedGraphCount=4",
+           "/sessionOptions/accumulationAndReplicationReductionType=Mean"}) {
+    args.insert(args.end(), {"--set", set});
+  }
+  for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
+  return args;
+}
+
+struct Run {
+  json summary;
+  json weights;
+};
+
+// `tessera train` on one instance (instances == 0) or under `tessera launch`.
+Run train(const std::string& config, const std::vector<std::string>& sets, int64_t instances) {
+  const TempDir dir;
+  const std::string summary = (dir.path() / "summary.json").string();
+  const std::string weights = (dir.path() / "weights.json").string();
+  std::vector<std::string> args = trainArgs(config, sets);
+  args.insert(args.end(), {"--json-summary", summary, "--dump-weights", weights});
+  if (instances > 0) {
+    std::vector<std::string> launch{
+        "launch", "--num-replicas",      "4", "--num-instances", std::to_string(instances), "--timeout", "60",
+        "--",     program("TESSERA_CLI")};
+    args.insert(args.begin(), launch.begin(), launch.end());
+  }
+  const ProcessResult result = tessera::test::runProgram(program("TESSERA_CLI"), args);
+  INFO("stdout: " << result.out << "\nstderr: " << result.err);
+  REQUIRE(result.exitCode == 0);
+  return {json::parse(tessera::test::readFile(summary)), json::parse(tessera::test::readFile(weights))};
+}
+
+double maxDifference(const json& a, const json& b) {
+  REQUIRE(a.size() == b.size());
+  double most = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    most = std::max(most, std::abs(a[i].get<double>() - b[i].get<double>()));
+  return most;
+}
+
+void checkSameTraining(const Run& split, const Run& one) {
+  CHECK(split.summary["steps"] == one.summary["steps"]);
+  CHECK(split.summary["globalBatch"] == 64);
+  CHECK(maxDifference(split.summary["losses"], one.summary["losses"]) <= 1e-6);
+  CHECK(split.summary["testAccuracy"] == one.summary["testAccuracy"]);
+  REQUIRE(split.weights.size() == one.weights.size());
+  for (const auto& item : one.weights.items()) {
+    const std::string name = item.key();
+    INFO("weight " << name);
+    REQUIRE(split.weights.contains(name));
+    CHECK(maxDifference(split.weights[name], item.value()) <= 1e-6);
+  }
+}
+
+// The weight, optimizer state and accumulator settings' sharding domain.
+std::vector<std::string> shardingDomain(const std::string& domain) {
+  std::vector<std::string> sets;
+  for (const char* category : {"weight", "optimizerState", "accumulator"}) {
+    sets.push_back(std::string("/sessionOptions/") + category +
+                   "TensorLocationSettings/location/shardingDomain=" + domain);
+  }
+  return sets;
+}
+
+const std::vector<std::string> kConsecutive2 =
+    shardingDomain(R"({"type":"Consecutive","replicaGroupSize":2})");
+
+}  // namespace
+
+TEST_CASE("tessera launch: 2 x 2 and 4 x 1 instances train like 1 x 4 replicas") {
+  SUBCASE("plain replication") {
+    const Run one = train("samples/configs/mnist.json", {}, 0);
+    CHECK(one.summary["steps"] == 16);
+    checkSameTraining(train("samples/configs/mnist.json", {}, 2), one);
+    checkSameTraining(train("samples/configs/mnist.json", {}, 4), one);
+  }
+  SUBCASE("replicated tensor sharding over all replicas") {
+    const Run one = train("samples/configs/mnist_rts.json", {}, 0);
+    checkSameTraining(train("samples/configs/mnist_rts.json", {}, 2), one);
+    checkSameTraining(train("samples/configs/mnist_rts.json", {}, 4), one);
+  }
+  SUBCASE("replicated tensor sharding over Consecutive(2) domains") {
+    const Run one = train("samples/configs/mnist_rts.json", kConsecutive2, 0);
+    checkSameTraining(train("samples/configs/mnist_rts.json", kConsecutive2, 2), one);
+  }
+}
+
+TEST_CASE("the PopDist example checks its replicas on every instance") {
+  for (const std::string instances : {"1", "2", "4"}) {
+    CAPTURE(instances);
+    const ProcessResult result = tessera::test::runProgram(
+        program("TESSERA_CLI"), {"launch", "--num-replicas", "4", "--num-instances", instances, "--timeout",
+                                 "30", "--", program("TESSERA_POPDIST_EXAMPLE"), "--replicas", "4"});
+    INFO("stdout: " << result.out << "\nstderr: " << result.err);
+    CHECK(result.exitCode == 0);
+    CHECK(result.out.find("FAIL") == std::string::npos);
+    const std::string instance3 =
+        "ok   instance 3: the all-reduce over 4 replicas gives 10 on its 1 replica(s)";
+    CHECK((result.out.find(instance3) != std::string::npos) == (instances == "4"));
+    CHECK(result.out.find("ok   instance 0: the all-reduce over 4 replicas gives 10") != std::string::npos);
+  }
+}
+
+TEST_CASE("instances started with different configs fail alike, naming the setting") {
+  const auto start = Clock::now();
+  std::string command;
+  for (const std::string& a : trainArgs("samples/configs/mnist.json", {})) command += " '" + a + "'";
+  // Each instance gets its own seed.
+  const ProcessResult result = tessera::test::runProgram(
+      program("TESSERA_CLI"),
+      {"launch", "--num-replicas", "4", "--num-instances", "2", "--timeout", "30", "--", "sh", "-c",
+       "exec '" + program("TESSERA_CLI") + "'" + command + " --set /data/seed=$OMPI_COMM_WORLD_RANK"});
+  INFO("stdout: " << result.out << "\nstderr: " << result.err);
+  CHECK(result.exitCode != 0);
+  CHECK(result.err.find(
+            "[tessera.dist.502] /runConfig/data/seed: the instances' run configs and datasets differ "
+            "here: 0 on instance 0, 1 on instance 1") != std::string::npos);
+  CHECK(Clock::now() - start < std::chrono::seconds(30));
+}
+
+TEST_CASE("an instance that leaves makes the others fail within the timeout") {
+  SUBCASE("it leaves after starting: the others name it after --timeout") {
+    const auto start = Clock::now();
+    const ProcessResult result = tessera::test::runProgram(
+        program("TESSERA_CLI"), {"launch", "--num-replicas", "4", "--num-instances", "2", "--timeout", "2",
+                                 "--", program("TESSERA_POPDIST_EXAMPLE"), "--drop-instance", "1"});
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    INFO("stdout: " << result.out << "\nstderr: " << result.err << "\nafter " << seconds << " s");
+    CHECK(result.exitCode != 0);
+    CHECK(result.out.find("instance 1 leaves now") != std::string::npos);
+    CHECK(result.err.find("[tessera.dist.503] instance 1: instance 0 waited 2.0 s") != std::string::npos);
+    CHECK(seconds >= 2.0);
+    CHECK(seconds < 20.0);
+  }
+  SUBCASE("it exits with an error: mpirun stops the others") {
+    const auto start = Clock::now();
+    std::string command;
+    for (const std::string& a : trainArgs("samples/configs/mnist.json", {})) command += " '" + a + "'";
+    const ProcessResult result = tessera::test::runProgram(
+        program("TESSERA_CLI"),
+        {"launch", "--num-replicas", "4", "--num-instances", "2", "--timeout", "30", "--", "sh", "-c",
+         "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exit 3; fi; exec '" + program("TESSERA_CLI") + "'" +
+             command});
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    INFO("stdout: " << result.out << "\nstderr: " << result.err << "\nafter " << seconds << " s");
+    CHECK(result.exitCode != 0);
+    CHECK(result.out.find("final loss") == std::string::npos);
+    CHECK(seconds < 20.0);
+  }
+}
+
+TEST_CASE("tessera launch checks its counts before starting anything") {
+  struct Row {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Row> rows = {
+      {{"--num-replicas", "4", "--num-instances", "3"},
+       "[tessera.config.106] --num-replicas: 4 replicas do not split evenly over 3 instances"},
+      {{"--num-replicas", "0"}, "[tessera.config.106] --num-replicas: 0 replicas requested"},
+      {{"--num-instances", "0"}, "[tessera.config.106] --num-instances: 0 instances requested"},
+  };
+  for (const Row& row : rows) {
+    CAPTURE(row.message);
+    std::vector<std::string> args{"launch"};
+    args.insert(args.end(), row.args.begin(), row.args.end());
+    args.insert(args.end(), {"--", "true"});
+    const ProcessResult result = tessera::test::runProgram(program("TESSERA_CLI"), args);
+    CHECK(result.exitCode == 1);
+    CHECK(result.err.find(row.message) != std::string::npos);
+  }
+}
