@@ -119,6 +119,13 @@ TEST_CASE("tessera launch: 2 x 2 and 4 x 1 instances train like 1 x 4 replicas")
     const Run one = train("samples/configs/mnist_rts.json", kConsecutive2, 0);
     checkSameTraining(train("samples/configs/mnist_rts.json", kConsecutive2, 2), one);
   }
+  SUBCASE("optimizer state in streaming memory") {
+    const std::vector<std::string> offChip{
+        "/sessionOptions/optimizerStateTensorLocationSettings/location/storage=OffChip"};
+    const Run one = train("samples/configs/mnist_rts.json", offChip, 0);
+    checkSameTraining(train("samples/configs/mnist_rts.json", offChip, 2), one);
+    checkSameTraining(train("samples/configs/mnist_rts.json", offChip, 4), one);
+  }
 }
 
 TEST_CASE("the PopDist example checks its replicas on every instance") {
