@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,46 @@ TEST_CASE("tessera launch: 2 x 2 and 4 x 1 instances train like 1 x 4 replicas")
     const Run one = train("samples/configs/mnist_rts.json", offChip, 0);
     checkSameTraining(train("samples/configs/mnist_rts.json", offChip, 2), one);
     checkSameTraining(train("samples/configs/mnist_rts.json", offChip, 4), one);
+  }
+}
+
+TEST_CASE("a 2 x 2 run writes one checkpoint, and one instance resumes it like an uninterrupted run") {
+  const TempDir dir;
+  const std::string checkpoint = (dir.path() / "run.safetensors").string();
+  // The first epoch on two instances, checkpointed at its end.
+  std::vector<std::string> first = trainArgs("samples/configs/mnist_rts.json", {"/output/checkpoint=" + checkpoint});
+  const std::vector<std::string> launch{"launch", "--num-replicas", "4", "--num-instances", "2", "--timeout", "60",
+                                        "--", program("TESSERA_CLI")};
+  first.insert(first.begin(), launch.begin(), launch.end());
+  const ProcessResult split = tessera::test::runProgram(program("TESSERA_CLI"), first);
+  INFO("stderr: " << split.err);
+  REQUIRE(split.exitCode == 0);
+  // Written once, by one instance: no temporary files are left beside it.
+  int files = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir.path())) ++files;
+  CHECK(files == 1);
+
+  // The second epoch on one instance with 4 replicas, against two epochs there without a stop.
+  const auto secondEpoch = [&](const std::string& tag, std::vector<std::string> extra) {
+    const std::string summary = (dir.path() / (tag + ".json")).string();
+    const std::string weights = (dir.path() / (tag + ".weights.json")).string();
+    std::vector<std::string> args = trainArgs("samples/configs/mnist_rts.json", {"/data/epochs=2"});
+    args.insert(args.end(), {"--json-summary", summary, "--dump-weights", weights});
+    args.insert(args.end(), extra.begin(), extra.end());
+    const ProcessResult result = tessera::test::runProgram(program("TESSERA_CLI"), args);
+    INFO("stderr: " << result.err);
+    REQUIRE(result.exitCode == 0);
+    return Run{json::parse(tessera::test::readFile(summary)), json::parse(tessera::test::readFile(weights))};
+  };
+  const Run resumed = secondEpoch("resumed", {"--resume", checkpoint});
+  const Run whole = secondEpoch("whole", {});
+  CHECK(resumed.summary["firstStep"] == 16);
+  CHECK(std::abs(resumed.summary["finalLoss"].get<double>() - whole.summary["finalLoss"].get<double>()) <= 1e-6);
+  for (const auto& item : whole.weights.items()) {
+    const std::string name = item.key();
+    INFO("weight " << name);
+    REQUIRE(resumed.weights.contains(name));
+    CHECK(maxDifference(resumed.weights[name], item.value()) <= 1e-6);
   }
 }
 
