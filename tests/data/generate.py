@@ -8,6 +8,8 @@
 - bad/config/: the configs that are not plain text (invalid UTF-8, byte order marks, NUL bytes)
   or are too regular to write by hand (deep nesting);
 - bad/set/: the overrides that are not UTF-8.
+- bad/checkpoint/: damaged copies of checkpoint/valid.safetensors (a small MLP's weights and
+  momentum written by `tessera train`; the seed of the checkpoint fuzzer).
 
 The hand-written bad configs and overrides live beside these; bad/expected.json gives the
 expected error of every file. The output is deterministic (gzip'd with mtime 0), so running
@@ -15,6 +17,7 @@ the script again changes nothing unless the script changed.
 """
 
 import gzip
+import json
 import pathlib
 import struct
 
@@ -156,8 +159,81 @@ def bad_overrides():
         write(f"bad/set/{name}", data)
 
 
+def split_checkpoint(data):
+    """(header dict, data bytes) of a safetensors file."""
+    length = struct.unpack("<Q", data[:8])[0]
+    return json.loads(data[8 : 8 + length]), data[8 + length :]
+
+
+def join_checkpoint(header, payload, pad=True):
+    text = json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + payload
+
+
+def bad_checkpoints():
+    valid = (DATA / "checkpoint" / "valid.safetensors").read_bytes()
+    header, payload = split_checkpoint(valid)
+
+    def changed(edit):
+        h = json.loads(json.dumps(header))
+        edit(h)
+        return join_checkpoint(h, payload)
+
+    def meta(key, value):
+        def edit(h):
+            if value is None:
+                del h["__metadata__"][key]
+            else:
+                h["__metadata__"][key] = value
+        return changed(edit)
+
+    def tensor(name, key, value):
+        def edit(h):
+            h[name][key] = value
+        return changed(edit)
+
+    w0_end = header["W0"]["data_offsets"][1]
+    files = {
+        "empty.safetensors": b"",
+        "seven-bytes.safetensors": valid[:7],
+        "header-truncated.safetensors": valid[:100],
+        "data-truncated.safetensors": valid[:-1],
+        "extra-data-at-end.safetensors": valid + b"\0\0\0\0",
+        "header-length-past-end.safetensors": struct.pack("<Q", len(valid)) + valid[8:],
+        "header-length-huge.safetensors": struct.pack("<Q", 2**63 - 1) + valid[8:],
+        "header-not-json.safetensors": join_checkpoint({}, b"")[:8] + b"not json",
+        "header-json-array.safetensors": join_checkpoint([], payload),
+        "header-invalid-utf8.safetensors": struct.pack("<Q", 8) + b'{"\xff":1}' [:8] + payload,
+        "no-metadata.safetensors": changed(lambda h: h.pop("__metadata__")),
+        "not-tessera.safetensors": meta("format", "something.else"),
+        "format-version-newer.safetensors": meta("formatVersion", "999"),
+        "format-version-not-a-number.safetensors": meta("formatVersion", "one"),
+        "step-missing.safetensors": meta("step", None),
+        "step-negative.safetensors": meta("step", "-4"),
+        "step-overflow.safetensors": meta("step", "99999999999999999999999"),
+        "optimizer-not-json.safetensors": meta("optimizer", "{sgd"),
+        "tensors-metadata-missing.safetensors": meta("tensors", None),
+        "dtype-f64.safetensors": tensor("W0", "dtype", "F64"),
+        "dtype-not-a-string.safetensors": tensor("W0", "dtype", 32),
+        "shape-negative.safetensors": tensor("b0", "shape", [-1]),
+        "shape-overflow.safetensors": tensor("W0", "shape", [2**62, 2**62]),
+        "shape-disagrees-with-bytes.safetensors": tensor("W0", "shape", [784, 2]),
+        "offsets-past-end.safetensors": tensor("b1", "data_offsets", [len(payload) - 4, len(payload) + 36]),
+        "offsets-reversed.safetensors": tensor("W0", "data_offsets", [w0_end, 0]),
+        "offsets-overlap.safetensors": tensor("b0", "data_offsets", [0, 4]),
+        "offsets-missing.safetensors": changed(lambda h: h["W0"].pop("data_offsets")),
+        "tensor-not-an-object.safetensors": changed(lambda h: h.__setitem__("W0", [1, 2])),
+        "unknown-tensor-key.safetensors": tensor("W0", "layout", "rows"),
+    }
+    for name, data in files.items():
+        write(f"bad/checkpoint/{name}", data)
+
+
 if __name__ == "__main__":
     valid_idx()
     bad_datasets()
     bad_configs()
     bad_overrides()
+    bad_checkpoints()

@@ -12,6 +12,7 @@
 //             then validate()
 //   dataset/  "reader": "images" | "labels" | "split" (the IDX readers;
 //             "split" pairs the file, as labels, with the "images" file)
+//   checkpoint/ readCheckpoint(file)
 // A new kind of input is a folder and a row of kReaders.
 #include <doctest/doctest.h>
 
@@ -30,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/process.hpp"
+#include "tessera/checkpoint.hpp"
 #include "tessera/dataset.hpp"
 #include "tessera/error.hpp"
 #include "tessera/json.hpp"
@@ -90,6 +92,7 @@ const std::map<std::string, std::function<void(const std::string&, const json&)>
     {"config", readConfig},
     {"set", applyOverrides},
     {"dataset", readDataset},
+    {"checkpoint", [](const std::string& path, const json&) { readCheckpoint(path); }},
 };
 
 struct Outcome {
@@ -167,6 +170,7 @@ TEST_CASE("every file of the bad-input corpus is rejected with its expected erro
   CHECK(perFolder["config"] >= 80);
   CHECK(perFolder["set"] >= 20);
   CHECK(perFolder["dataset"] >= 30);
+  CHECK(perFolder["checkpoint"] >= 25);
 }
 
 TEST_CASE("the corpus names every error id it expects correctly") {
