@@ -53,14 +53,19 @@ void resolveOverrides(benchmark::State& state) {
 }
 BENCHMARK(resolveOverrides)->Arg(1000)->Arg(10000)->Unit(benchmark::kMillisecond)->Complexity();
 
-// Parsing a run config with N overrides.
-void parseConfig(benchmark::State& state) {
-  const auto n = static_cast<int64_t>(state.range(0));
+// A run config with N tensor location overrides.
+std::string overridesConfig(int64_t n) {
   std::string text = R"({"sessionOptions": {"tensorLocationSettingsOverride": {)";
   for (int64_t i = 0; i < n; ++i) {
     text += fmt::format(R"({}"t{}": {{"storage": "OffChip"}})", i == 0 ? "" : ",", i);
   }
-  text += "}}}";
+  return text + "}}}";
+}
+
+// Parsing a run config with N overrides.
+void parseConfig(benchmark::State& state) {
+  const auto n = static_cast<int64_t>(state.range(0));
+  const std::string text = overridesConfig(n);
   for (auto _ : state) benchmark::DoNotOptimize(tessera::parseRunConfig(text, "bench"));
   state.SetComplexityN(n);
 }
@@ -71,11 +76,7 @@ BENCHMARK(parseConfig)->Arg(1000)->Arg(10000)->Unit(benchmark::kMillisecond)->Co
 // batch 64): transforms, the placement of every tensor, memory and time.
 void explainOverrides(benchmark::State& state) {
   const auto n = static_cast<int64_t>(state.range(0));
-  std::string text = R"({"sessionOptions": {"tensorLocationSettingsOverride": {)";
-  for (int64_t i = 0; i < n; ++i) {
-    text += fmt::format(R"({}"t{}": {{"storage": "OffChip"}})", i == 0 ? "" : ",", i);
-  }
-  text += "}}}";
+  const std::string text = overridesConfig(n);
   for (auto _ : state) {
     const tessera::LoadedRunConfig loaded = tessera::parseRunConfig(text, "bench");
     tessera::validate(loaded.config);

@@ -177,6 +177,28 @@ struct EnumNames<OpKind> {
 constexpr bool isInplace(OpKind kind) noexcept {
   return kind == OpKind::ScaledAddInplace || kind == OpKind::CopyInplace;
 }
+// True for the kinds that compute each output element from the same element
+// of their inputs (one-element inputs broadcast): they can run on shards.
+constexpr bool isElementwise(OpKind kind) noexcept {
+  switch (kind) {
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul:
+    case OpKind::Div:
+    case OpKind::Neg:
+    case OpKind::Relu:
+    case OpKind::Gelu:
+    case OpKind::Tanh:
+    case OpKind::Sigmoid:
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Sqrt:
+    case OpKind::Copy:
+    case OpKind::ScaledAddInplace:
+    case OpKind::CopyInplace: return true;
+    default: return false;
+  }
+}
 // True for the collectives (ops that read other replicas' values).
 constexpr bool isCollective(OpKind kind) noexcept {
   return kind == OpKind::ReplicatedAllReduce || kind == OpKind::ReplicatedReduceScatter ||

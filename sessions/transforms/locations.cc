@@ -79,27 +79,6 @@ void copyOpWithMappedInputs(GraphCopy& copy, OpId id) {
   copy.copyOp(id, std::move(inputs));
 }
 
-bool elementwiseKind(OpKind kind) {
-  switch (kind) {
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Mul:
-    case OpKind::Div:
-    case OpKind::Neg:
-    case OpKind::Relu:
-    case OpKind::Gelu:
-    case OpKind::Tanh:
-    case OpKind::Sigmoid:
-    case OpKind::Exp:
-    case OpKind::Log:
-    case OpKind::Sqrt:
-    case OpKind::Copy:
-    case OpKind::ScaledAddInplace:
-    case OpKind::CopyInplace: return true;
-    default: return false;
-  }
-}
-
 // How a value is held in the rebuilt graph.
 struct Value {
   TensorId id = kNoTensor;
@@ -416,7 +395,7 @@ class Relocator {
 
   // Every input has the op's shape or one element: the op can run on shards.
   bool shardable(const OpNode& op) const {
-    if (!elementwiseKind(op.kind) || op.outputs.empty()) return false;
+    if (!isElementwise(op.kind) || op.outputs.empty()) return false;
     if (in_.tensor(op.outputs[0]).dtype != DType::Float32) return false;
     const Shape& shape = in_.tensor(isInplace(op.kind) ? op.inputs[0] : op.outputs[0]).shape;
     for (TensorId t : op.inputs) {
