@@ -12,9 +12,11 @@ std::string groupingStr(int64_t numReplicas, int64_t stride, int64_t groupSize) 
                      groupSize);
 }
 
-void checkPositive(int64_t value, std::string_view what, const std::string& subject) {
+// The subject is only formatted on the error path: groupings are made by
+// the thousand when a large program is loaded.
+void checkPositive(int64_t value, std::string_view what, int64_t numReplicas, int64_t stride, int64_t groupSize) {
   if (value > 0) return;
-  throw ConfigError(ErrorCode::InvalidReplicaGrouping, subject,
+  throw ConfigError(ErrorCode::InvalidReplicaGrouping, groupingStr(numReplicas, stride, groupSize),
                     fmt::format("{} is {}; it must be a positive integer", what, value));
 }
 
@@ -26,13 +28,12 @@ ReplicaGrouping::ReplicaGrouping(int64_t numReplicas, int64_t stride, int64_t gr
     : numReplicas_(numReplicas), stride_(stride), groupSize_(groupSize) {
   // Errors name the grouping as the caller wrote it, before the stride is
   // normalised, so that (4, 3, 1) is reported with its stride of 3.
-  const std::string subject = groupingStr(numReplicas, stride, groupSize);
-  checkPositive(numReplicas, "numReplicas", subject);
-  checkPositive(stride, "stride", subject);
-  checkPositive(groupSize, "groupSize", subject);
+  checkPositive(numReplicas, "numReplicas", numReplicas, stride, groupSize);
+  checkPositive(stride, "stride", numReplicas, stride, groupSize);
+  checkPositive(groupSize, "groupSize", numReplicas, stride, groupSize);
   // The first test keeps stride * groupSize from overflowing.
   if (stride > numReplicas / groupSize || numReplicas % (stride * groupSize) != 0) {
-    throw ConfigError(ErrorCode::ReplicaGroupingNotDivisible, subject,
+    throw ConfigError(ErrorCode::ReplicaGroupingNotDivisible, groupingStr(numReplicas, stride, groupSize),
                       fmt::format("numReplicas {} is not a multiple of stride {} * groupSize {}; choose a "
                                   "stride and group size whose product divides {}",
                                   numReplicas, stride, groupSize, numReplicas));

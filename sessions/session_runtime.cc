@@ -124,15 +124,17 @@ Shape hostLeadingShape(int64_t accumulationFactor, int64_t localReplicas, const 
 SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, std::unique_ptr<Device> device,
                                int64_t accumulationFactor, const std::vector<TensorId>& outputs)
     : device_(std::move(device)), accumulationFactor_(accumulationFactor) {
-  program_.localReplicas = options.getLocalReplicationFactor();
-  program_.globalReplicas = options.getGlobalReplicationFactor();
-  program_.replicaOffset = options.getGlobalReplicaOffset();
-  program_.numIOTiles = options.numIOTiles;
-  program_.graph = std::move(graph);
-  if (program_.globalReplicas != program_.localReplicas) checkInstances(options);
-  executable_ = device_->load(program_);
+  Program prepared;
+  prepared.localReplicas = options.getLocalReplicationFactor();
+  prepared.globalReplicas = options.getGlobalReplicationFactor();
+  prepared.replicaOffset = options.getGlobalReplicaOffset();
+  prepared.numIOTiles = options.numIOTiles;
+  prepared.graph = std::move(graph);
+  prepared.hostReads = outputs;
+  if (prepared.globalReplicas != prepared.localReplicas) checkInstances(prepared, options);
+  executable_ = device_->load(std::move(prepared));
 
-  const Graph& g = program_.graph;
+  const Graph& g = program().graph;
   for (const OpNode& op : g.ops()) {
     if (op.kind != OpKind::Input) continue;
     const TensorNode& node = g.tensor(op.outputs.front());
@@ -140,10 +142,10 @@ SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, std::
     s.tensor = op.outputs.front();
     s.dtype = node.dtype;
     const Shape micro = accumulationFactor_ > 1 ? Shape(node.shape.begin() + 1, node.shape.end()) : node.shape;
-    s.hostShape = hostLeadingShape(accumulationFactor_, program_.localReplicas, micro);
+    s.hostShape = hostLeadingShape(accumulationFactor_, program().localReplicas, micro);
     s.derivation = fmt::format("[accumulationFactor={}, localReplicas={}, ...{}] with size-1 dimensions omitted",
-                               accumulationFactor_, program_.localReplicas, shapeStr(micro));
-    s.device.assign(static_cast<size_t>(program_.localReplicas * numElements(node.shape)), 0.0f);
+                               accumulationFactor_, program().localReplicas, shapeStr(micro));
+    s.device.assign(static_cast<size_t>(program().localReplicas * numElements(node.shape)), 0.0f);
     streams_.push_back(std::move(s));
   }
   for (TensorId t : outputs) {
@@ -156,7 +158,7 @@ SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, std::
   writeInitialValues();
 }
 
-void SessionRuntime::checkInstances(const SessionOptions& options) const {
+void SessionRuntime::checkInstances(const Program& program, const SessionOptions& options) const {
   Communicator* communicator = device_->communicator();
   if (communicator == nullptr) {
     throw ConfigError(
@@ -165,7 +167,7 @@ void SessionRuntime::checkInstances(const SessionOptions& options) const {
                     "the device has no communicator; create it with makeSimDevice(spec, mode, "
                     "dist::instanceCommunicator()) and start the instances with `tessera launch`, or use one "
                     "instance with replicatedGraphCount {}",
-                    program_.globalReplicas, program_.localReplicas, program_.globalReplicas));
+                    program.globalReplicas, program.localReplicas, program.globalReplicas));
   }
   // Everything but this instance's own offset must be the same everywhere.
   // One check each, in this order, so that the first difference named is
@@ -175,7 +177,7 @@ void SessionRuntime::checkInstances(const SessionOptions& options) const {
   dist::checkInstancesAgree(*communicator, {{"tesseraVersion", dist::tesseraVersion()}}, "tessera versions");
   dist::checkInstancesAgree(*communicator, {{"sessionOptions", std::move(sessionOptions)}},
                             "session options");
-  dist::checkInstancesAgree(*communicator, {{"graph", graphFingerprint(program_.graph)}}, "session graphs");
+  dist::checkInstancesAgree(*communicator, {{"graph", graphFingerprint(program.graph)}}, "session graphs");
 }
 
 void SessionRuntime::setOutputMicroBatchLeading(size_t index, bool leading) {
@@ -188,9 +190,9 @@ SessionRuntime::Stream& SessionRuntime::stream(std::string_view name) {
 
 const SessionRuntime::Stream& SessionRuntime::stream(std::string_view name) const {
   for (const Stream& s : streams_)
-    if (program_.graph.tensor(s.tensor).name == name) return s;
+    if (program().graph.tensor(s.tensor).name == name) return s;
   std::vector<std::string> names;
-  for (const Stream& s : streams_) names.push_back(program_.graph.tensor(s.tensor).name);
+  for (const Stream& s : streams_) names.push_back(program().graph.tensor(s.tensor).name);
   throw GraphError(ErrorCode::UnknownStream, std::string(name),
                    fmt::format("no input stream of that name; the program's streams are {}", names));
 }
@@ -201,7 +203,7 @@ void SessionRuntime::run(std::span<const StepInput> inputs) {
   for (Stream& s : streams_) s.fed = false;
   for (const StepInput& input : inputs) {
     Stream& s = stream(input.name);
-    const TensorNode& node = program_.graph.tensor(s.tensor);
+    const TensorNode& node = program().graph.tensor(s.tensor);
     const auto expected = static_cast<size_t>(numElements(s.hostShape));
     const size_t received = input.ints.empty() ? input.floats.size() : input.ints.size();
     if (s.fed) {
@@ -218,7 +220,7 @@ void SessionRuntime::run(std::span<const StepInput> inputs) {
     // Host order is [micro-batch, replica, ...]; the device keeps each
     // replica's micro-batches together: [replica, micro-batch, ...].
     const int64_t af = accumulationFactor_;
-    const int64_t replicas = program_.localReplicas;
+    const int64_t replicas = program().localReplicas;
     const auto block = static_cast<size_t>(numElements(node.shape) / af);
     for (int64_t a = 0; a < af; ++a) {
       for (int64_t r = 0; r < replicas; ++r) {
@@ -238,7 +240,7 @@ void SessionRuntime::run(std::span<const StepInput> inputs) {
   feeds.reserve(streams_.size());
   for (const Stream& s : streams_) {
     if (!s.fed) {
-      throw GraphError(ErrorCode::HostShapeMismatch, program_.graph.tensor(s.tensor).name,
+      throw GraphError(ErrorCode::HostShapeMismatch, program().graph.tensor(s.tensor).name,
                        fmt::format("the stream was not given; expected host shape {} ({})", shapeStr(s.hostShape),
                                    s.derivation));
     }
@@ -249,9 +251,9 @@ void SessionRuntime::run(std::span<const StepInput> inputs) {
 }
 
 void SessionRuntime::readOutputs() {
-  const int64_t replicas = program_.localReplicas;
+  const int64_t replicas = program().localReplicas;
   for (Output& out : outputs_) {
-    const TensorNode& node = program_.graph.tensor(out.tensor);
+    const TensorNode& node = program().graph.tensor(out.tensor);
     const ReplicaGrouping layout = executable_->layout(out.tensor);
     executable_->read(out.tensor, out.groups);
     const int64_t elements = numElements(node.shape);
@@ -271,19 +273,19 @@ void SessionRuntime::readOutputs() {
 }
 
 TensorId SessionRuntime::variable(std::string_view name) const {
-  const auto id = program_.graph.tryFind(name);
-  if (!id || program_.graph.tensor(*id).producer == kNoOp ||
-      program_.graph.op(program_.graph.tensor(*id).producer).kind != OpKind::Variable) {
+  const auto id = program().graph.tryFind(name);
+  if (!id || program().graph.tensor(*id).producer == kNoOp ||
+      program().graph.op(program().graph.tensor(*id).producer).kind != OpKind::Variable) {
     throw GraphError(ErrorCode::UnknownTensor, std::string(name), "no variable of that name in the session's graph");
   }
   return *id;
 }
 
 Shape SessionRuntime::variableHostShape(const TensorNode& node, RetrievalMode mode) const {
-  const ReplicaGrouping grouping = groupingOf(node, program_.globalReplicas);
+  const ReplicaGrouping grouping = groupingOf(node, program().globalReplicas);
   Shape shape;
   if (mode == RetrievalMode::AllReplicas && grouping.groupSize() > 1) {
-    shape.push_back(program_.globalReplicas);
+    shape.push_back(program().globalReplicas);
   } else if (grouping.numGroups() > 1) {
     shape.push_back(grouping.numGroups());
   }
@@ -294,8 +296,8 @@ Shape SessionRuntime::variableHostShape(const TensorNode& node, RetrievalMode mo
 
 void SessionRuntime::replicaValue(const TensorNode& node, std::span<const float> host, int64_t localReplica,
                                   std::span<float> out) const {
-  const ReplicaGrouping grouping = groupingOf(node, program_.globalReplicas);
-  const int64_t global = program_.replicaOffset + localReplica;
+  const ReplicaGrouping grouping = groupingOf(node, program().globalReplicas);
+  const int64_t global = program().replicaOffset + localReplica;
   const int64_t group = grouping.numGroups() > 1 ? grouping.groupAt(global) : 0;
   const int64_t n = numElements(hostValueShape(node));
   const auto slice = host.subspan(static_cast<size_t>(group * n), static_cast<size_t>(n));
@@ -304,11 +306,11 @@ void SessionRuntime::replicaValue(const TensorNode& node, std::span<const float>
     return;
   }
   const ShardLayout layout(n, node.shardCount);
-  layout.hostToShard(slice, shardIndexAt(node, program_.globalReplicas, global), out);
+  layout.hostToShard(slice, shardIndexAt(node, program().globalReplicas, global), out);
 }
 
 void SessionRuntime::writeInitialValues() {
-  const Graph& g = program_.graph;
+  const Graph& g = program().graph;
   for (const OpNode& op : g.ops()) {
     if (op.kind != OpKind::Variable) continue;
     const TensorNode& node = g.tensor(op.outputs.front());
@@ -318,10 +320,10 @@ void SessionRuntime::writeInitialValues() {
 
 void SessionRuntime::writeVariable(std::string_view name, std::span<const float> hostData, const Shape& hostShape) {
   const TensorId t = variable(name);
-  const TensorNode& node = program_.graph.tensor(t);
+  const TensorNode& node = program().graph.tensor(t);
   const Shape expected = variableHostShape(node, RetrievalMode::OnePerGroup);
   if (hostShape != expected || hostData.size() != static_cast<size_t>(numElements(expected))) {
-    const ReplicaGrouping grouping = groupingOf(node, program_.globalReplicas);
+    const ReplicaGrouping grouping = groupingOf(node, program().globalReplicas);
     throw GraphError(ErrorCode::HostShapeMismatch, node.name,
                      fmt::format("expected host shape {} ({} group(s) of {} x {}{}); received {} with {} values",
                                  shapeStr(expected), grouping.numGroups(), grouping.str(),
@@ -330,8 +332,8 @@ void SessionRuntime::writeVariable(std::string_view name, std::span<const float>
   }
   const auto elements = static_cast<size_t>(numElements(node.shape));
   if (node.remoteBuffer >= 0) {
-    std::vector<float> replicas(static_cast<size_t>(program_.localReplicas) * elements);
-    for (int64_t r = 0; r < program_.localReplicas; ++r) {
+    std::vector<float> replicas(static_cast<size_t>(program().localReplicas) * elements);
+    for (int64_t r = 0; r < program().localReplicas; ++r) {
       replicaValue(node, hostData, r, std::span<float>(replicas).subspan(static_cast<size_t>(r) * elements, elements));
     }
     executable_->writeRemote(node.remoteBuffer, node.remoteEntry, replicas);
@@ -347,7 +349,7 @@ void SessionRuntime::writeVariable(std::string_view name, std::span<const float>
 }
 
 void SessionRuntime::writeScalar(TensorId variable, double value) {
-  const TensorNode& node = program_.graph.tensor(variable);
+  const TensorNode& node = program().graph.tensor(variable);
   if (node.remoteBuffer >= 0 || !node.metaShape.empty()) {
     // Placed off chip or sharded by its location: the general path.
     const Shape shape = variableHostShape(node, RetrievalMode::OnePerGroup);
@@ -356,16 +358,16 @@ void SessionRuntime::writeScalar(TensorId variable, double value) {
     return;
   }
   const ReplicaGrouping layout = executable_->layout(variable);
-  const auto elements = static_cast<size_t>(numElements(program_.graph.tensor(variable).shape));
+  const auto elements = static_cast<size_t>(numElements(program().graph.tensor(variable).shape));
   std::vector<float> groups(static_cast<size_t>(layout.numGroups()) * elements, static_cast<float>(value));
   executable_->write(variable, groups);
 }
 
 HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<RetrievalMode> mode) const {
   const TensorId t = variable(name);
-  const TensorNode& node = program_.graph.tensor(t);
+  const TensorNode& node = program().graph.tensor(t);
   const RetrievalMode retrieval = mode.value_or(node.retrievalMode);
-  const int64_t replicas = program_.localReplicas;
+  const int64_t replicas = program().localReplicas;
   const auto elements = static_cast<size_t>(numElements(node.shape));
 
   // Every local replica's value.
@@ -381,7 +383,7 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
                   values.data() + static_cast<size_t>(r) * elements);
     }
   }
-  const ReplicaGrouping grouping = groupingOf(node, program_.globalReplicas);
+  const ReplicaGrouping grouping = groupingOf(node, program().globalReplicas);
   const auto n = static_cast<size_t>(numElements(hostValueShape(node)));
   const int64_t shards = node.metaShape.empty() ? 1 : node.shardCount;
   // For every shard of a group (a single one when not sharded), the replica
@@ -393,7 +395,7 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
       for (int64_t m = 0; m < grouping.groupSize(); ++m) {
         const int64_t replica = grouping.replicaAt(group, m);
         if (localOnly && (replica < first || replica >= first + replicas)) continue;
-        const int64_t s = shards == 1 ? 0 : shardIndexAt(node, program_.globalReplicas, replica);
+        const int64_t s = shards == 1 ? 0 : shardIndexAt(node, program().globalReplicas, replica);
         if (chosen[static_cast<size_t>(s)] < 0) chosen[static_cast<size_t>(s)] = replica;
       }
     }
@@ -404,26 +406,26 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
   // replica's value: the decision is the same on all, as collectives need.
   std::vector<float> everyReplica;
   bool gather = false;
-  for (int64_t first = 0; first < program_.globalReplicas && replicas < program_.globalReplicas && !gather;
+  for (int64_t first = 0; first < program().globalReplicas && replicas < program().globalReplicas && !gather;
        first += replicas) {
     for (int64_t group = 0; group < grouping.numGroups() && !gather; ++group) {
       for (int64_t replica : holders(group, first)) gather = gather || replica < first || replica >= first + replicas;
     }
   }
   if (gather) {
-    everyReplica.resize(static_cast<size_t>(program_.globalReplicas) * elements);
+    everyReplica.resize(static_cast<size_t>(program().globalReplicas) * elements);
     device_->communicator()->allGather(values, everyReplica);
   }
   const auto valueOf = [&](int64_t globalReplica) {
     if (gather) return std::span<const float>(everyReplica).subspan(static_cast<size_t>(globalReplica) * elements, elements);
-    return std::span<const float>(values).subspan(static_cast<size_t>(globalReplica - program_.replicaOffset) * elements,
+    return std::span<const float>(values).subspan(static_cast<size_t>(globalReplica - program().replicaOffset) * elements,
                                                   elements);
   };
 
   // The full value of group `group`, reassembled from its members' shards
   // when sharded.
   const auto groupValue = [&](int64_t group, std::span<float> out) {
-    const std::vector<int64_t> from = holders(group, program_.replicaOffset);
+    const std::vector<int64_t> from = holders(group, program().replicaOffset);
     if (node.metaShape.empty()) {
       const auto v = valueOf(from.front());
       std::copy(v.begin(), v.end(), out.begin());
@@ -444,7 +446,7 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
   host.data.resize(static_cast<size_t>(numElements(host.shape)));
   std::span<float> out(host.data);
   if (retrieval == RetrievalMode::AllReplicas && grouping.groupSize() > 1) {
-    for (int64_t r = 0; r < program_.globalReplicas; ++r) {
+    for (int64_t r = 0; r < program().globalReplicas; ++r) {
       groupValue(grouping.groupAt(r), out.subspan(static_cast<size_t>(r) * n, n));
     }
   } else {
@@ -457,7 +459,7 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
 
 std::vector<std::pair<std::string, HostTensor>> SessionRuntime::readVariables(TensorCategory category) const {
   std::vector<std::pair<std::string, HostTensor>> out;
-  const Graph& g = program_.graph;
+  const Graph& g = program().graph;
   for (const OpNode& op : g.ops()) {
     if (op.kind != OpKind::Variable) continue;
     const TensorNode& node = g.tensor(op.outputs.front());

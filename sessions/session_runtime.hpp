@@ -26,8 +26,8 @@ class SessionRuntime {
   SessionRuntime(Graph graph, const SessionOptions& options, std::unique_ptr<Device> device,
                  int64_t accumulationFactor, const std::vector<TensorId>& outputs);
 
-  const Graph& graph() const noexcept { return program_.graph; }
-  int64_t localReplicas() const noexcept { return program_.localReplicas; }
+  const Graph& graph() const noexcept { return program().graph; }
+  int64_t localReplicas() const noexcept { return program().localReplicas; }
   int64_t accumulationFactor() const noexcept { return accumulationFactor_; }
 
   Shape inputHostShape(std::string_view name) const;
@@ -69,7 +69,9 @@ class SessionRuntime {
 
   // A run of several instances: checks that the device can reach them and
   // that they all run the same options, graph and tessera version.
-  void checkInstances(const SessionOptions& options) const;
+  void checkInstances(const Program& program, const SessionOptions& options) const;
+  // The program as the device loaded it (the session keeps no copy).
+  const Program& program() const noexcept { return executable_->program(); }
   Shape variableHostShape(const TensorNode& node, RetrievalMode mode) const;
   // The value variable `node` holds on local replica r, given host data in
   // one-per-group host shape.
@@ -80,7 +82,6 @@ class SessionRuntime {
   Stream& stream(std::string_view name);
   const Stream& stream(std::string_view name) const;
 
-  Program program_;
   std::unique_ptr<Device> device_;
   std::unique_ptr<Executable> executable_;
   int64_t accumulationFactor_ = 1;

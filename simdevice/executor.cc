@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -180,6 +183,7 @@ SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionM
     if (isInplace(op.kind)) writes_[at(graph.storageOf(op.inputs[0]))].push_back(position_[at(id)]);
   }
   planFusions();
+  planRemoteAliases();
   planBuffers();
   initialiseValues();
   planSteps();
@@ -209,6 +213,15 @@ void SimExecutable::checkProgram() const {
   if (p.numIOTiles < 0) {
     throw DeviceError(ErrorCode::InvalidProgram, "Program.numIOTiles",
                       fmt::format("numIOTiles is {}; it must be >= 0", p.numIOTiles));
+  }
+  if (p.hostReads) {
+    const auto tensors = static_cast<int64_t>(p.graph.tensors().size());
+    for (TensorId t : *p.hostReads) {
+      if (t < 0 || t >= tensors) {
+        throw DeviceError(ErrorCode::InvalidProgram, "Program.hostReads",
+                          fmt::format("tensor id {} is not in the graph; ids are 0..{}", t, tensors - 1));
+      }
+    }
   }
   // The other replicas live on other instances: instance i simulates
   // replicas i * localReplicas onwards and is the communicator's rank i.
@@ -248,7 +261,8 @@ void SimExecutable::planFusions() {
 
   for (OpId id : schedule_) {
     const OpNode& ar = graph.op(id);
-    if (ar.kind != OpKind::ReplicatedAllReduce) continue;
+    const bool scatters = ar.kind == OpKind::ReplicatedReduceScatter;
+    if (ar.kind != OpKind::ReplicatedAllReduce && !scatters) continue;
     const TensorId product = ar.inputs[0];
     const OpId mm = graph.tensor(product).producer;
     const OpNode& matmul = graph.op(mm);
@@ -264,7 +278,10 @@ void SimExecutable::planFusions() {
     // Groups of consecutive replicas: group c is replicas c*g .. c*g+g-1.
     const ReplicaGrouping grouping =
         ar.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
-    if (out.numGroups() != replicas || !consecutiveGroupsLayout(topology_, grouping, reduced)) continue;
+    if (out.numGroups() != replicas) continue;
+    if (scatters ? !scatteredInPlace(grouping, reduced, numElements(graph.tensor(product).shape))
+                 : !consecutiveGroupsLayout(topology_, grouping, reduced))
+      continue;
     const int64_t reducedAt = position_[at(id)];
     if (!unchanged(x, position_[at(tr)], reducedAt) || !unchanged(dy, position_[at(mm)], reducedAt)) continue;
     fusedInto_[at(mm)] = id;
@@ -291,6 +308,20 @@ void SimExecutable::planFusions() {
     if (ar != kNoOp) ++stats_.fusedGemmAllReduces;
 }
 
+bool SimExecutable::scatteredInPlace(const ReplicaGrouping& grouping, const ReplicaGrouping& scattered,
+                                     int64_t elements) const {
+  const int64_t g = grouping.groupSize();
+  if (crossesInstances(topology_, grouping) || ShardLayout(elements, g).padding() != 0) return false;
+  for (int64_t r = 0; r < topology_.localReplicas; ++r) {
+    const int64_t global = r + topology_.replicaOffset;
+    const std::vector<int64_t> members = grouping.replicasAt(grouping.groupAt(global));
+    for (int64_t i = 0; i < g; ++i)
+      if (members[at(i)] != global / g * g + i) return false;
+    if (scattered.numGroups() != topology_.localReplicas || scattered.groupAt(r) != r) return false;
+  }
+  return true;
+}
+
 void SimExecutable::planBuffers() {
   const Graph& graph = program_.graph;
   offset_.assign(graph.tensors().size(), -1);
@@ -300,18 +331,98 @@ void SimExecutable::planBuffers() {
     if (graph.storageOf(static_cast<TensorId>(t)) != static_cast<TensorId>(t)) continue;
     const OpId producer = node.producer;
     if (foldedTranspose_[at(producer)] || fusedInto_[at(producer)] != kNoOp) continue;
+    if (aliasOf_[t].first >= 0) continue;
     offset_[t] = total;
     total += alignUp(layouts_[t].numGroups() * numElements(node.shape));
   }
-  arena_.assign(at(total), 0.0f);
   stats_.arenaFloats = total;
-
-  int64_t remoteTotal = 0;
+  // Remote buffers follow in the same array, so that a loaded value can
+  // live in its entry (planRemoteAliases).
   for (const RemoteBufferInfo& info : graph.remoteBuffers()) {
-    remoteBase_.push_back(remoteTotal);
-    remoteTotal += alignUp(info.entries * program_.localReplicas * numElements(info.shape));
+    remoteBase_.push_back(total);
+    total += alignUp(info.entries * program_.localReplicas * numElements(info.shape));
   }
-  remote_.assign(at(remoteTotal), 0.0f);
+  arena_.assign(at(total), 0.0f);
+  for (std::size_t t = 0; t < graph.tensors().size(); ++t) {
+    const auto [buffer, entry] = aliasOf_[t];
+    if (buffer < 0) continue;
+    offset_[t] = remoteBase_[at(buffer)] + entry * program_.localReplicas * numElements(graph.tensor(static_cast<TensorId>(t)).shape);
+  }
+}
+
+void SimExecutable::planRemoteAliases() {
+  const Graph& graph = program_.graph;
+  aliasOf_.assign(graph.tensors().size(), {-1, -1});
+  elided_.assign(graph.ops().size(), 0);
+  if (mode_ != ExecutionMode::Vectorized || !program_.hostReads) return;
+  std::vector<char> hostRead(graph.tensors().size(), 0);
+  for (TensorId t : *program_.hostReads) hostRead[at(graph.storageOf(t))] = 1;
+  // Where each storage is last read or written; a fused or folded reader
+  // reads where the step that computes it runs.
+  std::vector<int64_t> lastAccess(graph.tensors().size(), -1);
+  const std::function<int64_t(OpId)> readAt = [&](OpId reader) -> int64_t {
+    if (fusedInto_[at(reader)] != kNoOp) return position_[at(fusedInto_[at(reader)])];
+    if (!foldedTranspose_[at(reader)]) return position_[at(reader)];
+    int64_t last = position_[at(reader)];
+    for (OpId c : graph.tensor(graph.op(reader).outputs[0]).consumers) last = std::max(last, readAt(c));
+    return last;
+  };
+  for (OpId id : schedule_) {
+    const OpNode& op = graph.op(id);
+    for (TensorId in : op.inputs) {
+      int64_t& last = lastAccess[at(graph.storageOf(in))];
+      last = std::max(last, readAt(id));
+    }
+    for (TensorId out : op.outputs) {
+      int64_t& last = lastAccess[at(graph.storageOf(out))];
+      last = std::max(last, position_[at(id)]);
+    }
+  }
+  // Transfers of each entry, in schedule order.
+  std::map<std::pair<int64_t, int64_t>, std::vector<OpId>> transfers;
+  for (OpId id : schedule_) {
+    const OpNode& op = graph.op(id);
+    if (op.kind == OpKind::RemoteLoad || op.kind == OpKind::RemoteStore)
+      transfers[{op.attributes.remoteBuffer, op.attributes.entry}].push_back(id);
+  }
+  const int64_t replicas = program_.localReplicas;
+  for (const auto& [entry, ops] : transfers) {
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const OpNode& load = graph.op(ops[i]);
+      if (load.kind != OpKind::RemoteLoad) continue;
+      const TensorId t = load.outputs[0];
+      const ReplicaGrouping& layout = layouts_[at(t)];
+      // The entry stores one value per local replica, in replica order.
+      bool inOrder = layout.numGroups() == replicas && graph.storageOf(t) == t && !hostRead[at(t)];
+      for (int64_t r = 0; r < replicas && inOrder; ++r) inOrder = layout.groupAt(r) == r;
+      if (!inOrder) continue;
+      const OpId next = i + 1 < ops.size() ? ops[i + 1] : kNoOp;
+      const int64_t nextAt = next == kNoOp ? std::numeric_limits<int64_t>::max() : position_[at(next)];
+      if (writes_[at(t)].empty()) {
+        // Read only: the entry keeps the value while the tensor is live.
+        bool storedMeanwhile = false;
+        for (std::size_t j = i + 1; j < ops.size() && position_[at(ops[j])] <= lastAccess[at(t)]; ++j)
+          storedMeanwhile = storedMeanwhile || graph.op(ops[j]).kind == OpKind::RemoteStore;
+        if (storedMeanwhile) continue;
+        elided_[at(ops[i])] = 1;
+      } else {
+        // Updated in place, then stored back as the entry's next transfer,
+        // and only read after that while no other value is stored into the
+        // entry: the entry is the tensor's memory.
+        if (next == kNoOp || graph.op(next).kind != OpKind::RemoteStore ||
+            graph.storageOf(graph.op(next).inputs[0]) != t || writes_[at(t)].back() > nextAt)
+          continue;
+        bool storedMeanwhile = false;
+        for (std::size_t j = i + 2; j < ops.size() && position_[at(ops[j])] <= lastAccess[at(t)]; ++j)
+          storedMeanwhile = storedMeanwhile || graph.op(ops[j]).kind == OpKind::RemoteStore;
+        if (storedMeanwhile) continue;
+        elided_[at(ops[i])] = 1;
+        elided_[at(next)] = 1;
+      }
+      aliasOf_[at(t)] = entry;
+      ++stats_.remoteAliases;
+    }
+  }
 }
 
 void SimExecutable::initialiseValues() {
@@ -366,7 +477,7 @@ float* SimExecutable::remoteEntry(int64_t buffer, int64_t entry, std::string_vie
                                   buffer, info.entries - 1));
   }
   const int64_t perEntry = program_.localReplicas * numElements(info.shape);
-  return const_cast<float*>(remote_.data()) + remoteBase_[at(buffer)] + entry * perEntry;
+  return const_cast<float*>(arena_.data()) + remoteBase_[at(buffer)] + entry * perEntry;
 }
 
 void SimExecutable::planSteps() {
@@ -406,6 +517,8 @@ void SimExecutable::fuseChains() {
   std::vector<Step> chain;
   std::vector<std::vector<Access>> accesses;  // of each step of `chain`
   int64_t chainElements = 0;
+  const std::vector<char> scratchable = scratchableValues();
+  int32_t slots = 0;  // most scratch slots any chain needs
   auto flush = [&] {
     if (chain.size() == 1) fused.push_back(std::move(chain.front()));
     if (chain.size() > 1) {
@@ -418,6 +531,7 @@ void SimExecutable::fuseChains() {
       stats_.chainedSteps += static_cast<int64_t>(chain.size());
       ++stats_.fusedChains;
       step.chain = std::move(chain);
+      slots = std::max(slots, planChainScratch(step, scratchable));
       fused.push_back(std::move(step));
     }
     chain.clear();
@@ -439,12 +553,94 @@ void SimExecutable::fuseChains() {
       flush();
     }
     step.tile = tileKernel(step.kind);
+    const StridedLoop& loop = step.runs.front().loop;
+    for (std::size_t i = 0; i < step.tileStride.size(); ++i) step.tileStride[i] = loop.rank == 0 ? 0 : loop.stride[i + 1][0];
     chainElements = n;
     chain.push_back(std::move(step));
     accesses.push_back(std::move(own));
   }
   flush();
   steps_ = std::move(fused);
+  chainScratch_.assign(at(int64_t{slots} * kChainSlice), 0.0f);
+  for (Step& step : steps_)
+    if (step.kernel == chainKernel()) step.chainScratch = chainScratch_.data();
+}
+
+std::vector<char> SimExecutable::scratchableValues() const {
+  const Graph& graph = program_.graph;
+  if (!program_.hostReads || mode_ != ExecutionMode::Vectorized) return {};
+  std::vector<char> scratchable(graph.tensors().size(), 1);
+  for (TensorId t : *program_.hostReads) scratchable[at(t)] = 0;
+  for (std::size_t t = 0; t < graph.tensors().size(); ++t) {
+    const TensorId storage = graph.storageOf(static_cast<TensorId>(t));
+    if (storage == static_cast<TensorId>(t)) continue;
+    // Shared storage (in-place outputs, variables updated in place) is
+    // written by more than one op.
+    scratchable[t] = 0;
+    scratchable[at(storage)] = 0;
+  }
+  return scratchable;
+}
+
+int32_t SimExecutable::planChainScratch(Step& fusedStep, const std::vector<char>& scratchable) {
+  if (scratchable.empty()) return 0;
+  const Graph& graph = program_.graph;
+  std::vector<Step>& parts = fusedStep.chain;
+  // The part whose output goes to scratch, by the arena address it would
+  // have: the last part that reads it there.
+  std::vector<std::pair<const float*, std::size_t>> kept;  // (address, part)
+  std::vector<int64_t> lastReader(parts.size(), -1);
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    const OpNode& op = graph.op(parts[p].op);
+    if (op.outputs.size() != 1 || !scratchable[at(op.outputs.front())]) continue;
+    const TensorId t = op.outputs.front();
+    const float* address = parts[p].out + parts[p].runs.front().out;
+    if (offset_[at(t)] < 0 || address != arena_.data() + offset_[at(t)]) continue;
+    const std::vector<OpId>& readers = graph.tensor(t).consumers;
+    bool inside = !readers.empty();
+    int64_t last = -1;
+    for (OpId reader : readers) {
+      std::size_t q = p + 1;
+      while (q < parts.size() && parts[q].op != reader) ++q;
+      inside = inside && q < parts.size();
+      last = std::max(last, static_cast<int64_t>(q));
+    }
+    if (!inside) continue;
+    lastReader[p] = last;
+    kept.emplace_back(address, p);
+  }
+  if (kept.empty()) return 0;
+  // Slots are reused once the last reader of their value has run.
+  std::vector<int32_t> slotOf(parts.size(), -1);
+  std::vector<int32_t> free;
+  int32_t slots = 0;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    Step& part = parts[p];
+    const Run& run = part.runs.front();
+    std::vector<int32_t> released;
+    for (std::size_t i = 0; i < part.inSlot.size(); ++i) {
+      if (part.in[i] == nullptr) continue;
+      const float* address = part.in[i] + run.in[i];
+      for (const auto& [keptAddress, producer] : kept) {
+        if (producer >= p || keptAddress != address) continue;
+        part.inSlot[i] = slotOf[producer];
+        if (lastReader[producer] == static_cast<int64_t>(p)) released.push_back(slotOf[producer]);
+      }
+    }
+    if (lastReader[p] >= 0) {
+      if (free.empty()) free.push_back(slots++);
+      slotOf[p] = free.back();
+      free.pop_back();
+      part.outSlot = slotOf[p];
+      const TensorId t = graph.op(part.op).outputs.front();
+      offset_[at(t)] = -1;  // never stored: host reads are refused by name
+      ++stats_.scratchValues;
+    }
+    std::sort(released.begin(), released.end());
+    released.erase(std::unique(released.begin(), released.end()), released.end());
+    free.insert(free.end(), released.begin(), released.end());
+  }
+  return slots;
 }
 
 const float* SimExecutable::exchanged(TensorId tensor, const OpNode& op) {
@@ -547,7 +743,7 @@ void SimExecutable::planStep(OpId id) {
   const Graph& graph = program_.graph;
   const OpNode& op = graph.op(id);
   if (op.kind == OpKind::Variable || op.kind == OpKind::Constant) return;
-  if (foldedTranspose_[at(id)] || fusedInto_[at(id)] != kNoOp) return;
+  if (foldedTranspose_[at(id)] || fusedInto_[at(id)] != kNoOp || elided_[at(id)]) return;
   const int64_t maxCount = mode_ == ExecutionMode::PerReplicaReference ? 1 : program_.localReplicas;
 
   Step step;
@@ -790,6 +986,35 @@ void SimExecutable::planStep(OpId id) {
       [[fallthrough]];
     }
     case OpKind::ReplicatedReduceScatter:
+      if (op.inputs.size() == 1 && graph.tensor(op.inputs[0]).producer != kNoOp &&
+          fusedInto_[at(graph.tensor(op.inputs[0]).producer)] == id) {
+        // sum_r x_r^T dy_r over each group of consecutive replicas, as one
+        // GEMM per group whose product fills the group's shards in order.
+        const OpNode& matmul = graph.op(graph.tensor(op.inputs[0]).producer);
+        const TensorId x = graph.op(graph.tensor(matmul.inputs[0]).producer).inputs[0];
+        const TensorId dy = matmul.inputs[1];
+        const ReplicaGrouping grouping =
+            op.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
+        const int64_t g = grouping.groupSize();
+        step.transA = true;
+        step.rows = shape(x)[1];
+        step.cols = shape(dy)[1];
+        step.depth = g * shape(x)[0];
+        step.in[0] = buffer(x);
+        step.in[1] = buffer(dy);
+        step.inElements = {elements(x), elements(dy), 0};
+        if (op.attributes.reduction == ReductionType::Mean) step.scale = 1.0f / static_cast<float>(g);
+        for (int64_t first = 0; first < program_.localReplicas; first += g) {
+          Run run;
+          run.out = first * step.outElements;
+          run.in = {first * elements(x), first * elements(dy), 0};
+          run.advance.fill(true);
+          step.runs.push_back(run);
+        }
+        step.kernel = matmulKernel();
+        break;
+      }
+      [[fallthrough]];
     case OpKind::ReplicatedAllGather:
     case OpKind::ReplicaShardedSlice:
     case OpKind::ReplicaShardedPad: {

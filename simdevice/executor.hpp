@@ -10,7 +10,10 @@
 //  - MatMul(Transpose(x), dy) whose only reader is an AllReduce (Sum or
 //    Mean) over groups of consecutive replicas, with x and dy per replica,
 //    becomes one GEMM per group over the concatenated batch
-//    (sum_r x_r^T dy_r = X^T DY) that writes the reduced value directly.
+//    (sum_r x_r^T dy_r = X^T DY) that writes the reduced value directly;
+//    likewise a ReduceScatter whose shards have no padding (the gradient of
+//    a replica-sharded weight): the group's shards, one after the other, are
+//    the reduced value.
 // Consecutive elementwise steps over the same flat range of elements are then
 // fused into one chain that runs slice by slice (kernels.hpp), so a chain
 // such as an optimizer update streams each buffer once instead of once per
@@ -41,11 +44,13 @@ struct PlanStats {
   int64_t steps = 0;
   int64_t kernelRuns = 0;           // kernel calls per run() over all steps (runs of groups)
   int64_t foldedTransposes = 0;     // Transposes read in place by GEMMs
-  int64_t fusedGemmAllReduces = 0;  // gradient GEMMs fused with their all-reduce
+  int64_t fusedGemmAllReduces = 0;  // gradient GEMMs fused with their all-reduce or reduce-scatter
   int64_t arenaFloats = 0;          // host floats of every planned buffer
   int64_t fusedChains = 0;          // chains of elementwise steps run as one pass
   int64_t chainedSteps = 0;         // steps inside those chains
+  int64_t scratchValues = 0;        // chain intermediates kept in scratch, never stored
   int64_t exchanges = 0;            // messages to the other instances per run() (several collectives each)
+  int64_t remoteAliases = 0;        // loaded values kept in their remote entry (no copy)
 };
 
 class SimExecutable final : public Executable {
@@ -61,6 +66,7 @@ class SimExecutable final : public Executable {
   void writeRemote(int64_t buffer, int64_t entry, std::span<const float> replicas) override;
   void readRemote(int64_t buffer, int64_t entry, std::span<float> replicas) const override;
   void run(std::span<const Feed> inputs) override;
+  const Program& program() const override { return program_; }
   const MemoryReport& memory() const override { return memory_; }
   const TimeReport& modelledTime() const override { return time_; }
 
@@ -70,11 +76,29 @@ class SimExecutable final : public Executable {
  private:
   void checkProgram() const;
   void planFusions();
+  // True when a reduce-scatter over `grouping` into the layout `scattered`
+  // can be written by one GEMM per group: groups of consecutive replicas on
+  // this instance, one value per replica in replica order, and shards of
+  // `elements` without padding, so that the group's shards in order are the
+  // whole reduced value.
+  bool scatteredInPlace(const ReplicaGrouping& grouping, const ReplicaGrouping& scattered, int64_t elements) const;
+  // A RemoteLoad whose value is laid out like its entry (one value per
+  // replica, in order) can live in the entry itself: when the value is only
+  // read while the entry is not stored to, or when it is updated in place
+  // and then stored back as the entry's next transfer. The load (and the
+  // store) then move nothing.
+  void planRemoteAliases();
   void planBuffers();
   void initialiseValues();
   void planSteps();
   void planStep(OpId id);
   void fuseChains();
+  // Per tensor: may its value live in a chain's scratch (see
+  // Program::hostReads)? Empty when nothing may.
+  std::vector<char> scratchableValues() const;
+  // Moves the values of a fused chain that only its later steps read into
+  // scratch slots; returns the slots the chain needs.
+  int32_t planChainScratch(Step& fusedStep, const std::vector<char>& scratchable);
   // Adds the step that gathers every replica's value of `tensor` from all
   // instances before `op`; returns where the values will be.
   const float* exchanged(TensorId tensor, const OpNode& op);
@@ -99,11 +123,13 @@ class SimExecutable final : public Executable {
   std::vector<int64_t> offset_;               // per storage tensor; -1 when not materialised
   std::vector<char> foldedTranspose_;         // per op
   std::vector<OpId> fusedInto_;               // per MatMul op: the AllReduce computing it, else kNoOp
+  std::vector<std::pair<int64_t, int64_t>> aliasOf_;  // per storage: the remote (buffer, entry) it lives in
+  std::vector<char> elided_;                           // per op: a transfer the aliases make unnecessary
   std::vector<std::vector<int64_t>> writes_;  // per storage: schedule positions of in-place writes
   std::vector<float> arena_;
-  std::vector<float> remote_;
   std::vector<int64_t> remoteBase_;  // per remote buffer
   std::vector<float> gemmScratch_;
+  std::vector<float> chainScratch_;  // slots of chain intermediates (kChainSlice floats each)
   GemmScratch scratch_;
   std::vector<Step> steps_;
   std::vector<std::unique_ptr<Exchange>> exchanges_;  // of cross-instance collectives

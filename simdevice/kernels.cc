@@ -392,48 +392,52 @@ void matmul(const Step& s) {
 
 void feedKernel(const Step& s) { std::copy(s.feed->begin(), s.feed->end(), s.out); }
 
-// Flat steps (TileKernel): elements [begin, end) of the single run; an input
+// Flat steps (TileKernel): n elements from the slice's operands; an input
 // of stride 0 is a scalar read at every element.
 template <class F>
-void flatTile(const Step& s, int64_t begin, int64_t end, F&& f) {
-  const Run& run = s.runs.front();
-  const int64_t s1 = run.loop.rank == 0 ? 0 : run.loop.stride[1][0];
-  const int64_t s2 = run.loop.rank == 0 ? 0 : run.loop.stride[2][0];
-  inner(end - begin, 1, s1, s2, begin, begin * s1, begin * s2, f);
+void flatTile(const Step& s, int64_t n, F&& f) {
+  inner(n, 1, s.tileStride[0], s.tileStride[1], 0, 0, 0, f);
 }
 
 template <class F>
-void unaryTile(const Step& s, int64_t begin, int64_t end) {
-  float* o = outOf(s, s.runs.front());
-  const float* x = inOf(s, s.runs.front(), 0);
-  flatTile(s, begin, end, [&](int64_t io, int64_t ix, int64_t) { o[io] = F{}(x[ix]); });
+void unaryTile(const Step& s, const TileOperands& t, int64_t n) {
+  float* o = t.out;
+  const float* x = t.in[0];
+  flatTile(s, n, [&](int64_t io, int64_t ix, int64_t) { o[io] = F{}(x[ix]); });
 }
 
 template <class F>
-void binaryTile(const Step& s, int64_t begin, int64_t end) {
-  float* o = outOf(s, s.runs.front());
-  const float* x = inOf(s, s.runs.front(), 0);
-  const float* y = inOf(s, s.runs.front(), 1);
-  flatTile(s, begin, end, [&](int64_t io, int64_t ix, int64_t iy) { o[io] = F{}(x[ix], y[iy]); });
+void binaryTile(const Step& s, const TileOperands& t, int64_t n) {
+  float* o = t.out;
+  const float* x = t.in[0];
+  const float* y = t.in[1];
+  flatTile(s, n, [&](int64_t io, int64_t ix, int64_t iy) { o[io] = F{}(x[ix], y[iy]); });
 }
 
-void scaledAddTile(const Step& s, int64_t begin, int64_t end) {
+void scaledAddTile(const Step& s, const TileOperands& t, int64_t n) {
   const double a = s.a;
   const double b = s.b;
-  float* o = outOf(s, s.runs.front());
-  const float* x = inOf(s, s.runs.front(), 0);
-  const float* y = inOf(s, s.runs.front(), 1);
-  flatTile(s, begin, end,
-           [&](int64_t io, int64_t ix, int64_t iy) { o[io] = static_cast<float>(a * x[ix] + b * y[iy]); });
+  float* o = t.out;
+  const float* x = t.in[0];
+  const float* y = t.in[1];
+  flatTile(s, n, [&](int64_t io, int64_t ix, int64_t iy) { o[io] = static_cast<float>(a * x[ix] + b * y[iy]); });
 }
 
-// Small enough that a slice of every operand of a typical chain fits in L1.
-constexpr int64_t kChainSlice = 512;
-
 void runChain(const Step& s) {
+  float* const scratch = s.chainScratch;
   for (int64_t begin = 0; begin < s.chainElements; begin += kChainSlice) {
-    const int64_t end = std::min(begin + kChainSlice, s.chainElements);
-    for (const Step& part : s.chain) part.tile(part, begin, end);
+    const int64_t n = std::min(kChainSlice, s.chainElements - begin);
+    for (const Step& part : s.chain) {
+      const Run& run = part.runs.front();
+      TileOperands t;
+      t.out = part.outSlot >= 0 ? scratch + part.outSlot * kChainSlice : part.out + run.out + begin;
+      for (std::size_t i = 0; i < t.in.size(); ++i) {
+        if (part.in[i] == nullptr) continue;
+        t.in[i] = part.inSlot[i] >= 0 ? scratch + part.inSlot[i] * kChainSlice
+                                      : part.in[i] + run.in[i] + begin * part.tileStride[i];
+      }
+      part.tile(part, t, n);
+    }
   }
 }
 

@@ -58,10 +58,21 @@ struct Run {
 
 struct Step;
 using Kernel = void (*)(const Step&);
-// Runs elements [begin, end) of a flat elementwise step (see flatElements in
-// the executor): one run whose loop is a single dimension, output stride 1
-// and input strides 1 or 0 (a scalar).
-using TileKernel = void (*)(const Step&, int64_t begin, int64_t end);
+
+// Where one slice of a flat elementwise step (see flatElements in the
+// executor) reads and writes: the output and each input at the slice's
+// first element (a scalar input: its one element).
+struct TileOperands {
+  float* out = nullptr;
+  std::array<const float*, kMaxOperands - 1> in{};
+};
+// Runs `n` elements of a flat elementwise step: output stride 1, input
+// strides Step::tileStride (1, or 0 for a scalar).
+using TileKernel = void (*)(const Step&, const TileOperands&, int64_t n);
+
+// Elements per slice of a chain: small enough that a slice of every operand
+// of a typical chain stays in L1.
+inline constexpr int64_t kChainSlice = 512;
 
 // Scratch shared by every GEMM of a plan (Eigen's packing buffers).
 struct GemmScratch {
@@ -124,6 +135,14 @@ struct Step {
   // streaming its whole buffers from memory.
   std::vector<Step> chain;
   int64_t chainElements = 0;
+  // A value that only later steps of its chain read never goes to the
+  // arena: each slice of it lives in a slot of `chainScratch` (kChainSlice
+  // floats per slot). A step of a chain: the slot of its output and of each
+  // input, or -1 for arena memory; the stride of each input (tileStride).
+  float* chainScratch = nullptr;
+  int32_t outSlot = -1;
+  std::array<int32_t, kMaxOperands - 1> inSlot{-1, -1};
+  std::array<int64_t, kMaxOperands - 1> tileStride{};
 };
 
 // The kernel of a dense (non-collective, non-transfer) op kind.

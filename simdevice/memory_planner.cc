@@ -171,6 +171,7 @@ std::vector<Held> heldTensors(const Graph& graph, std::span<const OpId> schedule
   }
 
   std::vector<Held> held;
+  held.reserve(tensorCount);
   for (OpId id : schedule) {
     const OpNode& op = graph.op(id);
     for (TensorId out : op.outputs) {
@@ -345,7 +346,7 @@ MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, 
   report.streamingCapacity = spec.streamingMemoryBytes;
 
   const auto steps = static_cast<int64_t>(schedule.size());
-  const std::vector<Held> held = heldTensors(graph, schedule, traceShards(graph, schedule));
+  std::vector<Held> held = heldTensors(graph, schedule, traceShards(graph, schedule));
 
   // Liveness does not depend on the replica: plan one, copy it to each.
   ReplicaMemory common;
@@ -388,7 +389,8 @@ MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, 
     report.paddingBytes += m.paddingBytes;
     report.perReplica.push_back(std::move(m));
   }
-  for (const Held& h : held) report.tensors.push_back(h.memory);
+  report.tensors.reserve(held.size());
+  for (Held& h : held) report.tensors.push_back(std::move(h.memory));
   return report;
 }
 

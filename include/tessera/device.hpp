@@ -50,6 +50,12 @@ struct Program {
   int64_t globalReplicas = 1;  // replicas of the whole run (>= localReplicas)
   int64_t replicaOffset = 0;   // global index of local replica 0
   int64_t numIOTiles = 0;      // tiles per processor set aside for IO
+  // The tensors the host reads after a run besides variables, when the
+  // caller knows them (sessions do). The device may then keep an
+  // intermediate value that only the steps fused with its producer read in
+  // scratch and never store it; reading such a tensor is a DeviceError.
+  // Without the list every tensor stays readable.
+  std::optional<std::vector<TensorId>> hostReads = std::nullopt;
 };
 
 // Where bytes live on one replica.
@@ -185,6 +191,8 @@ class Executable {
   };
   virtual void run(std::span<const Feed> inputs) = 0;
 
+  // The program as loaded.
+  virtual const Program& program() const = 0;
   virtual const MemoryReport& memory() const = 0;
   // The modelled time of one run (see time_model.hpp).
   virtual const TimeReport& modelledTime() const = 0;

@@ -461,6 +461,96 @@ std::vector<float> readShared(const Executable& e, const Tensor& t) {
 
 }  // namespace
 
+TEST_CASE("the gradient GEMM and its reduce-scatter are fused when the group's shards are the whole value") {
+  struct Row {
+    int64_t replicas;
+    std::optional<ReplicaGrouping> grouping;
+    ReductionType reduction;
+    int64_t columns;  // of dy: the product has 5 x columns elements
+    int64_t fused;    // expected fused GEMMs in the vectorized plan
+  };
+  const std::vector<Row> table = {
+      {4, std::nullopt, ReductionType::Sum, 4, 1},
+      {4, std::nullopt, ReductionType::Mean, 4, 1},
+      {4, ReplicaGrouping(4, 1, 2), ReductionType::Sum, 4, 1},
+      {8, ReplicaGrouping(8, 1, 4), ReductionType::Mean, 4, 1},
+      // 15 elements over 4 shards: the shards carry padding.
+      {4, std::nullopt, ReductionType::Sum, 3, 0},
+      // Members two apart are not consecutive rows of the stacked batch.
+      {4, ReplicaGrouping(4, 2, 2), ReductionType::Sum, 4, 0},
+  };
+  for (const Row& row : table) {
+    INFO("R = " << row.replicas << ", " << (row.grouping ? row.grouping->str() : "all") << ", "
+                << toString(row.reduction) << ", 5 x " << row.columns);
+    Graph g(row.replicas);
+    const Tensor x = ops::input(g, "x", {6, 5});
+    const Tensor dy = ops::input(g, "dy", {6, row.columns});
+    const Tensor product = ops::matmul(ops::transpose(x), dy);
+    const Tensor shard = ops::replicatedReduceScatter(product, row.reduction, row.grouping);
+    const auto feeds = test::makeFeeds(g, 1, 5);
+    ReferenceEvaluator oracle(g);
+    test::feedOracle(oracle, g, feeds);
+    oracle.run();
+    for (ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {
+      test::DeviceRun device = test::loadOnDevice(g, mode);
+      CHECK(device.sim->stats().fusedGemmAllReduces == (mode == ExecutionMode::Vectorized ? row.fused : 0));
+      test::runDevice(*device.executable, feeds);
+      for (int64_t r = 0; r < row.replicas; ++r) {
+        const std::vector<float> got = test::deviceValue(*device.executable, g, shard.id(), r);
+        const std::vector<double>& want = oracle.value(shard.id(), r);
+        REQUIRE(got.size() == want.size());
+        for (std::size_t k = 0; k < got.size(); ++k) CHECK(test::close(got[k], want[k], 1e-5));
+      }
+    }
+  }
+}
+
+TEST_CASE("a value loaded from streaming memory lives in its entry when nothing else needs the entry") {
+  // Replica-sharded momentum in a remote buffer: loaded, updated in place,
+  // stored back; and a second buffer only read.
+  const int64_t replicas = 4;
+  Graph g(replicas);
+  const RemoteBuffer momentumBuffer = ops::remoteBuffer(g, {8});
+  const RemoteBuffer readBuffer = ops::remoteBuffer(g, {8});
+  const Tensor grad = ops::input(g, "grad", {8});
+  const Tensor v = ops::remoteLoad(g, momentumBuffer, 0);
+  const Tensor next = ops::add(ops::mul(v, ops::scalar(g, 0.9)), grad);
+  const Tensor updated = ops::copyInplace(v, next);
+  ops::remoteStore(g, momentumBuffer, 0, updated);
+  const Tensor table = ops::remoteLoad(g, readBuffer, 0);
+  // Reads the new value before it is stored: nothing touches v afterwards.
+  const Tensor result = ops::mul(next, table);
+  const auto feeds = test::makeFeeds(g, 1, 5);
+  std::vector<float> initial = test::pseudoRandom(replicas * 8, 7);
+  std::vector<float> read = test::pseudoRandom(replicas * 8, 8);
+  for (bool known : {false, true}) {
+    INFO("host reads known: " << known);
+    Program program{g};
+    program.localReplicas = replicas;
+    program.globalReplicas = replicas;
+    if (known) program.hostReads = std::vector<TensorId>{result.id()};
+    auto executable = makeSimDevice()->load(std::move(program));
+    const auto& sim = dynamic_cast<const sim::SimExecutable&>(*executable);
+    CHECK(sim.stats().remoteAliases == (known ? 2 : 0));
+    executable->writeRemote(momentumBuffer.id(), 0, initial);
+    executable->writeRemote(readBuffer.id(), 0, read);
+    test::runDevice(*executable, feeds);
+    test::runDevice(*executable, feeds);
+    // Two steps: v <- 0.9 v + grad twice; result = v * table.
+    std::vector<float> stored(replicas * 8);
+    executable->readRemote(momentumBuffer.id(), 0, stored);
+    std::vector<float> out(replicas * 8);
+    executable->read(result.id(), out);
+    const std::vector<float>& gradients = feeds.at(grad.id());
+    for (std::size_t k = 0; k < stored.size(); ++k) {
+      const float once = initial[k] * 0.9f + gradients[k];
+      const float twice = once * 0.9f + gradients[k];
+      CHECK(test::close(stored[k], twice, 1e-6));
+      CHECK(test::close(out[k], twice * read[k], 1e-6));
+    }
+  }
+}
+
 TEST_CASE("an MLP training step on 2 replicas x batch 4 equals 1 replica x batch 8") {
   Mlp two = makeMlp(2, 4);
   Mlp one = makeMlp(1, 8);
@@ -604,5 +694,75 @@ TEST_CASE("consecutive elementwise steps over one range run as one chain, in pla
     CHECK(device.sim->stats().chainedSteps == (vectorized ? 7 : 0));
     test::runDevice(*device.executable, feeds);
     CHECK(test::compareAll(*device.executable, g, oracle) > 0);
+  }
+}
+
+TEST_CASE("a chain keeps values that only its later steps read in scratch when the host reads are known") {
+  // The momentum update of the chain test above; the host reads `result`.
+  Graph g(1);
+  const Tensor w = ops::variable(g, "w", test::pseudoRandom(40 * 30, 1), {40, 30});
+  const Tensor v = ops::variable(g, "v", test::pseudoRandom(40 * 30, 2), {40, 30});
+  const Tensor grad = ops::input(g, "grad", {40, 30});
+  const Tensor decayed = ops::mul(v, ops::scalar(g, 0.9));
+  const Tensor scaledGrad = ops::mul(grad, ops::scalar(g, 1.0));
+  const Tensor updated = ops::add(decayed, scaledGrad);
+  const Tensor stored = ops::copyInplace(v, updated);
+  const Tensor step = ops::mul(stored, ops::scalar(g, 0.1));
+  const Tensor moved = ops::scaledAddInplace(w, step, 1.0, -1.0);
+  const Tensor difference = ops::sub(moved, v);
+  // Read outside the chain (by the slice), so it is stored.
+  const Tensor result = ops::add(ops::slice(difference, {1, 0}, {40, 30}), ops::slice(moved, {0, 0}, {39, 30}));
+  const auto feeds = test::makeFeeds(g, 1, 5);
+  ReferenceEvaluator oracle(g);
+  test::feedOracle(oracle, g, feeds);
+  oracle.run();
+
+  SUBCASE("decayed, scaledGrad, updated and step live in two slots and are never stored") {
+    Program program{g};
+    program.hostReads = std::vector<TensorId>{result.id()};
+    auto executable = makeSimDevice()->load(std::move(program));
+    const auto& sim = dynamic_cast<const sim::SimExecutable&>(*executable);
+    CHECK(sim.stats().fusedChains == 1);
+    CHECK(sim.stats().scratchValues == 4);
+    test::runDevice(*executable, feeds);
+    for (const Tensor& t : {w, v, difference, result}) {
+      const std::vector<float> got = test::deviceValue(*executable, g, t.id(), 0);
+      const std::vector<double>& want = oracle.value(t.id(), 0);
+      REQUIRE(got.size() == want.size());
+      for (std::size_t k = 0; k < got.size(); ++k) REQUIRE(test::close(got[k], want[k], 1e-6));
+    }
+    for (const Tensor& t : {decayed, scaledGrad, updated, step}) {
+      std::vector<float> values(40 * 30);
+      const auto error = test::catchError<DeviceError>([&] { executable->read(t.id(), values); });
+      REQUIRE(error);
+      CHECK(error->subject() == g.tensor(t.id()).name);
+      CHECK(std::string(error->what()).find("never stores it") != std::string::npos);
+    }
+  }
+  SUBCASE("a value the host reads is stored") {
+    Program program{g};
+    program.hostReads = std::vector<TensorId>{result.id(), updated.id()};
+    auto executable = makeSimDevice()->load(std::move(program));
+    CHECK(dynamic_cast<const sim::SimExecutable&>(*executable).stats().scratchValues == 3);
+    test::runDevice(*executable, feeds);
+    const std::vector<float> got = test::deviceValue(*executable, g, updated.id(), 0);
+    REQUIRE(got.size() == 40 * 30);
+    for (std::size_t k = 0; k < got.size(); ++k) CHECK(test::close(got[k], oracle.value(updated.id(), 0)[k], 1e-6));
+  }
+  SUBCASE("without the list every value stays readable, and the reference plan keeps them all") {
+    for (ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {
+      Program program{g};
+      if (mode == ExecutionMode::PerReplicaReference) program.hostReads = std::vector<TensorId>{result.id()};
+      auto executable = makeSimDevice({}, mode)->load(std::move(program));
+      CHECK(dynamic_cast<const sim::SimExecutable&>(*executable).stats().scratchValues == 0);
+    }
+  }
+  SUBCASE("an id outside the graph is refused") {
+    Program program{g};
+    program.hostReads = std::vector<TensorId>{static_cast<TensorId>(g.tensors().size())};
+    const auto error = test::catchError<DeviceError>([&] { makeSimDevice()->load(std::move(program)); });
+    REQUIRE(error);
+    CHECK(error->code() == ErrorCode::InvalidProgram);
+    CHECK(error->subject() == "Program.hostReads");
   }
 }
