@@ -19,9 +19,32 @@ bool isVariable(const Graph& graph, const TensorNode& node) {
   return node.producer != kNoOp && graph.op(node.producer).kind == OpKind::Variable;
 }
 
+// A copy the location transforms add to move a value between tile sets or
+// out of a load: part of the placement of the tensor it copies.
+bool transferCopy(const Graph& graph, const OpNode& op) {
+  if (op.kind != OpKind::Copy) return false;
+  const TensorNode& in = graph.tensor(op.inputs[0]);
+  return in.tileSet != graph.tensor(op.outputs[0]).tileSet ||
+         (in.producer != kNoOp && graph.op(in.producer).kind == OpKind::RemoteLoad);
+}
+
+// Stored to streaming memory, directly or staged on the IO tiles.
 bool storedOffChip(const Graph& graph, const TensorNode& node) {
-  return std::any_of(node.consumers.begin(), node.consumers.end(),
-                     [&](OpId consumer) { return graph.op(consumer).kind == OpKind::RemoteStore; });
+  return std::any_of(node.consumers.begin(), node.consumers.end(), [&](OpId consumer) {
+    const OpNode& op = graph.op(consumer);
+    return op.kind == OpKind::RemoteStore ||
+           (transferCopy(graph, op) && storedOffChip(graph, graph.tensor(op.outputs[0])));
+  });
+}
+
+// An activation kept on the IO tiles between the forward and backward passes.
+bool keptOnIoTiles(const Graph& graph, const TensorNode& node) {
+  return std::any_of(node.consumers.begin(), node.consumers.end(), [&](OpId consumer) {
+    const OpNode& op = graph.op(consumer);
+    return op.kind == OpKind::Copy && graph.tensor(op.outputs[0]).tileSet == TileSet::IO &&
+           graph.tensor(op.outputs[0]).consumers.size() == 1 &&
+           graph.op(graph.tensor(op.outputs[0]).consumers.front()).kind == OpKind::Copy;
+  });
 }
 
 // The variables the program keeps and the activations that own storage;
@@ -53,6 +76,10 @@ std::vector<TensorPlacement> placements(const Graph& graph, const SessionOptions
       if (resolved.location.storage == TensorStorage::OffChip && p.storage == TensorStorage::OnChip) {
         p.reason += "; storage OffChip -> OnChip: not read by the backward pass";
       }
+      if (p.storage == TensorStorage::OnChip && p.storageTileSet == TileSet::IO && !keptOnIoTiles(graph, node)) {
+        p.storageTileSet = TileSet::Compute;
+        p.reason += "; storageTileSet IO -> Compute: not read by the backward pass";
+      }
     }
     p.shardElements = numElements(node.shape);
     for (const LocationDowngrade& downgrade : resolved.downgrades) {
@@ -66,7 +93,7 @@ std::vector<TensorPlacement> placements(const Graph& graph, const SessionOptions
   for (const OpId id : graph.schedule()) {
     const OpNode& op = graph.op(id);
     if (op.kind == OpKind::Variable || op.kind == OpKind::RemoteLoad || op.kind == OpKind::Input ||
-        op.kind == OpKind::Constant) {
+        op.kind == OpKind::Constant || transferCopy(graph, op)) {
       continue;
     }
     for (TensorId t : op.outputs) {

@@ -311,7 +311,10 @@ void SimExecutable::planFusions() {
 bool SimExecutable::scatteredInPlace(const ReplicaGrouping& grouping, const ReplicaGrouping& scattered,
                                      int64_t elements) const {
   const int64_t g = grouping.groupSize();
-  if (crossesInstances(topology_, grouping) || ShardLayout(elements, g).padding() != 0) return false;
+  if (ShardLayout(elements, g).padding() != 0) return false;
+  // Without the other instances, members they hold cannot be read; planning
+  // the unfused collective names them.
+  if (crossesInstances(topology_, grouping) && communicator_ == nullptr) return false;
   for (int64_t r = 0; r < topology_.localReplicas; ++r) {
     const int64_t global = r + topology_.replicaOffset;
     const std::vector<int64_t> members = grouping.replicasAt(grouping.groupAt(global));
@@ -488,18 +491,20 @@ void SimExecutable::planSteps() {
   fuseChains();
   int64_t lhs = 0;
   int64_t rhs = 0;
+  int64_t product = 0;
   for (Step& step : steps_) {
-    if (step.kernel != matmulKernel()) continue;
+    if (step.kernel != matmulKernel() && step.kernel != matmulSlicesKernel()) continue;
     const auto [a, b] = planGemm(step);
     lhs = std::max(lhs, alignUp(a));
     rhs = std::max(rhs, alignUp(b));
+    if (step.kernel == matmulSlicesKernel()) product = std::max(product, alignUp(step.rows * step.cols));
   }
-  gemmScratch_.assign(at(lhs + rhs + kAlignFloats), 0.0f);
+  gemmScratch_.assign(at(lhs + rhs + product + kAlignFloats), 0.0f);
   // Eigen's packed blocks are read with aligned loads.
   float* base = gemmScratch_.data();
   const auto misalignment = reinterpret_cast<std::uintptr_t>(base) % (kAlignFloats * sizeof(float));
   if (misalignment != 0) base += (kAlignFloats * sizeof(float) - misalignment) / sizeof(float);
-  scratch_ = {base, base + lhs};
+  scratch_ = {base, base + lhs, base + lhs + rhs};
   for (Step& step : steps_) {
     step.scratch = &scratch_;
     stats_.kernelRuns += std::max<int64_t>(static_cast<int64_t>(step.runs.size()), 1);
@@ -1004,14 +1009,35 @@ void SimExecutable::planStep(OpId id) {
         step.in[1] = buffer(dy);
         step.inElements = {elements(x), elements(dy), 0};
         if (op.attributes.reduction == ReductionType::Mean) step.scale = 1.0f / static_cast<float>(g);
-        for (int64_t first = 0; first < program_.localReplicas; first += g) {
+        if (!crossesInstances(topology_, grouping)) {
+          for (int64_t first = 0; first < program_.localReplicas; first += g) {
+            Run run;
+            run.out = first * step.outElements;
+            run.in = {first * elements(x), first * elements(dy), 0};
+            run.advance.fill(true);
+            step.runs.push_back(run);
+          }
+          step.kernel = matmulKernel();
+          break;
+        }
+        // A group wider than this instance: the product over every
+        // member's exchanged x and dy, as one instance would compute it,
+        // of which this instance keeps its replicas' shards.
+        step.in[0] = exchanged(x, op);
+        step.in[1] = exchanged(dy, op);
+        const int64_t offset = topology_.replicaOffset;
+        for (int64_t r = 0; r < program_.localReplicas;) {
+          const int64_t start = (r + offset) / g * g;  // the group's first global replica
+          const int64_t end = std::min(start + g - offset, program_.localReplicas);
           Run run;
-          run.out = first * step.outElements;
-          run.in = {first * elements(x), first * elements(dy), 0};
+          run.in = {start * elements(x), start * elements(dy), 0};
           run.advance.fill(true);
           step.runs.push_back(run);
+          step.table2.insert(step.table2.end(), {r * step.outElements, (r + offset - start) * step.outElements,
+                                                 (end - r) * step.outElements});
+          r = end;
         }
-        step.kernel = matmulKernel();
+        step.kernel = matmulSlicesKernel();
         break;
       }
       [[fallthrough]];

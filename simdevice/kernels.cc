@@ -390,6 +390,15 @@ void matmul(const Step& s) {
   }
 }
 
+void matmulSlices(const Step& s) {
+  for (std::size_t i = 0; i < s.runs.size(); ++i) {
+    const Run& run = s.runs[i];
+    gemm(s, s.rows, s.cols, s.depth, inOf(s, run, 0), inOf(s, run, 1), s.scratch->product, s.scale);
+    const int64_t* slice = s.table2.data() + 3 * i;
+    std::copy_n(s.scratch->product + slice[1], slice[2], s.out + slice[0]);
+  }
+}
+
 void feedKernel(const Step& s) { std::copy(s.feed->begin(), s.feed->end(), s.out); }
 
 // Flat steps (TileKernel): n elements from the slice's operands; an input
@@ -518,6 +527,7 @@ TileKernel tileKernel(OpKind kind) {
 }
 
 Kernel matmulKernel() { return matmul; }
+Kernel matmulSlicesKernel() { return matmulSlices; }
 Kernel copyKernel() { return copyRuns; }
 Kernel inputKernel() { return feedKernel; }
 Kernel chainKernel() { return runChain; }

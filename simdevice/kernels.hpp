@@ -74,10 +74,12 @@ using TileKernel = void (*)(const Step&, const TileOperands&, int64_t n);
 // of a typical chain stays in L1.
 inline constexpr int64_t kChainSlice = 512;
 
-// Scratch shared by every GEMM of a plan (Eigen's packing buffers).
+// Scratch shared by every GEMM of a plan: Eigen's packing buffers, and the
+// whole product of a GEMM of which a step keeps slices (matmulSlicesKernel).
 struct GemmScratch {
   float* lhs = nullptr;
   float* rhs = nullptr;
+  float* product = nullptr;
 };
 
 struct Step {
@@ -148,6 +150,9 @@ struct Step {
 // The kernel of a dense (non-collective, non-transfer) op kind.
 Kernel denseKernel(OpKind kind);
 Kernel matmulKernel();
+// Per run: the product [rows, cols] into scratch, then table2's triple i
+// (output offset, product offset, count) of it into the output.
+Kernel matmulSlicesKernel();
 Kernel copyKernel();  // strided copy (Copy, Reshape, Transpose, Slice, pads, Concat parts)
 Kernel inputKernel();
 Kernel chainKernel();

@@ -103,12 +103,14 @@ struct Home {
   bool loaded = false;
 };
 
-// An activation kept in streaming memory between the forward and backward
-// passes.
+// A forward activation that the backward pass reads, held between the two
+// passes in streaming memory (OffChip) or, on chip, on the IO tiles.
 struct OffChipActivation {
-  bool viaIoTiles = false;
-  int64_t buffer = -1;
-  TensorId loaded = kNoTensor;
+  bool viaIoTiles = false;     // streaming memory: transfers staged on the IO tiles
+  bool onIoTiles = false;      // on chip: kept on the IO tiles instead of streaming memory
+  int64_t buffer = -1;         // streaming memory
+  TensorId kept = kNoTensor;   // on IO tiles: the copy held there
+  TensorId loaded = kNoTensor;  // back on the compute tiles for the backward pass
 };
 
 class Relocator {
@@ -207,8 +209,11 @@ class Relocator {
         if (!readLater) continue;
         const ResolvedLocation resolved =
             resolveTensorLocation(options_, {node.name, TensorCategory::Activation, numElements(node.shape)});
-        if (resolved.location.storage != TensorStorage::OffChip) continue;
-        activations_[t] = OffChipActivation{resolved.location.loadTileSet == TileSet::IO, -1, kNoTensor};
+        if (resolved.location.storage == TensorStorage::OffChip) {
+          activations_[t] = OffChipActivation{.viaIoTiles = resolved.location.loadTileSet == TileSet::IO};
+        } else if (resolved.location.storageTileSet == TileSet::IO && options_.numIOTiles > 0) {
+          activations_[t] = OffChipActivation{.onIoTiles = true};
+        }
       }
     }
   }
@@ -296,6 +301,11 @@ class Relocator {
     if (auto home = homes_.find(t); home != homes_.end() && !home->second.loaded) loadHome(t, home->second);
     if (auto activation = activations_.find(t); activation != activations_.end() && backward(consumer)) {
       OffChipActivation& off = activation->second;
+      if (off.loaded == kNoTensor && off.onIoTiles) {
+        const Tensor loaded = ops::copy(outTensor(off.kept));
+        out().rename(loaded.id(), copy_.freshName(in_.tensor(t).name + ".onCompute"));
+        off.loaded = loaded.id();
+      }
       if (off.loaded == kNoTensor) {
         const TensorNode& node = in_.tensor(t);
         Tensor loaded = ops::remoteLoad(out(), RemoteBuffer{&out(), off.buffer}, 0);
@@ -479,6 +489,13 @@ class Relocator {
       if (activation == activations_.end()) continue;
       OffChipActivation& off = activation->second;
       const Value& value = values_[index(t)];
+      if (off.onIoTiles) {
+        const Tensor kept = ops::copy(outTensor(value.id));
+        out().rename(kept.id(), copy_.freshName(in_.tensor(t).name + ".onIo"));
+        out().tensor(kept.id()).tileSet = TileSet::IO;
+        off.kept = kept.id();
+        continue;
+      }
       off.buffer = out().addRemoteBuffer({out().tensor(value.id).shape, DType::Float32, 1, {}});
       Tensor source = outTensor(value.id);
       if (off.viaIoTiles) {

@@ -217,18 +217,25 @@ TEST_CASE("collectives across instances give one instance's bits, for every grou
   }
 }
 
-TEST_CASE("the fused gradient product and all-reduce runs across instances as on one") {
-  for (const int64_t instances : {2, 4}) {
-    for (const ReplicaGrouping grouping : {ReplicaGrouping(4, 1, 4), ReplicaGrouping(4, 1, 2)}) {
-      INFO(instances << " instances, " << grouping.str());
-      Graph g(4);
-      const Tensor x = ops::input(g, "x", {8, 5});
-      const Tensor dy = ops::input(g, "dy", {8, 3});
-      ops::replicatedAllReduce(ops::matmul(ops::transpose(x), dy), ReductionType::Mean, grouping);
-      const auto feeds = feedsOf(g, 5);
-      const DeviceResult one = runSplit(g, 1, ExecutionMode::Vectorized, feeds);
-      REQUIRE(one.stats.fusedGemmAllReduces == 1);
-      checkSameAsOneInstance(g, instances, ExecutionMode::Vectorized);
+TEST_CASE("the fused gradient product and all-reduce or reduce-scatter runs across instances as on one") {
+  for (const bool scatter : {false, true}) {
+    for (const int64_t instances : {2, 4}) {
+      for (const ReplicaGrouping grouping : {ReplicaGrouping(4, 1, 4), ReplicaGrouping(4, 1, 2)}) {
+        INFO(instances << " instances, " << grouping.str() << (scatter ? ", reduce-scatter" : ", all-reduce"));
+        Graph g(4);
+        const Tensor x = ops::input(g, "x", {8, 5});
+        const Tensor dy = ops::input(g, "dy", {8, 4});
+        const Tensor product = ops::matmul(ops::transpose(x), dy);
+        if (scatter) {
+          ops::replicatedReduceScatter(product, ReductionType::Mean, grouping);
+        } else {
+          ops::replicatedAllReduce(product, ReductionType::Mean, grouping);
+        }
+        const auto feeds = feedsOf(g, 5);
+        const DeviceResult one = runSplit(g, 1, ExecutionMode::Vectorized, feeds);
+        REQUIRE(one.stats.fusedGemmAllReduces == 1);
+        checkSameAsOneInstance(g, instances, ExecutionMode::Vectorized);
+      }
     }
   }
 }

@@ -16,6 +16,7 @@
 #include "tessera/mlp.hpp"
 #include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
+#include "tessera/placement.hpp"
 #include "tessera/session.hpp"
 #include "test_support.hpp"
 
@@ -228,6 +229,53 @@ TEST_CASE("the transforms place tensors where the options say") {
   CHECK(count(graph, OpKind::RemoteLoad) > 4);
   // A weight's gradient is reduce-scattered within the domain and all-reduced across it.
   CHECK(count(graph, OpKind::ReplicatedReduceScatter) >= 2 * kAccumulation);
+}
+
+TEST_CASE("activations read by the backward pass are kept on the IO tiles or in streaming memory") {
+  const ModelConfig model = toyModel();
+  const int64_t batch = kGlobalBatch / kReplicas;
+  SessionOptions options;
+  options.enableReplicatedGraphs = true;
+  options.replicatedGraphCount = kReplicas;
+  options.numIOTiles = 32;
+  TensorLocation& activations = options.activationTensorLocationSettings.location;
+  activations.loadTileSet = TileSet::IO;
+  const auto plan = [&] {
+    MlpGraph mlp = buildMlp(model, batch, kReplicas, 5);
+    return planTraining(std::move(mlp.graph), mlp.loss, *makeOptimizer(sgdMomentum()), options, DeviceSpec{});
+  };
+  const auto placement = [](const RunPlan& p, std::string_view name) {
+    const auto it = std::find_if(p.tensors.begin(), p.tensors.end(),
+                                 [&](const TensorPlacement& t) { return t.name == name; });
+    REQUIRE(it != p.tensors.end());
+    return *it;
+  };
+  // The forward values the backward pass reads: Add, Relu (8 x 2 each) and
+  // Add.1 (4 x 2, the logits).
+  const int64_t keptBytes = (2 * batch * 8 + batch * 4) * 4;
+
+  activations.storageTileSet = TileSet::IO;
+  const RunPlan onIo = plan();
+  CHECK(placement(onIo, "Relu").storage == TensorStorage::OnChip);
+  CHECK(placement(onIo, "Relu").storageTileSet == TileSet::IO);
+  CHECK(placement(onIo, "Add.1").storageTileSet == TileSet::IO);
+  // Read only by the forward pass: stays on the compute tiles, and says why.
+  CHECK(placement(onIo, "MatMul").storageTileSet == TileSet::Compute);
+  CHECK(placement(onIo, "MatMul").reason.find("storageTileSet IO -> Compute") != std::string::npos);
+  // The copies on the IO tiles are part of their tensor's placement.
+  CHECK(std::none_of(onIo.tensors.begin(), onIo.tensors.end(), [](const TensorPlacement& t) {
+    return t.name.ends_with(".onIo") || t.name.ends_with(".onCompute");
+  }));
+  CHECK(onIo.memory.perReplica.front().ioTilesBytes == keptBytes);
+  CHECK(onIo.memory.perReplica.front().streamingBytes == 0);
+
+  activations.storageTileSet = TileSet::Compute;
+  activations.storage = TensorStorage::OffChip;
+  const RunPlan offChip = plan();
+  // Staged through the IO tiles on the way out and back, still OffChip.
+  CHECK(placement(offChip, "Relu").storage == TensorStorage::OffChip);
+  CHECK(placement(offChip, "MatMul").storage == TensorStorage::OnChip);
+  CHECK(offChip.memory.perReplica.front().streamingBytes == keptBytes);
 }
 
 TEST_CASE("a sharding domain that splits a variable's groups is rejected, naming the setting") {
