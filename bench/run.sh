@@ -55,31 +55,54 @@ median() {
   printf '%s\n' "${values[@]}" | sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
 }
 
+# Medians of several commands (each one string), run in turn REPS times so
+# that a change in the machine's load affects all of them alike; one line
+# per command.
+medians() {
+  local -a values=()
+  for ((i = 0; i < reps; ++i)); do
+    for ((j = 1; j <= $#; ++j)); do
+      values[j]+="$(eval "${!j}" | sed -n 's/.*samples_per_s=\([0-9.]*\).*/\1/p') "
+    done
+  done
+  for ((j = 1; j <= $#; ++j)); do
+    printf '%s\n' ${values[j]} | sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+  done
+}
+
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 
-echo "| batch | tessera | Eigen | libtorch | tessera / Eigen | tessera / libtorch |"
-echo "|------:|--------:|------:|---------:|----------------:|-------------------:|"
+# Debian's libtorch runs its GEMMs in OpenBLAS, whose own thread pool ignores
+# torch::set_num_threads(1) and takes every core; the one-thread column pins
+# it to one thread like the other two programs.
+echo "| batch | tessera | Eigen | libtorch, 1 thread | libtorch, OpenBLAS threads | tessera / Eigen | tessera / libtorch 1 thread | tessera / libtorch |"
+echo "|------:|--------:|------:|---------:|---------:|----------------:|-------------------:|-------------------:|"
 for batch in 8 64 256; do
   steps=$(steps_for "$batch")
-  t=$(median "$tessera" "$batch" "$steps" 1 256 128)
-  e=$(median "$eigen" "$batch" "$steps" 1 256 128)
-  p=$(median "$torch" "$batch" "$steps" 1 256 128)
-  echo "| $batch | $t | $e | $p | $(ratio "$t" "$e") | $(ratio "$t" "$p") |"
+  args="$batch $steps 1 256 128"
+  mapfile -t m < <(medians "\"$tessera\" $args" "\"$eigen\" $args" "OPENBLAS_NUM_THREADS=1 \"$torch\" $args" \
+    "\"$torch\" $args")
+  t=${m[0]} e=${m[1]} p1=${m[2]} p=${m[3]}
+  echo "| $batch | $t | $e | $p1 | $p | $(ratio "$t" "$e") | $(ratio "$t" "$p1") | $(ratio "$t" "$p") |"
 done
 
 echo
 echo "| tessera, global batch 64 | samples/s | vs R = 1 x 64 |"
 echo "|--------------------------|----------:|--------------:|"
-one=$(median "$tessera" 64 "$(steps_for 64)" 1 256 128)
-eight=$(median "$tessera" 8 "$(steps_for 64)" 1 256 128 --replicas 8)
+mapfile -t m < <(medians "\"$tessera\" 64 $(steps_for 64) 1 256 128" \
+  "\"$tessera\" 8 $(steps_for 64) 1 256 128 --replicas 8")
+one=${m[0]} eight=${m[1]}
 echo "| R = 1 x batch 64 | $one | 1.00 |"
 echo "| R = 8 x batch 8 | $eight | $(ratio "$eight" "$one") |"
 echo
 echo "| tessera, R = 4 x batch 16 | samples/s | vs plain replication |"
 echo "|---------------------------|----------:|---------------------:|"
-plain=$(median "$tessera" 16 "$(steps_for 64)" 1 256 128 --replicas 4)
-located=$(median "$tessera" 16 "$(steps_for 64)" 1 256 128 --replicas 4 --rts --offchip-state)
+r4="\"$tessera\" 16 $(steps_for 64) 1 256 128 --replicas 4"
+mapfile -t m < <(medians "$r4" "$r4 --rts" "$r4 --offchip-state" "$r4 --rts --offchip-state")
+plain=${m[0]} rts=${m[1]} offchip=${m[2]} located=${m[3]}
 echo "| plain replication | $plain | 1.00 |"
+echo "| RTS (weights, momentum) | $rts | $(ratio "$rts" "$plain") |"
+echo "| momentum OffChip | $offchip | $(ratio "$offchip" "$plain") |"
 echo "| RTS (weights, momentum) + momentum OffChip | $located | $(ratio "$located" "$plain") |"
 
 # The same run split over instances under `tessera launch` (mpirun): instance 0 prints the line.

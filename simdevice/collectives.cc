@@ -229,20 +229,23 @@ void planCollective(Step& step, const OpNode& op, const ReplicaGrouping& out, co
   }
 }
 
-void planRemoteLoad(Step& step, const ReplicaGrouping& out, int64_t entry, int64_t elements,
-                    int64_t replicas) {
+void planRemoteLoad(Step& step, const ReplicaGrouping& out, const ReplicaGrouping& held, int64_t entry,
+                    int64_t elements, int64_t replicas) {
   step.groups = out.numGroups();
   step.outElements = elements;
-  for (int64_t j = 0; j < step.groups; ++j)
-    step.table.push_back((entry * replicas + out.replicaAt(j, 0)) * elements);
+  for (int64_t j = 0; j < step.groups; ++j) {
+    const int64_t first = held.replicaAt(held.groupAt(out.replicaAt(j, 0)), 0);
+    step.table.push_back((entry * replicas + first) * elements);
+  }
   step.kernel = remoteLoadKernel;
 }
 
-void planRemoteStore(Step& step, const ReplicaGrouping& in, int64_t entry, int64_t elements,
-                     int64_t replicas) {
-  step.groups = replicas;
+void planRemoteStore(Step& step, const ReplicaGrouping& in, const ReplicaGrouping& held, int64_t entry,
+                     int64_t elements, int64_t replicas) {
+  step.groups = held.numGroups();
   step.outElements = elements;
-  for (int64_t r = 0; r < replicas; ++r) {
+  for (int64_t g = 0; g < held.numGroups(); ++g) {
+    const int64_t r = held.replicaAt(g, 0);
     step.table.push_back((entry * replicas + r) * elements);
     step.table.push_back(in.groupAt(r) * elements);
   }

@@ -85,9 +85,11 @@ void planCollective(Step& step, const OpNode& op, const ReplicaGrouping& out, co
 // Remote buffers live in one array: buffer b, entry e, local replica r at
 // base(b) + (e * replicas + r) * elements, so an entry of every replica is
 // one contiguous block. `remote` points at buffer b's base.
-void planRemoteLoad(Step& step, const ReplicaGrouping& out, int64_t entry, int64_t elements,
-                    int64_t replicas);
-void planRemoteStore(Step& step, const ReplicaGrouping& in, int64_t entry, int64_t elements,
-                     int64_t replicas);
+void planRemoteLoad(Step& step, const ReplicaGrouping& out, const ReplicaGrouping& held, int64_t entry,
+                    int64_t elements, int64_t replicas);
+// A store writes the entry of the first replica of each group of `held`
+// (what the buffer holds, see inferLayouts); loads read those.
+void planRemoteStore(Step& step, const ReplicaGrouping& in, const ReplicaGrouping& held, int64_t entry,
+                     int64_t elements, int64_t replicas);
 
 }  // namespace tessera::sim

@@ -176,7 +176,7 @@ SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionM
   time_ = modelTime(graph, topology_, schedule_, spec);
   position_.assign(graph.ops().size(), -1);
   for (std::size_t p = 0; p < schedule_.size(); ++p) position_[at(schedule_[p])] = static_cast<int64_t>(p);
-  layouts_ = inferLayouts(graph, schedule_, topology_, mode_);
+  layouts_ = inferLayouts(graph, schedule_, topology_, mode_, &bufferLayouts_);
   writes_.assign(graph.tensors().size(), {});
   for (OpId id : schedule_) {
     const OpNode& op = graph.op(id);
@@ -396,7 +396,8 @@ void SimExecutable::planRemoteAliases() {
       const TensorId t = load.outputs[0];
       const ReplicaGrouping& layout = layouts_[at(t)];
       // The entry stores one value per local replica, in replica order.
-      bool inOrder = layout.numGroups() == replicas && graph.storageOf(t) == t && !hostRead[at(t)];
+      bool inOrder = layout.numGroups() == replicas && graph.storageOf(t) == t && !hostRead[at(t)] &&
+                     bufferLayouts_[at(entry.first)].numGroups() == replicas;
       for (int64_t r = 0; r < replicas && inOrder; ++r) inOrder = layout.groupAt(r) == r;
       if (!inOrder) continue;
       const OpId next = i + 1 < ops.size() ? ops[i + 1] : kNoOp;
@@ -1061,15 +1062,16 @@ void SimExecutable::planStep(OpId id) {
     case OpKind::RemoteLoad: {
       const RemoteBufferInfo& info = graph.remoteBuffer(op.attributes.remoteBuffer);
       step.in[0] = remoteEntry(op.attributes.remoteBuffer, 0, op.name);
-      planRemoteLoad(step, layout(y), op.attributes.entry, numElements(info.shape), program_.localReplicas);
+      planRemoteLoad(step, layout(y), bufferLayouts_[at(op.attributes.remoteBuffer)], op.attributes.entry,
+                     numElements(info.shape), program_.localReplicas);
       break;
     }
     case OpKind::RemoteStore: {
       const RemoteBufferInfo& info = graph.remoteBuffer(op.attributes.remoteBuffer);
       step.out = remoteEntry(op.attributes.remoteBuffer, 0, op.name);
       step.in[0] = buffer(op.inputs[0]);
-      planRemoteStore(step, layout(op.inputs[0]), op.attributes.entry, numElements(info.shape),
-                      program_.localReplicas);
+      planRemoteStore(step, layout(op.inputs[0]), bufferLayouts_[at(op.attributes.remoteBuffer)],
+                      op.attributes.entry, numElements(info.shape), program_.localReplicas);
       break;
     }
   }
@@ -1148,7 +1150,14 @@ void SimExecutable::readRemote(int64_t buffer, int64_t entry, std::span<float> r
                     replicas.size(), program_.localReplicas,
                     numElements(program_.graph.remoteBuffer(buffer).shape), size));
   }
-  std::copy_n(source, size, replicas.begin());
+  // Replicas whose entries the program keeps equal read their group's
+  // first replica's, the one loads read and stores write.
+  const ReplicaGrouping& held = bufferLayouts_[at(buffer)];
+  const auto n = at(numElements(program_.graph.remoteBuffer(buffer).shape));
+  for (int64_t r = 0; r < program_.localReplicas; ++r) {
+    const int64_t first = held.replicaAt(held.groupAt(r), 0);
+    std::copy_n(source + at(first) * n, n, replicas.begin() + static_cast<std::ptrdiff_t>(at(r) * n));
+  }
 }
 
 void SimExecutable::run(std::span<const Feed> inputs) {

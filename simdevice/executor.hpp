@@ -120,6 +120,7 @@ class SimExecutable final : public Executable {
   std::vector<OpId> schedule_;
   std::vector<int64_t> position_;             // of each op in the schedule
   std::vector<ReplicaGrouping> layouts_;      // per tensor
+  std::vector<ReplicaGrouping> bufferLayouts_;  // per remote buffer: replicas whose entries are equal
   std::vector<int64_t> offset_;               // per storage tensor; -1 when not materialised
   std::vector<char> foldedTranspose_;         // per op
   std::vector<OpId> fusedInto_;               // per MatMul op: the AllReduce computing it, else kNoOp

@@ -79,24 +79,29 @@ int64_t localIndexInGroup(const LocalTopology& topology, const ReplicaGrouping& 
 }
 
 std::vector<ReplicaGrouping> inferLayouts(const Graph& graph, std::span<const OpId> schedule,
-                                          const LocalTopology& topology, ExecutionMode mode) {
+                                          const LocalTopology& topology, ExecutionMode mode,
+                                          std::vector<ReplicaGrouping>* bufferLayouts) {
   if (topology.localReplicas < topology.globalReplicas) {
     // Other instances' values cannot be looked at, but the layouts of the
     // whole run can be inferred here too; restricted to this instance's
     // replicas they keep apart every pair of replicas whose values may differ.
     const LocalTopology whole{topology.globalReplicas, topology.globalReplicas, 0};
-    std::vector<ReplicaGrouping> layouts = inferLayouts(graph, schedule, whole, mode);
-    for (ReplicaGrouping& layout : layouts) {
+    const auto restrict = [&](ReplicaGrouping& layout) {
       const std::vector<int64_t> all = layout.assignment();
       const std::span<const int64_t> mine(all.data() + topology.replicaOffset,
                                           static_cast<std::size_t>(topology.localReplicas));
       layout = groupingOfAssignment(mine).value_or(perReplica(topology.localReplicas));
-    }
+    };
+    std::vector<ReplicaGrouping> layouts = inferLayouts(graph, schedule, whole, mode, bufferLayouts);
+    for (ReplicaGrouping& layout : layouts) restrict(layout);
+    if (bufferLayouts != nullptr)
+      for (ReplicaGrouping& layout : *bufferLayouts) restrict(layout);
     return layouts;
   }
   const int64_t replicas = topology.localReplicas;
   const std::size_t tensorCount = graph.tensors().size();
   if (mode == ExecutionMode::PerReplicaReference) {
+    if (bufferLayouts != nullptr) bufferLayouts->assign(graph.remoteBuffers().size(), perReplica(replicas));
     return std::vector<ReplicaGrouping>(tensorCount, perReplica(replicas));
   }
   const auto local = static_cast<std::size_t>(replicas);
@@ -228,6 +233,10 @@ std::vector<ReplicaGrouping> inferLayouts(const Graph& graph, std::span<const Op
   for (std::size_t t = 0; t < tensorCount; ++t) {
     layouts.push_back(
         groupingOf(assignment[static_cast<std::size_t>(graph.storageOf(static_cast<TensorId>(t)))]));
+  }
+  if (bufferLayouts != nullptr) {
+    bufferLayouts->clear();
+    for (const Assignment& held : bufferAssignment) bufferLayouts->push_back(groupingOf(held));
   }
   return layouts;
 }

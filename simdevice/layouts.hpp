@@ -47,8 +47,11 @@ int64_t localIndexInGroup(const LocalTopology& topology, const ReplicaGrouping& 
 
 // Layouts of every tensor's storage (indexed by tensor id; aliases share
 // their storage's layout). In PerReplicaReference mode every layout is per
-// replica. `schedule` is graph.schedule().
+// replica. `schedule` is graph.schedule(). With `bufferLayouts`, also what
+// each remote buffer holds: replicas of one group always have equal
+// entries (a buffer that only ever holds a replicated value is one group).
 std::vector<ReplicaGrouping> inferLayouts(const Graph& graph, std::span<const OpId> schedule,
-                                          const LocalTopology& topology, ExecutionMode mode);
+                                          const LocalTopology& topology, ExecutionMode mode,
+                                          std::vector<ReplicaGrouping>* bufferLayouts = nullptr);
 
 }  // namespace tessera::sim

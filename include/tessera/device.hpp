@@ -178,8 +178,10 @@ class Executable {
   virtual void read(TensorId tensor, std::span<float> groups) const = 0;
 
   // Per-replica contents of a remote buffer entry ([localReplicas, ...]).
-  // A buffer that holds a variable is loaded once for the replicas that
-  // share the variable's value, which must then be given equal values.
+  // A buffer that holds a variable is loaded, stored and read once for the
+  // replicas that share the variable's value, which must then be given
+  // equal values: readRemote returns, for each replica, the value of the
+  // first replica it shares it with.
   virtual void writeRemote(int64_t buffer, int64_t entry, std::span<const float> replicas) = 0;
   virtual void readRemote(int64_t buffer, int64_t entry, std::span<float> replicas) const = 0;
 

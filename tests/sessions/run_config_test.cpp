@@ -46,7 +46,7 @@ RunConfig nonDefaultConfig(OptimizerType type) {
   c.sessionOptions.tensorLocationSettingsOverride["W0"] = TensorLocation(TensorStorage::OffChip);
   c.device.tilesPerIpu = 256;
   c.device.computeFlopsPerSecond = 1e12;
-  c.model.layers = {20, 7, 3};
+  c.model.layers = {784, 7, 10};
   c.model.activation = Activation::Tanh;
   c.optimizer.type = type;
   if (type == OptimizerType::Sgd) {
@@ -354,11 +354,21 @@ TEST_CASE("validate checks the device, the options against it, and every section
     CHECK(error->code() == c.code);
     CHECK(error->subject() == c.subject);
   }
+  // The synthetic set stands in for Fashion-MNIST: 784 pixels, 10 classes.
   RunConfig synthetic;
   synthetic.data.dataset = DatasetKind::Synthetic;
-  synthetic.model.layers = {16, 3};
+  synthetic.model.layers = {784, 16, 10};
   synthetic.data.limitTrainSamples = 64;
   CHECK_NOTHROW(validate(synthetic));
+  for (const auto& [layers, subject] : std::vector<std::pair<std::vector<int64_t>, std::string>>{
+           {{16, 10}, "/model/layers/0"}, {{784, 16, 2}, "/model/layers/2"}}) {
+    synthetic.model.layers = layers;
+    const auto error = test::catchError<ConfigError>([&] { validate(synthetic); });
+    REQUIRE(error.has_value());
+    CHECK(error->code() == ErrorCode::InvalidModel);
+    CHECK(error->subject() == subject);
+    CHECK(std::string(error->what()).find("synthetic") != std::string::npos);
+  }
   for (const OptimizerType type : {OptimizerType::Sgd, OptimizerType::Adam, OptimizerType::AdamW}) {
     CHECK_NOTHROW(validate(nonDefaultConfig(type)));
   }

@@ -551,6 +551,34 @@ TEST_CASE("a value loaded from streaming memory lives in its entry when nothing 
   }
 }
 
+TEST_CASE("a buffer that only ever holds a replicated value is stored once and read back on every replica") {
+  // A replicated momentum in streaming memory, updated by a replicated value.
+  Graph g(4);
+  const RemoteBuffer buffer = ops::remoteBuffer(g, {6});
+  ops::remoteVariable(g, "m", test::pseudoRandom(6, 3), buffer);
+  const Tensor loaded = ops::remoteLoad(g, buffer, 0);
+  const Tensor step = ops::variable(g, "step", test::pseudoRandom(6, 4), {6});
+  const Tensor updated = ops::copyInplace(loaded, ops::add(ops::mul(loaded, ops::scalar(g, 0.5)), step));
+  ops::remoteStore(g, buffer, 0, updated);
+  for (ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {
+    INFO(toString(mode));
+    test::DeviceRun device = test::loadOnDevice(g, mode);
+    CHECK(device.executable->layout(loaded.id()).numGroups() == (mode == ExecutionMode::Vectorized ? 1 : 4));
+    test::runDevice(*device.executable, {});
+    test::runDevice(*device.executable, {});
+    std::vector<float> values(4 * 6);
+    device.executable->readRemote(buffer.id(), 0, values);
+    const std::vector<float> initial = test::pseudoRandom(6, 3);
+    const std::vector<float> add = test::pseudoRandom(6, 4);
+    for (int64_t r = 0; r < 4; ++r) {
+      for (std::size_t k = 0; k < 6; ++k) {
+        const float once = initial[k] * 0.5f + add[k];
+        CHECK(values[static_cast<std::size_t>(r) * 6 + k] == doctest::Approx(once * 0.5f + add[k]));
+      }
+    }
+  }
+}
+
 TEST_CASE("an MLP training step on 2 replicas x batch 4 equals 1 replica x batch 8") {
   Mlp two = makeMlp(2, 4);
   Mlp one = makeMlp(1, 8);
