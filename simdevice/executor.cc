@@ -950,52 +950,13 @@ void SimExecutable::planStep(OpId id) {
       step.kernel = denseKernel(op.kind);
       break;
     }
-    case OpKind::ReplicatedAllReduce: {
-      if (op.inputs.size() == 1 && graph.tensor(op.inputs[0]).producer != kNoOp &&
-          fusedInto_[at(graph.tensor(op.inputs[0]).producer)] == id) {
-        // sum_r x_r^T dy_r over each group of consecutive replicas, as one GEMM per group.
-        const OpNode& matmul = graph.op(graph.tensor(op.inputs[0]).producer);
-        const TensorId x = graph.op(graph.tensor(matmul.inputs[0]).producer).inputs[0];
-        const TensorId dy = matmul.inputs[1];
-        const ReplicaGrouping grouping =
-            op.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
-        const int64_t g = grouping.groupSize();
-        const int64_t batch = shape(x)[0];
-        step.transA = true;
-        step.rows = shape(x)[1];
-        step.cols = shape(dy)[1];
-        step.depth = g * batch;
-        step.in[0] = buffer(x);
-        step.in[1] = buffer(dy);
-        step.inElements = {elements(x), elements(dy), 0};
-        if (op.attributes.reduction == ReductionType::Mean) step.scale = 1.0f / static_cast<float>(g);
-        // Groups that span instances read every member's x and dy from
-        // exchanged copies (by global replica), others from the arena (by
-        // local replica).
-        int64_t first = topology_.replicaOffset;
-        if (crossesInstances(topology_, grouping)) {
-          step.in[0] = exchanged(x, op);
-          step.in[1] = exchanged(dy, op);
-          first = 0;
-        }
-        for (int64_t j = 0; j < layout(y).numGroups(); ++j) {
-          const int64_t start = (layout(y).replicaAt(j, 0) + topology_.replicaOffset) / g * g - first;
-          Run run;
-          run.out = j * step.outElements;
-          run.in = {start * elements(x), start * elements(dy), 0};
-          run.advance.fill(true);
-          step.runs.push_back(run);
-        }
-        step.kernel = matmulKernel();
-        break;
-      }
-      [[fallthrough]];
-    }
+    case OpKind::ReplicatedAllReduce:
     case OpKind::ReplicatedReduceScatter:
       if (op.inputs.size() == 1 && graph.tensor(op.inputs[0]).producer != kNoOp &&
           fusedInto_[at(graph.tensor(op.inputs[0]).producer)] == id) {
         // sum_r x_r^T dy_r over each group of consecutive replicas, as one
-        // GEMM per group whose product fills the group's shards in order.
+        // GEMM per group: the reduced value, or for a reduce-scatter the
+        // group's shards in order.
         const OpNode& matmul = graph.op(graph.tensor(op.inputs[0]).producer);
         const TensorId x = graph.op(graph.tensor(matmul.inputs[0]).producer).inputs[0];
         const TensorId dy = matmul.inputs[1];
@@ -1010,35 +971,46 @@ void SimExecutable::planStep(OpId id) {
         step.in[1] = buffer(dy);
         step.inElements = {elements(x), elements(dy), 0};
         if (op.attributes.reduction == ReductionType::Mean) step.scale = 1.0f / static_cast<float>(g);
-        if (!crossesInstances(topology_, grouping)) {
-          for (int64_t first = 0; first < program_.localReplicas; first += g) {
+        // Groups that span instances read every member's x and dy from
+        // exchanged copies (by global replica), others from the arena (by
+        // local replica).
+        const bool crosses = crossesInstances(topology_, grouping);
+        if (crosses) {
+          step.in[0] = exchanged(x, op);
+          step.in[1] = exchanged(dy, op);
+        }
+        const int64_t offset = topology_.replicaOffset;
+        const int64_t first = crosses ? 0 : offset;
+        step.kernel = matmulKernel();
+        if (op.kind == OpKind::ReplicatedAllReduce) {
+          for (int64_t j = 0; j < layout(y).numGroups(); ++j) {
+            const int64_t start = (layout(y).replicaAt(j, 0) + offset) / g * g - first;
             Run run;
-            run.out = first * step.outElements;
-            run.in = {first * elements(x), first * elements(dy), 0};
+            run.out = j * step.outElements;
+            run.in = {start * elements(x), start * elements(dy), 0};
             run.advance.fill(true);
             step.runs.push_back(run);
           }
-          step.kernel = matmulKernel();
           break;
         }
-        // A group wider than this instance: the product over every
-        // member's exchanged x and dy, as one instance would compute it,
-        // of which this instance keeps its replicas' shards.
-        step.in[0] = exchanged(x, op);
-        step.in[1] = exchanged(dy, op);
-        const int64_t offset = topology_.replicaOffset;
+        // A reduce-scatter: each group's product covers its members'
+        // shards; a group wider than this instance computes the whole
+        // product, as one instance would, and keeps this instance's part.
+        if (crosses) step.kernel = matmulSlicesKernel();
         for (int64_t r = 0; r < program_.localReplicas;) {
           const int64_t start = (r + offset) / g * g;  // the group's first global replica
           const int64_t end = std::min(start + g - offset, program_.localReplicas);
           Run run;
-          run.in = {start * elements(x), start * elements(dy), 0};
+          run.out = r * step.outElements;
+          run.in = {(start - first) * elements(x), (start - first) * elements(dy), 0};
           run.advance.fill(true);
           step.runs.push_back(run);
-          step.table2.insert(step.table2.end(), {r * step.outElements, (r + offset - start) * step.outElements,
-                                                 (end - r) * step.outElements});
+          if (crosses) {
+            step.table2.insert(step.table2.end(), {r * step.outElements, (r + offset - start) * step.outElements,
+                                                   (end - r) * step.outElements});
+          }
           r = end;
         }
-        step.kernel = matmulSlicesKernel();
         break;
       }
       [[fallthrough]];

@@ -3,9 +3,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <new>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "device_checks.hpp"
 #include "tessera/autodiff.hpp"
@@ -693,57 +695,60 @@ TEST_CASE("a program whose replica counts do not match its graph is rejected") {
   }
 }
 
-TEST_CASE("consecutive elementwise steps over one range run as one chain, in place updates included") {
-  // A momentum update: v = 0.9 v + g; w -= 0.1 v, then a read of both. 1200
-  // elements span several slices of the chain, the last one partial.
-  Graph g(1);
-  const Tensor w = ops::variable(g, "w", test::pseudoRandom(40 * 30, 1), {40, 30});
-  const Tensor v = ops::variable(g, "v", test::pseudoRandom(40 * 30, 2), {40, 30});
-  const Tensor grad = ops::input(g, "grad", {40, 30});
-  const Tensor decayed = ops::mul(v, ops::scalar(g, 0.9));
-  const Tensor updated = ops::add(decayed, ops::mul(grad, ops::scalar(g, 1.0)));
-  const Tensor stored = ops::copyInplace(v, updated);
-  const Tensor step = ops::mul(stored, ops::scalar(g, 0.1));
-  const Tensor moved = ops::scaledAddInplace(w, step, 1.0, -1.0);
+namespace {
+
+// A momentum update: v = 0.9 v + g; w -= 0.1 v, then a read of both. 1200
+// elements span several slices of a chain, the last one partial.
+struct MomentumChain {
+  Graph g{1};
+  Tensor w = ops::variable(g, "w", test::pseudoRandom(40 * 30, 1), {40, 30});
+  Tensor v = ops::variable(g, "v", test::pseudoRandom(40 * 30, 2), {40, 30});
+  Tensor grad = ops::input(g, "grad", {40, 30});
+  Tensor decayed = ops::mul(v, ops::scalar(g, 0.9));
+  Tensor scaledGrad = ops::mul(grad, ops::scalar(g, 1.0));
+  Tensor updated = ops::add(decayed, scaledGrad);
+  Tensor stored = ops::copyInplace(v, updated);
+  Tensor step = ops::mul(stored, ops::scalar(g, 0.1));
+  Tensor moved = ops::scaledAddInplace(w, step, 1.0, -1.0);
   // Reads v after the in-place write; the shifted rows of the slices end the
   // chain, as a slice is not elementwise.
-  const Tensor difference = ops::sub(moved, v);
-  ops::add(ops::slice(difference, {1, 0}, {40, 30}), ops::slice(moved, {0, 0}, {39, 30}));
-  const auto feeds = test::makeFeeds(g, 1, 5);
-  ReferenceEvaluator oracle(g);
-  test::feedOracle(oracle, g, feeds);
-  oracle.run();
+  Tensor difference = ops::sub(moved, v);
+  Tensor result = ops::add(ops::slice(difference, {1, 0}, {40, 30}), ops::slice(moved, {0, 0}, {39, 30}));
+  std::map<TensorId, std::vector<float>> feeds = test::makeFeeds(g, 1, 5);
+  ReferenceEvaluator oracle{g};
+
+  MomentumChain() {
+    test::feedOracle(oracle, g, feeds);
+    oracle.run();
+  }
+  MomentumChain(const MomentumChain&) = delete;
+  MomentumChain& operator=(const MomentumChain&) = delete;
+};
+
+}  // namespace
+
+TEST_CASE("consecutive elementwise steps over one range run as one chain, in place updates included") {
+  const MomentumChain m;
   for (ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {
-    test::DeviceRun device = test::loadOnDevice(g, mode);
+    test::DeviceRun device = test::loadOnDevice(m.g, mode);
     const bool vectorized = mode == ExecutionMode::Vectorized;
     // Mul, Mul, Add, CopyInplace, Mul, ScaledAddInplace, Sub; the Slices and
     // the last Add stay apart.
     CHECK(device.sim->stats().fusedChains == (vectorized ? 1 : 0));
     CHECK(device.sim->stats().chainedSteps == (vectorized ? 7 : 0));
-    test::runDevice(*device.executable, feeds);
-    CHECK(test::compareAll(*device.executable, g, oracle) > 0);
+    test::runDevice(*device.executable, m.feeds);
+    CHECK(test::compareAll(*device.executable, m.g, m.oracle) > 0);
   }
 }
 
 TEST_CASE("a chain keeps values that only its later steps read in scratch when the host reads are known") {
-  // The momentum update of the chain test above; the host reads `result`.
-  Graph g(1);
-  const Tensor w = ops::variable(g, "w", test::pseudoRandom(40 * 30, 1), {40, 30});
-  const Tensor v = ops::variable(g, "v", test::pseudoRandom(40 * 30, 2), {40, 30});
-  const Tensor grad = ops::input(g, "grad", {40, 30});
-  const Tensor decayed = ops::mul(v, ops::scalar(g, 0.9));
-  const Tensor scaledGrad = ops::mul(grad, ops::scalar(g, 1.0));
-  const Tensor updated = ops::add(decayed, scaledGrad);
-  const Tensor stored = ops::copyInplace(v, updated);
-  const Tensor step = ops::mul(stored, ops::scalar(g, 0.1));
-  const Tensor moved = ops::scaledAddInplace(w, step, 1.0, -1.0);
-  const Tensor difference = ops::sub(moved, v);
-  // Read outside the chain (by the slice), so it is stored.
-  const Tensor result = ops::add(ops::slice(difference, {1, 0}, {40, 30}), ops::slice(moved, {0, 0}, {39, 30}));
-  const auto feeds = test::makeFeeds(g, 1, 5);
-  ReferenceEvaluator oracle(g);
-  test::feedOracle(oracle, g, feeds);
-  oracle.run();
+  // The host reads `result`, which the slices (outside the chain) make.
+  const MomentumChain m;
+  const Graph& g = m.g;
+  const auto& [w, v, grad, decayed, scaledGrad, updated, step, difference, result] =
+      std::tie(m.w, m.v, m.grad, m.decayed, m.scaledGrad, m.updated, m.step, m.difference, m.result);
+  const auto& feeds = m.feeds;
+  const ReferenceEvaluator& oracle = m.oracle;
 
   SUBCASE("decayed, scaledGrad, updated and step live in two slots and are never stored") {
     Program program{g};
