@@ -157,8 +157,7 @@ Step mergeExchanges(Exchange& merged, std::span<Exchange* const> parts) {
   return step;
 }
 
-bool consecutiveGroupsLayout(const LocalTopology& topology, const ReplicaGrouping& grouping,
-                             const ReplicaGrouping& reduced) {
+bool consecutiveGroups(const LocalTopology& topology, const ReplicaGrouping& grouping) {
   const int64_t g = grouping.groupSize();
   for (int64_t r = 0; r < topology.localReplicas; ++r) {
     const int64_t global = r + topology.replicaOffset;
@@ -166,6 +165,15 @@ bool consecutiveGroupsLayout(const LocalTopology& topology, const ReplicaGroupin
     for (int64_t i = 0; i < g; ++i) {
       if (members[at(i)] != global / g * g + i) return false;
     }
+  }
+  return true;
+}
+
+bool consecutiveGroupsLayout(const LocalTopology& topology, const ReplicaGrouping& grouping,
+                             const ReplicaGrouping& reduced) {
+  if (!consecutiveGroups(topology, grouping)) return false;
+  for (int64_t r = 0; r < topology.localReplicas; ++r) {
+    const int64_t global = r + topology.replicaOffset;
     for (int64_t q = 0; q < topology.localReplicas; ++q) {
       const bool sameGroup = grouping.groupAt(global) == grouping.groupAt(q + topology.replicaOffset);
       if (sameGroup != (reduced.groupAt(r) == reduced.groupAt(q))) return false;

@@ -65,6 +65,10 @@ Step planExchange(Exchange& exchange, Communicator* communicator, TensorId tenso
 Step mergeExchanges(Exchange& merged, std::span<Exchange* const> parts);
 
 // True when every group of `grouping` that holds a replica of this instance
+// is a run of consecutive global replicas.
+bool consecutiveGroups(const LocalTopology& topology, const ReplicaGrouping& grouping);
+
+// True when every group of `grouping` that holds a replica of this instance
 // is a run of consecutive global replicas, and the local replicas of one
 // group (and only those) share a group of the layout `reduced`: the case in
 // which the executor computes a gradient product and its all-reduce as one

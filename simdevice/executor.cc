@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
-#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -310,18 +309,13 @@ void SimExecutable::planFusions() {
 
 bool SimExecutable::scatteredInPlace(const ReplicaGrouping& grouping, const ReplicaGrouping& scattered,
                                      int64_t elements) const {
-  const int64_t g = grouping.groupSize();
-  if (ShardLayout(elements, g).padding() != 0) return false;
+  if (ShardLayout(elements, grouping.groupSize()).padding() != 0) return false;
   // Without the other instances, members they hold cannot be read; planning
   // the unfused collective names them.
   if (crossesInstances(topology_, grouping) && communicator_ == nullptr) return false;
-  for (int64_t r = 0; r < topology_.localReplicas; ++r) {
-    const int64_t global = r + topology_.replicaOffset;
-    const std::vector<int64_t> members = grouping.replicasAt(grouping.groupAt(global));
-    for (int64_t i = 0; i < g; ++i)
-      if (members[at(i)] != global / g * g + i) return false;
-    if (scattered.numGroups() != topology_.localReplicas || scattered.groupAt(r) != r) return false;
-  }
+  if (!consecutiveGroups(topology_, grouping) || scattered.numGroups() != topology_.localReplicas) return false;
+  for (int64_t r = 0; r < topology_.localReplicas; ++r)
+    if (scattered.groupAt(r) != r) return false;
   return true;
 }
 
@@ -400,26 +394,26 @@ void SimExecutable::planRemoteAliases() {
                      bufferLayouts_[at(entry.first)].numGroups() == replicas;
       for (int64_t r = 0; r < replicas && inOrder; ++r) inOrder = layout.groupAt(r) == r;
       if (!inOrder) continue;
+      // A store into the entry among its transfers from index `from` on,
+      // while t is still read or written.
+      const auto storedWhileLive = [&](std::size_t from) {
+        for (std::size_t j = from; j < ops.size() && position_[at(ops[j])] <= lastAccess[at(t)]; ++j)
+          if (graph.op(ops[j]).kind == OpKind::RemoteStore) return true;
+        return false;
+      };
       const OpId next = i + 1 < ops.size() ? ops[i + 1] : kNoOp;
-      const int64_t nextAt = next == kNoOp ? std::numeric_limits<int64_t>::max() : position_[at(next)];
       if (writes_[at(t)].empty()) {
         // Read only: the entry keeps the value while the tensor is live.
-        bool storedMeanwhile = false;
-        for (std::size_t j = i + 1; j < ops.size() && position_[at(ops[j])] <= lastAccess[at(t)]; ++j)
-          storedMeanwhile = storedMeanwhile || graph.op(ops[j]).kind == OpKind::RemoteStore;
-        if (storedMeanwhile) continue;
+        if (storedWhileLive(i + 1)) continue;
         elided_[at(ops[i])] = 1;
       } else {
         // Updated in place, then stored back as the entry's next transfer,
         // and only read after that while no other value is stored into the
         // entry: the entry is the tensor's memory.
         if (next == kNoOp || graph.op(next).kind != OpKind::RemoteStore ||
-            graph.storageOf(graph.op(next).inputs[0]) != t || writes_[at(t)].back() > nextAt)
+            graph.storageOf(graph.op(next).inputs[0]) != t || writes_[at(t)].back() > position_[at(next)] ||
+            storedWhileLive(i + 2))
           continue;
-        bool storedMeanwhile = false;
-        for (std::size_t j = i + 2; j < ops.size() && position_[at(ops[j])] <= lastAccess[at(t)]; ++j)
-          storedMeanwhile = storedMeanwhile || graph.op(ops[j]).kind == OpKind::RemoteStore;
-        if (storedMeanwhile) continue;
         elided_[at(ops[i])] = 1;
         elided_[at(next)] = 1;
       }

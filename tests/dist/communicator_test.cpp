@@ -16,6 +16,7 @@
 
 #include "tessera/dist.hpp"
 #include "tessera/error.hpp"
+#include "support/instances.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;
@@ -23,35 +24,15 @@ using namespace std::chrono_literals;
 
 namespace {
 
+using test::errorOf;
+
 // Runs body(rank, communicator) on `instances` threads and returns what each
 // threw (nullptr when it returned).
 std::vector<std::exception_ptr> onInstances(int64_t instances,
                                             const std::function<void(int64_t, Communicator&)>& body,
                                             std::chrono::milliseconds timeout = 10s) {
-  const auto communicators = makeInProcessCommunicators(instances, timeout);
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(instances));
-  std::vector<std::thread> threads;
-  for (int64_t i = 0; i < instances; ++i) {
-    threads.emplace_back([&, i] {
-      try {
-        body(i, *communicators[static_cast<size_t>(i)]);
-      } catch (...) {
-        errors[static_cast<size_t>(i)] = std::current_exception();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return errors;
-}
-
-template <class E>
-E errorOf(const std::exception_ptr& error) {
-  REQUIRE(error != nullptr);
-  try {
-    std::rethrow_exception(error);
-  } catch (const E& e) {
-    return e;
-  }
+  return test::onInstances(
+      instances, [&](int64_t rank, std::shared_ptr<Communicator> c) { body(rank, *c); }, timeout);
 }
 
 }  // namespace

@@ -22,6 +22,8 @@
 #include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/session.hpp"
+#include "simdevice/device_checks.hpp"
+#include "support/instances.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;
@@ -29,16 +31,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Deterministic values in [-1, 1).
-std::vector<float> pseudoRandom(std::size_t n, uint64_t seed) {
-  std::vector<float> out(n);
-  uint64_t state = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-  for (float& v : out) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    v = static_cast<float>(-1.0 + 2.0 * static_cast<double>(state >> 11) / static_cast<double>(1ULL << 53));
-  }
-  return out;
-}
+using test::errorOf;
+using test::pseudoRandom;
 
 // Runs body(instance, communicator) for every instance on its own thread
 // (one instance: no communicator) and returns what each threw.
@@ -53,19 +47,7 @@ std::vector<std::exception_ptr> onInstances(
     }
     return errors;
   }
-  const auto communicators = makeInProcessCommunicators(instances, 20s);
-  std::vector<std::thread> threads;
-  for (int64_t i = 0; i < instances; ++i) {
-    threads.emplace_back([&, i] {
-      try {
-        body(i, communicators[static_cast<size_t>(i)]);
-      } catch (...) {
-        errors[static_cast<size_t>(i)] = std::current_exception();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return errors;
+  return test::onInstances(instances, body, 20s);
 }
 
 void requireNoErrors(const std::vector<std::exception_ptr>& errors) {
@@ -76,16 +58,6 @@ void requireNoErrors(const std::vector<std::exception_ptr>& errors) {
     } catch (const std::exception& x) {
       FAIL(x.what());
     }
-  }
-}
-
-template <class E>
-E errorOf(const std::exception_ptr& error) {
-  REQUIRE(error != nullptr);
-  try {
-    std::rethrow_exception(error);
-  } catch (const E& e) {
-    return e;
   }
 }
 

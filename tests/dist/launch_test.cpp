@@ -43,6 +43,14 @@ std::vector<std::string> trainArgs(const std::string& config, const std::vector<
   return args;
 }
 
+// `tessera train` of the MNIST config with trainArgs' settings, as one
+// shell command line (each argument single-quoted).
+std::string shellTrainCommand() {
+  std::string command = "'" + program("TESSERA_CLI") + "'";
+  for (const std::string& a : trainArgs("samples/configs/mnist.json", {})) command += " '" + a + "'";
+  return command;
+}
+
 struct Run {
   json summary;
   json weights;
@@ -187,13 +195,11 @@ TEST_CASE("the PopDist example checks its replicas on every instance") {
 
 TEST_CASE("instances started with different configs fail alike, naming the setting") {
   const auto start = Clock::now();
-  std::string command;
-  for (const std::string& a : trainArgs("samples/configs/mnist.json", {})) command += " '" + a + "'";
   // Each instance gets its own seed.
   const ProcessResult result = tessera::test::runProgram(
       program("TESSERA_CLI"),
       {"launch", "--num-replicas", "4", "--num-instances", "2", "--timeout", "30", "--", "sh", "-c",
-       "exec '" + program("TESSERA_CLI") + "'" + command + " --set /data/seed=$OMPI_COMM_WORLD_RANK"});
+       "exec " + shellTrainCommand() + " --set /data/seed=$OMPI_COMM_WORLD_RANK"});
   INFO("stdout: " << result.out << "\nstderr: " << result.err);
   CHECK(result.exitCode != 0);
   CHECK(result.err.find(
@@ -218,13 +224,10 @@ TEST_CASE("an instance that leaves makes the others fail within the timeout") {
   }
   SUBCASE("it exits with an error: mpirun stops the others") {
     const auto start = Clock::now();
-    std::string command;
-    for (const std::string& a : trainArgs("samples/configs/mnist.json", {})) command += " '" + a + "'";
     const ProcessResult result = tessera::test::runProgram(
         program("TESSERA_CLI"),
         {"launch", "--num-replicas", "4", "--num-instances", "2", "--timeout", "30", "--", "sh", "-c",
-         "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exit 3; fi; exec '" + program("TESSERA_CLI") + "'" +
-             command});
+         "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exit 3; fi; exec " + shellTrainCommand()});
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     INFO("stdout: " << result.out << "\nstderr: " << result.err << "\nafter " << seconds << " s");
     CHECK(result.exitCode != 0);

@@ -24,6 +24,7 @@
 #include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/trainer.hpp"
+#include "support/toy_data.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;
@@ -40,23 +41,9 @@ namespace fs = std::filesystem;
 constexpr int64_t kFeatures = 12;
 constexpr int64_t kGlobalBatch = 8;
 
-struct ToyData {
-  std::vector<float> images;
-  std::vector<int32_t> labels;
-};
+using test::ToyData;
 
-ToyData toyData(int64_t samples) {
-  ToyData d;
-  const std::vector<float> noise = normalSamples(samples * kFeatures, 99, 0.3);
-  for (int64_t s = 0; s < samples; ++s) {
-    const auto label = static_cast<int32_t>(s % 4);
-    d.labels.push_back(label);
-    for (int64_t f = 0; f < kFeatures; ++f) {
-      d.images.push_back((f % 4 == label ? 1.0f : 0.0f) + noise[static_cast<size_t>(s * kFeatures + f)]);
-    }
-  }
-  return d;
-}
+ToyData toyData(int64_t samples) { return test::toyData(samples, kFeatures, 99); }
 
 ModelConfig toyModel(int64_t hidden = 8) {
   ModelConfig model;

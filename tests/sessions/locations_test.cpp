@@ -18,6 +18,7 @@
 #include "tessera/optimizer.hpp"
 #include "tessera/placement.hpp"
 #include "tessera/session.hpp"
+#include "support/toy_data.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;
@@ -30,23 +31,9 @@ constexpr int64_t kSteps = 3;
 constexpr int64_t kGlobalBatch = 8;
 constexpr int64_t kFeatures = 12;
 
-struct ToyData {
-  std::vector<float> images;
-  std::vector<int32_t> labels;
-};
+using test::ToyData;
 
-ToyData toyData(int64_t samples) {
-  ToyData d;
-  const std::vector<float> noise = normalSamples(samples * kFeatures, 7, 0.3);
-  for (int64_t s = 0; s < samples; ++s) {
-    const auto label = static_cast<int32_t>(s % 4);
-    d.labels.push_back(label);
-    for (int64_t f = 0; f < kFeatures; ++f) {
-      d.images.push_back((f % 4 == label ? 1.0f : 0.0f) + noise[static_cast<size_t>(s * kFeatures + f)]);
-    }
-  }
-  return d;
-}
+ToyData toyData(int64_t samples) { return test::toyData(samples, kFeatures, 7); }
 
 ModelConfig toyModel() {
   ModelConfig model;

@@ -10,6 +10,7 @@
 #include "tessera/mlp.hpp"
 #include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
+#include "support/toy_data.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;
@@ -17,24 +18,9 @@ using namespace tessera;
 namespace {
 
 // A fixed, learnable toy problem: 16 samples of 12 features, 4 classes.
-struct ToyData {
-  std::vector<float> images;
-  std::vector<int32_t> labels;
-};
+using test::ToyData;
 
-ToyData toyData(int64_t samples, int64_t features) {
-  ToyData d;
-  const std::vector<float> noise = normalSamples(samples * features, 99, 0.3);
-  for (int64_t s = 0; s < samples; ++s) {
-    const auto label = static_cast<int32_t>(s % 4);
-    d.labels.push_back(label);
-    for (int64_t f = 0; f < features; ++f) {
-      const float signal = (f % 4 == label) ? 1.0f : 0.0f;
-      d.images.push_back(signal + noise[static_cast<size_t>(s * features + f)]);
-    }
-  }
-  return d;
-}
+ToyData toyData(int64_t samples, int64_t features) { return test::toyData(samples, features, 99); }
 
 ModelConfig toyModel() {
   ModelConfig model;

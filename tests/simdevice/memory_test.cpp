@@ -15,18 +15,21 @@ using namespace tessera;
 
 namespace {
 
+// A program of all the graph's replicas on one device.
+Program wholeProgram(const Graph& graph, int64_t numIOTiles) {
+  Program p{graph};
+  p.localReplicas = graph.replicationFactor();
+  p.globalReplicas = graph.replicationFactor();
+  p.numIOTiles = numIOTiles;
+  return p;
+}
+
 // x [4, 8] -> matmul w [8, 16] -> + b [16] -> relu -> reduceSum, plus a
 // sharded variable of 30 elements over 2 replicas and a remote variable in a
 // buffer of 3 entries of [10].
 struct Small {
   Graph graph{2};
-  Program program() const {
-    Program p{graph};
-    p.localReplicas = 2;
-    p.globalReplicas = 2;
-    p.numIOTiles = 10;
-    return p;
-  }
+  Program program() const { return wholeProgram(graph, 10); }
 };
 
 Small makeSmall() {
@@ -123,13 +126,7 @@ const CategoryMemory& category(const ReplicaMemory& m, TensorCategory c) {
 //   positions: 0 x, 1 W, 2 m, 3 Relu, 4 RemoteStore, 5 RemoteLoad, 6 Copy, 7 Add
 struct TileSets {
   Graph graph{4};
-  Program program() const {
-    Program p{graph};
-    p.localReplicas = 4;
-    p.globalReplicas = 4;
-    p.numIOTiles = 2;
-    return p;
-  }
+  Program program() const { return wholeProgram(graph, 2); }
 };
 
 TileSets makeTileSets() {
