@@ -383,7 +383,10 @@ void SimExecutable::planRemoteAliases() {
       transfers[{op.attributes.remoteBuffer, op.attributes.entry}].push_back(id);
   }
   const int64_t replicas = program_.localReplicas;
-  for (const auto& [entry, ops] : transfers) {
+  for (const auto& transfer : transfers) {
+    // Not a structured binding: lambdas below capture these.
+    const std::pair<int64_t, int64_t>& entry = transfer.first;
+    const std::vector<OpId>& ops = transfer.second;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const OpNode& load = graph.op(ops[i]);
       if (load.kind != OpKind::RemoteLoad) continue;
