@@ -1,8 +1,3 @@
-// The only translation unit of the device that includes Eigen, so that the
-// malloc guard below is configured identically wherever Eigen is used.
-#ifndef NDEBUG
-#define EIGEN_RUNTIME_NO_MALLOC
-#endif
 #include "kernels.hpp"
 
 #include <algorithm>
@@ -11,7 +6,6 @@
 #include <limits>
 #include <numbers>
 
-#include <Eigen/Core>
 #include <fmt/format.h>
 
 #include "tessera/error.hpp"
@@ -333,44 +327,10 @@ void crossEntropyKernel(const Step& s) {
   }
 }
 
-// Eigen's GEMM with packing buffers planned at load time: the expression API
-// would allocate them on the heap for every large product.
-class PlannedBlocking : public Eigen::internal::level3_blocking<float, float> {
- public:
-  PlannedBlocking(float* lhs, float* rhs, Eigen::Index mc, Eigen::Index nc, Eigen::Index kc) {
-    this->m_blockA = lhs;
-    this->m_blockB = rhs;
-    this->m_mc = mc;
-    this->m_nc = nc;
-    this->m_kc = kc;
-  }
-};
-
-template <int kLhsOrder, int kRhsOrder>
-void gemmOrdered(const Step& s, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                 int64_t ldb, float* c, float alpha) {
-  PlannedBlocking blocking(s.scratch->lhs, s.scratch->rhs, s.blockM, s.blockN, s.blockK);
-  Eigen::internal::general_matrix_matrix_product<Eigen::Index, float, kLhsOrder, false, float, kRhsOrder,
-                                                 false, Eigen::RowMajor, 1>::run(m, n, k, a, lda, b, ldb, c,
-                                                                                 1, n, alpha, blocking,
-                                                                                 nullptr);
-}
-
-// C[m, n] = alpha * op(A) op(B), C row-major and overwritten. A is [m, k]
-// row-major, or [k, m] read transposed; likewise B.
+// C[m, n] = alpha * op(A) op(B) with the step's plan and scratch.
 void gemm(const Step& s, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
           float alpha) {
-  std::fill_n(c, m * n, 0.0f);
-  if (m == 0 || n == 0 || k == 0) return;
-  if (!s.transA && !s.transB) {
-    gemmOrdered<Eigen::RowMajor, Eigen::RowMajor>(s, m, n, k, a, k, b, n, c, alpha);
-  } else if (s.transA && !s.transB) {
-    gemmOrdered<Eigen::ColMajor, Eigen::RowMajor>(s, m, n, k, a, m, b, n, c, alpha);
-  } else if (!s.transA && s.transB) {
-    gemmOrdered<Eigen::RowMajor, Eigen::ColMajor>(s, m, n, k, a, k, b, k, c, alpha);
-  } else {
-    gemmOrdered<Eigen::ColMajor, Eigen::ColMajor>(s, m, n, k, a, m, b, k, c, alpha);
-  }
+  sim::gemm(s.gemmPlan, GemmShape{m, n, k, s.transA, s.transB}, a, b, c, alpha, s.scratch->lhs, s.scratch->rhs);
 }
 
 void matmul(const Step& s) {
@@ -474,21 +434,12 @@ void runChain(const Step& s) {
 }  // namespace
 
 std::array<int64_t, 2> planGemm(Step& step) {
-  // The result is row-major, so Eigen computes the transposed product:
-  // its "rows" are our columns.
-  Eigen::Index kc = std::max<int64_t>(step.depth, 1);
-  Eigen::Index mc = std::max<int64_t>(step.cols, 1);
   int64_t rows = step.rows;
   for (const Run& run : step.runs) {
     if (!step.transA && run.advance[0] && !run.advance[1]) rows = std::max(rows, run.count * step.rows);
   }
-  Eigen::Index nc = std::max<int64_t>(rows, 1);
-  Eigen::internal::computeProductBlockingSizes<float, float, 1, Eigen::Index>(kc, mc, nc, 1);
-  step.blockK = kc;
-  step.blockM = mc;
-  step.blockN = nc;
-  return {kc * std::min<int64_t>(mc, std::max<int64_t>(step.cols, 1)),
-          kc * std::min<int64_t>(nc, std::max<int64_t>(rows, 1))};
+  step.gemmPlan = sim::planGemm(bestGemmIsa(), rows, step.cols, step.depth);
+  return {step.gemmPlan.lhsFloats, step.gemmPlan.rhsFloats};
 }
 
 Kernel denseKernel(OpKind kind) {
@@ -552,11 +503,5 @@ Kernel matmulSlicesKernel() { return matmulSlices; }
 Kernel copyKernel() { return copyRuns; }
 Kernel inputKernel() { return feedKernel; }
 Kernel chainKernel() { return runChain; }
-
-void forbidEigenMalloc([[maybe_unused]] bool forbid) {
-#ifdef EIGEN_RUNTIME_NO_MALLOC
-  Eigen::internal::set_is_malloc_allowed(!forbid);
-#endif
-}
 
 }  // namespace tessera::sim

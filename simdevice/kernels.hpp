@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "gemm.hpp"
 #include "tessera/graph.hpp"
 
 namespace tessera {
@@ -74,7 +75,7 @@ using TileKernel = void (*)(const Step&, const TileOperands&, int64_t n);
 // of a typical chain stays in L1.
 inline constexpr int64_t kChainSlice = 512;
 
-// Scratch shared by every GEMM of a plan: Eigen's packing buffers, and the
+// Scratch shared by every GEMM of a plan: the packing buffers, and the
 // whole product of a GEMM of which a step keeps slices (matmulSlicesKernel).
 struct GemmScratch {
   float* lhs = nullptr;
@@ -109,10 +110,8 @@ struct Step {
   int64_t depth = 0;
   bool transA = false;
   bool transB = false;
-  // Eigen's cache blocking for this product, chosen at load time.
-  int64_t blockK = 0;
-  int64_t blockM = 0;
-  int64_t blockN = 0;
+  // The product's kernel and cache blocking, chosen at load time.
+  GemmPlan gemmPlan;
   const GemmScratch* scratch = nullptr;
 
   // Softmax-like kernels: `cols` classes per row. Collectives and remote
@@ -159,12 +158,8 @@ Kernel chainKernel();
 // The slice kernel of an elementwise kind, or null for kinds that have none.
 TileKernel tileKernel(OpKind kind);
 
-// Chooses Eigen's cache blocking for an [m, k] x [k, n] product and returns
-// the scratch it needs (lhs, rhs floats).
+// Plans a matmul step's product (the largest it runs) and returns the
+// packing scratch it needs (lhs, rhs floats).
 std::array<int64_t, 2> planGemm(Step& step);
-
-// The step path must not allocate; in builds with assertions enabled, Eigen
-// is told so while run() executes.
-void forbidEigenMalloc(bool forbid);
 
 }  // namespace tessera::sim

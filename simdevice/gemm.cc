@@ -1,0 +1,356 @@
+// The only translation unit of the device that includes Eigen, so that the
+// malloc guard below is configured identically wherever Eigen is used.
+#ifndef NDEBUG
+#define EIGEN_RUNTIME_NO_MALLOC
+#endif
+#include "gemm.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include <Eigen/Core>
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define TESSERA_GEMM_X86 1
+#include <immintrin.h>
+#endif
+
+namespace tessera::sim {
+
+namespace {
+
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t roundUp(int64_t a, int64_t b) { return ceilDiv(a, b) * b; }
+
+// ---- Portable: Eigen's GEMM with packing buffers planned at load time (the
+// expression API would allocate them on the heap for every large product).
+
+class PlannedBlocking : public Eigen::internal::level3_blocking<float, float> {
+ public:
+  PlannedBlocking(float* lhs, float* rhs, Eigen::Index mc, Eigen::Index nc, Eigen::Index kc) {
+    this->m_blockA = lhs;
+    this->m_blockB = rhs;
+    this->m_mc = mc;
+    this->m_nc = nc;
+    this->m_kc = kc;
+  }
+};
+
+// The result is row-major, so Eigen computes the transposed product: its
+// "rows" are our columns (plan.mc blocks n, plan.nc blocks m).
+template <int kLhsOrder, int kRhsOrder>
+void eigenOrdered(const GemmPlan& plan, const GemmShape& s, const float* a, int64_t lda, const float* b,
+                  int64_t ldb, float* c, float alpha, float* lhs, float* rhs) {
+  PlannedBlocking blocking(lhs, rhs, plan.mc, plan.nc, plan.kc);
+  Eigen::internal::general_matrix_matrix_product<Eigen::Index, float, kLhsOrder, false, float, kRhsOrder,
+                                                 false, Eigen::RowMajor, 1>::run(s.m, s.n, s.k, a, lda, b, ldb,
+                                                                                 c, 1, s.n, alpha, blocking,
+                                                                                 nullptr);
+}
+
+void eigenGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const float* b, float* c, float alpha,
+               float* lhs, float* rhs) {
+  std::fill_n(c, s.m * s.n, 0.0f);
+  if (s.k == 0) return;
+  if (!s.transA && !s.transB) {
+    eigenOrdered<Eigen::RowMajor, Eigen::RowMajor>(plan, s, a, s.k, b, s.n, c, alpha, lhs, rhs);
+  } else if (s.transA && !s.transB) {
+    eigenOrdered<Eigen::ColMajor, Eigen::RowMajor>(plan, s, a, s.m, b, s.n, c, alpha, lhs, rhs);
+  } else if (!s.transA && s.transB) {
+    eigenOrdered<Eigen::RowMajor, Eigen::ColMajor>(plan, s, a, s.k, b, s.k, c, alpha, lhs, rhs);
+  } else {
+    eigenOrdered<Eigen::ColMajor, Eigen::ColMajor>(plan, s, a, s.m, b, s.k, c, alpha, lhs, rhs);
+  }
+}
+
+GemmPlan planEigen(int64_t m, int64_t n, int64_t k) {
+  Eigen::Index kc = std::max<int64_t>(k, 1);
+  Eigen::Index mc = std::max<int64_t>(n, 1);
+  Eigen::Index nc = std::max<int64_t>(m, 1);
+  Eigen::internal::computeProductBlockingSizes<float, float, 1, Eigen::Index>(kc, mc, nc, 1);
+  GemmPlan plan;
+  plan.kc = kc;
+  plan.mc = mc;
+  plan.nc = nc;
+  plan.lhsFloats = kc * std::min<int64_t>(mc, std::max<int64_t>(n, 1));
+  plan.rhsFloats = kc * std::min<int64_t>(nc, std::max<int64_t>(m, 1));
+  return plan;
+}
+
+// ---- Packed micro-kernels (the GotoBLAS scheme). For each block of at most
+// kBlockK steps of the sum, op(B)'s [kc, nc] block is packed in strips of kNR
+// columns (kNR floats per step, padded with zeros). A micro-kernel computes a
+// kMR x kNR tile of C in registers, broadcasting kMR values of A per step
+// against a step of a B strip. A is read where it is, [m, k] or [k, m]:
+// a strip of kMR rows is reused from L1 across the whole block of B, so
+// packing it would only copy it; only a last strip of fewer than kMR rows
+// is copied, padded with zeros, into the lhs scratch (laid out [kc, kMR],
+// i.e. transposed).
+
+// c[i * ldc + j] = alpha * tile (+ c when accumulating), tile = the product
+// of A's strip (element (i, p) at a[i * lda + p], or a[p * lda + i] when
+// transposed) and B's packed strip over kc steps.
+using MicroKernel = void (*)(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc,
+                             float alpha, bool accumulate);
+
+// Sum blocks at most this deep; columns per packed block of B.
+constexpr int64_t kBlockK = 256;
+constexpr int64_t kBlockN = 512;
+
+template <int kNR>
+void packB(const GemmShape& s, const float* b, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
+  for (int64_t jr = 0; jr < nc; jr += kNR, out += kNR * kc) {
+    const int64_t nr = std::min<int64_t>(kNR, nc - jr);
+    if (!s.transB) {  // B is [k, n]: a step's kNR values are contiguous
+      const float* src = b + p0 * s.n + j0 + jr;
+      if (nr == kNR) {
+        for (int64_t p = 0; p < kc; ++p, src += s.n) {
+          float* dst = out + p * kNR;
+          for (int j = 0; j < kNR; ++j) dst[j] = src[j];
+        }
+        continue;
+      }
+      for (int64_t p = 0; p < kc; ++p, src += s.n) {
+        float* dst = out + p * kNR;
+        for (int64_t j = 0; j < kNR; ++j) dst[j] = j < nr ? src[j] : 0.0f;
+      }
+    } else {  // B is [n, k]: a column's steps are contiguous
+      for (int64_t j = 0; j < kNR; ++j) {
+        if (j >= nr) {
+          for (int64_t p = 0; p < kc; ++p) out[p * kNR + j] = 0.0f;
+          continue;
+        }
+        const float* src = b + (j0 + jr + j) * s.k + p0;
+        for (int64_t p = 0; p < kc; ++p) out[p * kNR + j] = src[p];
+      }
+    }
+  }
+}
+
+// The last mr < kMR rows of op(A) for steps [p0, p0 + kc), as [kc, kMR].
+template <int kMR>
+void packEdgeA(const GemmShape& s, const float* a, int64_t i0, int64_t mr, int64_t p0, int64_t kc, float* out) {
+  for (int64_t p = 0; p < kc; ++p) {
+    for (int64_t i = 0; i < kMR; ++i) {
+      out[p * kMR + i] =
+          i >= mr ? 0.0f : (s.transA ? a[(p0 + p) * s.m + i0 + i] : a[(i0 + i) * s.k + p0 + p]);
+    }
+  }
+}
+
+template <int kMR, int kNR, MicroKernel kRows, MicroKernel kTransposed>
+void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const float* b, float* c, float alpha,
+                float* lhs, float* rhs) {
+  if (s.k == 0) {
+    std::fill_n(c, s.m * s.n, 0.0f);
+    return;
+  }
+  // Blocks of the sum split k evenly and depend on k alone, so every
+  // element is summed in the same order whatever m and n are.
+  const int64_t blocks = ceilDiv(s.k, plan.kc);
+  alignas(64) float tile[kMR * kNR];
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int64_t p0 = s.k * kb / blocks;
+    const int64_t kc = s.k * (kb + 1) / blocks - p0;
+    const bool accumulate = kb > 0;
+    for (int64_t j0 = 0; j0 < s.n; j0 += plan.nc) {
+      const int64_t nc = std::min(plan.nc, s.n - j0);
+      packB<kNR>(s, b, p0, kc, j0, nc, rhs);
+      for (int64_t i0 = 0; i0 < s.m; i0 += kMR) {
+        const int64_t mr = std::min<int64_t>(kMR, s.m - i0);
+        MicroKernel kernel = s.transA ? kTransposed : kRows;
+        const float* ap = s.transA ? a + p0 * s.m + i0 : a + i0 * s.k + p0;
+        int64_t lda = s.transA ? s.m : s.k;
+        if (mr < kMR) {
+          packEdgeA<kMR>(s, a, i0, mr, p0, kc, lhs);
+          kernel = kTransposed;
+          ap = lhs;
+          lda = kMR;
+        }
+        for (int64_t jr = 0; jr < nc; jr += kNR) {
+          const float* bp = rhs + jr * kc;
+          const int64_t nr = std::min<int64_t>(kNR, nc - jr);
+          float* cp = c + i0 * s.n + j0 + jr;
+          if (mr == kMR && nr == kNR) {
+            kernel(kc, ap, lda, bp, cp, s.n, alpha, accumulate);
+            continue;
+          }
+          // An edge tile: computed whole, then its valid part written with
+          // the same arithmetic as a full tile's.
+          kernel(kc, ap, lda, bp, tile, kNR, alpha, false);
+          for (int64_t i = 0; i < mr; ++i) {
+            float* row = cp + i * s.n;
+            const float* t = tile + i * kNR;
+            if (accumulate) {
+              for (int64_t j = 0; j < nr; ++j) row[j] = t[j] + row[j];
+            } else {
+              std::copy_n(t, nr, row);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+using PackedGemm = void (*)(const GemmPlan&, const GemmShape&, const float*, const float*, float*, float, float*,
+                            float*);
+
+// One tile shape of an instruction set.
+struct PackedVariant {
+  GemmIsa isa;
+  int mr;
+  int nr;
+  PackedGemm run;
+};
+
+#ifdef TESSERA_GEMM_X86
+
+template <int kMR, int kNV, bool kTransA>
+__attribute__((target("avx512f"))) void kernelAvx512(int64_t kc, const float* a, int64_t lda, const float* b,
+                                                      float* c, int64_t ldc, float alpha, bool accumulate) {
+  __m512 acc[kMR][kNV];
+#pragma GCC unroll 16
+  for (auto& row : acc)
+    for (auto& v : row) v = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p, a += kTransA ? lda : 1, b += 16 * kNV) {
+    __m512 bv[kNV];
+    for (int v = 0; v < kNV; ++v) bv[v] = _mm512_load_ps(b + 16 * v);
+    for (int i = 0; i < kMR; ++i) {
+      const __m512 ai = _mm512_set1_ps(kTransA ? a[i] : a[i * lda]);
+      for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(alpha);
+#pragma GCC unroll 16
+  for (int i = 0; i < kMR; ++i, c += ldc) {
+    for (int v = 0; v < kNV; ++v) {
+      __m512 r = _mm512_mul_ps(acc[i][v], scale);
+      if (accumulate) r = _mm512_add_ps(r, _mm512_loadu_ps(c + 16 * v));
+      _mm512_storeu_ps(c + 16 * v, r);
+    }
+  }
+}
+
+template <int kMR, int kNV, bool kTransA>
+__attribute__((target("avx2,fma"))) void kernelAvx2(int64_t kc, const float* a, int64_t lda, const float* b,
+                                                    float* c, int64_t ldc, float alpha, bool accumulate) {
+  __m256 acc[kMR][kNV];
+#pragma GCC unroll 16
+  for (auto& row : acc)
+    for (auto& v : row) v = _mm256_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p, a += kTransA ? lda : 1, b += 8 * kNV) {
+    __m256 bv[kNV];
+    for (int v = 0; v < kNV; ++v) bv[v] = _mm256_load_ps(b + 8 * v);
+    for (int i = 0; i < kMR; ++i) {
+      const __m256 ai = _mm256_broadcast_ss(kTransA ? a + i : a + i * lda);
+      for (int v = 0; v < kNV; ++v) acc[i][v] = _mm256_fmadd_ps(ai, bv[v], acc[i][v]);
+    }
+  }
+  const __m256 scale = _mm256_set1_ps(alpha);
+#pragma GCC unroll 16
+  for (int i = 0; i < kMR; ++i, c += ldc) {
+    for (int v = 0; v < kNV; ++v) {
+      __m256 r = _mm256_mul_ps(acc[i][v], scale);
+      if (accumulate) r = _mm256_add_ps(r, _mm256_loadu_ps(c + 8 * v));
+      _mm256_storeu_ps(c + 8 * v, r);
+    }
+  }
+}
+
+template <int kMR, int kNV>
+constexpr PackedVariant avx512Variant() {
+  return {GemmIsa::Avx512, kMR, 16 * kNV,
+          packedGemm<kMR, 16 * kNV, kernelAvx512<kMR, kNV, false>, kernelAvx512<kMR, kNV, true>>};
+}
+
+template <int kMR, int kNV>
+constexpr PackedVariant avx2Variant() {
+  return {GemmIsa::Avx2, kMR, 8 * kNV, packedGemm<kMR, 8 * kNV, kernelAvx2<kMR, kNV, false>, kernelAvx2<kMR, kNV, true>>};
+}
+
+// Per instruction set, the tile shapes from the narrowest; a product takes
+// the first whose columns its n fills, else the widest.
+constexpr PackedVariant kVariants[] = {
+    avx512Variant<12, 1>(), avx512Variant<8, 2>(),
+    avx2Variant<6, 1>(),    avx2Variant<6, 2>(),
+};
+
+bool cpuHasAvx512() { return __builtin_cpu_supports("avx512f"); }
+bool cpuHasAvx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+#else
+
+constexpr PackedVariant kVariants[] = {{GemmIsa::Portable, 0, 0, nullptr}};
+
+bool cpuHasAvx512() { return false; }
+bool cpuHasAvx2() { return false; }
+
+#endif
+
+const PackedVariant* variantOf(const GemmPlan& plan) {
+  for (const PackedVariant& v : kVariants)
+    if (v.run != nullptr && v.isa == plan.isa && v.nr == plan.nr && v.mr == plan.mr) return &v;
+  return nullptr;
+}
+
+GemmPlan planPacked(GemmIsa isa, int64_t m, int64_t n, int64_t k) {
+  const PackedVariant* chosen = nullptr;
+  for (const PackedVariant& v : kVariants) {
+    if (v.run == nullptr || v.isa != isa) continue;
+    if (chosen != nullptr && n <= chosen->nr) break;
+    chosen = &v;
+  }
+  if (chosen == nullptr) return planEigen(m, n, k);
+  GemmPlan plan;
+  plan.isa = isa;
+  plan.mr = chosen->mr;
+  plan.nr = chosen->nr;
+  plan.kc = std::max<int64_t>(std::min(k, kBlockK), 1);
+  plan.nc = kBlockN;
+  plan.lhsFloats = plan.mr * plan.kc;
+  plan.rhsFloats = roundUp(std::clamp<int64_t>(n, 1, kBlockN), plan.nr) * plan.kc;
+  return plan;
+}
+
+}  // namespace
+
+std::string_view gemmIsaName(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::Portable: return "portable";
+    case GemmIsa::Avx2: return "avx2";
+    case GemmIsa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+std::vector<GemmIsa> availableGemmIsas() {
+  std::vector<GemmIsa> isas{GemmIsa::Portable};
+  if (cpuHasAvx2()) isas.push_back(GemmIsa::Avx2);
+  if (cpuHasAvx512()) isas.push_back(GemmIsa::Avx512);
+  return isas;
+}
+
+GemmIsa bestGemmIsa() {
+  static const GemmIsa best = availableGemmIsas().back();
+  return best;
+}
+
+GemmPlan planGemm(GemmIsa isa, int64_t m, int64_t n, int64_t k) {
+  return isa == GemmIsa::Portable ? planEigen(m, n, k) : planPacked(isa, m, n, k);
+}
+
+void gemm(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c, float alpha,
+          float* lhs, float* rhs) {
+  if (shape.m == 0 || shape.n == 0) return;
+  if (const PackedVariant* packed = variantOf(plan)) return packed->run(plan, shape, a, b, c, alpha, lhs, rhs);
+  eigenGemm(plan, shape, a, b, c, alpha, lhs, rhs);
+}
+
+void forbidEigenMalloc([[maybe_unused]] bool forbid) {
+#ifdef EIGEN_RUNTIME_NO_MALLOC
+  Eigen::internal::set_is_malloc_allowed(!forbid);
+#endif
+}
+
+}  // namespace tessera::sim

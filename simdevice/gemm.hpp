@@ -1,0 +1,59 @@
+// The device's matrix product. On x86 CPUs with AVX2 + FMA or AVX-512 it runs
+// hand-written packed micro-kernels, chosen at run time from the CPU (so a
+// build for the baseline architecture still uses them); elsewhere it runs
+// Eigen's GEMM.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace tessera::sim {
+
+enum class GemmIsa { Portable, Avx2, Avx512 };
+
+std::string_view gemmIsaName(GemmIsa isa);
+// Every kernel this CPU can run, Portable first and the best last.
+std::vector<GemmIsa> availableGemmIsas();
+// The best of them, which the device uses.
+GemmIsa bestGemmIsa();
+
+// C[m, n] = alpha * op(A) op(B), C row-major and overwritten. A is [m, k]
+// row-major, or [k, m] read transposed (transA); likewise B is [k, n] or
+// [n, k].
+struct GemmShape {
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  bool transA = false;
+  bool transB = false;
+};
+
+// Cache blocking chosen at load time for products up to a maximal shape,
+// and the packing scratch (floats) it needs. Every product whose m, n and k
+// do not exceed the planned ones runs with the same scratch.
+struct GemmPlan {
+  GemmIsa isa = GemmIsa::Portable;
+  int mr = 0;  // rows and columns of a micro-kernel's tile (packed kernels)
+  int nr = 0;
+  int64_t kc = 0;
+  int64_t mc = 0;
+  int64_t nc = 0;
+  int64_t lhsFloats = 0;
+  int64_t rhsFloats = 0;
+};
+
+GemmPlan planGemm(GemmIsa isa, int64_t m, int64_t n, int64_t k);
+
+// Runs one product. lhs and rhs hold the plan's lhsFloats and rhsFloats and
+// are 64-byte aligned. With the packed kernels each element of C is summed
+// over k in the same order whatever m and n are, so splitting a product by
+// rows does not change its bits (Eigen's kernel does not promise that).
+void gemm(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c, float alpha,
+          float* lhs, float* rhs);
+
+// The step path must not allocate; in builds with assertions enabled, Eigen
+// is told so while a program runs.
+void forbidEigenMalloc(bool forbid);
+
+}  // namespace tessera::sim

@@ -1,0 +1,154 @@
+// The device's matrix product, every kernel this CPU can run: against a
+// double-precision product, with scratch of exactly the planned size; the
+// packed kernels bitwise the same whichever way a product is split by rows.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "device_checks.hpp"
+#include "gemm.hpp"
+
+namespace tessera::sim {
+namespace {
+
+// A 64-byte aligned buffer of exactly n floats (so that an overrun of the
+// planned scratch is an error under AddressSanitizer).
+struct Aligned {
+  struct Free {
+    void operator()(float* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  explicit Aligned(int64_t n)
+      : data(static_cast<float*>(::operator new[](static_cast<std::size_t>(std::max<int64_t>(n, 1)) * sizeof(float),
+                                                  std::align_val_t{64}))) {}
+  std::unique_ptr<float, Free> data;
+};
+
+struct Case {
+  int64_t m, n, k;
+  bool transA, transB;
+};
+
+std::string describe(GemmIsa isa, const Case& c) {
+  return std::string(gemmIsaName(isa)) + " m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
+         " k=" + std::to_string(c.k) + (c.transA ? " A^T" : "") + (c.transB ? " B^T" : "");
+}
+
+// op(A) op(B) in double; A and B as stored.
+std::vector<double> oracle(const Case& c, const std::vector<float>& a, const std::vector<float>& b, double alpha) {
+  std::vector<double> out(static_cast<std::size_t>(c.m * c.n), 0.0);
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      double sum = 0.0;
+      for (int64_t p = 0; p < c.k; ++p) {
+        const double x = a[static_cast<std::size_t>(c.transA ? p * c.m + i : i * c.k + p)];
+        const double y = b[static_cast<std::size_t>(c.transB ? j * c.k + p : p * c.n + j)];
+        sum += x * y;
+      }
+      out[static_cast<std::size_t>(i * c.n + j)] = alpha * sum;
+    }
+  }
+  return out;
+}
+
+// Runs one product with scratch planned for (planM, planN) and the case's k.
+std::vector<float> run(GemmIsa isa, const Case& c, const float* a, const float* b, float alpha, int64_t planM,
+                       int64_t planN) {
+  const GemmPlan plan = planGemm(isa, planM, planN, c.k);
+  Aligned lhs(plan.lhsFloats);
+  Aligned rhs(plan.rhsFloats);
+  // Poisoned: the product must overwrite every element.
+  std::vector<float> out(static_cast<std::size_t>(c.m * c.n), std::numeric_limits<float>::quiet_NaN());
+  gemm(plan, GemmShape{c.m, c.n, c.k, c.transA, c.transB}, a, b, out.data(), alpha, lhs.data.get(),
+       rhs.data.get());
+  return out;
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = [] {
+    std::vector<Case> out;
+    // Whole tiles, edges in both directions, sums split into several
+    // blocks (k > 256), more columns than one packed block (n > 512), the
+    // benchmark MLP's shapes, and degenerate sizes.
+    const int64_t shapes[][3] = {{1, 1, 1},    {8, 32, 16},  {12, 16, 7},  {13, 33, 5},   {64, 256, 784},
+                                 {64, 10, 128}, {128, 10, 64}, {784, 40, 64}, {7, 600, 300}, {30, 17, 513},
+                                 {5, 3, 0},    {3, 70, 2},   {25, 1, 9},   {96, 48, 257}};
+    for (const auto& s : shapes)
+      for (int t = 0; t < 4; ++t) out.push_back({s[0], s[1], s[2], (t & 1) != 0, (t & 2) != 0});
+    return out;
+  }();
+  return all;
+}
+
+TEST_CASE("every kernel matches the double product, with exactly the planned scratch") {
+  for (GemmIsa isa : availableGemmIsas()) {
+    for (const Case& c : cases()) {
+      CAPTURE(describe(isa, c));
+      const auto a = test::pseudoRandom(static_cast<std::size_t>(c.m * c.k), 11 + c.k);
+      const auto b = test::pseudoRandom(static_cast<std::size_t>(c.k * c.n), 29 + c.n);
+      const float alpha = 0.75f;
+      const std::vector<float> got = run(isa, c, a.data(), b.data(), alpha, c.m, c.n);
+      const std::vector<double> want = oracle(c, a, b, alpha);
+      double worst = 0.0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        // Float sums of k products of values in [-1, 1): error below
+        // k * eps * sum |terms| <= k * eps * k.
+        const double bound = 1e-6 + static_cast<double>(c.k) * static_cast<double>(c.k) * 6e-8;
+        worst = std::max(worst, std::abs(got[i] - want[i]) / bound);
+      }
+      CHECK(worst <= 1.0);
+    }
+  }
+}
+
+TEST_CASE("packed kernels: splitting a product by rows does not change its bits") {
+  for (GemmIsa isa : availableGemmIsas()) {
+    if (isa == GemmIsa::Portable) continue;
+    for (const Case& c : cases()) {
+      if (c.m < 2 || c.transA) continue;  // row blocks of A [m, k] are contiguous
+      CAPTURE(describe(isa, c));
+      const auto a = test::pseudoRandom(static_cast<std::size_t>(c.m * c.k), 3);
+      const auto b = test::pseudoRandom(static_cast<std::size_t>(c.k * c.n), 5);
+      const std::vector<float> whole = run(isa, c, a.data(), b.data(), 1.0f, c.m, c.n);
+      // Rows [0, top) and [top, m), top not a multiple of any tile height,
+      // each with scratch planned for the whole product.
+      const int64_t top = c.m / 2 + 1 < c.m ? c.m / 2 + 1 : c.m / 2;
+      const Case upper{top, c.n, c.k, false, c.transB};
+      const Case lower{c.m - top, c.n, c.k, false, c.transB};
+      std::vector<float> split = run(isa, upper, a.data(), b.data(), 1.0f, c.m, c.n);
+      const std::vector<float> rest = run(isa, lower, a.data() + top * c.k, b.data(), 1.0f, c.m, c.n);
+      split.insert(split.end(), rest.begin(), rest.end());
+      CHECK(split == whole);
+      // One row at a time.
+      std::vector<float> rows;
+      for (int64_t i = 0; i < c.m; ++i) {
+        const std::vector<float> row =
+            run(isa, Case{1, c.n, c.k, false, c.transB}, a.data() + i * c.k, b.data(), 1.0f, c.m, c.n);
+        rows.insert(rows.end(), row.begin(), row.end());
+      }
+      CHECK(rows == whole);
+    }
+  }
+}
+
+TEST_CASE("the device uses the best kernel the CPU has") {
+  const std::vector<GemmIsa> isas = availableGemmIsas();
+  REQUIRE(!isas.empty());
+  CHECK(isas.front() == GemmIsa::Portable);
+  CHECK(bestGemmIsa() == isas.back());
+  for (GemmIsa isa : isas) {
+    const GemmPlan plan = planGemm(isa, 64, 256, 784);
+    CHECK(plan.isa == isa);
+    CHECK(plan.lhsFloats > 0);
+    CHECK(plan.rhsFloats > 0);
+  }
+  MESSAGE("GEMM kernels on this CPU: ", isas.size(), ", using ", std::string(gemmIsaName(bestGemmIsa())));
+}
+
+}  // namespace
+}  // namespace tessera::sim
