@@ -77,21 +77,23 @@ GemmPlan planEigen(int64_t m, int64_t n, int64_t k) {
   return plan;
 }
 
-// ---- Packed micro-kernels (the GotoBLAS scheme). For each block of at most
-// kBlockK steps of the sum, op(B)'s [kc, nc] block is packed in strips of kNR
-// columns (kNR floats per step, padded with zeros). A micro-kernel computes a
-// kMR x kNR tile of C in registers, broadcasting kMR values of A per step
-// against a step of a B strip. A is read where it is, [m, k] or [k, m]:
-// a strip of kMR rows is reused from L1 across the whole block of B, so
-// packing it would only copy it; only a last strip of fewer than kMR rows
+// ---- Packed micro-kernels (the GotoBLAS scheme). The sum is cut into blocks
+// of at most kBlockK steps and op(B) into strips of kNR columns; a
+// micro-kernel computes a kMR x kNR tile of C in registers, broadcasting kMR
+// values of A per step against a step of a B strip (kNR floats). A strip of
+// B [k, n] is read where it is (kNR contiguous floats per step); B [n, k] and
+// a last strip of fewer than kNR columns are packed into the rhs scratch
+// ([kc, kNR] per strip, padded with zeros). A is read where it is, [m, k] or
+// [k, m]: a strip of kMR rows is reused from L1 across the whole block of B,
+// so packing it would only copy it; only a last strip of fewer than kMR rows
 // is copied, padded with zeros, into the lhs scratch (laid out [kc, kMR],
 // i.e. transposed).
 
 // c[i * ldc + j] = alpha * tile (+ c when accumulating), tile = the product
 // of A's strip (element (i, p) at a[i * lda + p], or a[p * lda + i] when
-// transposed) and B's packed strip over kc steps.
-using MicroKernel = void (*)(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc,
-                             float alpha, bool accumulate);
+// transposed) and B's strip (step p at b + p * ldb) over kc steps.
+using MicroKernel = void (*)(int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                             int64_t ldc, float alpha, bool accumulate);
 
 // Sum blocks at most this deep; columns per packed block of B.
 constexpr int64_t kBlockK = 256;
@@ -101,15 +103,9 @@ template <int kNR>
 void packB(const GemmShape& s, const float* b, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
   for (int64_t jr = 0; jr < nc; jr += kNR, out += kNR * kc) {
     const int64_t nr = std::min<int64_t>(kNR, nc - jr);
-    if (!s.transB) {  // B is [k, n]: a step's kNR values are contiguous
+    if (!s.transB) {  // B is [k, n]: whole strips are read where they are
+      if (nr == kNR) continue;
       const float* src = b + p0 * s.n + j0 + jr;
-      if (nr == kNR) {
-        for (int64_t p = 0; p < kc; ++p, src += s.n) {
-          float* dst = out + p * kNR;
-          for (int j = 0; j < kNR; ++j) dst[j] = src[j];
-        }
-        continue;
-      }
       for (int64_t p = 0; p < kc; ++p, src += s.n) {
         float* dst = out + p * kNR;
         for (int64_t j = 0; j < kNR; ++j) dst[j] = j < nr ? src[j] : 0.0f;
@@ -168,16 +164,18 @@ void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const 
           lda = kMR;
         }
         for (int64_t jr = 0; jr < nc; jr += kNR) {
-          const float* bp = rhs + jr * kc;
           const int64_t nr = std::min<int64_t>(kNR, nc - jr);
+          const bool direct = !s.transB && nr == kNR;
+          const float* bp = direct ? b + p0 * s.n + j0 + jr : rhs + jr * kc;
+          const int64_t ldb = direct ? s.n : kNR;
           float* cp = c + i0 * s.n + j0 + jr;
           if (mr == kMR && nr == kNR) {
-            kernel(kc, ap, lda, bp, cp, s.n, alpha, accumulate);
+            kernel(kc, ap, lda, bp, ldb, cp, s.n, alpha, accumulate);
             continue;
           }
           // An edge tile: computed whole, then its valid part written with
           // the same arithmetic as a full tile's.
-          kernel(kc, ap, lda, bp, tile, kNR, alpha, false);
+          kernel(kc, ap, lda, bp, ldb, tile, kNR, alpha, false);
           for (int64_t i = 0; i < mr; ++i) {
             float* row = cp + i * s.n;
             const float* t = tile + i * kNR;
@@ -208,14 +206,15 @@ struct PackedVariant {
 
 template <int kMR, int kNV, bool kTransA>
 __attribute__((target("avx512f"))) void kernelAvx512(int64_t kc, const float* a, int64_t lda, const float* b,
-                                                      float* c, int64_t ldc, float alpha, bool accumulate) {
+                                                      int64_t ldb, float* c, int64_t ldc, float alpha,
+                                                      bool accumulate) {
   __m512 acc[kMR][kNV];
 #pragma GCC unroll 16
   for (auto& row : acc)
     for (auto& v : row) v = _mm512_setzero_ps();
-  for (int64_t p = 0; p < kc; ++p, a += kTransA ? lda : 1, b += 16 * kNV) {
+  for (int64_t p = 0; p < kc; ++p, a += kTransA ? lda : 1, b += ldb) {
     __m512 bv[kNV];
-    for (int v = 0; v < kNV; ++v) bv[v] = _mm512_load_ps(b + 16 * v);
+    for (int v = 0; v < kNV; ++v) bv[v] = _mm512_loadu_ps(b + 16 * v);
     for (int i = 0; i < kMR; ++i) {
       const __m512 ai = _mm512_set1_ps(kTransA ? a[i] : a[i * lda]);
       for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
@@ -234,14 +233,15 @@ __attribute__((target("avx512f"))) void kernelAvx512(int64_t kc, const float* a,
 
 template <int kMR, int kNV, bool kTransA>
 __attribute__((target("avx2,fma"))) void kernelAvx2(int64_t kc, const float* a, int64_t lda, const float* b,
-                                                    float* c, int64_t ldc, float alpha, bool accumulate) {
+                                                    int64_t ldb, float* c, int64_t ldc, float alpha,
+                                                    bool accumulate) {
   __m256 acc[kMR][kNV];
 #pragma GCC unroll 16
   for (auto& row : acc)
     for (auto& v : row) v = _mm256_setzero_ps();
-  for (int64_t p = 0; p < kc; ++p, a += kTransA ? lda : 1, b += 8 * kNV) {
+  for (int64_t p = 0; p < kc; ++p, a += kTransA ? lda : 1, b += ldb) {
     __m256 bv[kNV];
-    for (int v = 0; v < kNV; ++v) bv[v] = _mm256_load_ps(b + 8 * v);
+    for (int v = 0; v < kNV; ++v) bv[v] = _mm256_loadu_ps(b + 8 * v);
     for (int i = 0; i < kMR; ++i) {
       const __m256 ai = _mm256_broadcast_ss(kTransA ? a + i : a + i * lda);
       for (int v = 0; v < kNV; ++v) acc[i][v] = _mm256_fmadd_ps(ai, bv[v], acc[i][v]);
