@@ -40,8 +40,10 @@ void Sgd::addUpdate(Graph& graph, Tensor weight, Tensor gradient) {
   }
   if (options_.momentum > 0) {
     Tensor velocity = zeroVariableLike(weight, weight.name() + ".momentum", TensorCategory::OptimizerState);
-    const Tensor next = ops::add(ops::mul(velocity, hyperParameter(graph, "momentumFactor")),
-                                 ops::mul(direction, hyperParameter(graph, "dampeningFactor")));
+    // Without dampening the factor of the gradient is 1 at every step.
+    const Tensor damped =
+        options_.dampening == 0 ? direction : ops::mul(direction, hyperParameter(graph, "dampeningFactor"));
+    const Tensor next = ops::add(ops::mul(velocity, hyperParameter(graph, "momentumFactor")), damped);
     velocity = ops::copyInplace(velocity, next);
     direction = options_.nesterov
                     ? ops::add(direction, ops::mul(velocity, ops::scalar(graph, options_.momentum)))

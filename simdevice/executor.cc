@@ -497,11 +497,9 @@ void SimExecutable::planSteps() {
     rhs = std::max(rhs, alignUp(b));
     if (step.kernel == matmulSlicesKernel()) product = std::max(product, alignUp(step.rows * step.cols));
   }
-  gemmScratch_.assign(at(lhs + rhs + product + kAlignFloats), 0.0f);
-  // Eigen's packed blocks are read with aligned loads.
+  // Packed blocks are read with aligned loads.
+  gemmScratch_.assign(at(lhs + rhs + product), 0.0f);
   float* base = gemmScratch_.data();
-  const auto misalignment = reinterpret_cast<std::uintptr_t>(base) % (kAlignFloats * sizeof(float));
-  if (misalignment != 0) base += (kAlignFloats * sizeof(float) - misalignment) / sizeof(float);
   scratch_ = {base, base + lhs, base + lhs + rhs};
   for (Step& step : steps_) {
     step.scratch = &scratch_;
@@ -589,6 +587,29 @@ int32_t SimExecutable::planChainScratch(Step& fusedStep, const std::vector<char>
   if (scratchable.empty()) return 0;
   const Graph& graph = program_.graph;
   std::vector<Step>& parts = fusedStep.chain;
+  // A value that only the copy right after it reads (`x = copyInplace(x,
+  // f(...))`) is written where the copy would write it, and the copy goes:
+  // every overlap inside a chain is the same whole range, so no part between
+  // them sees the destination early.
+  for (std::size_t p = 0; p + 1 < parts.size(); ++p) {
+    Step& copy = parts[p + 1];
+    if (copy.kind != OpKind::Copy && copy.kind != OpKind::CopyInplace) continue;
+    const OpNode& op = graph.op(parts[p].op);
+    if (op.outputs.size() != 1 || !scratchable[at(op.outputs.front())]) continue;
+    const TensorId t = op.outputs.front();
+    const float* address = parts[p].out + parts[p].runs.front().out;
+    if (offset_[at(t)] < 0 || address != arena_.data() + offset_[at(t)]) continue;
+    const std::vector<OpId>& readers = graph.tensor(t).consumers;
+    if (readers.size() != 1 || readers.front() != copy.op || copy.tileStride[0] != 1 ||
+        copy.in[0] + copy.runs.front().in[0] != address) {
+      continue;
+    }
+    parts[p].out = copy.out;
+    parts[p].runs.front().out = copy.runs.front().out;
+    offset_[at(t)] = -1;  // never stored: host reads are refused by name
+    ++stats_.elidedCopies;
+    parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(p) + 1);
+  }
   // The part whose output goes to scratch, by the arena address it would
   // have: the last part that reads it there.
   std::vector<std::pair<const float*, std::size_t>> kept;  // (address, part)

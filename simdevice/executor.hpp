@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <span>
 #include <vector>
 
@@ -38,6 +39,20 @@
 #include "tessera/device.hpp"
 
 namespace tessera::sim {
+
+// An allocator of cache-line (64-byte) aligned memory.
+template <class T>
+struct CacheAligned {
+  using value_type = T;
+  static constexpr std::align_val_t kAlignment{64};
+  CacheAligned() = default;
+  template <class U>
+  explicit CacheAligned(const CacheAligned<U>& /*other*/) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
+  void deallocate(T* p, std::size_t /*n*/) noexcept { ::operator delete(p, kAlignment); }
+  friend bool operator==(const CacheAligned& /*a*/, const CacheAligned& /*b*/) { return true; }
+};
+using CacheAlignedFloats = std::vector<float, CacheAligned<float>>;
 
 // What the planner did; for tests and profiles.
 struct PlanStats {
@@ -49,6 +64,7 @@ struct PlanStats {
   int64_t fusedChains = 0;          // chains of elementwise steps run as one pass
   int64_t chainedSteps = 0;         // steps inside those chains
   int64_t scratchValues = 0;        // chain intermediates kept in scratch, never stored
+  int64_t elidedCopies = 0;         // chain copies whose source was written in their place
   int64_t exchanges = 0;            // messages to the other instances per run() (several collectives each)
   int64_t remoteAliases = 0;        // loaded values kept in their remote entry (no copy)
 };
@@ -127,10 +143,12 @@ class SimExecutable final : public Executable {
   std::vector<std::pair<int64_t, int64_t>> aliasOf_;  // per storage: the remote (buffer, entry) it lives in
   std::vector<char> elided_;                           // per op: a transfer the aliases make unnecessary
   std::vector<std::vector<int64_t>> writes_;  // per storage: schedule positions of in-place writes
-  std::vector<float> arena_;
+  // Every buffer starts on a cache line (planned offsets are multiples of 16
+  // floats), so that vector loads and stores never straddle two lines.
+  CacheAlignedFloats arena_;
   std::vector<int64_t> remoteBase_;  // per remote buffer
-  std::vector<float> gemmScratch_;
-  std::vector<float> chainScratch_;  // slots of chain intermediates (kChainSlice floats each)
+  CacheAlignedFloats gemmScratch_;
+  CacheAlignedFloats chainScratch_;  // slots of chain intermediates (kChainSlice floats each)
   GemmScratch scratch_;
   std::vector<Step> steps_;
   std::vector<std::unique_ptr<Exchange>> exchanges_;  // of cross-instance collectives
