@@ -110,14 +110,16 @@ void packB(const GemmShape& s, const float* b, int64_t p0, int64_t kc, int64_t j
         float* dst = out + p * kNR;
         for (int64_t j = 0; j < kNR; ++j) dst[j] = j < nr ? src[j] : 0.0f;
       }
-    } else {  // B is [n, k]: a column's steps are contiguous
-      for (int64_t j = 0; j < kNR; ++j) {
-        if (j >= nr) {
-          for (int64_t p = 0; p < kc; ++p) out[p * kNR + j] = 0.0f;
-          continue;
+    } else {  // B is [n, k]: transposed 8 steps at a time, a [8, kNR] block of the strip
+      constexpr int64_t kSteps = 8;
+      for (int64_t p = 0; p < kc; p += kSteps) {
+        const int64_t steps = std::min(kSteps, kc - p);
+        float* dst = out + p * kNR;
+        for (int64_t j = 0; j < nr; ++j) {
+          const float* src = b + (j0 + jr + j) * s.k + p0 + p;
+          for (int64_t q = 0; q < steps; ++q) dst[q * kNR + j] = src[q];
         }
-        const float* src = b + (j0 + jr + j) * s.k + p0;
-        for (int64_t p = 0; p < kc; ++p) out[p * kNR + j] = src[p];
+        for (int64_t q = 0; q < steps; ++q) std::fill(dst + q * kNR + nr, dst + (q + 1) * kNR, 0.0f);
       }
     }
   }
