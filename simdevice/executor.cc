@@ -484,6 +484,7 @@ float* SimExecutable::remoteEntry(int64_t buffer, int64_t entry, std::string_vie
 void SimExecutable::planSteps() {
   const Graph& graph = program_.graph;
   inputSlot_.assign(graph.tensors().size(), -1);
+  steps_.reserve(schedule_.size());
   for (OpId id : schedule_) planStep(id);
   batchExchanges();
   fuseChains();
