@@ -379,6 +379,9 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       const int64_t every = config.output.checkpointEvery;
       if (every > 0 && session.step() % every == 0) checkpointNow();
     }
+    if (!summary.interrupted) {
+      summary.epochTestAccuracies.push_back(evaluate(config, options, instances, session, data.test));
+    }
   }
   if (!config.output.checkpoint.empty() &&
       (summary.checkpoint.empty() || summary.checkpointStep != session.step())) {
@@ -386,7 +389,13 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   }
   summary.finalLoss = summary.losses.empty() ? 0.0 : summary.losses.back();
   summary.samplesPerSecond = trainSeconds > 0 ? static_cast<double>(summary.steps * globalBatch) / trainSeconds : 0.0;
-  summary.testAccuracy = summary.interrupted ? 0.0 : evaluate(config, options, instances, session, data.test);
+  // The last epoch's evaluation is of the final weights (a run resumed after
+  // its last step runs no epoch and is evaluated here).
+  if (!summary.interrupted) {
+    summary.testAccuracy = summary.epochTestAccuracies.empty()
+                               ? evaluate(config, options, instances, session, data.test)
+                               : summary.epochTestAccuracies.back();
+  }
   summary.memory = session.memory();
   if (instances.writesOutput()) writeTrainingProfiles(config.output, session, summary.steps);
   for (auto& [name, value] : session.readWeights()) summary.weights.emplace_back(name, std::move(value.data));
@@ -399,6 +408,7 @@ nlohmann::json summaryJson(const TrainSummary& summary) {
                         {"losses", summary.losses},
                         {"finalLoss", summary.finalLoss},
                         {"testAccuracy", summary.testAccuracy},
+                        {"epochTestAccuracies", summary.epochTestAccuracies},
                         {"samplesPerSecond", summary.samplesPerSecond},
                         {"globalBatch", summary.globalBatch},
                         {"trainSamples", summary.trainSamples},

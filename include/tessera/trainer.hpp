@@ -30,6 +30,9 @@ struct TrainSummary {
   std::vector<double> losses;  // per step, mean over the global batch
   double finalLoss = 0.0;
   double testAccuracy = 0.0;
+  // Test accuracy after each epoch this run completed, in order (the last is
+  // testAccuracy).
+  std::vector<double> epochTestAccuracies;
   double samplesPerSecond = 0.0;  // training samples per second of wall time
   // Samples per weight update: batchSize x replicas x accumulationFactor.
   int64_t globalBatch = 0;
@@ -81,8 +84,8 @@ struct TrainControl {
 TrainSummary train(const RunConfig& config, const std::function<void(const TrainProgress&)>& onStep = {},
                    const TrainControl& control = {});
 
-// {"steps", "losses", "finalLoss", "testAccuracy", "samplesPerSecond",
-//  "globalBatch", "trainSamples", "testSamples", "dataset", "firstStep",
+// {"steps", "losses", "finalLoss", "testAccuracy", "epochTestAccuracies",
+//  "samplesPerSecond", "globalBatch", "trainSamples", "testSamples", "dataset", "firstStep",
 //  "interrupted", "checkpoint", "checkpointStep"}
 nlohmann::json summaryJson(const TrainSummary& summary);
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
@@ -135,6 +136,8 @@ Action attachTrain(CLI::App& command) {
     fmt::print("final loss: {:.4f}\n", summary.finalLoss);
     if (!summary.interrupted) {
       fmt::print("test accuracy: {:.4f} ({} samples)\n", summary.testAccuracy, summary.testSamples);
+      if (summary.epochTestAccuracies.size() > 1)
+        fmt::print("test accuracy per epoch: {:.4f}\n", fmt::join(summary.epochTestAccuracies, " "));
     }
     fmt::print("throughput: {:.0f} samples/s\n", summary.samplesPerSecond);
     if (!summary.checkpoint.empty())

@@ -75,6 +75,18 @@ TEST_CASE("tessera train learns the sample MLP config and writes its summary") {
   CHECK(summary["samplesPerSecond"].get<double>() > 0);
 }
 
+TEST_CASE("the summary has the test accuracy after every epoch, the last one the final accuracy") {
+  const json summary = train("samples/configs/mnist.json", {"/data/epochs=3", "/data/limitTrainSamples=640"});
+  CHECK(summary["steps"] == 3 * 640 / 64);
+  const json& epochs = summary["epochTestAccuracies"];
+  REQUIRE(epochs.size() == 3);
+  for (const json& accuracy : epochs) {
+    CHECK(accuracy.get<double>() > 0.0);
+    CHECK(accuracy.get<double>() <= 1.0);
+  }
+  CHECK(epochs.back().get<double>() == summary["testAccuracy"].get<double>());
+}
+
 TEST_CASE("replicated configs train like one replica with the whole batch") {
   const std::vector<std::string> mean{"/sessionOptions/accumulationAndReplicationReductionType=Mean"};
   const json reference = train("samples/configs/mnist.json", mean);
