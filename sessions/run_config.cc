@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <initializer_list>
 #include <memory>
+#include <numbers>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -72,6 +74,19 @@ void visitFields(V& v, DataConfig& value) {
                                   "default location{}",
                                   site.origin(path)));
   });
+}
+
+template <class V>
+void visitFields(V& v, ScheduleConfig& value) {
+  v.field("type", value.type,
+          {.doc = "constant: the optimizer's learningRate throughout; cosine: from it down to learningRate x "
+                  "finalFactor along half a cosine over the run's steps; step: times gamma after every "
+                  "stepEpochs epochs."});
+  v.field("finalFactor", value.finalFactor,
+          {.min = 0, .max = 1, .doc = "cosine: the factor of the learning rate at the end of the run. In [0, 1]."});
+  v.field("stepEpochs", value.stepEpochs, {.min = 1, .doc = "step: epochs between decays. >= 1."});
+  v.field("gamma", value.gamma,
+          {.exclusiveMin = 0, .max = 1, .doc = "step: the factor of each decay. In (0, 1]."});
 }
 
 template <class V>
@@ -227,6 +242,7 @@ void visitFields(V& v, RunConfig& value) {
           {.doc = "The optimizer: \"type\" and the options of that type, e.g. {\"type\": \"sgd\", "
                   "\"learningRate\": 0.05, \"momentum\": 0.9}."});
   v.field("data", value.data, {.doc = "Dataset, batch sizes, epochs and seed."});
+  v.field("schedule", value.schedule, {.doc = "How the learning rate changes over the run's steps."});
   v.field("output", value.output, {.doc = "Files written by a training run."});
   v.field("limits", value.limits, {.doc = "Bounds on the sizes the config implies, checked by validate()."});
 }
@@ -237,6 +253,8 @@ void to_json(nlohmann::json& j, Activation value) { j = jsonio::enumToJson(value
 void from_json(const nlohmann::json& j, Activation& value) { value = jsonio::enumFromJson<Activation>(j); }
 void to_json(nlohmann::json& j, DatasetKind value) { j = jsonio::enumToJson(value); }
 void from_json(const nlohmann::json& j, DatasetKind& value) { value = jsonio::enumFromJson<DatasetKind>(j); }
+void to_json(nlohmann::json& j, ScheduleType value) { j = jsonio::enumToJson(value); }
+void from_json(const nlohmann::json& j, ScheduleType& value) { value = jsonio::enumFromJson<ScheduleType>(j); }
 void to_json(nlohmann::json& j, Provenance value) { j = jsonio::enumToJson(value); }
 void from_json(const nlohmann::json& j, Provenance& value) { value = jsonio::enumFromJson<Provenance>(j); }
 
@@ -249,10 +267,28 @@ void from_json(const nlohmann::json& j, Provenance& value) { value = jsonio::enu
 TESSERA_SECTION_JSON(ModelConfig)
 TESSERA_SECTION_JSON(OptimizerConfig)
 TESSERA_SECTION_JSON(DataConfig)
+TESSERA_SECTION_JSON(ScheduleConfig)
 TESSERA_SECTION_JSON(OutputConfig)
 TESSERA_SECTION_JSON(LimitsConfig)
 TESSERA_SECTION_JSON(RunConfig)
 #undef TESSERA_SECTION_JSON
+
+double learningRateFactor(const ScheduleConfig& schedule, int64_t step, int64_t stepsPerEpoch, int64_t epochs) {
+  switch (schedule.type) {
+    case ScheduleType::Constant: return 1.0;
+    case ScheduleType::Cosine: {
+      const int64_t total = std::max<int64_t>(stepsPerEpoch * epochs, 1);
+      const double progress = std::clamp(static_cast<double>(step) / static_cast<double>(total), 0.0, 1.0);
+      return schedule.finalFactor +
+             (1.0 - schedule.finalFactor) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+    }
+    case ScheduleType::Step: {
+      const int64_t epoch = step / std::max<int64_t>(stepsPerEpoch, 1);
+      return std::pow(schedule.gamma, static_cast<double>(epoch / std::max<int64_t>(schedule.stepEpochs, 1)));
+    }
+  }
+  return 1.0;
+}
 
 // --- Loading -----------------------------------------------------------------------
 

@@ -348,6 +348,12 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   std::vector<float> images(static_cast<size_t>(stepSamples * data.train.sampleElements()));
   std::vector<int32_t> labelData(static_cast<size_t>(stepSamples));
   double trainSeconds = 0.0;
+  // The schedule scales the config's rate (not the session's, which a
+  // checkpoint may have left scaled), from the absolute step, so a resumed
+  // run continues the schedule.
+  const double baseLearningRate = config.optimizer.type == OptimizerType::Sgd
+                                      ? config.optimizer.sgd.learningRate
+                                      : config.optimizer.adam.learningRate;
   // A resumed run starts inside the epoch of its first step.
   const int64_t firstEpoch = firstStep / stepsPerEpoch;
   for (int64_t epoch = firstEpoch; epoch < config.data.epochs && !summary.interrupted; ++epoch) {
@@ -356,6 +362,11 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       if (control.stopRequested && instances.anyStop(control.stopRequested)) {
         summary.interrupted = true;
         break;
+      }
+      if (config.schedule.type != ScheduleType::Constant) {
+        session.setLearningRate(baseLearningRate * learningRateFactor(config.schedule,
+                                                                      epoch * stepsPerEpoch + step,
+                                                                      stepsPerEpoch, config.data.epochs));
       }
       const auto start = Clock::now();
       const int64_t first = instanceStepOffset(step, stepSamples, instances.count(), instances.index());

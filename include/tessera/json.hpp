@@ -65,6 +65,8 @@ void to_json(nlohmann::json& j, Activation value);
 void from_json(const nlohmann::json& j, Activation& value);
 void to_json(nlohmann::json& j, DatasetKind value);
 void from_json(const nlohmann::json& j, DatasetKind& value);
+void to_json(nlohmann::json& j, ScheduleType value);
+void from_json(const nlohmann::json& j, ScheduleType& value);
 void to_json(nlohmann::json& j, Provenance value);
 void from_json(const nlohmann::json& j, Provenance& value);
 
@@ -92,6 +94,8 @@ void to_json(nlohmann::json& j, const OptimizerConfig& value);
 void from_json(const nlohmann::json& j, OptimizerConfig& value);
 void to_json(nlohmann::json& j, const DataConfig& value);
 void from_json(const nlohmann::json& j, DataConfig& value);
+void to_json(nlohmann::json& j, const ScheduleConfig& value);
+void from_json(const nlohmann::json& j, ScheduleConfig& value);
 void to_json(nlohmann::json& j, const OutputConfig& value);
 void from_json(const nlohmann::json& j, OutputConfig& value);
 void to_json(nlohmann::json& j, const LimitsConfig& value);

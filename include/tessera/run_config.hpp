@@ -90,6 +90,36 @@ struct DataConfig {
   bool operator==(const DataConfig&) const = default;
 };
 
+enum class ScheduleType { Constant, Cosine, Step };
+
+template <>
+struct EnumNames<ScheduleType> {
+  static constexpr std::string_view kTypeName = "ScheduleType";
+  static constexpr std::array kNames = {std::pair{ScheduleType::Constant, std::string_view{"constant"}},
+                                        std::pair{ScheduleType::Cosine, std::string_view{"cosine"}},
+                                        std::pair{ScheduleType::Step, std::string_view{"step"}}};
+};
+
+// The learning rate of each training step: the optimizer's learningRate
+// times learningRateFactor(schedule, step, ...).
+struct ScheduleConfig {
+  // Constant: the optimizer's rate throughout. Cosine: from the rate down to
+  // rate x finalFactor along half a cosine over the run's steps. Step: the
+  // rate times gamma after every stepEpochs epochs.
+  ScheduleType type = ScheduleType::Constant;
+  // Cosine: the factor at the end of the run. In [0, 1].
+  double finalFactor = 0.0;
+  // Step: epochs between decays. >= 1.
+  int64_t stepEpochs = 1;
+  // Step: the factor of each decay. In (0, 1].
+  double gamma = 0.1;
+  bool operator==(const ScheduleConfig&) const = default;
+};
+
+// The factor of the learning rate at global step `step` (0-based) of a run of
+// `epochs` epochs of `stepsPerEpoch` steps.
+double learningRateFactor(const ScheduleConfig& schedule, int64_t step, int64_t stepsPerEpoch, int64_t epochs);
+
 struct OutputConfig {
   // Paths to write; empty: not written.
   std::string checkpoint{};
@@ -126,6 +156,7 @@ struct RunConfig {
   ModelConfig model{};
   OptimizerConfig optimizer{};
   DataConfig data{};
+  ScheduleConfig schedule{};
   OutputConfig output{};
   LimitsConfig limits{};
   bool operator==(const RunConfig&) const = default;

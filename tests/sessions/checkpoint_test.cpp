@@ -801,6 +801,36 @@ RunConfig syntheticRun(const std::string& checkpoint, int64_t replicas = 2) {
 
 }  // namespace
 
+TEST_CASE("a learning-rate schedule sets each step's rate, and a resumed run continues it") {
+  const test::TempDir dir;
+  const std::string path = (dir.path() / "run.safetensors").string();
+  const TrainSummary constant = train(syntheticRun(""));
+  auto cosine = [](const std::string& checkpoint) {
+    RunConfig config = syntheticRun(checkpoint);
+    config.schedule.type = ScheduleType::Cosine;
+    return config;
+  };
+  const TrainSummary full = train(cosine(""));
+  REQUIRE(full.losses.size() == 20);
+  // The first update uses the full rate; the later ones less.
+  CHECK(full.losses[1] == constant.losses[1]);
+  CHECK(full.losses[2] != constant.losses[2]);
+  CHECK(full.losses.back() != constant.losses.back());
+
+  int64_t polls = 0;
+  TrainControl stop;
+  stop.stopRequested = [&polls] { return ++polls > 13; };
+  const TrainSummary first = train(cosine(path), {}, stop);
+  REQUIRE(first.steps == 13);
+  TrainControl resume;
+  resume.resumeFrom = path;
+  const TrainSummary rest = train(cosine(path), {}, resume);
+  REQUIRE(rest.steps == 7);
+  std::vector<double> losses(first.losses);
+  losses.insert(losses.end(), rest.losses.begin(), rest.losses.end());
+  CHECK(worstLossDifference(losses, full.losses) <= 1e-6);
+}
+
 TEST_CASE("train() writes checkpoints, stops when asked, and resumes where it stopped") {
   const test::TempDir dir;
   const std::string path = (dir.path() / "run.safetensors").string();

@@ -1,9 +1,11 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <numbers>
 #include <random>
 #include <set>
 #include <string>
@@ -202,7 +204,7 @@ TEST_CASE("parseRunConfig rejects bad input at the JSON pointer of the value, na
   const std::vector<BadConfig> cases = {
       {"unknown section", R"({"sessionOption": {}})", ErrorCode::UnknownKey, "/sessionOption",
        "did you mean \"sessionOptions\"?); allowed keys: data, device, limits, model, optimizer, output, "
-       "sessionOptions"},
+       "schedule, sessionOptions"},
       {"unknown option", R"({"sessionOptions": {"replicatedGraphCont": 2}})", ErrorCode::UnknownKey,
        "/sessionOptions/replicatedGraphCont", "did you mean \"replicatedGraphCount\""},
       {"root not an object", R"([])", ErrorCode::WrongType, "",
@@ -248,6 +250,14 @@ TEST_CASE("parseRunConfig rejects bad input at the JSON pointer of the value, na
        "/model/activation", "did you mean \"relu\""},
       {"zero batch size", R"({"data": {"batchSize": 0}})", ErrorCode::OutOfRange, "/data/batchSize", ">= 1"},
       {"zero epochs", R"({"data": {"epochs": 0}})", ErrorCode::OutOfRange, "/data/epochs", ">= 1"},
+      {"unknown schedule", R"({"schedule": {"type": "Cosine"}})", ErrorCode::InvalidEnumValue, "/schedule/type",
+       "did you mean \"cosine\""},
+      {"final factor above 1", R"({"schedule": {"type": "cosine", "finalFactor": 1.5}})", ErrorCode::OutOfRange,
+       "/schedule/finalFactor", "in [0, 1]"},
+      {"decay factor 0", R"({"schedule": {"type": "step", "gamma": 0}})", ErrorCode::OutOfRange, "/schedule/gamma",
+       "in (0, 1]"},
+      {"zero step epochs", R"({"schedule": {"stepEpochs": 0}})", ErrorCode::OutOfRange, "/schedule/stepEpochs",
+       ">= 1"},
       {"negative limit", R"({"data": {"limitTestSamples": -1}})", ErrorCode::OutOfRange,
        "/data/limitTestSamples", ">= 0"},
       {"mnist without a path", R"({"data": {"dataset": "mnist"}})", ErrorCode::InvalidData, "/data/path",
@@ -707,7 +717,7 @@ TEST_CASE("the run config schema is generated from the field tables") {
   const std::set<std::vector<std::string>> expected = {
       names<TensorStorage>(), names<TileSet>(),       names<ReplicatedTensorSharding>(),
       names<CommGroupType>(), names<ReductionType>(), names<MeanReductionStrategy>(),
-      names<Activation>(),    names<DatasetKind>(),   {"mlp"},
+      names<Activation>(),    names<DatasetKind>(),   names<ScheduleType>(), {"mlp"},
   };
   CHECK(enums == expected);
 
@@ -800,4 +810,34 @@ TEST_CASE("--set paths are as deep as documents may be, and UTF-8") {
 }
 
 }  // namespace
+TEST_CASE("learning rate schedules") {
+  const json parsed = json::parse(R"({"type": "cosine", "finalFactor": 0.1})");
+  const ScheduleConfig cosine = parsed.get<ScheduleConfig>();
+  CHECK(cosine.type == ScheduleType::Cosine);
+  CHECK(cosine.finalFactor == 0.1);
+  CHECK(json(cosine)["type"] == "cosine");
+  CHECK(RunConfig{}.schedule.type == ScheduleType::Constant);
+
+  // 10 epochs of 100 steps.
+  CHECK(learningRateFactor(ScheduleConfig{}, 537, 100, 10) == 1.0);
+  CHECK(learningRateFactor(cosine, 0, 100, 10) == doctest::Approx(1.0));
+  CHECK(learningRateFactor(cosine, 500, 100, 10) == doctest::Approx(0.55));  // halfway: (1 + 0.1) / 2
+  CHECK(learningRateFactor(cosine, 250, 100, 10) ==
+        doctest::Approx(0.1 + 0.9 * 0.5 * (1.0 + std::cos(std::numbers::pi / 4))));
+  CHECK(learningRateFactor(cosine, 1000, 100, 10) == doctest::Approx(0.1));
+  for (int64_t step = 1; step < 1000; ++step)
+    CHECK(learningRateFactor(cosine, step, 100, 10) < learningRateFactor(cosine, step - 1, 100, 10));
+
+  ScheduleConfig step;
+  step.type = ScheduleType::Step;
+  step.stepEpochs = 3;
+  step.gamma = 0.5;
+  CHECK(learningRateFactor(step, 0, 100, 10) == 1.0);
+  CHECK(learningRateFactor(step, 299, 100, 10) == 1.0);
+  CHECK(learningRateFactor(step, 300, 100, 10) == 0.5);
+  CHECK(learningRateFactor(step, 599, 100, 10) == 0.5);
+  CHECK(learningRateFactor(step, 600, 100, 10) == 0.25);
+  CHECK(learningRateFactor(step, 999, 100, 10) == 0.125);
+}
+
 }  // namespace tessera
