@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -588,6 +589,16 @@ int32_t SimExecutable::planChainScratch(Step& fusedStep, const std::vector<char>
   if (scratchable.empty()) return 0;
   const Graph& graph = program_.graph;
   std::vector<Step>& parts = fusedStep.chain;
+  // The value a part writes when it need not be stored: its op's one output,
+  // which the host does not read, written where the arena keeps it.
+  auto unstoredOutput = [&](const Step& part) -> std::optional<TensorId> {
+    const OpNode& op = graph.op(part.op);
+    if (op.outputs.size() != 1 || !scratchable[at(op.outputs.front())]) return std::nullopt;
+    const TensorId t = op.outputs.front();
+    if (offset_[at(t)] < 0 || part.out + part.runs.front().out != arena_.data() + offset_[at(t)])
+      return std::nullopt;
+    return t;
+  };
   // A value that only the copy right after it reads (`x = copyInplace(x,
   // f(...))`) is written where the copy would write it, and the copy goes:
   // every overlap inside a chain is the same whole range, so no part between
@@ -595,11 +606,10 @@ int32_t SimExecutable::planChainScratch(Step& fusedStep, const std::vector<char>
   for (std::size_t p = 0; p + 1 < parts.size(); ++p) {
     Step& copy = parts[p + 1];
     if (copy.kind != OpKind::Copy && copy.kind != OpKind::CopyInplace) continue;
-    const OpNode& op = graph.op(parts[p].op);
-    if (op.outputs.size() != 1 || !scratchable[at(op.outputs.front())]) continue;
-    const TensorId t = op.outputs.front();
+    const std::optional<TensorId> value = unstoredOutput(parts[p]);
+    if (!value) continue;
+    const TensorId t = *value;
     const float* address = parts[p].out + parts[p].runs.front().out;
-    if (offset_[at(t)] < 0 || address != arena_.data() + offset_[at(t)]) continue;
     const std::vector<OpId>& readers = graph.tensor(t).consumers;
     if (readers.size() != 1 || readers.front() != copy.op || copy.tileStride[0] != 1 ||
         copy.in[0] + copy.runs.front().in[0] != address) {
@@ -616,11 +626,10 @@ int32_t SimExecutable::planChainScratch(Step& fusedStep, const std::vector<char>
   std::vector<std::pair<const float*, std::size_t>> kept;  // (address, part)
   std::vector<int64_t> lastReader(parts.size(), -1);
   for (std::size_t p = 0; p < parts.size(); ++p) {
-    const OpNode& op = graph.op(parts[p].op);
-    if (op.outputs.size() != 1 || !scratchable[at(op.outputs.front())]) continue;
-    const TensorId t = op.outputs.front();
+    const std::optional<TensorId> value = unstoredOutput(parts[p]);
+    if (!value) continue;
+    const TensorId t = *value;
     const float* address = parts[p].out + parts[p].runs.front().out;
-    if (offset_[at(t)] < 0 || address != arena_.data() + offset_[at(t)]) continue;
     const std::vector<OpId>& readers = graph.tensor(t).consumers;
     bool inside = !readers.empty();
     int64_t last = -1;
