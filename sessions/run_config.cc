@@ -277,10 +277,13 @@ double learningRateFactor(const ScheduleConfig& schedule, int64_t step, int64_t 
   switch (schedule.type) {
     case ScheduleType::Constant: return 1.0;
     case ScheduleType::Cosine: {
+      // (1 + cos(pi x)) / 2 = sin^2(pi (1 - x) / 2), from the steps left so
+      // that the factor stays above finalFactor until the end of any run.
       const int64_t total = std::max<int64_t>(stepsPerEpoch * epochs, 1);
-      const double progress = std::clamp(static_cast<double>(step) / static_cast<double>(total), 0.0, 1.0);
-      return schedule.finalFactor +
-             (1.0 - schedule.finalFactor) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+      const int64_t stepsLeft = std::clamp<int64_t>(total - step, 0, total);
+      const double left = static_cast<double>(stepsLeft) / static_cast<double>(total);
+      const double s = std::sin(std::numbers::pi * left / 2.0);
+      return schedule.finalFactor + (1.0 - schedule.finalFactor) * s * s;
     }
     case ScheduleType::Step: {
       const int64_t epoch = step / std::max<int64_t>(stepsPerEpoch, 1);

@@ -827,6 +827,12 @@ TEST_CASE("learning rate schedules") {
   CHECK(learningRateFactor(cosine, 1000, 100, 10) == doctest::Approx(0.1));
   for (int64_t step = 1; step < 1000; ++step)
     CHECK(learningRateFactor(cosine, step, 100, 10) < learningRateFactor(cosine, step - 1, 100, 10));
+  // Down to 0, the rate of the last step of even a very long run is still a rate.
+  ScheduleConfig toZero;
+  toZero.type = ScheduleType::Cosine;
+  const int64_t steps = int64_t{1} << 40;
+  CHECK(learningRateFactor(toZero, steps - 1, steps, 1) > 0.0);
+  CHECK(learningRateFactor(toZero, steps, steps, 1) == 0.0);
 
   ScheduleConfig step;
   step.type = ScheduleType::Step;
