@@ -36,9 +36,9 @@ struct GemmPlan {
   GemmIsa isa = GemmIsa::Portable;
   int mr = 0;  // rows and columns of a micro-kernel's tile (packed kernels)
   int nr = 0;
-  int64_t kc = 0;
-  int64_t mc = 0;
-  int64_t nc = 0;
+  int64_t kc = 0;  // the deepest block of the sum
+  int64_t mc = 0;  // Eigen's row block (of C's columns: Eigen computes C^T)
+  int64_t nc = 0;  // columns of C per block (packed kernels); Eigen's column block (of C's rows)
   int64_t lhsFloats = 0;
   int64_t rhsFloats = 0;
 };
