@@ -98,14 +98,6 @@ OptimizerConfig optimizerConfig(const Optimizer& optimizer) {
                   optimizer.name()));
 }
 
-double& learningRateOf(OptimizerConfig& config) {
-  return config.type == OptimizerType::Sgd ? config.sgd.learningRate : config.adam.learningRate;
-}
-
-double learningRateOf(const OptimizerConfig& config) {
-  return config.type == OptimizerType::Sgd ? config.sgd.learningRate : config.adam.learningRate;
-}
-
 // --- Comparing JSON for warnings --------------------------------------------------------
 
 void flatten(const json& value, const std::string& path, std::vector<std::pair<std::string, json>>& out) {
@@ -480,7 +472,7 @@ CheckpointLoadReport restoreCheckpoint(TrainingSession& session, const Checkpoin
 
   CheckpointLoadReport report;
   report.step = checkpoint.step;
-  report.learningRate = learningRateOf(checkpoint.optimizer);
+  report.learningRate = checkpoint.optimizer.learningRate();
   const std::string hash = sessionOptionsHash(session.options());
   if (hash != checkpoint.sessionOptionsHash) {
     std::vector<std::string> changed;
@@ -496,12 +488,12 @@ CheckpointLoadReport restoreCheckpoint(TrainingSession& session, const Checkpoin
         changed.empty() ? fmt::format("hash {}, this session's {}", checkpoint.sessionOptionsHash, hash)
                         : listed(changed)));
   }
-  if (learningRateOf(current) != report.learningRate) {
+  if (current.learningRate() != report.learningRate) {
     report.warnings.push_back(fmt::format("the learning rate {} of the checkpoint replaces the session's {}",
-                                          report.learningRate, learningRateOf(current)));
+                                          report.learningRate, current.learningRate()));
   }
   OptimizerConfig fixed = checkpoint.optimizer;
-  learningRateOf(fixed) = learningRateOf(current);
+  fixed.learningRate() = current.learningRate();
   const std::vector<std::string> hyper = differences(json(fixed), json(current), "/optimizer");
   if (!hyper.empty()) {
     report.warnings.push_back(

@@ -351,9 +351,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   // The schedule scales the config's rate (not the session's, which a
   // checkpoint may have left scaled), from the absolute step, so a resumed
   // run continues the schedule.
-  const double baseLearningRate = config.optimizer.type == OptimizerType::Sgd
-                                      ? config.optimizer.sgd.learningRate
-                                      : config.optimizer.adam.learningRate;
+  const double baseLearningRate = config.optimizer.learningRate();
   // A resumed run starts inside the epoch of its first step.
   const int64_t firstEpoch = firstStep / stepsPerEpoch;
   for (int64_t epoch = firstEpoch; epoch < config.data.epochs && !summary.interrupted; ++epoch) {

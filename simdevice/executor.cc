@@ -344,7 +344,7 @@ void SimExecutable::planBuffers() {
   for (std::size_t t = 0; t < graph.tensors().size(); ++t) {
     const auto [buffer, entry] = aliasOf_[t];
     if (buffer < 0) continue;
-    offset_[t] = remoteBase_[at(buffer)] + entry * program_.localReplicas * numElements(graph.tensor(static_cast<TensorId>(t)).shape);
+    offset_[t] = remoteEntry(buffer, entry, graph.tensors()[t].name) - arena_.data();
   }
 }
 

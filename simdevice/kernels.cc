@@ -392,31 +392,10 @@ void scaledAddTile(const Step& s, const TileOperands& t, int64_t n) {
   flatTile(s, n, [&](int64_t io, int64_t ix, int64_t iy) { o[io] = static_cast<float>(a * x[ix] + b * y[iy]); });
 }
 
-// Asks for the next slice of every operand the chain streams from memory
-// while this slice is computed.
-void prefetchSlice(const Step& s, int64_t begin) {
-  const int64_t n = std::min(kChainSlice, s.chainElements - begin);
-  if (n <= 0) return;
-  constexpr int64_t kLine = 64 / sizeof(float);
-  for (const Step& part : s.chain) {
-    const Run& run = part.runs.front();
-    if (part.outSlot < 0) {
-      const float* o = part.out + run.out + begin;
-      for (int64_t i = 0; i < n; i += kLine) __builtin_prefetch(o + i, 1);
-    }
-    for (std::size_t k = 0; k < part.inSlot.size(); ++k) {
-      if (part.in[k] == nullptr || part.inSlot[k] >= 0 || part.tileStride[k] == 0) continue;
-      const float* x = part.in[k] + run.in[k] + begin;
-      for (int64_t i = 0; i < n; i += kLine) __builtin_prefetch(x + i, 0);
-    }
-  }
-}
-
 void runChain(const Step& s) {
   float* const scratch = s.chainScratch;
   for (int64_t begin = 0; begin < s.chainElements; begin += kChainSlice) {
     const int64_t n = std::min(kChainSlice, s.chainElements - begin);
-    prefetchSlice(s, begin + kChainSlice);
     for (const Step& part : s.chain) {
       const Run& run = part.runs.front();
       TileOperands t;

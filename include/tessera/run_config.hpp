@@ -56,6 +56,9 @@ struct OptimizerConfig {
   OptimizerType type = OptimizerType::Sgd;
   SgdOptions sgd{};    // used when type is sgd
   AdamOptions adam{};  // used when type is adam or adamw
+  // The learning rate of the options the type uses.
+  double& learningRate() { return type == OptimizerType::Sgd ? sgd.learningRate : adam.learningRate; }
+  double learningRate() const { return type == OptimizerType::Sgd ? sgd.learningRate : adam.learningRate; }
   bool operator==(const OptimizerConfig&) const = default;
 };
 
