@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "gradients.hpp"
+#include "op_def.hpp"
 #include "tessera/error.hpp"
 
 namespace tessera {

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "shape_inference.hpp"
+#include "op_def.hpp"
 #include "tessera/error.hpp"
 
 namespace tessera {

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "collectives.hpp"
+#include "kernel_table.hpp"
 #include "memory_planner.hpp"
 #include "tessera/communicator.hpp"
 #include "tessera/error.hpp"
@@ -23,22 +24,6 @@ constexpr int64_t kAlignFloats = 16;  // 64-byte aligned buffers
 std::size_t at(int64_t i) { return static_cast<std::size_t>(i); }
 
 int64_t alignUp(int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
-
-std::vector<int64_t> contiguousStrides(const Shape& shape) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (std::size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
-  return strides;
-}
-
-// Strides, in `big`'s index space, of a tensor of shape `small` that
-// broadcasts to `big` (numpy rules).
-std::vector<int64_t> broadcastStrides(const Shape& small, const Shape& big) {
-  const std::vector<int64_t> own = contiguousStrides(small);
-  std::vector<int64_t> strides(big.size(), 0);
-  const std::size_t offset = big.size() - small.size();
-  for (std::size_t d = 0; d < small.size(); ++d) strides[offset + d] = small[d] == 1 ? 0 : own[d];
-  return strides;
-}
 
 // One operand of a step: its layout, elements per group and an extra offset
 // inside each group (slices).
@@ -87,27 +72,6 @@ std::vector<Run> makeRuns(const ReplicaGrouping& out, int64_t outElements, int64
     j0 += count;
   }
   return runs;
-}
-
-// Fills every run's loop: the run's groups, then `size` with the given
-// per-operand strides inside a group.
-void makeLoops(Step& step, const std::vector<int64_t>& size,
-               const std::vector<std::vector<int64_t>>& strides) {
-  for (Run& run : step.runs) {
-    StridedLoop loop;
-    std::array<int64_t, kMaxOperands> groupStrides{step.outElements, 0, 0};
-    for (std::size_t i = 1; i < strides.size(); ++i) {
-      groupStrides[i] = run.advance[i - 1] ? step.inElements[i - 1] : 0;
-    }
-    loop.push(run.count, groupStrides);
-    for (std::size_t d = 0; d < size.size(); ++d) {
-      std::array<int64_t, kMaxOperands> s{};
-      for (std::size_t i = 0; i < strides.size(); ++i) s[i] = strides[i][d];
-      loop.push(size[d], s);
-    }
-    loop.coalesce();
-    run.loop = loop;
-  }
 }
 
 // Elements of a step that a TileKernel can run in slices: one run, a loop of
@@ -776,306 +740,84 @@ void SimExecutable::batchExchanges() {
 void SimExecutable::planStep(OpId id) {
   const Graph& graph = program_.graph;
   const OpNode& op = graph.op(id);
-  if (op.kind == OpKind::Variable || op.kind == OpKind::Constant) return;
   if (foldedTranspose_[at(id)] || fusedInto_[at(id)] != kNoOp || elided_[at(id)]) return;
-  const int64_t maxCount = mode_ == ExecutionMode::PerReplicaReference ? 1 : program_.localReplicas;
-
+  const KernelDef& kernels = kernelDef(op.kind, op.name);
+  if (kernels.plan == nullptr) return;
   Step step;
   step.kind = op.kind;
   step.op = id;
   step.name = op.name;
-  auto elements = [&](TensorId t) { return numElements(graph.tensor(t).shape); };
-  auto shape = [&](TensorId t) -> const Shape& { return graph.tensor(t).shape; };
-  auto buffer = [&](TensorId t) { return arena_.data() + offset_[at(graph.storageOf(t))]; };
-  auto layout = [&](TensorId t) -> const ReplicaGrouping& { return layouts_[at(t)]; };
-  const TensorId y = op.outputs.empty() ? kNoTensor : op.outputs[0];
-  if (y != kNoTensor) {
-    step.out = buffer(y);
-    step.outElements = elements(y);
+  if (!op.outputs.empty()) {
+    const TensorId y = op.outputs[0];
+    step.out = arena_.data() + offset_[at(graph.storageOf(y))];
+    step.outElements = numElements(graph.tensor(y).shape);
   }
-  // Runs over the given operands (tensor, extra offset), which become
-  // step.in[0..].
-  auto runsOver = [&](std::initializer_list<std::pair<TensorId, int64_t>> inputs, int64_t outOffset = 0) {
-    std::vector<Operand> operands;
-    std::size_t i = 0;
-    for (const auto& [t, extra] : inputs) {
-      step.in[i] = buffer(t);
-      step.inElements[i] = elements(t);
-      operands.push_back({&layout(t), elements(t), extra});
-      ++i;
-    }
-    step.runs = makeRuns(layout(y), step.outElements, outOffset, operands, maxCount);
-  };
+  StepPlanner planner(*this, id);
+  kernels.plan(planner, step);
+}
 
-  switch (op.kind) {
-    case OpKind::Input: {
-      const int64_t slot =
-          std::count_if(inputSlot_.begin(), inputSlot_.end(), [](int32_t s) { return s >= 0; });
-      inputSlot_[at(y)] = static_cast<int32_t>(slot);
-      step.kernel = inputKernel();
-      break;
-    }
-    case OpKind::Variable:
-    case OpKind::Constant: return;
-    case OpKind::MatMul: {
-      // A folded Transpose is read from its input, transposed.
-      auto operand = [&](TensorId t, bool& transposed) {
-        const OpNode& producer = graph.op(graph.tensor(t).producer);
-        transposed = foldedTranspose_[at(graph.tensor(t).producer)] != 0;
-        return transposed ? producer.inputs[0] : t;
-      };
-      const TensorId a = operand(op.inputs[0], step.transA);
-      const TensorId b = operand(op.inputs[1], step.transB);
-      const Shape& bShape = shape(op.inputs[1]);
-      step.depth = bShape[0];
-      step.cols = bShape[1];
-      step.rows = step.depth == 0 ? 0 : elements(op.inputs[0]) / step.depth;
-      if (step.depth == 0) step.rows = step.cols == 0 ? 0 : step.outElements / step.cols;
-      runsOver({{a, 0}, {b, 0}});
-      // Folded operands keep the transposed tensor's layout (it is the same).
-      step.kernel = matmulKernel();
-      break;
-    }
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Mul:
-    case OpKind::Div:
-    case OpKind::ReluGrad:
-    case OpKind::GeluGrad:
-    case OpKind::ScaledAddInplace: {
-      runsOver({{op.inputs[0], 0}, {op.inputs[1], 0}});
-      const Shape& out = shape(y);
-      makeLoops(step, out,
-                {contiguousStrides(out), broadcastStrides(shape(op.inputs[0]), out),
-                 broadcastStrides(shape(op.inputs[1]), out)});
-      step.a = static_cast<float>(op.attributes.a);
-      step.b = static_cast<float>(op.attributes.b);
-      step.kernel = denseKernel(op.kind);
-      break;
-    }
-    case OpKind::Neg:
-    case OpKind::Relu:
-    case OpKind::Gelu:
-    case OpKind::Tanh:
-    case OpKind::Sigmoid:
-    case OpKind::Exp:
-    case OpKind::Log:
-    case OpKind::Sqrt:
-    case OpKind::BroadcastTo: {
-      runsOver({{op.inputs[0], 0}});
-      const Shape& out = shape(y);
-      makeLoops(step, out, {contiguousStrides(out), broadcastStrides(shape(op.inputs[0]), out)});
-      step.kernel = denseKernel(op.kind);
-      break;
-    }
-    case OpKind::Reshape:
-    case OpKind::Copy:
-    case OpKind::CopyInplace: {
-      const TensorId source = op.kind == OpKind::CopyInplace ? op.inputs[1] : op.inputs[0];
-      runsOver({{source, 0}});
-      makeLoops(step, {step.outElements}, {{1}, {1}});
-      step.kernel = copyKernel();
-      break;
-    }
-    case OpKind::Transpose: {
-      runsOver({{op.inputs[0], 0}});
-      const std::vector<int64_t> inStrides = contiguousStrides(shape(op.inputs[0]));
-      std::vector<int64_t> strides;
-      for (int64_t axis : op.attributes.axes) strides.push_back(inStrides[at(axis)]);
-      makeLoops(step, shape(y), {contiguousStrides(shape(y)), strides});
-      step.kernel = copyKernel();
-      break;
-    }
-    case OpKind::Slice: {
-      const std::vector<int64_t> inStrides = contiguousStrides(shape(op.inputs[0]));
-      int64_t begin = 0;
-      for (std::size_t d = 0; d < inStrides.size(); ++d) begin += op.attributes.starts[d] * inStrides[d];
-      runsOver({{op.inputs[0], begin}});
-      makeLoops(step, shape(y), {contiguousStrides(shape(y)), inStrides});
-      step.kernel = copyKernel();
-      break;
-    }
-    case OpKind::SlicePad: {
-      const std::vector<int64_t> outStrides = contiguousStrides(shape(y));
-      int64_t begin = 0;
-      for (std::size_t d = 0; d < outStrides.size(); ++d) begin += op.attributes.starts[d] * outStrides[d];
-      runsOver({{op.inputs[0], 0}});
-      // Each run clears its groups, then fills the slice.
-      step.zeroFirst = true;
-      step.outLoopOffset = begin;
-      makeLoops(step, shape(op.inputs[0]), {outStrides, contiguousStrides(shape(op.inputs[0]))});
-      step.kernel = copyKernel();
-      break;
-    }
-    case OpKind::Concat: {
-      // One strided copy per input into its part of the output.
-      const Shape& out = shape(y);
-      const std::vector<int64_t> outStrides = contiguousStrides(out);
-      const auto axis = at(op.attributes.axis);
-      int64_t along = 0;
-      for (TensorId t : op.inputs) {
-        Step part = step;
-        part.in = {};
-        std::vector<Operand> operands{{&layout(t), elements(t), 0}};
-        part.in[0] = buffer(t);
-        part.inElements[0] = elements(t);
-        part.runs = makeRuns(layout(y), step.outElements, along * outStrides[axis], operands, maxCount);
-        makeLoops(part, shape(t), {outStrides, contiguousStrides(shape(t))});
-        part.kernel = copyKernel();
-        steps_.push_back(std::move(part));
-        along += shape(t)[axis];
-      }
-      return;
-    }
-    case OpKind::ReduceSum:
-    case OpKind::ReduceMean:
-    case OpKind::ReduceToShape: {
-      const Shape& in = shape(op.inputs[0]);
-      std::vector<int64_t> outStrides;
-      if (op.kind == OpKind::ReduceToShape) {
-        outStrides = broadcastStrides(op.attributes.shape, in);
-      } else {
-        Shape kept = in;
-        for (std::size_t d = 0; d < kept.size(); ++d) {
-          const bool reduced =
-              op.attributes.axes.empty() || std::find(op.attributes.axes.begin(), op.attributes.axes.end(),
-                                                      static_cast<int64_t>(d)) != op.attributes.axes.end();
-          if (reduced) kept[d] = 1;
-        }
-        outStrides = broadcastStrides(kept, in);
-      }
-      runsOver({{op.inputs[0], 0}});
-      makeLoops(step, in, {outStrides, contiguousStrides(in)});
-      if (op.kind == OpKind::ReduceMean && step.outElements > 0 && elements(op.inputs[0]) > 0) {
-        step.scale = static_cast<float>(static_cast<double>(step.outElements) /
-                                        static_cast<double>(elements(op.inputs[0])));
-      }
-      step.kernel = denseKernel(op.kind);
-      break;
-    }
-    case OpKind::Softmax:
-    case OpKind::LogSoftmax:
-    case OpKind::ArgMax: {
-      runsOver({{op.inputs[0], 0}});
-      step.cols = shape(op.inputs[0]).back();
-      step.kernel = denseKernel(op.kind);
-      break;
-    }
-    case OpKind::SoftmaxCrossEntropy:
-    case OpKind::SoftmaxCrossEntropyGrad: {
-      const bool grad = op.kind == OpKind::SoftmaxCrossEntropyGrad;
-      if (grad) {
-        runsOver({{op.inputs[0], 0}, {op.inputs[1], 0}, {op.inputs[2], 0}});
-      } else {
-        runsOver({{op.inputs[0], 0}, {op.inputs[1], 0}});
-      }
-      const Shape& logits = shape(op.inputs[grad ? 1 : 0]);
-      step.rows = logits[0];
-      step.cols = logits[1];
-      if (op.attributes.reduction == ReductionType::Mean && step.rows > 0) {
-        step.scale = 1.0f / static_cast<float>(step.rows);
-      }
-      step.kernel = denseKernel(op.kind);
-      break;
-    }
-    case OpKind::ReplicatedAllReduce:
-    case OpKind::ReplicatedReduceScatter:
-      if (op.inputs.size() == 1 && graph.tensor(op.inputs[0]).producer != kNoOp &&
-          fusedInto_[at(graph.tensor(op.inputs[0]).producer)] == id) {
-        // sum_r x_r^T dy_r over each group of consecutive replicas, as one
-        // GEMM per group: the reduced value, or for a reduce-scatter the
-        // group's shards in order.
-        const OpNode& matmul = graph.op(graph.tensor(op.inputs[0]).producer);
-        const TensorId x = graph.op(graph.tensor(matmul.inputs[0]).producer).inputs[0];
-        const TensorId dy = matmul.inputs[1];
-        const ReplicaGrouping grouping =
-            op.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
-        const int64_t g = grouping.groupSize();
-        step.transA = true;
-        step.rows = shape(x)[1];
-        step.cols = shape(dy)[1];
-        step.depth = g * shape(x)[0];
-        step.in[0] = buffer(x);
-        step.in[1] = buffer(dy);
-        step.inElements = {elements(x), elements(dy), 0};
-        if (op.attributes.reduction == ReductionType::Mean) step.scale = 1.0f / static_cast<float>(g);
-        // Groups that span instances read every member's x and dy from
-        // exchanged copies (by global replica), others from the arena (by
-        // local replica).
-        const bool crosses = crossesInstances(topology_, grouping);
-        if (crosses) {
-          step.in[0] = exchanged(x, op);
-          step.in[1] = exchanged(dy, op);
-        }
-        const int64_t offset = topology_.replicaOffset;
-        const int64_t first = crosses ? 0 : offset;
-        step.kernel = matmulKernel();
-        if (op.kind == OpKind::ReplicatedAllReduce) {
-          for (int64_t j = 0; j < layout(y).numGroups(); ++j) {
-            const int64_t start = (layout(y).replicaAt(j, 0) + offset) / g * g - first;
-            Run run;
-            run.out = j * step.outElements;
-            run.in = {start * elements(x), start * elements(dy), 0};
-            run.advance.fill(true);
-            step.runs.push_back(run);
-          }
-          break;
-        }
-        // A reduce-scatter: each group's product covers its members'
-        // shards; a group wider than this instance computes the whole
-        // product, as one instance would, and keeps this instance's part.
-        if (crosses) step.kernel = matmulSlicesKernel();
-        for (int64_t r = 0; r < program_.localReplicas;) {
-          const int64_t start = (r + offset) / g * g;  // the group's first global replica
-          const int64_t end = std::min(start + g - offset, program_.localReplicas);
-          Run run;
-          run.out = r * step.outElements;
-          run.in = {(start - first) * elements(x), (start - first) * elements(dy), 0};
-          run.advance.fill(true);
-          step.runs.push_back(run);
-          if (crosses) {
-            step.table2.insert(step.table2.end(), {r * step.outElements, (r + offset - start) * step.outElements,
-                                                   (end - r) * step.outElements});
-          }
-          r = end;
-        }
-        break;
-      }
-      [[fallthrough]];
-    case OpKind::ReplicatedAllGather:
-    case OpKind::ReplicaShardedSlice:
-    case OpKind::ReplicaShardedPad: {
-      const TensorId x = op.inputs[0];
-      step.in[0] = buffer(x);
-      const bool gathers = op.kind == OpKind::ReplicatedAllReduce || op.kind == OpKind::ReplicatedReduceScatter ||
-                           op.kind == OpKind::ReplicatedAllGather;
-      const ReplicaGrouping grouping =
-          op.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
-      const ExchangedTensor* values = nullptr;
-      if (gathers && crossesInstances(topology_, grouping)) {
-        exchanged(x, op);
-        values = &exchanges_.back()->tensors.front();
-      }
-      planCollective(step, op, layout(y), layout(x), elements(x), step.outElements, topology_, values);
-      break;
-    }
-    case OpKind::RemoteLoad: {
-      const RemoteBufferInfo& info = graph.remoteBuffer(op.attributes.remoteBuffer);
-      step.in[0] = remoteEntry(op.attributes.remoteBuffer, 0, op.name);
-      planRemoteLoad(step, layout(y), bufferLayouts_[at(op.attributes.remoteBuffer)], op.attributes.entry,
-                     numElements(info.shape), program_.localReplicas);
-      break;
-    }
-    case OpKind::RemoteStore: {
-      const RemoteBufferInfo& info = graph.remoteBuffer(op.attributes.remoteBuffer);
-      step.out = remoteEntry(op.attributes.remoteBuffer, 0, op.name);
-      step.in[0] = buffer(op.inputs[0]);
-      planRemoteStore(step, layout(op.inputs[0]), bufferLayouts_[at(op.attributes.remoteBuffer)],
-                      op.attributes.entry, numElements(info.shape), program_.localReplicas);
-      break;
-    }
+// StepPlanner: the executor's state, as the families' plans see it.
+
+const Graph& StepPlanner::graph() const { return executable_.program_.graph; }
+const OpNode& StepPlanner::op() const { return graph().op(op_); }
+
+float* StepPlanner::buffer(TensorId t) const {
+  return executable_.arena_.data() + executable_.offset_[at(graph().storageOf(t))];
+}
+
+int64_t StepPlanner::elements(TensorId t) const { return numElements(graph().tensor(t).shape); }
+const Shape& StepPlanner::shape(TensorId t) const { return graph().tensor(t).shape; }
+const ReplicaGrouping& StepPlanner::layout(TensorId t) const { return executable_.layouts_[at(t)]; }
+
+void StepPlanner::runsOver(Step& step, std::initializer_list<std::pair<TensorId, int64_t>> inputs,
+                           int64_t outOffset) const {
+  const int64_t maxCount =
+      executable_.mode_ == ExecutionMode::PerReplicaReference ? 1 : executable_.program_.localReplicas;
+  std::vector<Operand> operands;
+  std::size_t i = 0;
+  for (const auto& [t, extra] : inputs) {
+    step.in[i] = buffer(t);
+    step.inElements[i] = elements(t);
+    operands.push_back({&layout(t), elements(t), extra});
+    ++i;
   }
-  steps_.push_back(std::move(step));
+  step.runs = makeRuns(layout(op().outputs[0]), step.outElements, outOffset, operands, maxCount);
+}
+
+void StepPlanner::emit(Step step) { executable_.steps_.push_back(std::move(step)); }
+
+void StepPlanner::takeInputSlot() {
+  std::vector<int32_t>& slots = executable_.inputSlot_;
+  const auto slot = std::count_if(slots.begin(), slots.end(), [](int32_t s) { return s >= 0; });
+  slots[at(op().outputs[0])] = static_cast<int32_t>(slot);
+}
+
+bool StepPlanner::foldedTranspose(OpId producer) const {
+  return executable_.foldedTranspose_[at(producer)] != 0;
+}
+
+OpId StepPlanner::fusedMatMul() const {
+  const OpNode& node = op();
+  if (node.inputs.size() != 1) return kNoOp;
+  const OpId producer = graph().tensor(node.inputs[0]).producer;
+  return producer != kNoOp && executable_.fusedInto_[at(producer)] == op_ ? producer : kNoOp;
+}
+
+int64_t StepPlanner::localReplicas() const { return executable_.program_.localReplicas; }
+int64_t StepPlanner::globalReplicas() const { return executable_.program_.globalReplicas; }
+const LocalTopology& StepPlanner::topology() const { return executable_.topology_; }
+
+const ExchangedTensor& StepPlanner::exchanged(TensorId t) {
+  executable_.exchanged(t, op());
+  return executable_.exchanges_.back()->tensors.front();
+}
+
+float* StepPlanner::remoteEntry(int64_t buffer, int64_t entry) const {
+  return executable_.remoteEntry(buffer, entry, op().name);
+}
+
+const ReplicaGrouping& StepPlanner::bufferLayout(int64_t buffer) const {
+  return executable_.bufferLayouts_[at(buffer)];
 }
 
 ReplicaGrouping SimExecutable::layout(TensorId tensor) const {

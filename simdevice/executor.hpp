@@ -90,6 +90,8 @@ class SimExecutable final : public Executable {
   const Graph& graph() const noexcept { return program_.graph; }
 
  private:
+  friend class StepPlanner;
+
   void checkProgram() const;
   void planFusions();
   // True when a reduce-scatter over `grouping` into the layout `scattered`

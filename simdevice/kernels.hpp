@@ -146,8 +146,8 @@ struct Step {
   std::array<int64_t, kMaxOperands - 1> tileStride{};
 };
 
-// The kernel of a dense (non-collective, non-transfer) op kind.
-Kernel denseKernel(OpKind kind);
+// Kernels that several families use. The kernels of each op live with its
+// family (simdevice/ops/, listed in kernel_table.hpp).
 Kernel matmulKernel();
 // Per run: the product [rows, cols] into scratch, then table2's triple i
 // (output offset, product offset, count) of it into the output.
@@ -155,11 +155,118 @@ Kernel matmulSlicesKernel();
 Kernel copyKernel();  // strided copy (Copy, Reshape, Transpose, Slice, pads, Concat parts)
 Kernel inputKernel();
 Kernel chainKernel();
-// The slice kernel of an elementwise kind, or null for kinds that have none.
-TileKernel tileKernel(OpKind kind);
 
 // Plans a matmul step's product (the largest it runs) and returns the
 // packing scratch it needs (lhs, rhs floats).
 std::array<int64_t, 2> planGemm(Step& step);
+
+// Loops and kernel templates for the families' kernels.
+
+// The innermost dimension with strides known at compile time, so the
+// compiler vectorizes it; a stride of 0 is a broadcast operand.
+template <int kS0, int kS1, int kS2, class F>
+void innerFixed(int64_t n, int64_t o0, int64_t o1, int64_t o2, F& f) {
+  for (int64_t i = 0; i < n; ++i) f(o0 + i * kS0, o1 + i * kS1, o2 + i * kS2);
+}
+
+// Dispatches the common contiguous and broadcast patterns of the innermost
+// dimension (after coalescing, elementwise ops are mostly one of these).
+template <class F>
+void inner(int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2, F& f) {
+  if (s0 == 1 && s1 == 1 && s2 == 1) return innerFixed<1, 1, 1>(n, o0, o1, o2, f);
+  if (s0 == 1 && s1 == 1 && s2 == 0) return innerFixed<1, 1, 0>(n, o0, o1, o2, f);
+  if (s0 == 1 && s1 == 0 && s2 == 1) return innerFixed<1, 0, 1>(n, o0, o1, o2, f);
+  if (s0 == 1 && s1 == 0 && s2 == 0) return innerFixed<1, 0, 0>(n, o0, o1, o2, f);
+  if (s0 == 0 && s1 == 1 && s2 == 0) return innerFixed<0, 1, 0>(n, o0, o1, o2, f);
+  for (int64_t i = 0; i < n; ++i) f(o0 + i * s0, o1 + i * s1, o2 + i * s2);
+}
+
+// Calls f(outOffset, in0Offset, in1Offset) for every point of the loop.
+template <class F>
+void forEach(const StridedLoop& loop, F&& f) {
+  for (int d = 0; d < loop.rank; ++d)
+    if (loop.size[static_cast<std::size_t>(d)] == 0) return;
+  if (loop.rank == 0) {
+    f(int64_t{0}, int64_t{0}, int64_t{0});
+    return;
+  }
+  const auto innermost = static_cast<std::size_t>(loop.rank - 1);
+  const int64_t n = loop.size[innermost];
+  const int64_t s0 = loop.stride[0][innermost];
+  const int64_t s1 = loop.stride[1][innermost];
+  const int64_t s2 = loop.stride[2][innermost];
+  std::array<int64_t, kMaxDims> index{};
+  int64_t o0 = 0;
+  int64_t o1 = 0;
+  int64_t o2 = 0;
+  for (;;) {
+    inner(n, s0, s1, s2, o0, o1, o2, f);
+    std::size_t d = innermost;
+    for (;;) {
+      if (d == 0) return;
+      --d;
+      if (++index[d] < loop.size[d]) {
+        o0 += loop.stride[0][d];
+        o1 += loop.stride[1][d];
+        o2 += loop.stride[2][d];
+        break;
+      }
+      o0 -= loop.stride[0][d] * (loop.size[d] - 1);
+      o1 -= loop.stride[1][d] * (loop.size[d] - 1);
+      o2 -= loop.stride[2][d] * (loop.size[d] - 1);
+      index[d] = 0;
+    }
+  }
+}
+
+inline float* outOf(const Step& s, const Run& run) { return s.out + run.out; }
+inline const float* inOf(const Step& s, const Run& run, std::size_t i) { return s.in[i] + run.in[i]; }
+void zeroRun(const Step& s, const Run& run);
+
+// A strided kernel computing F per element of one input, or of two.
+template <class F>
+void unaryKernel(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* x = inOf(s, run, 0);
+    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t) { o[io] = F{}(x[ix]); });
+  }
+}
+
+template <class F>
+void binaryKernel(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* x = inOf(s, run, 0);
+    const float* y = inOf(s, run, 1);
+    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t iy) { o[io] = F{}(x[ix], y[iy]); });
+  }
+}
+
+// Flat steps (TileKernel): n elements from the slice's operands; an input
+// of stride 0 is a scalar read at every element.
+template <class F>
+void flatTile(const Step& s, int64_t n, F&& f) {
+  inner(n, 1, s.tileStride[0], s.tileStride[1], 0, 0, 0, f);
+}
+
+template <class F>
+void unaryTile(const Step& s, const TileOperands& t, int64_t n) {
+  float* o = t.out;
+  const float* x = t.in[0];
+  flatTile(s, n, [&](int64_t io, int64_t ix, int64_t) { o[io] = F{}(x[ix]); });
+}
+
+template <class F>
+void binaryTile(const Step& s, const TileOperands& t, int64_t n) {
+  float* o = t.out;
+  const float* x = t.in[0];
+  const float* y = t.in[1];
+  flatTile(s, n, [&](int64_t io, int64_t ix, int64_t iy) { o[io] = F{}(x[ix], y[iy]); });
+}
+
+struct IdentityF {
+  float operator()(float x) const { return x; }
+};
 
 }  // namespace tessera::sim

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "memory_planner.hpp"
+#include "op_def.hpp"
 #include "tessera/device.hpp"
 #include "tessera/error.hpp"
 
@@ -17,79 +18,6 @@ namespace sim {
 namespace {
 
 std::size_t at(int64_t i) { return static_cast<std::size_t>(i); }
-
-double elementsOf(const Graph& graph, TensorId t) {
-  return static_cast<double>(numElements(graph.tensor(t).shape));
-}
-
-double bytesOf(const Graph& graph, TensorId t) {
-  return elementsOf(graph, t) * static_cast<double>(kBytesPerElement);
-}
-
-// The arithmetic of one replica's op (the table in tessera/time_model.hpp).
-double computeFlops(const Graph& graph, const OpNode& op) {
-  const double out = op.outputs.empty() ? 0.0 : elementsOf(graph, op.outputs[0]);
-  const double in = op.inputs.empty() ? 0.0 : elementsOf(graph, op.inputs[0]);
-  switch (op.kind) {
-    case OpKind::MatMul: {
-      const Shape& a = graph.tensor(op.inputs[0]).shape;
-      return 2.0 * out * (a.empty() ? 1.0 : static_cast<double>(a.back()));
-    }
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Mul:
-    case OpKind::Div:
-    case OpKind::Neg:
-    case OpKind::Relu:
-    case OpKind::ReluGrad:
-    case OpKind::Copy:
-    case OpKind::CopyInplace:
-    case OpKind::Transpose:
-    case OpKind::Slice:
-    case OpKind::Concat:
-    case OpKind::BroadcastTo:
-    case OpKind::SlicePad:
-    case OpKind::ReplicaShardedSlice:
-    case OpKind::ReplicaShardedPad: return out;
-    case OpKind::ScaledAddInplace: return 3.0 * out;
-    case OpKind::Exp:
-    case OpKind::Log:
-    case OpKind::Sqrt:
-    case OpKind::Tanh:
-    case OpKind::Sigmoid: return 4.0 * out;
-    case OpKind::Softmax:
-    case OpKind::LogSoftmax: return 5.0 * out;
-    case OpKind::SoftmaxCrossEntropy: return 5.0 * in;
-    case OpKind::SoftmaxCrossEntropyGrad: return 5.0 * elementsOf(graph, op.inputs[1]);
-    case OpKind::Gelu:
-    case OpKind::GeluGrad: return 8.0 * out;
-    case OpKind::ReduceSum:
-    case OpKind::ReduceMean:
-    case OpKind::ReduceToShape:
-    case OpKind::ArgMax: return in;
-    case OpKind::Reshape:
-    case OpKind::Input:
-    case OpKind::Variable:
-    case OpKind::Constant:
-    case OpKind::ReplicatedAllReduce:
-    case OpKind::ReplicatedReduceScatter:
-    case OpKind::ReplicatedAllGather:
-    case OpKind::RemoteLoad:
-    case OpKind::RemoteStore: return 0.0;
-  }
-  return 0.0;
-}
-
-bool isSource(OpKind kind) {
-  return kind == OpKind::Input || kind == OpKind::Variable || kind == OpKind::Constant;
-}
-
-// Collectives that move data between replicas (the sharded slice and pad
-// only rearrange a replica's own value).
-bool movesData(OpKind kind) {
-  return kind == OpKind::ReplicatedAllReduce || kind == OpKind::ReplicatedReduceScatter ||
-         kind == OpKind::ReplicatedAllGather;
-}
 
 bool onIOTiles(const Graph& graph, TensorId t) {
   return graph.tensor(t).tileSet == TileSet::IO || graph.tensor(graph.storageOf(t)).tileSet == TileSet::IO;
@@ -115,7 +43,9 @@ struct Work {
   bool interInstance = false;
 };
 
-Work collectiveWork(const Graph& graph, const OpNode& op, const LocalTopology& topology,
+// A collective that moves data: its bytes over the link of its group (the
+// links between instances when the group spans them).
+Work collectiveWork(const Graph& graph, const OpNode& op, const OpCost& cost, const LocalTopology& topology,
                     const DeviceSpec& spec) {
   Work w;
   w.lane = TimeLane::Link;
@@ -123,39 +53,33 @@ Work collectiveWork(const Graph& graph, const OpNode& op, const LocalTopology& t
       op.attributes.grouping.value_or(ReplicaGrouping(graph.replicationFactor()));
   w.group = grouping.str();
   w.throughIOTiles = onIOTiles(graph, op.inputs[0]) || onIOTiles(graph, op.outputs[0]);
-  const auto g = static_cast<double>(grouping.groupSize());
   if (grouping.groupSize() == 1) return w;
   w.interInstance = spansInstances(grouping, topology.localReplicas);
-  const double kBytes = static_cast<double>(kBytesPerElement);
-  switch (op.kind) {
-    case OpKind::ReplicatedAllReduce: w.bytes = 2.0 * (g - 1.0) / g * bytesOf(graph, op.inputs[0]); break;
-    case OpKind::ReplicatedReduceScatter:
-      // Every replica sends g - 1 padded shards of ceil(n/g) elements.
-      w.bytes = (g - 1.0) * elementsOf(graph, op.outputs[0]) * kBytes;
-      break;
-    default:  // ReplicatedAllGather: receives the g - 1 other shards.
-      w.bytes = (g - 1.0) * elementsOf(graph, op.inputs[0]) * kBytes;
-      break;
-  }
+  w.bytes = cost.linkBytes;
   const double bandwidth =
       w.interInstance ? spec.interInstanceBandwidthBytesPerSecond : spec.linkBandwidthBytesPerSecond;
   w.seconds = spec.transferLatencySeconds + w.bytes / bandwidth;
   return w;
 }
 
-Work opWork(const Graph& graph, const OpNode& op, const LocalTopology& topology, const DeviceSpec& spec) {
-  if (movesData(op.kind)) return collectiveWork(graph, op, topology, spec);
-  if (op.kind == OpKind::RemoteLoad || op.kind == OpKind::RemoteStore) {
-    const TensorId moved = op.kind == OpKind::RemoteLoad ? op.outputs[0] : op.inputs[0];
-    Work w;
-    w.throughIOTiles = onIOTiles(graph, moved);
-    w.lane = w.throughIOTiles ? TimeLane::IOTiles : TimeLane::Streaming;
-    w.bytes = bytesOf(graph, moved);
-    w.seconds = spec.transferLatencySeconds + w.bytes / spec.streamingBandwidthBytesPerSecond;
-    return w;
-  }
+Work opWork(const Graph& graph, const OpNode& op, const OpDef& def, const LocalTopology& topology,
+            const DeviceSpec& spec) {
+  const OpCost cost = def.cost != nullptr ? def.cost(graph, op) : OpCost{};
   Work w;
-  w.flops = computeFlops(graph, op);
+  switch (def.work) {
+    case OpWork::Collective: return collectiveWork(graph, op, cost, topology, spec);
+    case OpWork::Streaming: {
+      const TensorId moved = op.outputs.empty() ? op.inputs[0] : op.outputs[0];
+      w.throughIOTiles = onIOTiles(graph, moved);
+      w.lane = w.throughIOTiles ? TimeLane::IOTiles : TimeLane::Streaming;
+      w.bytes = cost.streamedBytes;
+      w.seconds = spec.transferLatencySeconds + w.bytes / spec.streamingBandwidthBytesPerSecond;
+      return w;
+    }
+    case OpWork::None:
+    case OpWork::Compute: break;
+  }
+  w.flops = cost.flops;
   w.seconds = w.flops / spec.computeFlopsPerSecond;
   return w;
 }
@@ -179,8 +103,9 @@ TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::spa
   TimeReport report;
   for (OpId id : schedule) {
     const OpNode& op = graph.op(id);
-    if (isSource(op.kind)) continue;
-    Work w = opWork(graph, op, topology, spec);
+    const OpDef& def = opDef(op.kind);
+    if (def.family == OpFamily::Source) continue;
+    Work w = opWork(graph, op, def, topology, spec);
     // The tiles it occupies and the link it uses, if any.
     std::array<double*, 2> resources{&computeTiles, nullptr};
     switch (w.lane) {

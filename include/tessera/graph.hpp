@@ -72,7 +72,9 @@ struct EnumNames<RetrievalMode> {
       std::pair{RetrievalMode::AllReplicas, std::string_view{"AllReplicas"}}};
 };
 
-enum class OpKind {
+// The built-in kinds. Ops added at run time (lib/op_def.hpp, registerOp) take
+// values from kFirstExtensionOpKind on.
+enum class OpKind : uint16_t {
   // Sources (no inputs, one output).
   Input,     // host-to-device stream, per replica data
   Variable,  // persistent state initialised from host data
@@ -173,38 +175,19 @@ struct EnumNames<OpKind> {
   };
 };
 
+inline constexpr uint16_t kFirstExtensionOpKind = 1024;
+
+// The traits of a kind, from the op table (lib/op_def.hpp).
 // True for the kinds whose output aliases (modifies) their first input.
-constexpr bool isInplace(OpKind kind) noexcept {
-  return kind == OpKind::ScaledAddInplace || kind == OpKind::CopyInplace;
-}
+bool isInplace(OpKind kind);
 // True for the kinds that compute each output element from the same element
 // of their inputs (one-element inputs broadcast): they can run on shards.
-constexpr bool isElementwise(OpKind kind) noexcept {
-  switch (kind) {
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Mul:
-    case OpKind::Div:
-    case OpKind::Neg:
-    case OpKind::Relu:
-    case OpKind::Gelu:
-    case OpKind::Tanh:
-    case OpKind::Sigmoid:
-    case OpKind::Exp:
-    case OpKind::Log:
-    case OpKind::Sqrt:
-    case OpKind::Copy:
-    case OpKind::ScaledAddInplace:
-    case OpKind::CopyInplace: return true;
-    default: return false;
-  }
-}
+bool isElementwise(OpKind kind);
 // True for the collectives (ops that read other replicas' values).
-constexpr bool isCollective(OpKind kind) noexcept {
-  return kind == OpKind::ReplicatedAllReduce || kind == OpKind::ReplicatedReduceScatter ||
-         kind == OpKind::ReplicatedAllGather || kind == OpKind::ReplicaShardedSlice ||
-         kind == OpKind::ReplicaShardedPad;
-}
+bool isCollective(OpKind kind);
+// The kind's name: its enumerator's for the built-in kinds, the registered
+// name for ops added at run time; "<invalid>" for an unknown kind.
+std::string_view opName(OpKind kind) noexcept;
 
 // Attributes of an op; each kind reads only the fields it needs.
 struct OpAttributes {
@@ -367,3 +350,12 @@ class Graph {
 };
 
 }  // namespace tessera
+
+// OpKinds print by opName, so that ops added at run time print their names.
+template <>
+struct fmt::formatter<tessera::OpKind> : fmt::formatter<std::string_view> {
+  template <class Context>
+  auto format(tessera::OpKind kind, Context& ctx) const {
+    return fmt::formatter<std::string_view>::format(tessera::opName(kind), ctx);
+  }
+};

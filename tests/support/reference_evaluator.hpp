@@ -15,7 +15,8 @@
 //  - Collectives combine the replicas of each group of their grouping;
 //    sharded values use ShardLayout(n, groupSize): member i of a group holds
 //    shard i.
-//  - Ops run in Graph::schedule() order.
+//  - Ops run in Graph::schedule() order; each op's arithmetic is its
+//    family's reference (OpDef::reference, lib/ops/).
 #pragma once
 
 #include <cstdint>
@@ -46,10 +47,9 @@ class ReferenceEvaluator {
 
  private:
   using Values = std::vector<double>;
+  class Op;
   Values& slot(TensorId t, int64_t replica);
   void initialiseVariable(TensorId t);
-  void runOnReplica(const OpNode& op, int64_t replica);
-  void runCollective(const OpNode& op);
 
   const Graph& graph_;
   int64_t replicas_;

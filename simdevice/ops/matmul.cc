@@ -1,0 +1,82 @@
+// The matmul family's kernels (lib/ops/matmul.cc defines the op): GEMMs on
+// the packed micro-kernels of gemm.hpp. The gradient GEMMs that a
+// collective computes fused with its reduction are planned by the
+// collective family (simdevice/ops/collectives.cc) and run these kernels.
+#include <algorithm>
+
+#include "kernel_table.hpp"
+
+namespace tessera::sim {
+namespace {
+
+// C[m, n] = alpha * op(A) op(B) with the step's plan and scratch.
+void gemm(const Step& s, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
+          float alpha) {
+  sim::gemm(s.gemmPlan, GemmShape{m, n, k, s.transA, s.transB}, a, b, c, alpha, s.scratch->lhs, s.scratch->rhs);
+}
+
+void matmul(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* a = inOf(s, run, 0);
+    const float* b = inOf(s, run, 1);
+    if (run.count == 1 || (!s.transA && run.advance[0] && !run.advance[1])) {
+      // Stacked groups against one right operand: a single GEMM.
+      gemm(s, run.count * s.rows, s.cols, s.depth, a, b, o, s.scale);
+      continue;
+    }
+    for (int64_t g = 0; g < run.count; ++g) {
+      gemm(s, s.rows, s.cols, s.depth, a + (run.advance[0] ? g * s.inElements[0] : 0),
+           b + (run.advance[1] ? g * s.inElements[1] : 0), o + g * s.outElements, s.scale);
+    }
+  }
+}
+
+void matmulSlices(const Step& s) {
+  for (std::size_t i = 0; i < s.runs.size(); ++i) {
+    const Run& run = s.runs[i];
+    gemm(s, s.rows, s.cols, s.depth, inOf(s, run, 0), inOf(s, run, 1), s.scratch->product, s.scale);
+    const int64_t* slice = s.table2.data() + 3 * i;
+    std::copy_n(s.scratch->product + slice[1], slice[2], s.out + slice[0]);
+  }
+}
+
+}  // namespace
+
+std::array<int64_t, 2> planGemm(Step& step) {
+  int64_t rows = step.rows;
+  for (const Run& run : step.runs) {
+    if (!step.transA && run.advance[0] && !run.advance[1]) rows = std::max(rows, run.count * step.rows);
+  }
+  step.gemmPlan = sim::planGemm(bestGemmIsa(), rows, step.cols, step.depth);
+  return {step.gemmPlan.lhsFloats, step.gemmPlan.rhsFloats};
+}
+
+Kernel matmulKernel() { return matmul; }
+Kernel matmulSlicesKernel() { return matmulSlices; }
+
+void addMatMulKernels(KernelTable& table) {
+  table.add({.kind = OpKind::MatMul, .plan = [](StepPlanner& planner, Step& step) {
+               const Graph& graph = planner.graph();
+               const OpNode& op = planner.op();
+               // A folded Transpose is read from its input, transposed.
+               auto operand = [&](TensorId t, bool& transposed) {
+                 const OpId producer = graph.tensor(t).producer;
+                 transposed = planner.foldedTranspose(producer);
+                 return transposed ? graph.op(producer).inputs[0] : t;
+               };
+               const TensorId a = operand(op.inputs[0], step.transA);
+               const TensorId b = operand(op.inputs[1], step.transB);
+               const Shape& bShape = planner.shape(op.inputs[1]);
+               step.depth = bShape[0];
+               step.cols = bShape[1];
+               step.rows = step.depth == 0 ? 0 : planner.elements(op.inputs[0]) / step.depth;
+               if (step.depth == 0) step.rows = step.cols == 0 ? 0 : step.outElements / step.cols;
+               // Folded operands keep the transposed tensor's layout (it is the same).
+               planner.runsOver(step, {{a, 0}, {b, 0}});
+               step.kernel = matmulKernel();
+               planner.emit(std::move(step));
+             }});
+}
+
+}  // namespace tessera::sim

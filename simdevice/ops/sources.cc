@@ -1,0 +1,18 @@
+// The sources' kernels (lib/ops/sources.cc defines the ops): an Input copies
+// the host's feed into its buffer; Variables and Constants are buffers
+// initialised at load time, with no step.
+#include "kernel_table.hpp"
+
+namespace tessera::sim {
+
+void addSourceKernels(KernelTable& table) {
+  table.add({.kind = OpKind::Input, .plan = [](StepPlanner& planner, Step& step) {
+               planner.takeInputSlot();
+               step.kernel = inputKernel();
+               planner.emit(std::move(step));
+             }});
+  table.add({.kind = OpKind::Variable});
+  table.add({.kind = OpKind::Constant});
+}
+
+}  // namespace tessera::sim
