@@ -129,7 +129,7 @@ TensorId Graph::addSource(OpKind kind, TensorNode node) {
     throw GraphError(ErrorCode::InvalidOperand, node.name,
                      fmt::format("addSource makes Input, Variable or Constant ops, not {}", kind));
   }
-  if (node.name.empty()) node.name = uniqueName(toString(kind));
+  if (node.name.empty()) node.name = uniqueName(opName(kind));
   if (names_.contains(node.name)) {
     throw GraphError(ErrorCode::DuplicateTensorName, node.name,
                      fmt::format("a tensor named \"{}\" already exists; choose another name", node.name));
@@ -166,10 +166,10 @@ void Graph::orderState(StateOrder& state, OpId op, bool writes) {
 
 OpId Graph::addOp(OpKind kind, std::vector<TensorId> inputs, OpAttributes attributes, std::string name) {
   if (kind == OpKind::Input || kind == OpKind::Variable || kind == OpKind::Constant) {
-    throw GraphError(ErrorCode::InvalidOperand, std::string(toString(kind)),
+    throw GraphError(ErrorCode::InvalidOperand, std::string(opName(kind)),
                      "sources are added with addSource, not addOp");
   }
-  if (name.empty()) name = std::string(toString(kind));
+  if (name.empty()) name = std::string(opName(kind));
   for (TensorId t : inputs) {
     if (t < 0 || static_cast<std::size_t>(t) >= tensors_.size()) {
       throw GraphError(

@@ -13,7 +13,7 @@ std::size_t indexOf(OpKind kind) { return static_cast<std::size_t>(kind); }
 
 // Built once, on first use, from the families in a fixed order; registerOp
 // adds to it later.
-OpTable& table() {
+OpTable& opTable() {
   static OpTable instance = [] {
     OpTable t;
     addSourceOps(t);
@@ -59,7 +59,7 @@ const OpDef* OpTable::find(OpKind kind) const noexcept {
 }
 
 const OpDef& opDef(OpKind kind) {
-  const OpDef* def = table().find(kind);
+  const OpDef* def = opTable().find(kind);
   if (def == nullptr) {
     throw InternalError(ErrorCode::Internal, "op table",
                         fmt::format("op kind {} is not in the op table", static_cast<unsigned>(kind)));
@@ -69,14 +69,14 @@ const OpDef& opDef(OpKind kind) {
 
 std::string_view opName(OpKind kind) noexcept {
   try {
-    const OpDef* def = table().find(kind);
+    const OpDef* def = opTable().find(kind);
     return def != nullptr ? def->name : std::string_view{"<invalid>"};
   } catch (...) {
     return "<invalid>";
   }
 }
 
-void registerOp(OpDef def) { table().add(def); }
+void registerOp(OpDef def) { opTable().add(def); }
 
 bool isInplace(OpKind kind) { return opDef(kind).inplace; }
 bool isElementwise(OpKind kind) { return opDef(kind).elementwise; }
@@ -85,7 +85,7 @@ bool isCollective(OpKind kind) { return opDef(kind).collective; }
 std::vector<OutputSpec> inferOutputs(const Graph& graph, OpKind kind, std::span<const TensorId> inputs,
                                      OpAttributes& attributes, std::string_view opName) {
   const OpChecker c(graph, kind, inputs, opName);
-  const OpDef* def = table().find(kind);
+  const OpDef* def = opTable().find(kind);
   if (def == nullptr) c.fail(ErrorCode::InvalidOperand, "unknown op kind");
   if (def->shape == nullptr) c.fail(ErrorCode::InvalidOperand, "sources are added with Graph::addSource");
   return def->shape(c, attributes);

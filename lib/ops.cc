@@ -30,12 +30,12 @@ Graph& graphOf(std::string_view op, std::initializer_list<Tensor> tensors) {
 Tensor single(Graph& graph, OpId op) { return {&graph, graph.op(op).outputs.at(0)}; }
 
 Tensor unary(OpKind kind, Tensor x, OpAttributes attributes = {}) {
-  Graph& graph = graphOf(toString(kind), {x});
+  Graph& graph = graphOf(opName(kind), {x});
   return single(graph, graph.addOp(kind, {x.id()}, std::move(attributes)));
 }
 
 Tensor binary(OpKind kind, Tensor a, Tensor b, OpAttributes attributes = {}) {
-  Graph& graph = graphOf(toString(kind), {a, b});
+  Graph& graph = graphOf(opName(kind), {a, b});
   return single(graph, graph.addOp(kind, {a.id(), b.id()}, std::move(attributes)));
 }
 

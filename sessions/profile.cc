@@ -121,7 +121,7 @@ json profileJson(const MemoryReport& memory, const TimeReport& time, int64_t ste
     lane["seconds"] = lane["seconds"].get<double>() + op.duration;
     lane["bytes"] = lane["bytes"].get<double>() + op.bytes;
     ops.push_back({{"name", op.name},
-                   {"kind", nameOf(op.kind)},
+                   {"kind", std::string(opName(op.kind))},
                    {"lane", nameOf(op.lane)},
                    {"group", op.group},
                    {"interInstance", op.interInstance},
@@ -155,7 +155,7 @@ json chromeTraceJson(const TimeReport& time) {
                       {"dur", op.duration * kMicrosecondsPerSecond},
                       {"pid", 0},
                       {"tid", threads.of(op)},
-                      {"args", {{"kind", nameOf(op.kind)}, {"flops", op.flops}, {"bytes", op.bytes}}}});
+                      {"args", {{"kind", std::string(opName(op.kind))}, {"flops", op.flops}, {"bytes", op.bytes}}}});
   }
   json named = json::array();
   named.push_back(metadata("process_name", 0, {{"name", "tessera modelled step (one replica)"}}));

@@ -155,6 +155,8 @@ SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionM
 
 void SimExecutable::checkProgram() const {
   const Program& p = program_;
+  // Every op needs kernels here (an op registered at run time may have none).
+  for (const OpNode& op : p.graph.ops()) kernelDef(op.kind, op.name);
   if (p.globalReplicas != p.graph.replicationFactor()) {
     throw DeviceError(
         ErrorCode::InvalidProgram, "Program.globalReplicas",

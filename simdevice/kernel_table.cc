@@ -11,7 +11,7 @@ namespace {
 std::size_t indexOf(OpKind kind) { return static_cast<std::size_t>(kind); }
 
 // Built once, on first use, from the families; registerKernel adds to it.
-KernelTable& table() {
+KernelTable& kernelTable() {
   static KernelTable instance = [] {
     KernelTable t;
     addSourceKernels(t);
@@ -48,7 +48,7 @@ const KernelDef* KernelTable::find(OpKind kind) const noexcept {
 }
 
 const KernelDef& kernelDef(OpKind kind, std::string_view opName) {
-  const KernelDef* def = table().find(kind);
+  const KernelDef* def = kernelTable().find(kind);
   if (def == nullptr) {
     throw DeviceError(ErrorCode::InvalidProgram, std::string(opName),
                       fmt::format("the simulated device has no kernel for {}; register one with registerKernel", kind));
@@ -57,11 +57,11 @@ const KernelDef& kernelDef(OpKind kind, std::string_view opName) {
 }
 
 TileKernel tileKernel(OpKind kind) {
-  const KernelDef* def = table().find(kind);
+  const KernelDef* def = kernelTable().find(kind);
   return def != nullptr ? def->tile : nullptr;
 }
 
-void registerKernel(KernelDef def) { table().add(def); }
+void registerKernel(KernelDef def) { kernelTable().add(def); }
 
 std::vector<int64_t> contiguousStrides(const Shape& shape) {
   std::vector<int64_t> strides(shape.size(), 1);
