@@ -144,6 +144,26 @@ Tensor sigmoid(Tensor x) { return unary(OpKind::Sigmoid, x); }
 Tensor exp(Tensor x) { return unary(OpKind::Exp, x); }
 Tensor log(Tensor x) { return unary(OpKind::Log, x); }
 Tensor sqrt(Tensor x) { return unary(OpKind::Sqrt, x); }
+Tensor abs(Tensor x) { return unary(OpKind::Abs, x); }
+Tensor sign(Tensor x) { return unary(OpKind::Sign, x); }
+Tensor erf(Tensor x) { return unary(OpKind::Erf, x); }
+Tensor reciprocal(Tensor x) { return unary(OpKind::Reciprocal, x); }
+Tensor softplus(Tensor x) { return unary(OpKind::Softplus, x); }
+
+namespace {
+OpAttributes scalars(double a, double b = 1.0) {
+  OpAttributes attributes;
+  attributes.a = a;
+  attributes.b = b;
+  return attributes;
+}
+}  // namespace
+
+Tensor leakyRelu(Tensor x, double alpha) { return unary(OpKind::LeakyRelu, x, scalars(alpha)); }
+Tensor elu(Tensor x, double alpha) { return unary(OpKind::Elu, x, scalars(alpha)); }
+Tensor selu(Tensor x, double alpha, double gamma) { return unary(OpKind::Selu, x, scalars(alpha, gamma)); }
+Tensor clip(Tensor x, double lo, double hi) { return unary(OpKind::Clip, x, scalars(lo, hi)); }
+Tensor pow(Tensor a, Tensor b) { return binary(OpKind::Pow, a, b); }
 Tensor softmax(Tensor x) { return unary(OpKind::Softmax, x); }
 Tensor logSoftmax(Tensor x) { return unary(OpKind::LogSoftmax, x); }
 

@@ -94,8 +94,9 @@ struct Step {
   std::array<int64_t, kMaxOperands> inElements{};
   std::vector<Run> runs;
 
-  // Scalars: ScaledAddInplace (a, b); the factor of means, Mean cross
-  // entropy and Mean collectives (scale).
+  // Scalars: the attributes a and b (ScaledAddInplace, the parameterised
+  // activations); the factor of means, Mean cross entropy and Mean
+  // collectives (scale).
   float a = 1.0f;
   float b = 1.0f;
   float scale = 1.0f;
@@ -263,6 +264,42 @@ void binaryTile(const Step& s, const TileOperands& t, int64_t n) {
   const float* x = t.in[0];
   const float* y = t.in[1];
   flatTile(s, n, [&](int64_t io, int64_t ix, int64_t iy) { o[io] = F{}(x[ix], y[iy]); });
+}
+
+// Kernels of ops with the scalar attributes a and b (Step::a, Step::b):
+// F{}(x, a, b) per element of one input, F{}(x, y, a, b) of two.
+template <class F>
+void unaryParamKernel(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* x = inOf(s, run, 0);
+    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t) { o[io] = F{}(x[ix], s.a, s.b); });
+  }
+}
+
+template <class F>
+void binaryParamKernel(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* x = inOf(s, run, 0);
+    const float* y = inOf(s, run, 1);
+    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t iy) { o[io] = F{}(x[ix], y[iy], s.a, s.b); });
+  }
+}
+
+template <class F>
+void unaryParamTile(const Step& s, const TileOperands& t, int64_t n) {
+  float* o = t.out;
+  const float* x = t.in[0];
+  flatTile(s, n, [&](int64_t io, int64_t ix, int64_t) { o[io] = F{}(x[ix], s.a, s.b); });
+}
+
+template <class F>
+void binaryParamTile(const Step& s, const TileOperands& t, int64_t n) {
+  float* o = t.out;
+  const float* x = t.in[0];
+  const float* y = t.in[1];
+  flatTile(s, n, [&](int64_t io, int64_t ix, int64_t iy) { o[io] = F{}(x[ix], y[iy], s.a, s.b); });
 }
 
 struct IdentityF {

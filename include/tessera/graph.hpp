@@ -93,6 +93,16 @@ enum class OpKind : uint16_t {
   Exp,
   Log,
   Sqrt,
+  Abs,
+  Sign,        // -1, 0 or 1; no gradient
+  Erf,
+  Reciprocal,  // 1 / x
+  Softplus,    // log(1 + exp(x))
+  LeakyRelu,   // x > 0 ? x : a x
+  Elu,         // x > 0 ? x : a (exp(x) - 1)
+  Selu,        // b (x > 0 ? x : a (exp(x) - 1))
+  Clip,        // min(max(x, a), b)
+  Pow,         // a ^ b, numpy broadcasting
   Softmax,              // along the last axis
   LogSoftmax,           // along the last axis
   SoftmaxCrossEntropy,  // logits [N, C] float, labels [N] int32 -> scalar (`reduction` Sum or Mean)
@@ -110,6 +120,10 @@ enum class OpKind : uint16_t {
   // Gradient helpers, produced by autodiff (also usable directly).
   ReluGrad,                 // (dy, x) -> dy * (x > 0)
   GeluGrad,                 // (dy, x) -> dy * gelu'(x)
+  LeakyReluGrad,            // (dy, x) -> dy * leakyRelu'(x), slope `a`
+  EluGrad,                  // (dy, x) -> dy * elu'(x), `a`
+  SeluGrad,                 // (dy, x) -> dy * selu'(x), `a`, `b`
+  ClipGrad,                 // (dy, x) -> dy where a < x < b, else 0
   SoftmaxCrossEntropyGrad,  // (dloss, logits, labels) -> dlogits
   ReduceToShape,            // sum a broadcast value back to `shape`
   SlicePad,                 // zeros of `shape` with [starts, ends) filled from the input
@@ -146,6 +160,16 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::Exp, std::string_view{"Exp"}},
       std::pair{OpKind::Log, std::string_view{"Log"}},
       std::pair{OpKind::Sqrt, std::string_view{"Sqrt"}},
+      std::pair{OpKind::Abs, std::string_view{"Abs"}},
+      std::pair{OpKind::Sign, std::string_view{"Sign"}},
+      std::pair{OpKind::Erf, std::string_view{"Erf"}},
+      std::pair{OpKind::Reciprocal, std::string_view{"Reciprocal"}},
+      std::pair{OpKind::Softplus, std::string_view{"Softplus"}},
+      std::pair{OpKind::LeakyRelu, std::string_view{"LeakyRelu"}},
+      std::pair{OpKind::Elu, std::string_view{"Elu"}},
+      std::pair{OpKind::Selu, std::string_view{"Selu"}},
+      std::pair{OpKind::Clip, std::string_view{"Clip"}},
+      std::pair{OpKind::Pow, std::string_view{"Pow"}},
       std::pair{OpKind::Softmax, std::string_view{"Softmax"}},
       std::pair{OpKind::LogSoftmax, std::string_view{"LogSoftmax"}},
       std::pair{OpKind::SoftmaxCrossEntropy, std::string_view{"SoftmaxCrossEntropy"}},
@@ -162,6 +186,10 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::ArgMax, std::string_view{"ArgMax"}},
       std::pair{OpKind::ReluGrad, std::string_view{"ReluGrad"}},
       std::pair{OpKind::GeluGrad, std::string_view{"GeluGrad"}},
+      std::pair{OpKind::LeakyReluGrad, std::string_view{"LeakyReluGrad"}},
+      std::pair{OpKind::EluGrad, std::string_view{"EluGrad"}},
+      std::pair{OpKind::SeluGrad, std::string_view{"SeluGrad"}},
+      std::pair{OpKind::ClipGrad, std::string_view{"ClipGrad"}},
       std::pair{OpKind::SoftmaxCrossEntropyGrad, std::string_view{"SoftmaxCrossEntropyGrad"}},
       std::pair{OpKind::ReduceToShape, std::string_view{"ReduceToShape"}},
       std::pair{OpKind::SlicePad, std::string_view{"SlicePad"}},
@@ -197,8 +225,8 @@ struct OpAttributes {
   std::vector<int64_t> starts{};  // Slice, SlicePad
   std::vector<int64_t> ends{};    // Slice, SlicePad
   int64_t axis = 0;               // Concat
-  double a = 1.0;                 // ScaledAddInplace: x = a*x + b*y
-  double b = 1.0;
+  double a = 1.0;                 // ScaledAddInplace: x = a*x + b*y; LeakyRelu, Elu, Selu: alpha; Clip: min
+  double b = 1.0;                 // Selu: gamma; Clip: max
   ReductionType reduction = ReductionType::Sum;  // collectives, SoftmaxCrossEntropy
   std::optional<ReplicaGrouping> grouping{};     // collectives: the groups; nullopt = all replicas
   int64_t remoteBuffer = -1;                     // RemoteLoad/Store: buffer id

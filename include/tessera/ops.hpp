@@ -119,6 +119,21 @@ Tensor sigmoid(Tensor x);
 Tensor exp(Tensor x);
 Tensor log(Tensor x);
 Tensor sqrt(Tensor x);
+Tensor abs(Tensor x);
+Tensor sign(Tensor x);  // -1, 0 or 1; no gradient
+Tensor erf(Tensor x);
+Tensor reciprocal(Tensor x);
+Tensor softplus(Tensor x);  // log(1 + exp(x)), computed without overflow
+// x for x > 0, else alpha x (ONNX's LeakyRelu).
+Tensor leakyRelu(Tensor x, double alpha = 0.01);
+// x for x > 0, else alpha (exp(x) - 1) (ONNX's Elu).
+Tensor elu(Tensor x, double alpha = 1.0);
+// gamma elu(x, alpha), ONNX's Selu with its defaults.
+Tensor selu(Tensor x, double alpha = 1.67326319217681884765625, double gamma = 1.05070102214355468750);
+// min(max(x, lo), hi); the gradient passes where lo < x < hi. Needs lo <= hi.
+Tensor clip(Tensor x, double lo, double hi);
+// a ^ b with numpy broadcasting (the exponent's gradient needs a > 0).
+Tensor pow(Tensor a, Tensor b);
 Tensor softmax(Tensor x);     // along the last axis
 Tensor logSoftmax(Tensor x);  // along the last axis
 // logits [N, C], labels [N] int32 -> scalar: -sum_n log softmax(logits)[n, label_n],

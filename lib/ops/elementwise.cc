@@ -3,7 +3,9 @@
 // in-place updates that transforms and optimizers use.
 #include "ops/elementwise.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include <fmt/format.h>
 
@@ -88,8 +90,51 @@ double sigmoidOf(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 double expOf(double x) { return std::exp(x); }
 double logOf(double x) { return std::log(x); }
 double sqrtOf(double x) { return std::sqrt(x); }
+double absOf(double x) { return std::abs(x); }
+double signOf(double x) { return x > 0.0 ? 1.0 : x < 0.0 ? -1.0 : 0.0; }
+double erfOf(double x) { return std::erf(x); }
+double reciprocalOf(double x) { return 1.0 / x; }
+double powOf(double a, double b) { return std::pow(a, b); }
 double reluGradOf(double dy, double x) { return x > 0.0 ? dy : 0.0; }
 double geluGradOf(double dy, double x) { return dy * geluDerivative(x); }
+
+// Unary and gradient-helper references that read the attributes a and b.
+template <double (*F)(double, double, double)>
+void parameterisedReference(ReferenceOp& r, int64_t replica) {
+  const Values& x = r.in(0, replica);
+  Values& out = r.out(replica);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = F(x[i], r.attributes().a, r.attributes().b);
+}
+
+template <double (*F)(double, double, double, double)>
+void parameterisedGradReference(ReferenceOp& r, int64_t replica) {
+  const Values& dy = r.in(0, replica);
+  const Values& x = r.in(1, replica);
+  Values& out = r.out(replica);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = F(dy[i], x[i], r.attributes().a, r.attributes().b);
+}
+
+double leakyReluOf(double x, double alpha, double /*unused*/) { return x > 0.0 ? x : alpha * x; }
+double eluOf(double x, double alpha, double /*unused*/) { return x > 0.0 ? x : alpha * std::expm1(x); }
+double seluOf(double x, double alpha, double gamma) { return gamma * eluOf(x, alpha, 0.0); }
+double clipOf(double x, double lo, double hi) { return std::min(std::max(x, lo), hi); }
+// Without overflow: max(x, 0) + log(1 + exp(-|x|)).
+double softplusOf(double x) { return std::max(x, 0.0) + std::log1p(std::exp(-std::abs(x))); }
+double leakyReluGradOf(double dy, double x, double alpha, double /*unused*/) { return x > 0.0 ? dy : alpha * dy; }
+double eluGradOf(double dy, double x, double alpha, double /*unused*/) {
+  return x > 0.0 ? dy : dy * alpha * std::exp(x);
+}
+double seluGradOf(double dy, double x, double alpha, double gamma) {
+  return gamma * eluGradOf(dy, x, alpha, 0.0);
+}
+double clipGradOf(double dy, double x, double lo, double hi) { return x > lo && x < hi ? dy : 0.0; }
+
+// The gradient of a piecewise activation through its helper kind, with the
+// activation's attributes.
+template <OpKind kHelper>
+std::vector<Tensor> helperGradient(const GradientContext& g) {
+  return {g.make(kHelper, {g.dy.id(), g.in(0).id()}, g.attributes())};
+}
 
 }  // namespace
 
@@ -161,6 +206,60 @@ void addElementwiseOps(OpTable& table) {
                  [](const GradientContext& g) -> R { return {ops::div(scaled(g.dy, 0.5), g.out(0))}; },
                  unaryReference<sqrtOf>, perElement<4>));
 
+  table.add(with(unaryBase, OpKind::Abs,
+                 [](const GradientContext& g) -> R { return {ops::mul(g.dy, ops::sign(g.in(0)))}; },
+                 unaryReference<absOf>, perElement<1>));
+  // Piecewise constant: no gradient flows through it.
+  table.add(with(unaryBase, OpKind::Sign, nullptr, unaryReference<signOf>, perElement<1>));
+  // d erf(x) = 2/sqrt(pi) exp(-x^2) dx
+  table.add(with(unaryBase, OpKind::Erf,
+                 [](const GradientContext& g) -> R {
+                   const Tensor x = g.in(0);
+                   return {ops::mul(scaled(g.dy, 2.0 / std::sqrt(std::numbers::pi)), ops::exp(ops::neg(ops::mul(x, x))))};
+                 },
+                 unaryReference<erfOf>, perElement<8>));
+  // d(1/x) = -y^2 dx
+  table.add(with(unaryBase, OpKind::Reciprocal,
+                 [](const GradientContext& g) -> R {
+                   return {ops::neg(ops::mul(g.dy, ops::mul(g.out(0), g.out(0))))};
+                 },
+                 unaryReference<reciprocalOf>, perElement<1>));
+  table.add(with(unaryBase, OpKind::Softplus,
+                 [](const GradientContext& g) -> R { return {ops::mul(g.dy, ops::sigmoid(g.in(0)))}; },
+                 unaryReference<softplusOf>, perElement<8>));
+  table.add(with(unaryBase, OpKind::LeakyRelu, helperGradient<OpKind::LeakyReluGrad>,
+                 parameterisedReference<leakyReluOf>, perElement<2>));
+  table.add(with(unaryBase, OpKind::Elu, helperGradient<OpKind::EluGrad>, parameterisedReference<eluOf>,
+                 perElement<4>));
+  table.add(with(unaryBase, OpKind::Selu, helperGradient<OpKind::SeluGrad>, parameterisedReference<seluOf>,
+                 perElement<5>));
+  OpDef clip = with(unaryBase, OpKind::Clip, helperGradient<OpKind::ClipGrad>, parameterisedReference<clipOf>,
+                    perElement<2>);
+  clip.shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
+    if (!(attributes.a <= attributes.b)) {
+      c.fail(ErrorCode::InvalidOperand,
+             fmt::format("the bounds [{}, {}] are empty; the lower bound must not exceed the upper", attributes.a,
+                         attributes.b));
+    }
+    return unaryShape(c, attributes);
+  };
+  table.add(clip);
+  // d(a^b) = b a^(b-1) da + a^b log(a) db; the exponent's gradient is built
+  // only when wanted (it needs a > 0).
+  table.add(with(binaryBase, OpKind::Pow,
+                 [](const GradientContext& g) -> R {
+                   const Tensor a = g.in(0);
+                   const Tensor b = g.in(1);
+                   R out{Tensor{}, Tensor{}};
+                   if (g.isWanted(0)) {
+                     out[0] = reduceTo(ops::mul(g.dy, ops::mul(b, ops::pow(a, ops::sub(b, ops::scalar(g.graph, 1.0))))),
+                                       a.shape());
+                   }
+                   if (g.isWanted(1)) out[1] = reduceTo(ops::mul(g.dy, ops::mul(g.out(0), ops::log(a))), b.shape());
+                   return out;
+                 },
+                 binaryReference<powOf>, perElement<8>));
+
   // The gradient helpers of Relu and Gelu: (dy, x); no gradient of their own.
   table.add({.kind = OpKind::ReluGrad,
              .family = OpFamily::Elementwise,
@@ -172,6 +271,19 @@ void addElementwiseOps(OpTable& table) {
              .shape = gradHelperShape,
              .reference = binaryReference<geluGradOf>,
              .cost = perElement<8>});
+
+  using Reference = void (*)(ReferenceOp&, int64_t);
+  for (const auto& [kind, reference] :
+       {std::pair<OpKind, Reference>{OpKind::LeakyReluGrad, parameterisedGradReference<leakyReluGradOf>},
+        std::pair<OpKind, Reference>{OpKind::EluGrad, parameterisedGradReference<eluGradOf>},
+        std::pair<OpKind, Reference>{OpKind::SeluGrad, parameterisedGradReference<seluGradOf>},
+        std::pair<OpKind, Reference>{OpKind::ClipGrad, parameterisedGradReference<clipGradOf>}}) {
+    table.add({.kind = kind,
+               .family = OpFamily::Elementwise,
+               .shape = gradHelperShape,
+               .reference = reference,
+               .cost = perElement<2>});
+  }
 
   // x = a*x + b*y, in place; y broadcasts to x.
   table.add({.kind = OpKind::ScaledAddInplace,

@@ -1,5 +1,6 @@
 // The elementwise family's kernels (lib/ops/elementwise.cc defines the ops):
 // strided kernels over broadcast loops, and slice kernels for fused chains.
+#include <algorithm>
 #include <cmath>
 
 #include "kernel_table.hpp"
@@ -53,6 +54,61 @@ struct SqrtF {
   float operator()(float x) const { return std::sqrt(x); }
 };
 
+struct AbsF {
+  float operator()(float x) const { return std::abs(x); }
+};
+struct SignF {
+  float operator()(float x) const { return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f; }
+};
+struct ErfF {
+  float operator()(float x) const { return std::erf(x); }
+};
+struct ReciprocalF {
+  float operator()(float x) const { return 1.0f / x; }
+};
+// Without overflow: max(x, 0) + log(1 + exp(-|x|)).
+struct SoftplusF {
+  float operator()(float x) const {
+    const double d = x;
+    return static_cast<float>(std::max(d, 0.0) + std::log1p(std::exp(-std::abs(d))));
+  }
+};
+struct PowF {
+  float operator()(float x, float y) const { return std::pow(x, y); }
+};
+struct LeakyReluF {
+  float operator()(float x, float alpha, float /*unused*/) const { return x > 0.0f ? x : alpha * x; }
+};
+struct EluF {
+  float operator()(float x, float alpha, float /*unused*/) const {
+    return x > 0.0f ? x : static_cast<float>(alpha * std::expm1(static_cast<double>(x)));
+  }
+};
+struct SeluF {
+  float operator()(float x, float alpha, float gamma) const {
+    return static_cast<float>(gamma * (x > 0.0f ? static_cast<double>(x) : alpha * std::expm1(static_cast<double>(x))));
+  }
+};
+struct ClipF {
+  float operator()(float x, float lo, float hi) const { return std::min(std::max(x, lo), hi); }
+};
+struct LeakyReluGradF {
+  float operator()(float dy, float x, float alpha, float /*unused*/) const { return x > 0.0f ? dy : alpha * dy; }
+};
+struct EluGradF {
+  float operator()(float dy, float x, float alpha, float /*unused*/) const {
+    return x > 0.0f ? dy : static_cast<float>(dy * alpha * std::exp(static_cast<double>(x)));
+  }
+};
+struct SeluGradF {
+  float operator()(float dy, float x, float alpha, float gamma) const {
+    return static_cast<float>(gamma * (x > 0.0f ? static_cast<double>(dy) : dy * alpha * std::exp(static_cast<double>(x))));
+  }
+};
+struct ClipGradF {
+  float operator()(float dy, float x, float lo, float hi) const { return x > lo && x < hi ? dy : 0.0f; }
+};
+
 void scaledAddKernel(const Step& s) {
   const double a = s.a;
   const double b = s.b;
@@ -87,6 +143,26 @@ KernelDef binaryKernels(OpKind kind) {
   return {.kind = kind, .plan = planBinary<F>, .tile = binaryTile<F>};
 }
 
+// Ops with the scalar attributes a and b.
+template <Kernel kKernel>
+void planWithScalars(StepPlanner& planner, Step& step) {
+  planBroadcastLoops(planner, step);
+  step.a = static_cast<float>(planner.op().attributes.a);
+  step.b = static_cast<float>(planner.op().attributes.b);
+  step.kernel = kKernel;
+  planner.emit(std::move(step));
+}
+
+template <class F>
+KernelDef unaryParamKernels(OpKind kind) {
+  return {.kind = kind, .plan = planWithScalars<unaryParamKernel<F>>, .tile = unaryParamTile<F>};
+}
+
+template <class F>
+KernelDef binaryParamKernels(OpKind kind) {
+  return {.kind = kind, .plan = planWithScalars<binaryParamKernel<F>>, .tile = binaryParamTile<F>};
+}
+
 }  // namespace
 
 void addElementwiseKernels(KernelTable& table) {
@@ -104,6 +180,20 @@ void addElementwiseKernels(KernelTable& table) {
   table.add(unaryKernels<ExpF>(OpKind::Exp));
   table.add(unaryKernels<LogF>(OpKind::Log));
   table.add(unaryKernels<SqrtF>(OpKind::Sqrt));
+  table.add(unaryKernels<AbsF>(OpKind::Abs));
+  table.add(unaryKernels<SignF>(OpKind::Sign));
+  table.add(unaryKernels<ErfF>(OpKind::Erf));
+  table.add(unaryKernels<ReciprocalF>(OpKind::Reciprocal));
+  table.add(unaryKernels<SoftplusF>(OpKind::Softplus));
+  table.add(binaryKernels<PowF>(OpKind::Pow));
+  table.add(unaryParamKernels<LeakyReluF>(OpKind::LeakyRelu));
+  table.add(unaryParamKernels<EluF>(OpKind::Elu));
+  table.add(unaryParamKernels<SeluF>(OpKind::Selu));
+  table.add(unaryParamKernels<ClipF>(OpKind::Clip));
+  table.add(binaryParamKernels<LeakyReluGradF>(OpKind::LeakyReluGrad));
+  table.add(binaryParamKernels<EluGradF>(OpKind::EluGrad));
+  table.add(binaryParamKernels<SeluGradF>(OpKind::SeluGrad));
+  table.add(binaryParamKernels<ClipGradF>(OpKind::ClipGrad));
   table.add({.kind = OpKind::ScaledAddInplace,
              .plan = [](StepPlanner& planner, Step& step) {
                planBroadcastLoops(planner, step);

@@ -180,6 +180,14 @@ TEST_CASE("gradient check of every single-input op") {
          return ops::broadcastTo(x, {2, 3, 4});
        }},
       {"copy", {3, 2}, -1, 1, [](Tensor x) { return ops::copy(x); }},
+      {"abs", {3, 4}, -1, 1, [](Tensor x) { return ops::abs(x); }},
+      {"erf", {3, 4}, -2, 2, [](Tensor x) { return ops::erf(x); }},
+      {"reciprocal", {3, 4}, 0.5, 2, [](Tensor x) { return ops::reciprocal(x); }},
+      {"softplus", {3, 4}, -3, 3, [](Tensor x) { return ops::softplus(x); }},
+      {"leakyRelu", {3, 4}, -1, 1, [](Tensor x) { return ops::leakyRelu(x, 0.2); }},
+      {"elu", {3, 4}, -2, 2, [](Tensor x) { return ops::elu(x, 0.7); }},
+      {"selu", {3, 4}, -2, 2, [](Tensor x) { return ops::selu(x); }},
+      {"clip", {3, 4}, -1, 1, [](Tensor x) { return ops::clip(x, -0.5, 0.4); }},
       {"a chain through one input used twice",
        {3, 4},
        -1,
@@ -248,6 +256,8 @@ TEST_CASE("gradient check of every two-input op, with broadcasting") {
        {4},
        [](Tensor a, Tensor b) { return ops::scaledAddInplace(a, b, 1.0, 0.25); }},
       {"copyInplace", {3, 2}, {3, 2}, [](Tensor a, Tensor b) { return ops::copyInplace(a, b); }},
+      {"pow", {3, 4}, {3, 4}, [](Tensor a, Tensor b) { return ops::pow(a, b); }, 0.5, 2.0},
+      {"pow by a scalar exponent", {3, 4}, {}, [](Tensor a, Tensor b) { return ops::pow(a, b); }, 0.5, 2.0},
   };
   for (const BinaryCase& c : cases) {
     SUBCASE(c.name.c_str()) {

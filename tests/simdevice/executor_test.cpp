@@ -141,6 +141,32 @@ const std::vector<Case>& cases() {
          ops::log(ops::add(ops::exp(s.x), ops::scalar(g, 1.0)));
          ops::sqrt(ops::exp(s.wg1));
        }},
+      {"activations of imported models and their gradient helpers",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         ops::abs(s.x);
+         ops::sign(ops::sub(s.x, s.vg1));
+         ops::erf(s.wg1);
+         ops::reciprocal(ops::add(ops::exp(s.x), ops::scalar(g, 0.5)));
+         ops::softplus(ops::mul(s.x, ops::scalar(g, 60.0)));
+         ops::leakyRelu(s.x, 0.1);
+         ops::elu(s.wg2, 0.8);
+         ops::selu(s.x);
+         ops::clip(s.x, -0.3, 0.6);
+         ops::pow(ops::exp(s.x), s.vg2);
+         OpAttributes slope;
+         slope.a = 0.1;
+         make(g, OpKind::LeakyReluGrad, {s.y, ops::matmul(s.x, s.wg2)}, slope);
+         make(g, OpKind::EluGrad, {s.y, ops::matmul(s.x, s.wg1)}, slope);
+         OpAttributes selu;
+         selu.a = 1.6;
+         selu.b = 1.05;
+         make(g, OpKind::SeluGrad, {s.y, ops::matmul(s.x, s.w)}, selu);
+         OpAttributes bounds;
+         bounds.a = -0.2;
+         bounds.b = 0.3;
+         make(g, OpKind::ClipGrad, {s.y, ops::matmul(s.x, s.wg2)}, bounds);
+       }},
       {"softmax, cross entropy and argmax",
        [](Sources& s) {
          Graph& g = *s.graph;
