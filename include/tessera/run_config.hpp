@@ -52,16 +52,6 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
-struct OptimizerConfig {
-  OptimizerType type = OptimizerType::Sgd;
-  SgdOptions sgd{};    // used when type is sgd
-  AdamOptions adam{};  // used when type is adam or adamw
-  // The learning rate of the options the type uses.
-  double& learningRate() { return type == OptimizerType::Sgd ? sgd.learningRate : adam.learningRate; }
-  double learningRate() const { return type == OptimizerType::Sgd ? sgd.learningRate : adam.learningRate; }
-  bool operator==(const OptimizerConfig&) const = default;
-};
-
 enum class DatasetKind { FashionMnist, Mnist, Synthetic };
 
 template <>
