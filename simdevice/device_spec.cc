@@ -8,7 +8,6 @@
 
 #include "json_reader.hpp"
 #include "tessera/error.hpp"
-#include "tessera/json.hpp"
 #include "tessera/session_options.hpp"
 
 namespace tessera {

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace tessera {
 
 struct DeviceSpec {
@@ -36,5 +38,10 @@ struct DeviceSpec {
 
   bool operator==(const DeviceSpec&) const = default;
 };
+
+// JSON by the conventions of tessera/json.hpp: every field, keys sorted on
+// writing; strict reading with the ranges above.
+void to_json(nlohmann::json& j, const DeviceSpec& value);
+void from_json(const nlohmann::json& j, DeviceSpec& value);
 
 }  // namespace tessera

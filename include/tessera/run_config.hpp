@@ -189,4 +189,29 @@ void validate(const RunConfig& config);
 // the parser uses.
 nlohmann::json runConfigSchema();
 
+// JSON of the sections and of the whole run config, without overrides or
+// provenance (see parseRunConfig for those), by the conventions of
+// tessera/json.hpp; the JSON of sessionOptions, device and optimizer is
+// declared with their types.
+void to_json(nlohmann::json& j, Activation value);
+void from_json(const nlohmann::json& j, Activation& value);
+void to_json(nlohmann::json& j, DatasetKind value);
+void from_json(const nlohmann::json& j, DatasetKind& value);
+void to_json(nlohmann::json& j, ScheduleType value);
+void from_json(const nlohmann::json& j, ScheduleType& value);
+void to_json(nlohmann::json& j, Provenance value);
+void from_json(const nlohmann::json& j, Provenance& value);
+void to_json(nlohmann::json& j, const ModelConfig& value);
+void from_json(const nlohmann::json& j, ModelConfig& value);
+void to_json(nlohmann::json& j, const DataConfig& value);
+void from_json(const nlohmann::json& j, DataConfig& value);
+void to_json(nlohmann::json& j, const ScheduleConfig& value);
+void from_json(const nlohmann::json& j, ScheduleConfig& value);
+void to_json(nlohmann::json& j, const OutputConfig& value);
+void from_json(const nlohmann::json& j, OutputConfig& value);
+void to_json(nlohmann::json& j, const LimitsConfig& value);
+void from_json(const nlohmann::json& j, LimitsConfig& value);
+void to_json(nlohmann::json& j, const RunConfig& value);
+void from_json(const nlohmann::json& j, RunConfig& value);
+
 }  // namespace tessera
