@@ -9,6 +9,8 @@
 
 namespace tessera {
 
+struct SessionOptions;
+
 struct DeviceSpec {
   // Tiles per processor, IO tiles included (SessionOptions::numIOTiles are
   // taken out of these). Must be >= 1.
@@ -43,5 +45,9 @@ struct DeviceSpec {
 // writing; strict reading with the ranges above.
 void to_json(nlohmann::json& j, const DeviceSpec& value);
 void from_json(const nlohmann::json& j, DeviceSpec& value);
+
+// validate(options) (tessera/session_options.hpp), with the tile counts
+// checked against `device` too.
+void validate(const SessionOptions& options, const DeviceSpec& device);
 
 }  // namespace tessera
