@@ -1,6 +1,8 @@
 // validate(SessionOptions): the cross-field rules. Each rule rejects with its
 // own ErrorCode and the JSON path of the offending field; nothing is adjusted.
 // Rules run in a fixed order and the first violation is thrown.
+#include "validate_options.hpp"
+
 #include <array>
 #include <string>
 #include <string_view>
@@ -9,7 +11,6 @@
 #include <fmt/format.h>
 
 #include "option_paths.hpp"
-#include "tessera/device_spec.hpp"
 #include "tessera/error.hpp"
 #include "tessera/replica_grouping.hpp"
 #include "tessera/session_options.hpp"
@@ -141,15 +142,15 @@ void checkDistribution(const SessionOptions& o) {
   }
 }
 
-void checkIOTiles(const SessionOptions& o, const DeviceSpec* device) {
+void checkIOTiles(const SessionOptions& o, std::optional<int64_t> tilesPerIpu) {
   if (o.numIOTiles > 0 && (o.numIOTiles % 2 != 0 || o.numIOTiles < kMinIOTiles)) {
     fail(ErrorCode::InvalidIOTileCount, fieldPath("numIOTiles"),
          "numIOTiles is {}; it must be 0 or an even number >= {}", o.numIOTiles, kMinIOTiles);
   }
-  if (device != nullptr && o.numIOTiles > 0 && o.numIOTiles >= device->tilesPerIpu) {
+  if (tilesPerIpu && o.numIOTiles > 0 && o.numIOTiles >= *tilesPerIpu) {
     fail(ErrorCode::IOTilesExceedTiles, fieldPath("numIOTiles"),
          "numIOTiles {} leaves no compute tiles on a device with tilesPerIpu {}; set numIOTiles below {}",
-         o.numIOTiles, device->tilesPerIpu, device->tilesPerIpu);
+         o.numIOTiles, *tilesPerIpu, *tilesPerIpu);
   }
 }
 
@@ -248,21 +249,23 @@ void checkThresholds(const SessionOptions& o) {
   }
 }
 
-void validateOptions(const SessionOptions& options, const DeviceSpec* device) {
+}  // namespace
+
+namespace detail {
+
+void validateOptions(const SessionOptions& options, std::optional<int64_t> tilesPerIpu) {
   checkCounts(options);
   checkSwitches(options);
   checkDistribution(options);
-  checkIOTiles(options, device);
+  checkIOTiles(options, tilesPerIpu);
   checkTileSets(options);
   checkShardingDomains(options);
   checkLinkedDomains(options);
   checkThresholds(options);
 }
 
-}  // namespace
+}  // namespace detail
 
-void validate(const SessionOptions& options) { validateOptions(options, nullptr); }
-
-void validate(const SessionOptions& options, const DeviceSpec& device) { validateOptions(options, &device); }
+void validate(const SessionOptions& options) { detail::validateOptions(options, std::nullopt); }
 
 }  // namespace tessera

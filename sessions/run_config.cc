@@ -125,113 +125,6 @@ void visitFields(V& v, LimitsConfig& value) {
                   "allocated. >= 1."});
 }
 
-namespace {
-
-constexpr jsonio::FieldSpec kOptimizerTypeSpec{
-    .doc =
-        "The optimizer: sgd, adam, or adamw (Adam with decoupled weight decay). The other keys of the "
-        "section are the options of that type."};
-
-// The keys of an options struct, from its field table.
-template <class T>
-std::vector<std::string> fieldKeys() {
-  std::vector<std::string> keys = jsonio::leafPaths(T{}, {});
-  for (std::string& key : keys) key.erase(0, 1);
-  return keys;
-}
-
-bool contains(const std::vector<std::string>& keys, const std::string& key) {
-  return std::find(keys.begin(), keys.end(), key) != keys.end();
-}
-
-// The optimizer section is flat: "type" and the fields of that type's
-// options. Every visitor but the reader and the schema sees it this way.
-template <class V>
-void visitSelected(V& v, OptimizerConfig& value) {
-  v.field("type", value.type, kOptimizerTypeSpec);
-  if (value.type == OptimizerType::Sgd) {
-    visitFields(v, value.sgd);
-    return;
-  }
-  v.skip("decoupledWeightDecay");
-  visitFields(v, value.adam);
-}
-
-}  // namespace
-
-void visitFields(jsonio::JsonReader& v, OptimizerConfig& value) {
-  v.field("type", value.type, kOptimizerTypeSpec);
-  v.setKeyContext(fmt::format("for optimizer type \"{}\"", value.type));
-  const std::vector<std::string> sgdKeys = fieldKeys<SgdOptions>();
-  const std::vector<std::string> adamKeys = fieldKeys<AdamOptions>();
-  const bool sgd = value.type == OptimizerType::Sgd;
-  for (const std::string& key : sgd ? adamKeys : sgdKeys) {
-    if (contains(sgd ? sgdKeys : adamKeys, key)) continue;
-    v.explainKey(key, sgd ? "it is an option of optimizer types \"adam\" and \"adamw\""
-                          : "it is an option of optimizer type \"sgd\"");
-  }
-  // Registered last, so it wins over the explanation above.
-  v.explainKey("decoupledWeightDecay",
-               "the optimizer type decides it (\"adamw\" decouples weight decay, \"adam\" does not)");
-  if (sgd) {
-    visitFields(v, value.sgd);
-    return;
-  }
-  v.skip("decoupledWeightDecay");
-  visitFields(v, value.adam);
-  value.adam.decoupledWeightDecay = value.type == OptimizerType::AdamW;
-}
-
-void visitFields(jsonio::JsonWriter& v, OptimizerConfig& value) { visitSelected(v, value); }
-
-void visitFields(jsonio::LeafLister& v, OptimizerConfig& value) { visitSelected(v, value); }
-
-void visitFields(jsonio::RuleChecker& v, OptimizerConfig& value) {
-  visitSelected(v, value);
-  v.rule([&value](const jsonio::RuleSite& site) {
-    if (value.type == OptimizerType::Sgd ||
-        value.adam.decoupledWeightDecay == (value.type == OptimizerType::AdamW)) {
-      return;
-    }
-    throw ConfigError(
-        ErrorCode::InvalidOptimizer, site.path("type"),
-        fmt::format("type is \"{}\" but adam.decoupledWeightDecay is {}; the type decides it, so use "
-                    "type \"{}\"",
-                    value.type, value.adam.decoupledWeightDecay,
-                    value.adam.decoupledWeightDecay ? "adamw" : "adam"));
-  });
-}
-
-// One closed alternative per optimizer type ("oneOf"), so that a schema
-// validator rejects the options of another type as this reader does.
-void visitFields(jsonio::SchemaBuilder& v, OptimizerConfig&) {
-  nlohmann::json& schema = v.schema();
-  schema.erase("properties");
-  schema.erase("additionalProperties");
-  nlohmann::json alternatives = nlohmann::json::array();
-  for (const auto& [type, name] : EnumNames<OptimizerType>::kNames) {
-    OptimizerConfig defaults;
-    nlohmann::json alternative;
-    jsonio::SchemaBuilder builder(alternative);
-    if (type == OptimizerType::Sgd) {
-      visitFields(builder, defaults.sgd);
-    } else {
-      builder.skip("decoupledWeightDecay");
-      visitFields(builder, defaults.adam);
-    }
-    alternative["title"] = name;
-    alternative["properties"]["type"] = {{"const", name}, {"description", kOptimizerTypeSpec.doc}};
-    // "type" may be left out only for the default type.
-    if (type == OptimizerConfig{}.type) {
-      alternative["properties"]["type"]["default"] = name;
-    } else {
-      alternative["required"] = {"type"};
-    }
-    alternatives.push_back(std::move(alternative));
-  }
-  schema["oneOf"] = std::move(alternatives);
-}
-
 template <class V>
 void visitFields(V& v, RunConfig& value) {
   v.field("sessionOptions", value.sessionOptions,
@@ -265,7 +158,6 @@ void from_json(const nlohmann::json& j, Provenance& value) { value = jsonio::enu
   }
 
 TESSERA_SECTION_JSON(ModelConfig)
-TESSERA_SECTION_JSON(OptimizerConfig)
 TESSERA_SECTION_JSON(DataConfig)
 TESSERA_SECTION_JSON(ScheduleConfig)
 TESSERA_SECTION_JSON(OutputConfig)

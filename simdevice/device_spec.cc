@@ -1,4 +1,5 @@
-// The DeviceSpec field table with its ranges, and its JSON.
+// The DeviceSpec field table with its ranges, its JSON, and the session
+// options checked against a device.
 #include "device_spec_json.hpp"
 
 #include <string>
@@ -8,8 +9,8 @@
 
 #include "json_reader.hpp"
 #include "tessera/error.hpp"
-#include "tessera/json.hpp"
 #include "tessera/session_options.hpp"
+#include "validate_options.hpp"
 
 namespace tessera {
 namespace {
@@ -74,6 +75,10 @@ TileMemory tileMemory(const DeviceSpec& device, int64_t numIOTiles) {
                                   device.tilesPerIpu, device.bytesPerTile));
   }
   return {(device.tilesPerIpu - numIOTiles) * device.bytesPerTile, numIOTiles * device.bytesPerTile};
+}
+
+void validate(const SessionOptions& options, const DeviceSpec& device) {
+  detail::validateOptions(options, device.tilesPerIpu);
 }
 
 void to_json(nlohmann::json& j, const DeviceSpec& value) { j = jsonio::writeValue(value); }

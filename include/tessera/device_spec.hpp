@@ -5,7 +5,11 @@
 
 #include <cstdint>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace tessera {
+
+struct SessionOptions;
 
 struct DeviceSpec {
   // Tiles per processor, IO tiles included (SessionOptions::numIOTiles are
@@ -36,5 +40,14 @@ struct DeviceSpec {
 
   bool operator==(const DeviceSpec&) const = default;
 };
+
+// JSON by the conventions of tessera/json.hpp: every field, keys sorted on
+// writing; strict reading with the ranges above.
+void to_json(nlohmann::json& j, const DeviceSpec& value);
+void from_json(const nlohmann::json& j, DeviceSpec& value);
+
+// validate(options) (tessera/session_options.hpp), with the tile counts
+// checked against `device` too.
+void validate(const SessionOptions& options, const DeviceSpec& device);
 
 }  // namespace tessera

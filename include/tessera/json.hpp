@@ -1,5 +1,5 @@
-// JSON for every option type: to_json / from_json in namespace tessera, found
-// by nlohmann::json through argument-dependent lookup:
+// JSON of the core's option types: to_json / from_json in namespace tessera,
+// found by nlohmann::json through argument-dependent lookup:
 //
 //   nlohmann::json j = options;                  // the canonical dump
 //   auto options = j.get<tessera::SessionOptions>();   // strict reading
@@ -11,9 +11,10 @@
 // pointer of the value within `j` ("" for `j` itself). Missing keys take the
 // C++ default; from_json starts from a default-constructed value.
 //
-// OptimizerConfig is flat: {"type": "adam", "learningRate": 0.001, ...} holds
-// the options of its type only (the other type's options read as their
-// defaults), and the type decides AdamOptions::decoupledWeightDecay.
+// Types of the other folders follow the same conventions and declare their
+// JSON beside them: the run config and its sections in
+// tessera/run_config.hpp, the optimizer options in
+// tessera/optimizer_options.hpp, the device spec in tessera/device_spec.hpp.
 //
 // Include <nlohmann/json.hpp> to use these; this header only declares them.
 #pragma once
@@ -22,10 +23,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "tessera/device_spec.hpp"
-#include "tessera/optimizer_options.hpp"
 #include "tessera/replica_grouping.hpp"
-#include "tessera/run_config.hpp"
 #include "tessera/session_options.hpp"
 #include "tessera/shard_layout.hpp"
 #include "tessera/tensor_location.hpp"
@@ -59,16 +57,6 @@ void to_json(nlohmann::json& j, ReductionType value);
 void from_json(const nlohmann::json& j, ReductionType& value);
 void to_json(nlohmann::json& j, MeanReductionStrategy value);
 void from_json(const nlohmann::json& j, MeanReductionStrategy& value);
-void to_json(nlohmann::json& j, OptimizerType value);
-void from_json(const nlohmann::json& j, OptimizerType& value);
-void to_json(nlohmann::json& j, Activation value);
-void from_json(const nlohmann::json& j, Activation& value);
-void to_json(nlohmann::json& j, DatasetKind value);
-void from_json(const nlohmann::json& j, DatasetKind& value);
-void to_json(nlohmann::json& j, ScheduleType value);
-void from_json(const nlohmann::json& j, ScheduleType& value);
-void to_json(nlohmann::json& j, Provenance value);
-void from_json(const nlohmann::json& j, Provenance& value);
 
 // Option structs.
 void to_json(nlohmann::json& j, const CommGroup& value);
@@ -79,29 +67,6 @@ void to_json(nlohmann::json& j, const TensorLocationSettings& value);
 void from_json(const nlohmann::json& j, TensorLocationSettings& value);
 void to_json(nlohmann::json& j, const SessionOptions& value);
 void from_json(const nlohmann::json& j, SessionOptions& value);
-void to_json(nlohmann::json& j, const DeviceSpec& value);
-void from_json(const nlohmann::json& j, DeviceSpec& value);
-void to_json(nlohmann::json& j, const SgdOptions& value);
-void from_json(const nlohmann::json& j, SgdOptions& value);
-void to_json(nlohmann::json& j, const AdamOptions& value);
-void from_json(const nlohmann::json& j, AdamOptions& value);
-
-// Run config sections and the whole run config (without overrides or
-// provenance; see parseRunConfig for those).
-void to_json(nlohmann::json& j, const ModelConfig& value);
-void from_json(const nlohmann::json& j, ModelConfig& value);
-void to_json(nlohmann::json& j, const OptimizerConfig& value);
-void from_json(const nlohmann::json& j, OptimizerConfig& value);
-void to_json(nlohmann::json& j, const DataConfig& value);
-void from_json(const nlohmann::json& j, DataConfig& value);
-void to_json(nlohmann::json& j, const ScheduleConfig& value);
-void from_json(const nlohmann::json& j, ScheduleConfig& value);
-void to_json(nlohmann::json& j, const OutputConfig& value);
-void from_json(const nlohmann::json& j, OutputConfig& value);
-void to_json(nlohmann::json& j, const LimitsConfig& value);
-void from_json(const nlohmann::json& j, LimitsConfig& value);
-void to_json(nlohmann::json& j, const RunConfig& value);
-void from_json(const nlohmann::json& j, RunConfig& value);
 
 // {"elements", "shards", "shardElements", "padding", "realElements" (one per
 // shard), "version"}; written for reports and checkpoints, never read back

@@ -30,7 +30,7 @@
 
 #include "tessera/graph.hpp"
 #include "tessera/ops.hpp"
-#include "tessera/run_config.hpp"
+#include "tessera/optimizer_options.hpp"
 
 namespace tessera {
 

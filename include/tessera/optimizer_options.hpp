@@ -1,9 +1,12 @@
-// Optimizer hyper-parameters: plain, JSON-serializable aggregates. The
+// Optimizer hyper-parameters: plain, JSON-serializable aggregates, and the
+// run config's optimizer section that chooses among them. The
 // optimizers themselves (optimizers/) turn them into update ops whose
 // learning rate can change between steps without recompiling.
 #pragma once
 
 #include <variant>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "tessera/enum_names.hpp"
 
@@ -48,5 +51,30 @@ struct EnumNames<OptimizerType> {
                                         std::pair{OptimizerType::Adam, std::string_view{"adam"}},
                                         std::pair{OptimizerType::AdamW, std::string_view{"adamw"}}};
 };
+
+// The run config's optimizer section: the type and the options of each
+// type (only those of `type` are used).
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::Sgd;
+  SgdOptions sgd{};    // used when type is sgd
+  AdamOptions adam{};  // used when type is adam or adamw
+  // The learning rate of the options the type uses.
+  double& learningRate() { return type == OptimizerType::Sgd ? sgd.learningRate : adam.learningRate; }
+  double learningRate() const { return type == OptimizerType::Sgd ? sgd.learningRate : adam.learningRate; }
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+// JSON (see tessera/json.hpp for the conventions). OptimizerConfig is flat:
+// {"type": "adam", "learningRate": 0.001, ...} holds the options of its type
+// only (the other type's options read as their defaults), and the type
+// decides AdamOptions::decoupledWeightDecay.
+void to_json(nlohmann::json& j, OptimizerType value);
+void from_json(const nlohmann::json& j, OptimizerType& value);
+void to_json(nlohmann::json& j, const SgdOptions& value);
+void from_json(const nlohmann::json& j, SgdOptions& value);
+void to_json(nlohmann::json& j, const AdamOptions& value);
+void from_json(const nlohmann::json& j, AdamOptions& value);
+void to_json(nlohmann::json& j, const OptimizerConfig& value);
+void from_json(const nlohmann::json& j, OptimizerConfig& value);
 
 }  // namespace tessera

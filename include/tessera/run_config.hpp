@@ -52,16 +52,6 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
-struct OptimizerConfig {
-  OptimizerType type = OptimizerType::Sgd;
-  SgdOptions sgd{};    // used when type is sgd
-  AdamOptions adam{};  // used when type is adam or adamw
-  // The learning rate of the options the type uses.
-  double& learningRate() { return type == OptimizerType::Sgd ? sgd.learningRate : adam.learningRate; }
-  double learningRate() const { return type == OptimizerType::Sgd ? sgd.learningRate : adam.learningRate; }
-  bool operator==(const OptimizerConfig&) const = default;
-};
-
 enum class DatasetKind { FashionMnist, Mnist, Synthetic };
 
 template <>
@@ -198,5 +188,30 @@ void validate(const RunConfig& config);
 // JSON Schema (draft 2020-12) of the run config, generated from the tables
 // the parser uses.
 nlohmann::json runConfigSchema();
+
+// JSON of the sections and of the whole run config, without overrides or
+// provenance (see parseRunConfig for those), by the conventions of
+// tessera/json.hpp; the JSON of sessionOptions, device and optimizer is
+// declared with their types.
+void to_json(nlohmann::json& j, Activation value);
+void from_json(const nlohmann::json& j, Activation& value);
+void to_json(nlohmann::json& j, DatasetKind value);
+void from_json(const nlohmann::json& j, DatasetKind& value);
+void to_json(nlohmann::json& j, ScheduleType value);
+void from_json(const nlohmann::json& j, ScheduleType& value);
+void to_json(nlohmann::json& j, Provenance value);
+void from_json(const nlohmann::json& j, Provenance& value);
+void to_json(nlohmann::json& j, const ModelConfig& value);
+void from_json(const nlohmann::json& j, ModelConfig& value);
+void to_json(nlohmann::json& j, const DataConfig& value);
+void from_json(const nlohmann::json& j, DataConfig& value);
+void to_json(nlohmann::json& j, const ScheduleConfig& value);
+void from_json(const nlohmann::json& j, ScheduleConfig& value);
+void to_json(nlohmann::json& j, const OutputConfig& value);
+void from_json(const nlohmann::json& j, OutputConfig& value);
+void to_json(nlohmann::json& j, const LimitsConfig& value);
+void from_json(const nlohmann::json& j, LimitsConfig& value);
+void to_json(nlohmann::json& j, const RunConfig& value);
+void from_json(const nlohmann::json& j, RunConfig& value);
 
 }  // namespace tessera

@@ -20,8 +20,6 @@
 
 namespace tessera {
 
-struct DeviceSpec;
-
 // How gradients are combined over accumulation steps and replicas.
 enum class ReductionType {
   Sum,   // gradients are added
@@ -146,9 +144,9 @@ struct SessionOptions {
 };
 
 // Checks every cross-field rule; throws the first violation as a
-// ConfigError whose subject is the JSON path under "/sessionOptions". With a
-// device, the tile counts are checked against it too.
+// ConfigError whose subject is the JSON path under "/sessionOptions".
+// validate(options, device) (tessera/device_spec.hpp) checks the tile counts
+// against a device too.
 void validate(const SessionOptions& options);
-void validate(const SessionOptions& options, const DeviceSpec& device);
 
 }  // namespace tessera
