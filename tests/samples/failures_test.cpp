@@ -171,6 +171,35 @@ TEST_CASE("output paths that cannot be written are refused by validate and befor
   }
 }
 
+TEST_CASE("an output path in a read-only folder is refused before the first step, also for root") {
+  const TempDir dir;
+  const TempDir logs;
+  const std::string config = writeConfig(dir, "", 1);
+  const fs::path readOnly = dir.path() / "read-only";
+  fs::create_directories(readOnly);
+  fs::permissions(readOnly, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                                fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  const std::string path = (readOnly / "model.safetensors").string();
+  // Root writes into read-only folders, so as root the program runs as nobody.
+  ProcessSetup setup;
+  if (::geteuid() == 0) {
+    setup.user = 65534;
+    setup.group = 65534;
+  }
+  BackgroundProcess run(logs.path(), cli(),
+                        {"train", config, "--set", "/output/checkpoint=" + json(path).dump()}, setup);
+  const ProcessResult result = run.wait();
+  INFO("stderr: " << result.err);
+  CHECK(result.exitCode == 1);
+  CHECK(result.err.starts_with(
+      "error: [tessera.io.607] /output/checkpoint: \"" + path +
+      "\" cannot be written: no file can be created in the folder \"" + readOnly.string() +
+      "\" (Permission denied); set /output/checkpoint to a path in a writable folder"));
+  CHECK(result.err.find("epoch 1/") == std::string::npos);
+  CHECK(fs::is_empty(readOnly));
+  fs::permissions(readOnly, fs::perms::owner_all);
+}
+
 TEST_CASE(
     "a disk that fills up during the run: the checkpoint goes to the working directory or the error says "
     "nothing was written") {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -109,8 +110,10 @@ inline ProcessResult runProgram(const std::string& program, const std::vector<st
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
   pid_t pid = 0;
   // A wrapper is looked up on PATH; the program itself is a path.
   const int spawnError = wrapped ? posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ)
@@ -136,6 +139,10 @@ struct ProcessSetup {
   // > 0: RLIMIT_FSIZE in bytes, with SIGXFSZ ignored so that a write past it
   // fails with EFBIG as on a full disk instead of killing the program.
   long long fileSizeLimit = 0;
+  // > 0: the program runs as this user and group (the test must be root),
+  // e.g. to meet permissions that root would bypass.
+  uid_t user = 0;
+  gid_t group = 0;
 };
 
 // A program running in the background with its stdout and stderr in files of
@@ -162,6 +169,9 @@ class BackgroundProcess {
       if (out < 0 || err < 0 || ::dup2(out, STDOUT_FILENO) < 0 || ::dup2(err, STDERR_FILENO) < 0)
         ::_exit(127);
       if (cwd != nullptr && ::chdir(cwd) != 0) ::_exit(127);
+      if (setup.user > 0 &&
+          (::setgroups(0, nullptr) != 0 || ::setgid(setup.group) != 0 || ::setuid(setup.user) != 0))
+        ::_exit(127);
       if (setup.fileSizeLimit > 0) {
         const rlimit limit{static_cast<rlim_t>(setup.fileSizeLimit),
                            static_cast<rlim_t>(setup.fileSizeLimit)};
