@@ -81,6 +81,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(CheckpointMismatch),
     TESSERA_CODE(CorruptDataset),
     TESSERA_CODE(UnsupportedCheckpoint),
+    TESSERA_CODE(OutputUnwritable),
     TESSERA_CODE(Internal),
 };
 #undef TESSERA_CODE

@@ -1,10 +1,12 @@
 #include "atomic_file.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <string_view>
@@ -23,34 +25,43 @@ std::optional<WriteFault>& armedFault() {
   return fault;
 }
 
+bool& unnamedAllowed() {
+  static bool allowed = true;
+  return allowed;
+}
+
+std::string folderOf(const std::string& path) {
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  return folder.empty() ? "." : folder.string();
+}
+
 std::string reason(int error) { return std::generic_category().message(error); }
 
 class AtomicWrite {
  public:
   AtomicWrite(const std::string& path, std::span<const uint8_t> bytes)
-      : path_(path), temporary_(fmt::format("{}.tmp.{}", path, ::getpid())), bytes_(bytes) {
-    const std::filesystem::path folder = std::filesystem::path(path).parent_path();
-    folder_ = folder.empty() ? "." : folder.string();
-  }
+      : path_(path), temporary_(fmt::format("{}.tmp.{}", path, ::getpid())), folder_(folderOf(path)),
+        bytes_(bytes) {}
 
   ~AtomicWrite() {
     if (fd_ >= 0) ::close(fd_);
-    if (!renamed_) ::unlink(temporary_.c_str());
+    if (named_ && !renamed_) ::unlink(temporary_.c_str());
   }
 
   AtomicWrite(const AtomicWrite&) = delete;
   AtomicWrite& operator=(const AtomicWrite&) = delete;
 
   void run() {
+    removeStaleTemporaryFiles(path_);
     at(WriteStage::Create, "create the temporary file");
-    fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail(errno, "create the temporary file");
+    create();
     writeData();
     at(WriteStage::Sync, "sync the file");
     if (::fsync(fd_) != 0) fail(errno, "sync the file");
+    at(WriteStage::Rename, "move the file into place");
+    if (!named_) link();
     const int fd = std::exchange(fd_, -1);
     if (::close(fd) != 0) fail(errno, "close the file");
-    at(WriteStage::Rename, "move the file into place");
     if (::rename(temporary_.c_str(), path_.c_str()) != 0) fail(errno, "move the file into place");
     renamed_ = true;
     at(WriteStage::SyncFolder, "sync the folder");
@@ -58,6 +69,31 @@ class AtomicWrite {
   }
 
  private:
+  void create() {
+    if (unnamedAllowed()) {
+      fd_ = ::open(folder_.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+      if (fd_ >= 0) return;
+      // Filesystems without O_TMPFILE get a named file; any other reason
+      // (no folder, no permission, no room) the named file meets as well.
+    }
+    fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail(errno, "create the temporary file");
+    named_ = true;
+  }
+
+  // Gives the unnamed file its temporary name, from which rename() moves it
+  // over the target atomically (linkat cannot replace a file).
+  void link() {
+    // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; /proc/self/fd works for anyone.
+    bool linked = ::linkat(fd_, "", AT_FDCWD, temporary_.c_str(), AT_EMPTY_PATH) == 0;
+    if (!linked) {
+      const std::string self = fmt::format("/proc/self/fd/{}", fd_);
+      linked = ::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, temporary_.c_str(), AT_SYMLINK_FOLLOW) == 0;
+    }
+    if (!linked) fail(errno, "link the file into its folder");
+    named_ = true;
+  }
+
   void writeData() {
     uint64_t written = 0;
     const uint64_t size = bytes_.size();
@@ -121,6 +157,7 @@ class AtomicWrite {
   std::string folder_;
   std::span<const uint8_t> bytes_;
   int fd_ = -1;
+  bool named_ = false;  // the temporary file has its name in the folder
   bool renamed_ = false;
   bool fired_ = false;
 };
@@ -128,6 +165,29 @@ class AtomicWrite {
 }  // namespace
 
 void setWriteFault(std::optional<WriteFault> fault) { armedFault() = std::move(fault); }
+
+void setUnnamedTemporaryFiles(bool allowed) { unnamedAllowed() = allowed; }
+
+int removeStaleTemporaryFiles(const std::string& path) {
+  const std::string prefix = std::filesystem::path(path).filename().string() + ".tmp.";
+  std::error_code error;
+  std::filesystem::directory_iterator entries(folderOf(path), error);
+  if (error) return 0;
+  int removed = 0;
+  for (const auto& entry : entries) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix) || name.size() == prefix.size()) continue;
+    const std::string_view digits = std::string_view(name).substr(prefix.size());
+    pid_t pid = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+    if (ec != std::errc{} || end != digits.data() + digits.size() || pid <= 0 || pid == ::getpid()) continue;
+    // ESRCH: no such process. A live process (or one of another user, EPERM)
+    // may still be writing its file.
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (::unlink(entry.path().c_str()) == 0) ++removed;
+  }
+  return removed;
+}
 
 void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes) {
   AtomicWrite(path, bytes).run();

@@ -32,12 +32,25 @@ struct WriteFault {
 // Tests only: the library never calls it.
 void setWriteFault(std::optional<WriteFault> fault);
 
-// Writes `bytes` to "PATH.tmp.<pid>" in the folder of `path`, syncs it,
-// renames it over `path` and syncs the folder. On failure the temporary file
-// is removed, a previous file at `path` is left as it was, and
-// IoError(FileUnwritable) names `path` and the system's reason. (A failure to
-// sync the folder after the rename is reported too, although the new file is
-// then in place.)
+// Whether writes may use an unnamed temporary file (O_TMPFILE); true unless a
+// test turns it off to exercise the named temporary file of filesystems
+// without O_TMPFILE. Tests only.
+void setUnnamedTemporaryFiles(bool allowed);
+
+// Writes `bytes` to a temporary file in the folder of `path`, syncs it,
+// renames it over `path` and syncs the folder. The temporary file has no name
+// while it is written (O_TMPFILE) where the filesystem supports it, so a
+// process killed then leaves nothing behind; it is linked as "PATH.tmp.<pid>"
+// just before the rename. Elsewhere it is "PATH.tmp.<pid>" from the start.
+// Before writing, "PATH.tmp.<pid>" files of processes that no longer exist
+// (left by a kill) are removed. On failure the temporary file is removed, a
+// previous file at `path` is left as it was, and IoError(FileUnwritable)
+// names `path` and the system's reason. (A failure to sync the folder after
+// the rename is reported too, although the new file is then in place.)
 void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes);
+
+// Removes the "PATH.tmp.<pid>" files of `path`'s folder whose process no
+// longer runs; returns how many. Errors are ignored: the files are litter.
+int removeStaleTemporaryFiles(const std::string& path);
 
 }  // namespace tessera::detail

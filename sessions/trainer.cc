@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <string_view>
+#include <system_error>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -17,6 +19,7 @@
 #include "tessera/json.hpp"
 #include "tessera/mlp.hpp"
 #include "tessera/optimizer.hpp"
+#include "tessera/output_check.hpp"
 #include "tessera/profile.hpp"
 #include "tessera/session.hpp"
 
@@ -32,6 +35,50 @@ void checkInputWidth(const ModelConfig& model, const DatasetSplit& split) {
                                   "/model/layers/0 to {}",
                                   model.layers.front(), split.sampleElements(), split.rows, split.cols,
                                   split.sampleElements()));
+  }
+}
+
+// Why `control` asks to stop now: 0 when it does not, else its stopReason
+// (at least 1).
+int stopReasonOf(const TrainControl& control) {
+  if (!control.stopRequested || !control.stopRequested()) return 0;
+  const int reason = control.stopReason ? control.stopReason() : 0;
+  return reason > 0 ? reason : 1;
+}
+
+// Writes the checkpoint to `path`; when that fails (a full disk, a folder
+// removed during the run), once more under the same name in the working
+// directory, so that the run's result is not lost. Either way a failure is
+// an IoError naming where the checkpoint went, or that it went nowhere.
+void writeCheckpointKeeping(const Checkpoint& checkpoint, const std::string& path) {
+  try {
+    writeCheckpoint(checkpoint, path);
+    return;
+  } catch (const IoError& failed) {
+    std::error_code error;
+    const std::filesystem::path here = std::filesystem::current_path(error);
+    const std::filesystem::path target(path);
+    const std::filesystem::path folder = target.parent_path().empty() ? "." : target.parent_path();
+    if (error || std::filesystem::equivalent(folder, here, error)) {
+      throw IoError(ErrorCode::FileUnwritable, path,
+                    fmt::format("{}; the checkpoint of step {} was not written anywhere (the working "
+                                "directory is the same folder)",
+                                failed.detail(), checkpoint.step));
+    }
+    const std::string fallback = (here / target.filename()).string();
+    try {
+      writeCheckpoint(checkpoint, fallback);
+    } catch (const IoError& again) {
+      throw IoError(ErrorCode::FileUnwritable, path,
+                    fmt::format("{}; the checkpoint of step {} was not written anywhere: the retry in the "
+                                "working directory failed too ({}: {})",
+                                failed.detail(), checkpoint.step, fallback, again.detail()));
+    }
+    throw IoError(
+        ErrorCode::FileUnwritable, path,
+        fmt::format("{}; the checkpoint of step {} was written to {} instead (continue with --resume "
+                    "{})",
+                    failed.detail(), checkpoint.step, fallback, fallback));
   }
 }
 
@@ -93,15 +140,15 @@ class Instances {
   // The mean loss of the step over the global batch, added up in the order
   // one instance with every replica would use (micro-batch, then global
   // replica), so that the number does not depend on the split. The same
-  // message carries each instance's answer to `stopRequested` for the next
+  // message carries each instance's stopReasonOf(control) for the next
   // anyStop().
-  double meanLoss(const TrainingSession& session, const std::function<bool()>& stopRequested) {
+  double meanLoss(const TrainingSession& session, const TrainControl& control) {
     if (!communicator_) return session.meanLoss();
-    const bool stop = stopRequested && stopRequested();
+    const int stop = stopReasonOf(control);
     const std::vector<float>& local = session.loss().data;
     const size_t block = local.size() + 1;
     mine_.assign(local.begin(), local.end());
-    mine_.push_back(stop ? 1.0f : 0.0f);
+    mine_.push_back(static_cast<float>(stop));
     gathered_.resize(block * static_cast<size_t>(count()));
     communicator_->allGather(mine_, gathered_);
     const int64_t perInstance = session.options().getLocalReplicationFactor();
@@ -114,23 +161,26 @@ class Instances {
         }
       }
     }
-    stopGathered_ = false;
+    stopGathered_ = 0;
     for (int64_t i = 0; i < count(); ++i) {
-      stopGathered_ = stopGathered_ || gathered_[(static_cast<size_t>(i) + 1) * block - 1] > 0.0f;
+      stopGathered_ =
+          std::max(stopGathered_, static_cast<int>(gathered_[(static_cast<size_t>(i) + 1) * block - 1]));
     }
     gatheredStop_ = true;
     return sum / static_cast<double>(local.size() * static_cast<size_t>(count()));
   }
 
-  // True on every instance when any instance's `stopRequested` says so, so
-  // that all stop at the same step: from the answers sent with the last
-  // step's losses, or, before the first step, by an exchange of its own.
-  bool anyStop(const std::function<bool()>& stopRequested) {
-    if (!communicator_) return stopRequested();
+  // The largest stopReasonOf(control) of the instances, the same on every
+  // instance, so that all stop at the same step and report the same reason:
+  // from the answers sent with the last step's losses, or, before the first
+  // step, by an exchange of its own.
+  int anyStop(const TrainControl& control) {
+    if (!communicator_) return stopReasonOf(control);
     if (gatheredStop_) return stopGathered_;
-    float flag = stopRequested() ? 1.0f : 0.0f;
-    communicator_->allReduceSum(std::span<float>(&flag, 1));
-    return flag > 0.0f;
+    const float mine = static_cast<float>(stopReasonOf(control));
+    std::vector<float> all(static_cast<size_t>(count()));
+    communicator_->allGather(std::span<const float>(&mine, 1), all);
+    return static_cast<int>(*std::max_element(all.begin(), all.end()));
   }
 
   // The sum of `value` over the instances.
@@ -148,7 +198,7 @@ class Instances {
   std::vector<float> mine_;      // this instance's losses of a step and its stop flag
   std::vector<float> gathered_;  // every instance's
   bool gatheredStop_ = false;    // stopGathered_ holds the flags of the last step
-  bool stopGathered_ = false;
+  int stopGathered_ = 0;
 };
 
 // Test accuracy with the weights of `session`, batch after batch; the last
@@ -261,6 +311,9 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   SessionOptions options = config.sessionOptions;
   std::vector<std::string> notes;
   Instances instances(config, options, notes);
+  // Before anything long runs: a path that cannot be written would otherwise
+  // fail only after training, losing its result.
+  if (instances.writesOutput()) checkOutputs(config.output);
   const Dataset data = loadDataset(config.data);
   instances.checkAgree(config, data);
   checkInputWidth(config.model, data.train);
@@ -321,7 +374,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   const auto checkpointNow = [&] {
     // Every instance takes part in reading the variables.
     const Checkpoint checkpoint = makeCheckpoint(session, runMetadata(config, globalBatch));
-    if (instances.writesOutput()) writeCheckpoint(checkpoint, config.output.checkpoint);
+    if (instances.writesOutput()) writeCheckpointKeeping(checkpoint, config.output.checkpoint);
     summary.checkpoint = config.output.checkpoint;
     summary.checkpointStep = session.step();
   };
@@ -357,9 +410,12 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   for (int64_t epoch = firstEpoch; epoch < config.data.epochs && !summary.interrupted; ++epoch) {
     fillEpochOrder(order, config.data.seed, epoch, config.data.shuffle);
     for (int64_t step = epoch == firstEpoch ? firstStep % stepsPerEpoch : 0; step < stepsPerEpoch; ++step) {
-      if (control.stopRequested && instances.anyStop(control.stopRequested)) {
-        summary.interrupted = true;
-        break;
+      if (control.stopRequested) {
+        summary.stopReason = instances.anyStop(control);
+        if (summary.stopReason > 0) {
+          summary.interrupted = true;
+          break;
+        }
       }
       if (config.schedule.type != ScheduleType::Constant) {
         session.setLearningRate(baseLearningRate * learningRateFactor(config.schedule,
@@ -370,7 +426,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       const int64_t first = instanceStepOffset(step, stepSamples, instances.count(), instances.index());
       fillBatch(data.train, order, first, images, labelData);
       session.run({StepInput(input, images), StepInput(labels, labelData)});
-      const double loss = instances.meanLoss(session, control.stopRequested);
+      const double loss = instances.meanLoss(session, control);
       trainSeconds += std::chrono::duration<double>(Clock::now() - start).count();
       summary.losses.push_back(loss);
       ++summary.steps;
@@ -425,6 +481,7 @@ nlohmann::json summaryJson(const TrainSummary& summary) {
                         {"dataset", summary.dataset},
                         {"firstStep", summary.firstStep},
                         {"interrupted", summary.interrupted},
+                        {"stopReason", summary.stopReason},
                         {"checkpoint", summary.checkpoint},
                         {"checkpointStep", summary.checkpointStep}};
 }

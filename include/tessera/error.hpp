@@ -29,14 +29,14 @@ enum class ErrorKind { Config, Graph, Autodiff, Device, Dist, Io, Internal };
 // 3xx autodiff, 4xx device, 5xx dist, 6xx io, 9xx internal.
 enum class ErrorCode : int {
   // --- JSON documents and overrides (1xx) ---
-  JsonSyntax = 101,           // malformed JSON, trailing garbage, invalid UTF-8
-  InvalidEnumValue = 102,     // a string that names no enumerator
-  WrongType = 103,            // e.g. a string where a number is expected
-  UnknownKey = 104,           // a key the schema does not have
-  DuplicateKey = 105,         // the same key twice in one object
-  OutOfRange = 106,           // a number outside the allowed range
-  BadOverride = 107,          // a malformed --set PATH=VALUE
-  DocumentLimit = 108,        // nesting depth or document size over the limit
+  JsonSyntax = 101,        // malformed JSON, trailing garbage, invalid UTF-8
+  InvalidEnumValue = 102,  // a string that names no enumerator
+  WrongType = 103,         // e.g. a string where a number is expected
+  UnknownKey = 104,        // a key the schema does not have
+  DuplicateKey = 105,      // the same key twice in one object
+  OutOfRange = 106,        // a number outside the allowed range
+  BadOverride = 107,       // a malformed --set PATH=VALUE
+  DocumentLimit = 108,     // nesting depth or document size over the limit
   // --- SessionOptions rules (11x-13x) ---
   ReplicationDisabledButCount = 110,    // enableReplicatedGraphs false, count > 1
   AccumulationDisabledButFactor = 111,  // enableGradientAccumulation false, factor > 1
@@ -64,7 +64,7 @@ enum class ErrorCode : int {
   TransposeNotRepresentable = 144,
   NotACommGroup = 145,  // a grouping that has no CommGroup equivalent
   InvalidCommGroup = 146,
-  InvalidShardLayout = 147,     // negative elements or fewer than one shard
+  InvalidShardLayout = 147,  // negative elements or fewer than one shard
   ShardBufferSizeMismatch = 148,
   // --- Run config sections (15x) ---
   InvalidModel = 150,
@@ -103,6 +103,7 @@ enum class ErrorCode : int {
   CheckpointMismatch = 604,
   CorruptDataset = 605,
   UnsupportedCheckpoint = 606,  // a well-formed file this tessera cannot use
+  OutputUnwritable = 607,       // an output path where no file can be created, found before the run
   // --- Internal (9xx) ---
   Internal = 901,
 };

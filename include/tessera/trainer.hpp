@@ -49,6 +49,9 @@ struct TrainSummary {
   // Stopped by TrainControl::stopRequested before the last step; the test
   // accuracy is then not evaluated (0).
   bool interrupted = false;
+  // When interrupted: TrainControl::stopReason's answer (1 without one); with
+  // several instances, the largest of the instances that asked to stop.
+  int stopReason = 0;
   // The checkpoint written last and the step it holds (empty: none written).
   std::string checkpoint;
   int64_t checkpointStep = 0;
@@ -63,8 +66,11 @@ struct TrainControl {
   // Polled before every step; when it returns true, training stops there,
   // writes output.checkpoint when one is configured, and returns with
   // TrainSummary::interrupted set. Applications set it from a signal handler's
-  // flag (tessera train does for SIGINT).
+  // flag (tessera train does for SIGINT, SIGTERM and SIGHUP).
   std::function<bool()> stopRequested;
+  // Why stopRequested() returns true, as a positive number (tessera train
+  // gives the signal's number), for TrainSummary::stopReason. Optional.
+  std::function<int()> stopReason;
   // Called with what resuming could not restore exactly but does not stop
   // training: session options, optimizer hyper-parameters or data settings
   // that differ from the checkpoint's run.
@@ -79,14 +85,18 @@ struct TrainControl {
 // "runConfig" and the global batch as "globalBatch", which resuming compares.
 // Throws the tessera errors of the pieces it uses; ConfigError(InvalidData)
 // when a global batch is larger than the training set, with the equation;
-// IoError for a checkpoint that cannot be read, written, or that does not fit
-// the model (see loadCheckpoint()).
+// IoError(OutputUnwritable) before the data is loaded when a path of the
+// output section cannot be created (see checkOutputPath()); IoError for a
+// checkpoint that cannot be read or that does not fit the model (see
+// loadCheckpoint()). A checkpoint that cannot be written (a full disk) is
+// written once more under its file name in the working directory, and the
+// IoError(FileUnwritable) then says where it went, or that it went nowhere.
 TrainSummary train(const RunConfig& config, const std::function<void(const TrainProgress&)>& onStep = {},
                    const TrainControl& control = {});
 
 // {"steps", "losses", "finalLoss", "testAccuracy", "epochTestAccuracies",
 //  "samplesPerSecond", "globalBatch", "trainSamples", "testSamples", "dataset", "firstStep",
-//  "interrupted", "checkpoint", "checkpointStep"}
+//  "interrupted", "stopReason", "checkpoint", "checkpointStep"}
 nlohmann::json summaryJson(const TrainSummary& summary);
 
 }  // namespace tessera

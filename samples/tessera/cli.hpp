@@ -22,8 +22,11 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitInvalidInput = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitInternal = 3;
-// Stopped by Ctrl-C (128 + SIGINT, as shells report it).
-inline constexpr int kExitInterrupted = 130;
+// Stopped by a signal at a step boundary: 128 + the signal's number, as
+// shells report a process the signal ended (130 for Ctrl-C, 143 for SIGTERM,
+// 129 for SIGHUP); never below kExitSignalBase.
+inline constexpr int kExitSignalBase = 128;
+constexpr int exitCodeForSignal(int signal) { return kExitSignalBase + signal; }
 
 // Runs a parsed subcommand and returns its exit code. tessera errors
 // propagate to main, which reports them all in one place.

@@ -13,9 +13,21 @@
 // differs per instance. So mpirun runs this program again, as a small
 // wrapper (the hidden --instance flag) that sets the variables from Open
 // MPI's rank and then replaces itself with COMMAND.
+//
+// The launcher stays the parent of mpirun rather than becoming it, so that
+// the signals that stop a run reach the instances as a request to stop at a
+// step boundary: mpirun kills its instances on SIGTERM and SIGHUP, but
+// forwards SIGUSR1 and SIGUSR2 to every one of them, which `tessera train`
+// under the launcher takes as SIGTERM and SIGHUP. A second signal stops
+// mpirun, which ends the instances at once.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -59,6 +71,60 @@ std::vector<std::string> words(const std::string& text) {
   ::execvp(pointers.front(), pointers.data());
   throw IoError(ErrorCode::FileUnreadable, argv.front(),
                 fmt::format("cannot run it: {}{}", std::strerror(errno), hint));
+}
+
+// The running mpirun (0: none yet) and the first stop signal the launcher got.
+volatile std::sig_atomic_t mpirunPid = 0;
+volatile std::sig_atomic_t receivedSignal = 0;
+
+void forwardSignal(int signal) {
+  const auto pid = static_cast<pid_t>(mpirunPid);
+  if (receivedSignal != 0) {
+    ::kill(pid, SIGTERM);
+    return;
+  }
+  receivedSignal = signal;
+  const int forwarded = signal == SIGTERM ? SIGUSR1 : signal == SIGHUP ? SIGUSR2 : signal;
+  ::kill(pid, forwarded);
+}
+
+// Runs mpirun as a child with the stop signals forwarded as above; returns
+// its exit code (128 + the signal when a signal ended it).
+int runMpirun(const std::vector<std::string>& argv, std::string_view hint) {
+  std::vector<char*> pointers;
+  for (const std::string& a : argv) pointers.push_back(const_cast<char*>(a.c_str()));
+  pointers.push_back(nullptr);
+  constexpr std::array kStopSignals = {SIGINT, SIGTERM, SIGHUP};
+  // Blocked until the handlers know mpirun's pid; mpirun starts with the
+  // mask the launcher had.
+  sigset_t stops;
+  sigset_t original;
+  sigemptyset(&stops);
+  for (const int signal : kStopSignals) sigaddset(&stops, signal);
+  ::sigprocmask(SIG_BLOCK, &stops, &original);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setsigmask(&attributes, &original);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = 0;
+  const int error = ::posix_spawnp(&pid, pointers.front(), nullptr, &attributes, pointers.data(), environ);
+  posix_spawnattr_destroy(&attributes);
+  if (error != 0) {
+    ::sigprocmask(SIG_SETMASK, &original, nullptr);
+    throw IoError(ErrorCode::FileUnreadable, argv.front(),
+                  fmt::format("cannot run it: {}{}", std::strerror(error), hint));
+  }
+  mpirunPid = pid;
+  struct sigaction action {};
+  action.sa_handler = forwardSignal;
+  action.sa_mask = stops;
+  for (const int signal : kStopSignals) ::sigaction(signal, &action, nullptr);
+  ::sigprocmask(SIG_SETMASK, &original, nullptr);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw InternalError(ErrorCode::Internal, "mpirun", std::strerror(errno));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : exitCodeForSignal(WTERMSIG(status));
 }
 
 void setVariable(std::string_view name, const std::string& value) {
@@ -153,7 +219,7 @@ Action attachLaunch(CLI::App& command) {
       argv.insert(argv.end(), {"--timeout", fmt::format("{}", args->timeoutSeconds)});
     argv.emplace_back("--");
     argv.insert(argv.end(), program.begin(), program.end());
-    execute(argv, "; install openmpi-bin (scripts/setup.sh does) or name it with --mpirun");
+    return runMpirun(argv, "; install openmpi-bin (scripts/setup.sh does) or name it with --mpirun");
   };
 }
 

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <signal.h>
 #include <unistd.h>
@@ -13,8 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
+#include "tessera/communicator.hpp"
 #include "tessera/dist.hpp"
 #include "tessera/error.hpp"
+#include "tessera/output_check.hpp"
 #include "tessera/trainer.hpp"
 
 namespace tessera::cli {
@@ -28,31 +31,74 @@ struct TrainArgs {
   bool quiet = false;
 };
 
-// Set by the first Ctrl-C: training stops at the next step boundary and
-// writes its checkpoint. The handler is installed with SA_RESETHAND, so a
-// second Ctrl-C ends the process at once.
-volatile std::sig_atomic_t interruptRequested = 0;
+// The number of the first stop signal (0: none yet): training stops at the
+// next step boundary and writes its checkpoint. A second signal ends the
+// process at once.
+volatile std::sig_atomic_t stopSignal = 0;
 
-void requestInterrupt(int) { interruptRequested = 1; }
-
-// Catches SIGINT while training; restores the previous handler afterwards.
-class InterruptHandler {
- public:
-  InterruptHandler() {
-    interruptRequested = 0;
-    struct sigaction action {};
-    action.sa_handler = requestInterrupt;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESETHAND;
-    sigaction(SIGINT, &action, &previous_);
+void requestStop(int signal) {
+  if (stopSignal != 0) {
+    // Async-signal-safe: back to the default action, then the signal again.
+    struct sigaction fallback {};
+    fallback.sa_handler = SIG_DFL;
+    sigemptyset(&fallback.sa_mask);
+    sigaction(signal, &fallback, nullptr);
+    raise(signal);
+    return;
   }
-  ~InterruptHandler() { sigaction(SIGINT, &previous_, nullptr); }
-  InterruptHandler(const InterruptHandler&) = delete;
-  InterruptHandler& operator=(const InterruptHandler&) = delete;
+  // tessera launch forwards SIGTERM and SIGHUP as SIGUSR1 and SIGUSR2, the
+  // signals mpirun passes on to the instances (it kills them on SIGTERM).
+  stopSignal = signal == SIGUSR1 ? SIGTERM : signal == SIGUSR2 ? SIGHUP : signal;
+}
+
+// Catches the signals that ask a program to stop (Ctrl-C; SIGTERM from
+// timeout, batch schedulers, container runtimes; SIGHUP from a closed
+// terminal) while training, and under tessera launch the launcher's
+// forwarded ones; restores the previous handlers afterwards.
+class StopSignalHandler {
+ public:
+  StopSignalHandler() {
+    stopSignal = 0;
+    signals_ = {SIGINT, SIGTERM, SIGHUP};
+    if (dist::isDistEnvSet()) signals_.insert(signals_.end(), {SIGUSR1, SIGUSR2});
+    struct sigaction action {};
+    action.sa_handler = requestStop;
+    sigemptyset(&action.sa_mask);
+    for (const int signal : signals_) sigaddset(&action.sa_mask, signal);
+    previous_.resize(signals_.size());
+    for (size_t i = 0; i < signals_.size(); ++i) sigaction(signals_[i], &action, &previous_[i]);
+  }
+  ~StopSignalHandler() {
+    for (size_t i = 0; i < signals_.size(); ++i) sigaction(signals_[i], &previous_[i], nullptr);
+  }
+  StopSignalHandler(const StopSignalHandler&) = delete;
+  StopSignalHandler& operator=(const StopSignalHandler&) = delete;
 
  private:
-  struct sigaction previous_ {};
+  std::vector<int> signals_;
+  std::vector<struct sigaction> previous_;
 };
+
+// mpirun stops the whole job as soon as one instance exits with a non-zero
+// code, so the instances of an interrupted run leave together, once instance
+// 0 has written everything, and ignore the SIGTERM with which mpirun may then
+// hurry those still exiting.
+int leaveTogether(int code) {
+  if (dist::numInstances() > 1) {
+    dist::instanceCommunicator()->barrier();
+    std::signal(SIGTERM, SIG_IGN);
+  }
+  return code;
+}
+
+std::string signalName(int signal) {
+  switch (signal) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    default: return fmt::format("signal {}", signal);
+  }
+}
 
 // A one-line progress bar on a terminal; a line per epoch otherwise, so that
 // logs stay readable.
@@ -117,18 +163,26 @@ Action attachTrain(CLI::App& command) {
     const LoadedRunConfig loaded = loadValidated(args->config);
     // In a multi-instance run (tessera launch) instance 0 reports for all.
     const bool reports = dist::instanceIndex() == 0;
+    // train() checks the config's outputs; these are the command's own.
+    if (reports) {
+      checkOutputPath(args->summaryPath, "--json-summary");
+      checkOutputPath(args->weightsPath, "--dump-weights");
+    }
     ProgressPrinter progress(args->quiet || !reports);
     TrainControl control;
     control.resumeFrom = args->resume;
-    control.stopRequested = [] { return interruptRequested != 0; };
+    control.stopRequested = [] { return stopSignal != 0; };
+    control.stopReason = [] { return static_cast<int>(stopSignal); };
     control.onWarning = [](const std::string& warning) { fmt::print(stderr, "warning: {}\n", warning); };
     TrainSummary summary;
     {
-      const InterruptHandler handler;
+      const StopSignalHandler handler;
       summary = train(loaded.config, [&](const TrainProgress& p) { progress(p); }, control);
     }
     progress.endLine();
-    if (!reports) return summary.interrupted ? kExitInterrupted : kExitOk;
+    // Every instance stops for the same reason, so all exit with one code.
+    const int interruptedCode = exitCodeForSignal(summary.stopReason > 0 ? summary.stopReason : SIGINT);
+    if (!reports) return summary.interrupted ? leaveTogether(interruptedCode) : kExitOk;
     if (!summary.notice.empty()) fmt::print(stderr, "note: {}\n", summary.notice);
     fmt::print("dataset: {}\n", summary.dataset);
     if (!args->resume.empty()) fmt::print("resumed: {} at step {}\n", args->resume, summary.firstStep);
@@ -150,18 +204,20 @@ Action attachTrain(CLI::App& command) {
     }
     if (!summary.interrupted) return kExitOk;
     const int64_t step = summary.firstStep + summary.steps;
+    const std::string by = signalName(summary.stopReason > 0 ? summary.stopReason : SIGINT);
     if (summary.checkpoint.empty()) {
       fmt::print(stderr,
-                 "interrupted after step {}; no checkpoint is configured, so the progress is lost (set "
-                 "/output/checkpoint to keep it)\n",
-                 step);
+                 "interrupted after step {} by {}; no checkpoint is configured, so the progress is lost (set "
+                 "/output/checkpoint to keep it, e.g. --set /output/checkpoint=model.safetensors, and "
+                 "/output/checkpointEvery to write it every N steps as well)\n",
+                 step, by);
     } else {
       fmt::print(stderr,
-                 "interrupted after step {}; checkpoint written to {}; continue with: tessera train {} "
+                 "interrupted after step {} by {}; checkpoint written to {}; continue with: tessera train {} "
                  "--resume {}\n",
-                 step, summary.checkpoint, args->config.path, summary.checkpoint);
+                 step, by, summary.checkpoint, args->config.path, summary.checkpoint);
     }
-    return kExitInterrupted;
+    return leaveTogether(interruptedCode);
   };
 }
 

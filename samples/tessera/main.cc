@@ -94,9 +94,9 @@ int runAndReport(int argc, char** argv) {
 int main(int argc, char** argv) {
   const int status = runAndReport(argc, argv);
   // An instance of a multi-instance run that failed stops the others now
-  // rather than leaving them to wait for it until their timeout. (After
-  // Ctrl-C every instance stops at the same step and ends normally.)
-  if (status != tessera::cli::kExitOk && status != tessera::cli::kExitInterrupted) {
+  // rather than leaving them to wait for it until their timeout. (After a
+  // stop signal every instance stops at the same step and ends normally.)
+  if (status != tessera::cli::kExitOk && status < tessera::cli::kExitSignalBase) {
     tessera::dist::abortInstances(status);
   }
   return status;

@@ -2,6 +2,9 @@
 // mpirun, and training split over them must match one instance running every
 // replica; instances that disagree or go missing must fail everywhere,
 // quickly and clearly. Every run is bounded by the launcher's timeout.
+#include <signal.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -169,6 +172,73 @@ TEST_CASE("a 2 x 2 run writes one checkpoint, and one instance resumes it like a
   const Run whole = secondEpoch("whole", {});
   CHECK(resumed.summary["firstStep"] == 16);
   CHECK(std::abs(resumed.summary["finalLoss"].get<double>() - whole.summary["finalLoss"].get<double>()) <= 1e-6);
+  for (const auto& item : whole.weights.items()) {
+    const std::string name = item.key();
+    INFO("weight " << name);
+    REQUIRE(resumed.weights.contains(name));
+    CHECK(maxDifference(resumed.weights[name], item.value()) <= 1e-6);
+  }
+}
+
+TEST_CASE(
+    "SIGTERM to tessera launch stops both instances at one step with one checkpoint, and resuming it "
+    "ends like an uninterrupted run") {
+  const TempDir dir;
+  const TempDir logs;
+  const std::string checkpoint = (dir.path() / "run.safetensors").string();
+  std::vector<std::string> args = trainArgs("samples/configs/mnist_rts.json",
+                                            {"/output/checkpoint=" + checkpoint, "/data/epochs=1000000"});
+  args.erase(std::find(args.begin(), args.end(), "--quiet"));
+  // Each instance runs under a shell that reports its exit code; the shell
+  // ignores the signals mpirun sends to the instance's process group.
+  std::string command = "trap '' USR1 USR2 TERM; '" + program("TESSERA_CLI") + "'";
+  for (const std::string& a : args) command += " '" + a + "'";
+  command += "; code=$?; echo \"instance $OMPI_COMM_WORLD_RANK exited with $code\"; exit $code";
+  tessera::test::BackgroundProcess launched(logs.path(), program("TESSERA_CLI"),
+                                            {"launch", "--num-replicas", "4", "--num-instances", "2",
+                                             "--timeout", "60", "--", "sh", "-c", command});
+  REQUIRE_MESSAGE(launched.waitForError("epoch 2/", 300), "training did not start");
+  launched.signal(SIGTERM);
+  const ProcessResult stopped = launched.wait();
+  INFO("stdout: " << stopped.out << "\nstderr: " << stopped.err);
+  CHECK(stopped.exitCode == 143);
+  CHECK(stopped.out.find("instance 0 exited with 143") != std::string::npos);
+  CHECK(stopped.out.find("instance 1 exited with 143") != std::string::npos);
+  const std::string marker = "interrupted after step ";
+  const size_t at = stopped.err.find(marker);
+  REQUIRE(at != std::string::npos);
+  const int64_t step = std::stoll(stopped.err.substr(at + marker.size()));
+  CHECK(step >= 32);
+  CHECK(stopped.err.find(" by SIGTERM; checkpoint written to " + checkpoint) != std::string::npos);
+  // Instance 0 alone reports, and writes one file.
+  CHECK(stopped.err.find(marker, at + 1) == std::string::npos);
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    files.push_back(entry.path().filename().string());
+  CHECK(files == std::vector<std::string>{"run.safetensors"});
+
+  // Resumed on two instances to the end of the epoch it stopped in, against
+  // one instance that trained that far without a stop.
+  const std::string epochs = "/data/epochs=" + std::to_string(step / 16 + 1);
+  const Run resumed = [&] {
+    const std::string summary = (dir.path() / "resumed.json").string();
+    const std::string weights = (dir.path() / "resumed.weights.json").string();
+    std::vector<std::string> resume = trainArgs("samples/configs/mnist_rts.json", {epochs});
+    resume.insert(resume.end(),
+                  {"--resume", checkpoint, "--json-summary", summary, "--dump-weights", weights});
+    const std::vector<std::string> launch{
+        "launch", "--num-replicas",      "4", "--num-instances", "2", "--timeout", "60",
+        "--",     program("TESSERA_CLI")};
+    resume.insert(resume.begin(), launch.begin(), launch.end());
+    const ProcessResult result = tessera::test::runProgram(program("TESSERA_CLI"), resume);
+    INFO("resumed stderr: " << result.err);
+    REQUIRE(result.exitCode == 0);
+    return Run{json::parse(tessera::test::readFile(summary)), json::parse(tessera::test::readFile(weights))};
+  }();
+  const Run whole = train("samples/configs/mnist_rts.json", {epochs}, 0);
+  CHECK(resumed.summary["firstStep"] == step);
+  CHECK(resumed.summary["steps"].get<int64_t>() + step == whole.summary["steps"].get<int64_t>());
+  REQUIRE(resumed.weights.size() == whole.weights.size());
   for (const auto& item : whole.weights.items()) {
     const std::string name = item.key();
     INFO("weight " << name);

@@ -670,6 +670,12 @@ TEST_CASE("extra metadata is stored, but not under tessera's own keys") {
 // ---------------------------------------------------------------------------
 
 TEST_CASE("a write interrupted at any byte or step leaves the previous checkpoint") {
+  // With an unnamed temporary file (O_TMPFILE) and, as on filesystems
+  // without it, a named one.
+  bool unnamed = true;
+  SUBCASE("unnamed temporary file") { unnamed = true; }
+  SUBCASE("named temporary file") { unnamed = false; }
+  detail::setUnnamedTemporaryFiles(unnamed);
   const test::TempDir dir;
   const std::string path = (dir.path() / "model.safetensors").string();
   Checkpoint old = handMade();
@@ -713,9 +719,13 @@ TEST_CASE("a write interrupted at any byte or step leaves the previous checkpoin
   writeCheckpoint(old, path);
   CHECK(readCheckpoint(path) == old);
   CHECK(filesIn(dir.path()) == std::vector<std::string>{"model.safetensors"});
+  detail::setUnnamedTemporaryFiles(true);
 }
 
-TEST_CASE("a process killed while writing a checkpoint leaves the previous one") {
+TEST_CASE("a process killed while writing a checkpoint leaves the previous one and no litter") {
+  bool unnamed = true;
+  SUBCASE("unnamed temporary file") { unnamed = true; }
+  SUBCASE("named temporary file") { unnamed = false; }
   const test::TempDir dir;
   const std::string path = (dir.path() / "model.safetensors").string();
   TrainingSession session = makeSession(Setup{2, false, 1}, sgdMomentum());
@@ -731,6 +741,7 @@ TEST_CASE("a process killed while writing a checkpoint leaves the previous one")
   if (child == 0) {
     // Halfway through the file, tell the parent and wait to be killed.
     ::close(ready[0]);
+    detail::setUnnamedTemporaryFiles(unnamed);
     detail::setWriteFault(detail::WriteFault{detail::WriteStage::Data, half, [&] {
                                                const char byte = 1;
                                                (void)!::write(ready[1], &byte, 1);
@@ -754,12 +765,41 @@ TEST_CASE("a process killed while writing a checkpoint leaves the previous one")
   CHECK(WTERMSIG(status) == SIGKILL);
 
   CHECK(readCheckpoint(path) == old);
-  // The half-written temporary file stays behind; nothing reads it.
   const fs::path temporary = path + ".tmp." + std::to_string(child);
-  REQUIRE(fs::exists(temporary));
-  CHECK(fs::file_size(temporary) == half);
+  if (unnamed) {
+    // The file being written had no name: the kill left nothing.
+    CHECK(filesIn(dir.path()) == std::vector<std::string>{"model.safetensors"});
+  } else {
+    // The named file stays behind until the next write; nothing reads it.
+    REQUIRE(fs::exists(temporary));
+    CHECK(fs::file_size(temporary) == half);
+  }
   TrainingSession restored = makeSession(Setup{1, false, 1}, sgdMomentum());
   CHECK(loadCheckpoint(restored, path).step == 0);
+  // The next write removes what a dead process left.
+  saveCheckpoint(session, path);
+  CHECK(filesIn(dir.path()) == std::vector<std::string>{"model.safetensors"});
+  CHECK(readCheckpoint(path).step == 1);
+}
+
+TEST_CASE("a write removes the temporary files of processes that no longer run, and only those") {
+  const test::TempDir dir;
+  const std::string path = (dir.path() / "model.safetensors").string();
+  // A process that has ended (and been reaped): its id names no process.
+  const pid_t ended = ::fork();
+  REQUIRE(ended >= 0);
+  if (ended == 0) ::_exit(0);
+  REQUIRE(::waitpid(ended, nullptr, 0) == ended);
+  const std::string dead = dir.write("model.safetensors.tmp." + std::to_string(ended), "half");
+  const std::string live = dir.write("model.safetensors.tmp." + std::to_string(::getppid()), "writing");
+  const std::string other = dir.write("other.safetensors.tmp." + std::to_string(ended), "not ours");
+  const std::string unrelated = dir.write("model.safetensors.tmp.notapid", "kept");
+  writeCheckpoint(handMade(), path);
+  CHECK(!fs::exists(dead));
+  CHECK(fs::exists(live));
+  CHECK(fs::exists(other));
+  CHECK(fs::exists(unrelated));
+  CHECK(readCheckpoint(path) == handMade());
 }
 
 TEST_CASE("files that cannot be read or written are named with the system's reason") {

@@ -1,0 +1,79 @@
+#include "tessera/output_check.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "tessera/error.hpp"
+
+namespace tessera {
+namespace {
+
+std::string reason(int error) { return std::generic_category().message(error); }
+
+[[noreturn]] void refuse(const std::string& subject, const std::string& path, const std::string& why) {
+  throw IoError(ErrorCode::OutputUnwritable, subject,
+                fmt::format("\"{}\" cannot be written: {}; nothing was run", path, why));
+}
+
+}  // namespace
+
+void checkOutputPath(const std::string& path, const std::string& subject) {
+  if (path.empty()) return;
+  const std::filesystem::path target(path);
+  const std::string folder = target.parent_path().empty() ? "." : target.parent_path().string();
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    refuse(subject, path,
+           fmt::format("it is a folder; set {} to a file in it, such as \"{}\"", subject,
+                       (target / "output").string()));
+  }
+  const std::string probe =
+      (std::filesystem::path(folder) / fmt::format(".{}.probe.{}", target.filename().string(), ::getpid()))
+          .string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int error = errno;
+    switch (error) {
+      case ENOENT:
+        refuse(
+            subject, path,
+            fmt::format("the folder \"{}\" does not exist; create it (mkdir -p '{}') or set {} to a path in "
+                        "an existing folder",
+                        folder, folder, subject));
+      case ENOTDIR:
+        refuse(
+            subject, path,
+            fmt::format("a part of the folder \"{}\" is a file, not a folder; set {} to a path in a folder",
+                        folder, subject));
+      case EACCES:
+      case EPERM:
+      case EROFS:
+        refuse(subject, path,
+               fmt::format("no file can be created in the folder \"{}\" ({}); set {} to a path in a writable "
+                           "folder",
+                           folder, reason(error), subject));
+      default:
+        refuse(subject, path,
+               fmt::format("no file can be created in the folder \"{}\" ({}); set {} to a path in another "
+                           "folder",
+                           folder, reason(error), subject));
+    }
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+void checkOutputs(const OutputConfig& output) {
+  checkOutputPath(output.checkpoint, "/output/checkpoint");
+  checkOutputPath(output.profile, "/output/profile");
+  checkOutputPath(output.trace, "/output/trace");
+}
+
+}  // namespace tessera
