@@ -25,7 +25,7 @@ error, so that a new header is given a folder when it is added:
     popdist     communicator dist
     optimizers  adam optimizer optimizer_options sgd
     simdevice   device device_spec time_model
-    sessions    checkpoint dataset mlp placement profile run_config session
+    sessions    checkpoint dataset mlp output_check placement profile run_config session
                 trainer transform
 
 Allowed exceptions, one include each (FOLDER HEADER: why):
