@@ -95,9 +95,7 @@ std::vector<std::string> dimsOf(const onnx::ValueInfoProto& info) {
 
 Importer::Importer(const onnx::ModelProto& model, const OnnxImportOptions& options, std::string source)
     // run() reports a replication factor below 1 with the model named.
-    : model_(model),
-      options_(options),
-      source_(std::move(source)),
+    : model_(model), options_(options), source_(std::move(source)),
       graph_(std::max<int64_t>(options.replicationFactor, 1)) {}
 
 std::string Importer::nodeSubject(const onnx::NodeProto& node) const {
@@ -421,6 +419,7 @@ void Importer::bindOutput(const std::string& name) {
 
 void Importer::importNode(const onnx::NodeProto& node) {
   const std::string subject = nodeSubject(node);
+  checkArity(node, opset_, subject);
   std::vector<std::optional<Known>> known;
   bool allKnown = true;
   for (const auto& in : node.input()) {
@@ -437,7 +436,7 @@ void Importer::importNode(const onnx::NodeProto& node) {
     }
   }
   // Shape and Size need only the (static) shape of their input.
-  if ((node.op_type() == "Shape" || node.op_type() == "Size") && node.input_size() == 1 && !allKnown) {
+  if ((node.op_type() == "Shape" || node.op_type() == "Size") && !known[0]) {
     Known shapeOnly;
     shapeOnly.shape = graph_.tensor(values_.at(node.input(0)).id).shape;
     known[0] = shapeOnly;

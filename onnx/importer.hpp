@@ -25,6 +25,10 @@ struct Value {
 // operands; not shapes, indices, labels or conditions).
 std::vector<int> differentiableInputs(const onnx::NodeProto& node);
 
+// OnnxInvalidGraph for a node of a known op type without its required
+// inputs or its output.
+void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& subject);
+
 // The ONNX op types mapNode handles, for error messages.
 const std::vector<std::string>& supportedOps();
 

@@ -38,6 +38,38 @@ bool isOneOf(const std::string& op, const std::vector<std::string>& list) {
 
 const std::vector<std::string>& supportedOps() { return kMappedOps; }
 
+void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& subject) {
+  const std::string& op = node.op_type();
+  int required = -1;  // inputs that must be present; -1: an op type this file does not know
+  if (op == "Constant") {
+    required = 0;
+  } else if (op == "Identity" || op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" ||
+             op == "Exp" || op == "Log" || op == "Sqrt" || op == "Dropout" || op == "Softmax" ||
+             op == "LogSoftmax" || op == "ReduceSum" || op == "ReduceMean" || op == "Flatten" ||
+             op == "Transpose" || op == "Squeeze" || op == "Cast" || op == "Shape" || op == "Size" ||
+             op == "ConstantOfShape" || op == "Not" || op == "Concat") {
+    required = 1;
+  } else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" || op == "MatMul" ||
+             op == "Gemm" || op == "Reshape" || op == "Expand" || op == "SoftmaxCrossEntropyLoss" ||
+             op == "Gather" || op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" ||
+             op == "GreaterOrEqual" || op == "And" || op == "Or") {
+    required = 2;
+  } else if (op == "Unsqueeze") {
+    required = opset >= 13 ? 2 : 1;
+  } else if (op == "Slice" || op == "Range" || op == "Where") {
+    required = 3;
+  }
+  if (required < 0) return;
+  if (node.input_size() < required)
+    throwOnnx(ErrorCode::OnnxInvalidGraph, subject,
+              fmt::format("{} needs {} inputs; the node has {}", op, required, node.input_size()));
+  for (int k = 0; k < required; ++k)
+    if (node.input(k).empty())
+      throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("input {} is required but empty", k));
+  if (node.output_size() < 1 || node.output(0).empty())
+    throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("{} needs an output", op));
+}
+
 std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
   const std::string& op = node.op_type();
   if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "MatMul" || op == "Concat" ||
@@ -202,9 +234,15 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     float ratio = 0.5F;
     bool training = false;
     if (opset_ >= 12) {
-      if (const Known* r = knownInput(node, 1)) ratio = static_cast<float>(r->at(0));
+      auto scalarOf = [&](const Known& k, std::string_view what) {
+        if (k.size() != 1)
+          throwOnnx(ErrorCode::OnnxNodeShape, subject,
+                    fmt::format("{} has shape {}; one value expected", what, shapeStr(k.shape)));
+        return k.at(0);
+      };
+      if (const Known* r = knownInput(node, 1)) ratio = static_cast<float>(scalarOf(*r, "ratio"));
       if (node.input_size() > 2 && !node.input(2).empty())
-        training = requireKnown(node, 2, subject, "training_mode").at(0) != 0;
+        training = scalarOf(requireKnown(node, 2, subject, "training_mode"), "training_mode") != 0;
     }
     if (training && ratio != 0.0F)
       unsupported(

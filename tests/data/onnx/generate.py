@@ -113,6 +113,9 @@ def write_bad_models():
                                      [helper.make_tensor("w", TensorProto.FLOAT, [2, 4, 5], [0.0] * 40)]),
         "reshape-computed-shape.onnx": model([helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")],
                                              [x, tensor("s", [2], TensorProto.INT64)], [y]),
+        "node-without-input.onnx": model([helper.make_node("Relu", [], ["y"], name="relu")], [x], [y]),
+        "dropout-empty-ratio.onnx": model([helper.make_node("Dropout", ["x", "ratio"], ["y"], name="dropout")],
+                                          [x], [y], [helper.make_tensor("ratio", TensorProto.FLOAT, [0], [])]),
         "double-input.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
                                    [tensor("x", [2, 4], TensorProto.DOUBLE)], [tensor("y", [2, 4], TensorProto.DOUBLE)]),
     }
