@@ -234,9 +234,10 @@ std::unordered_set<std::string> Importer::gradientReached(
   std::unordered_set<std::string> reached;
   std::vector<std::string> work;
   for (const auto& output : g.output()) {
-    if (output.type().tensor_type().elem_type() == onnx::TensorProto::FLOAT &&
-        reached.insert(output.name()).second)
-      work.push_back(output.name());
+    // An output whose type the model does not declare counts as float.
+    const int32_t type = output.type().tensor_type().elem_type();
+    const bool isFloat = type == onnx::TensorProto::FLOAT || type == onnx::TensorProto::UNDEFINED;
+    if (isFloat && reached.insert(output.name()).second) work.push_back(output.name());
   }
   while (!work.empty()) {
     const std::string value = work.back();

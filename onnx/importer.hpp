@@ -29,9 +29,6 @@ std::vector<int> differentiableInputs(const onnx::NodeProto& node);
 // inputs or its output.
 void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& subject);
 
-// The ONNX op types mapNode handles, for error messages.
-const std::vector<std::string>& supportedOps();
-
 class Importer {
  public:
   Importer(const onnx::ModelProto& model, const OnnxImportOptions& options, std::string source);

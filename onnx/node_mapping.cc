@@ -36,8 +36,6 @@ bool isOneOf(const std::string& op, const std::vector<std::string>& list) {
 
 }  // namespace
 
-const std::vector<std::string>& supportedOps() { return kMappedOps; }
-
 void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& subject) {
   const std::string& op = node.op_type();
   int required = -1;  // inputs that must be present; -1: an op type this file does not know

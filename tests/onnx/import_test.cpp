@@ -73,7 +73,11 @@ TEST_CASE("the MLP export imports with its ONNX names, weights and folded shape 
   CHECK(g.tensor(g.find("labels")).dtype == DType::Int32);
   CHECK(g.tensor(g.find("loss")).shape == Shape{});
   CHECK(g.tensor(g.find("logits")).shape == Shape{4, 4});
-  for (const auto& [name, values] : reference().at("weights").items()) {
+  // Named variables, not structured bindings: clang before 16 cannot capture
+  // those in a lambda (CAPTURE makes one).
+  for (const auto& item : reference().at("weights").items()) {
+    const std::string name = item.key();
+    const json& values = item.value();
     CAPTURE(name);
     const TensorNode& weight = g.tensor(g.find(name));
     CHECK(weight.category == TensorCategory::Weight);
