@@ -82,6 +82,15 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(CorruptDataset),
     TESSERA_CODE(UnsupportedCheckpoint),
     TESSERA_CODE(OutputUnwritable),
+    TESSERA_CODE(OnnxUnavailable),
+    TESSERA_CODE(OnnxMalformed),
+    TESSERA_CODE(OnnxUnsupportedOpset),
+    TESSERA_CODE(OnnxUnsupportedOp),
+    TESSERA_CODE(OnnxUnsupportedFeature),
+    TESSERA_CODE(OnnxUnboundDimension),
+    TESSERA_CODE(OnnxInvalidGraph),
+    TESSERA_CODE(OnnxNodeShape),
+    TESSERA_CODE(OnnxTooLarge),
     TESSERA_CODE(Internal),
 };
 #undef TESSERA_CODE
@@ -107,6 +116,7 @@ std::string_view kindName(ErrorKind kind) noexcept {
     case ErrorKind::Device: return "device";
     case ErrorKind::Dist: return "dist";
     case ErrorKind::Io: return "io";
+    case ErrorKind::Onnx: return "onnx";
     case ErrorKind::Internal: return "internal";
   }
   return "internal";
@@ -120,6 +130,7 @@ ErrorKind kindOf(ErrorCode code) noexcept {
     case 4: return ErrorKind::Device;
     case 5: return ErrorKind::Dist;
     case 6: return ErrorKind::Io;
+    case 7: return ErrorKind::Onnx;
     default: return ErrorKind::Internal;
   }
 }

@@ -10,6 +10,7 @@ that the including file's folder may depend on:
     popdist     lib, popdist
     optimizers  lib, optimizers
     simdevice   lib, simdevice
+    onnx        lib, onnx
     sessions    lib, popdist, optimizers, simdevice, sessions
 
 A file of a folder (lib/, sessions/transforms/, ...) belongs to that folder.
@@ -25,6 +26,7 @@ error, so that a new header is given a folder when it is added:
     popdist     communicator dist
     optimizers  adam optimizer optimizer_options sgd
     simdevice   device device_spec time_model
+    onnx        onnx
     sessions    checkpoint dataset mlp output_check placement profile run_config session
                 trainer transform
 
@@ -50,7 +52,7 @@ import pathlib
 import re
 import sys
 
-FOLDERS = ("lib", "popdist", "optimizers", "simdevice", "sessions")
+FOLDERS = ("lib", "popdist", "optimizers", "simdevice", "onnx", "sessions")
 SOURCE_SUFFIXES = (".cc", ".cpp", ".hpp", ".h")
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 

@@ -17,7 +17,7 @@ import pathlib
 import re
 import sys
 
-FOLDERS = ("lib", "popdist", "optimizers", "simdevice", "sessions")
+FOLDERS = ("lib", "popdist", "optimizers", "simdevice", "onnx", "sessions")
 CASE = re.compile(r"case\s+OpKind::(\w+)")
 ENUMERATOR = re.compile(r"^\s*(\w+)\s*(?:=\s*\w+\s*)?,", re.MULTILINE)
 

@@ -33,6 +33,7 @@ packages=(
   meson ninja-build g++ clang pkg-config cmake python3
   nlohmann-json3-dev libfmt-dev libeigen3-dev doctest-dev libcli11-dev zlib1g-dev
   libbenchmark-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist libclang-rt-14-dev valgrind
+  libonnx-dev libprotobuf-dev libonnx-testdata
 )
 
 # One dpkg-query for all packages; a package it does not know is missing too.

@@ -23,10 +23,10 @@
 
 namespace tessera {
 
-enum class ErrorKind { Config, Graph, Autodiff, Device, Dist, Io, Internal };
+enum class ErrorKind { Config, Graph, Autodiff, Device, Dist, Io, Onnx, Internal };
 
 // The number's hundreds digit is the kind: 1xx config, 2xx graph,
-// 3xx autodiff, 4xx device, 5xx dist, 6xx io, 9xx internal.
+// 3xx autodiff, 4xx device, 5xx dist, 6xx io, 7xx onnx, 9xx internal.
 enum class ErrorCode : int {
   // --- JSON documents and overrides (1xx) ---
   JsonSyntax = 101,        // malformed JSON, trailing garbage, invalid UTF-8
@@ -104,6 +104,16 @@ enum class ErrorCode : int {
   CorruptDataset = 605,
   UnsupportedCheckpoint = 606,  // a well-formed file this tessera cannot use
   OutputUnwritable = 607,       // an output path where no file can be created, found before the run
+  // --- ONNX import (7xx) ---
+  OnnxUnavailable = 701,         // this build has no ONNX support
+  OnnxMalformed = 702,           // not a ModelProto / TensorProto, truncated, inconsistent tensor data
+  OnnxUnsupportedOpset = 703,    // a domain other than the default one, or an opset outside 11-17
+  OnnxUnsupportedOp = 704,       // an op type with no mapping onto tessera's ops
+  OnnxUnsupportedFeature = 705,  // a supported op type used in a way the mapping cannot run exactly
+  OnnxUnboundDimension = 706,    // a symbolic dimension without a value
+  OnnxInvalidGraph = 707,        // a cycle, a value with no producer, a missing attribute or input
+  OnnxNodeShape = 708,           // a node whose operands do not fit the op
+  OnnxTooLarge = 709,            // a value computed at import over the size limit
   // --- Internal (9xx) ---
   Internal = 901,
 };
@@ -160,6 +170,10 @@ class DistError : public Error {
   using Error::Error;
 };
 class IoError : public Error {
+ public:
+  using Error::Error;
+};
+class OnnxError : public Error {
  public:
   using Error::Error;
 };

@@ -50,6 +50,7 @@ Action attachSchema(CLI::App& command);
 Action attachTrain(CLI::App& command);
 Action attachLaunch(CLI::App& command);
 Action attachCheckpoint(CLI::App& command);
+Action attachOnnxTest(CLI::App& command);
 
 // Replica and shard counts are listed one entry each; above this the output
 // would be unreadable (and the lists would exhaust memory), so such counts

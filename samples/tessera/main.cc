@@ -29,6 +29,7 @@ constexpr std::array kSubcommands = {
                "Run a command as several instances under mpirun, each with its share of the replicas",
                attachLaunch},
     Subcommand{"checkpoint", "Inspect checkpoint files", attachCheckpoint},
+    Subcommand{"onnx-test", "Run ONNX backend test folders forward on the simulated device", attachOnnxTest},
     Subcommand{"schema", "Print the JSON Schema of run config files", attachSchema},
 };
 

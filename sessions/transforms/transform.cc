@@ -17,6 +17,7 @@ namespace {
     case ErrorKind::Device: throw DeviceError(error.code(), error.subject(), detail);
     case ErrorKind::Dist: throw DistError(error.code(), error.subject(), detail);
     case ErrorKind::Io: throw IoError(error.code(), error.subject(), detail);
+    case ErrorKind::Onnx: throw OnnxError(error.code(), error.subject(), detail);
     case ErrorKind::Internal: break;
   }
   throw InternalError(error.code(), error.subject(), detail);

@@ -32,6 +32,7 @@ inline bool hasClassOfKind(const Error& error) {
     case ErrorKind::Device: return dynamic_cast<const DeviceError*>(&error) != nullptr;
     case ErrorKind::Dist: return dynamic_cast<const DistError*>(&error) != nullptr;
     case ErrorKind::Io: return dynamic_cast<const IoError*>(&error) != nullptr;
+    case ErrorKind::Onnx: return dynamic_cast<const OnnxError*>(&error) != nullptr;
     case ErrorKind::Internal: return dynamic_cast<const InternalError*>(&error) != nullptr;
   }
   return false;

@@ -13,6 +13,8 @@
 //   dataset/  "reader": "images" | "labels" | "split" (the IDX readers;
 //             "split" pairs the file, as labels, with the "images" file)
 //   checkpoint/ readCheckpoint(file)
+//   onnx/     importOnnx(file) with the symbolic dimension "batch" bound to 2
+//             (in a build without ONNX every file gives tessera.onnx.701)
 // A new kind of input is a folder and a row of kReaders.
 #include <doctest/doctest.h>
 
@@ -35,6 +37,7 @@
 #include "tessera/dataset.hpp"
 #include "tessera/error.hpp"
 #include "tessera/json.hpp"
+#include "tessera/onnx.hpp"
 #include "tessera/run_config.hpp"
 #include "test_support.hpp"
 
@@ -93,6 +96,12 @@ const std::map<std::string, std::function<void(const std::string&, const json&)>
     {"set", applyOverrides},
     {"dataset", readDataset},
     {"checkpoint", [](const std::string& path, const json&) { readCheckpoint(path); }},
+    {"onnx",
+     [](const std::string& path, const json&) {
+       OnnxImportOptions options;
+       options.dimensions = {{"batch", 2}};
+       (void)importOnnx(path, options);
+     }},
 };
 
 struct Outcome {
@@ -162,6 +171,10 @@ TEST_CASE("every file of the bad-input corpus is rejected with its expected erro
     const std::string path = (root / file).string();
     const Outcome outcome = outcomeOf([&] { reader->second(path, entry); });
     INFO(outcome.what);
+    if (folder == "onnx" && !onnxSupported()) {
+      CHECK(outcome.id == errorId(ErrorCode::OnnxUnavailable));
+      continue;
+    }
     CHECK(outcome.id == entry.at("id").get<std::string>());
     if (entry.contains("subject"))
       CHECK(outcome.subject == expandFile(entry["subject"].get<std::string>(), path));
@@ -171,6 +184,7 @@ TEST_CASE("every file of the bad-input corpus is rejected with its expected erro
   CHECK(perFolder["set"] >= 20);
   CHECK(perFolder["dataset"] >= 30);
   CHECK(perFolder["checkpoint"] >= 25);
+  CHECK(perFolder["onnx"] >= 15);
 }
 
 TEST_CASE("the corpus names every error id it expects correctly") {

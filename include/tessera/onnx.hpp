@@ -1,0 +1,122 @@
+// ONNX models in: import an ONNX model (a PyTorch export, a model of ONNX's
+// test suite) as a tessera Graph.
+//
+//   tessera::OnnxImportOptions options;
+//   options.dimensions = {{"batch", 8}};  // per replica
+//   options.replicationFactor = 2;
+//   tessera::OnnxModel model = tessera::importOnnx("mlp.onnx", options);
+//   tessera::TrainingSession session(std::move(model.graph), model.graph.find("loss"), ...);
+//
+// Import binds every symbolic dimension to a number, so every shape is known;
+// computations that depend only on shapes and constants (torch's
+// Shape/Gather/Unsqueeze/Concat chains, ConstantOfShape, Range, Cast,
+// Equal/Where on constants, ...) are evaluated at import and become
+// constants or op attributes. Every other node maps onto the ops of
+// tessera/ops.hpp; a node that does not is an error naming it.
+//
+// Float initializers that a gradient reaches from a float graph output are
+// Variables of category Weight under their ONNX names; the other initializers
+// are constants. Graph inputs are host streams (Input) of the same name; int64
+// inputs become Int32 streams (their values must fit in 32 bits).
+//
+// Errors are OnnxError (tessera.onnx.7NN) naming the file, node or tensor;
+// IoError(FileUnreadable) for a path that cannot be read. A build without
+// ONNX (Meson option -Donnx) throws OnnxError(OnnxUnavailable) from every
+// function here; onnxSupported() tells beforehand.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/graph.hpp"
+
+namespace tessera {
+
+// A TensorProto read from a file (ONNX test data: input_N.pb, output_N.pb).
+struct OnnxTensor {
+  std::string name;   // may be empty
+  std::string dtype;  // ONNX's name of the element type: "float", "int64", "bool", "double", ...
+  Shape shape;
+  // The values in row-major order; integers and bools exactly (integers up to
+  // 2^53, beyond which files are refused).
+  std::vector<double> values;
+};
+
+struct OnnxImportOptions {
+  // ----- Shapes -----
+
+  // Values of the symbolic dimensions (ONNX dim_param) of the graph inputs,
+  // e.g. {"batch", 8}. Shapes are per replica, so the batch dimension is the
+  // batch of one replica. A symbolic dimension without a value here is an
+  // error naming the input, the axis and the dimension name; a value below 1
+  // is an error too. Names that no input uses are ignored.
+  std::map<std::string, int64_t, std::less<>> dimensions{};
+
+  // Graph inputs whose values are fixed at import (a frozen input): each
+  // becomes a constant, so it can feed what must be known at import
+  // (Reshape's shape, Slice's starts, Unsqueeze's axes, ...), and is no
+  // longer a host stream. The tensor's dtype must be the input's element
+  // type and its shape the input's (symbolic dimensions bound from it).
+  std::map<std::string, OnnxTensor, std::less<>> constantInputs{};
+
+  // ----- Replication -----
+
+  // The global replication factor of the graph (Graph's constructor
+  // argument; SessionOptions::getGlobalReplicationFactor()). Must be >= 1.
+  int64_t replicationFactor = 1;
+};
+
+struct OnnxModel {
+  Graph graph;
+  // Graph inputs (host streams), in the model's order, initializers and
+  // constantInputs excluded.
+  std::vector<std::string> inputs;
+  // Graph outputs, in the model's order; each names a tensor of `graph`.
+  std::vector<std::string> outputs;
+  // Every initializer of the model, in the model's order (those the graph
+  // does not use included).
+  std::vector<std::string> initializers;
+  // The initializers that became Variables of category Weight.
+  std::vector<std::string> weights;
+  // The opset of the default domain the model was written for.
+  int64_t opset = 0;
+};
+
+// True when this build can read ONNX models.
+bool onnxSupported() noexcept;
+
+// Reads and imports the model in `path`.
+OnnxModel importOnnx(const std::filesystem::path& path, const OnnxImportOptions& options = {});
+// Imports a serialized ModelProto; `source` names it in error messages.
+OnnxModel importOnnx(std::span<const std::byte> bytes, const OnnxImportOptions& options = {},
+                     std::string_view source = "<bytes>");
+
+// Throws IoError(FileUnreadable), OnnxError(OnnxMalformed).
+OnnxTensor readOnnxTensor(const std::filesystem::path& path);
+
+// A graph input or output as the model declares it.
+struct OnnxValueInfo {
+  std::string name;
+  // The element type of a tensor ("float", ...), else the kind of value:
+  // "sequence", "optional", "map", "sparse_tensor".
+  std::string dtype;
+  // Per axis: the number, or the symbolic name (dim_param) when it has one;
+  // "?" for an axis with neither.
+  std::vector<std::string> dims;
+};
+
+struct OnnxSignature {
+  std::vector<OnnxValueInfo> inputs;  // initializers excluded
+  std::vector<OnnxValueInfo> outputs;
+};
+
+// The declared inputs and outputs of a model, without importing it.
+OnnxSignature readOnnxSignature(const std::filesystem::path& path);
+
+}  // namespace tessera

@@ -1,0 +1,74 @@
+// The importer's state while it walks one model.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "onnx_internal.hpp"
+#include "tessera/onnx.hpp"
+#include "tessera/ops.hpp"
+
+namespace tessera::onnx_import {
+
+// An ONNX value during import: known (folded, a constant initializer) or a
+// tensor of the graph, or both once a known value has been materialised.
+struct Value {
+  std::optional<Known> known;
+  TensorId id = kNoTensor;
+  int32_t type = onnx::TensorProto::FLOAT;  // the ONNX element type
+};
+
+// The inputs of `node` through which a gradient flows to its outputs (data
+// operands; not shapes, indices, labels or conditions).
+std::vector<int> differentiableInputs(const onnx::NodeProto& node);
+
+// OnnxInvalidGraph for a node of a known op type without its required
+// inputs or its output.
+void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& subject);
+
+class Importer {
+ public:
+  Importer(const onnx::ModelProto& model, const OnnxImportOptions& options, std::string source);
+  OnnxModel run();
+
+ private:
+  std::string nodeSubject(const onnx::NodeProto& node) const;
+  // Node indices in an order where producers come first.
+  std::vector<int> topologicalOrder(const std::unordered_set<std::string>& initializers);
+  std::unordered_set<std::string> gradientReached(const std::unordered_set<std::string>& initializers) const;
+  TensorId addSource(OpKind kind, const std::string& name, DType dtype, const Shape& shape,
+                     const std::vector<float>& data, const std::string& subject);
+  // False when the input is one of constantInputs (no host stream).
+  bool addInput(const onnx::ValueInfoProto& input);
+  void addConstantInput(const onnx::ValueInfoProto& input, const OnnxTensor& tensor,
+                        const std::string& subject);
+  // The graph tensor of a value, creating a Constant for a known one.
+  TensorId materialize(const std::string& name, const std::string& subject);
+  void bindOutput(const std::string& name);
+  void importNode(const onnx::NodeProto& node);
+  // node_mapping.cc: emits the tessera ops of one node.
+  void mapNode(const onnx::NodeProto& node, const std::string& subject);
+
+  // Helpers of mapNode.
+  Tensor operand(const onnx::NodeProto& node, int k, const std::string& subject);
+  const Known* knownInput(const onnx::NodeProto& node, int k) const;
+  const Known& requireKnown(const onnx::NodeProto& node, int k, const std::string& subject,
+                            std::string_view what) const;
+  void requireFloat(const Tensor& t, const onnx::NodeProto& node, int k, const std::string& subject) const;
+  void setOutput(const onnx::NodeProto& node, int k, Tensor t, int32_t type = onnx::TensorProto::FLOAT);
+  Tensor scalar(double value);
+
+  const onnx::ModelProto& model_;
+  const OnnxImportOptions& options_;
+  std::string source_;
+  Graph graph_;
+  int64_t opset_ = 0;
+  int64_t nodeIndex_ = 0;
+  TensorId firstNewTensor_ = 0;  // the first tensor the node being mapped created
+  std::unordered_map<std::string, Value> values_;
+};
+
+}  // namespace tessera::onnx_import

@@ -1,0 +1,502 @@
+// Node mapping: each ONNX node becomes one or more ops of tessera/ops.hpp.
+// Compositions stay compositions (Gemm = transposes + MatMul + scaled Add);
+// what the current ops cannot compute exactly is refused with the node named.
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "importer.hpp"
+#include "tessera/error.hpp"
+
+namespace tessera::onnx_import {
+namespace {
+
+// Ops evaluated only when their inputs are known at import (shape arithmetic).
+const std::vector<std::string> kFoldOnlyOps = {
+    "ConstantOfShape", "Equal", "Gather", "Greater", "GreaterOrEqual", "Less",
+    "LessOrEqual",     "And",   "Or",     "Not",     "Range",          "Where"};
+
+const std::vector<std::string> kMappedOps = {"Add",        "Cast",      "Concat",
+                                             "Constant",   "Div",       "Dropout",
+                                             "Exp",        "Expand",    "Flatten",
+                                             "Gemm",       "Identity",  "Log",
+                                             "LogSoftmax", "MatMul",    "Mul",
+                                             "Neg",        "Pow",       "ReduceMean",
+                                             "ReduceSum",  "Relu",      "Reshape",
+                                             "Shape",      "Sigmoid",   "Size",
+                                             "Slice",      "Softmax",   "SoftmaxCrossEntropyLoss",
+                                             "Sqrt",       "Squeeze",   "Sub",
+                                             "Tanh",       "Transpose", "Unsqueeze"};
+
+bool isOneOf(const std::string& op, const std::vector<std::string>& list) {
+  return std::find(list.begin(), list.end(), op) != list.end();
+}
+
+}  // namespace
+
+void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& subject) {
+  const std::string& op = node.op_type();
+  int required = -1;  // inputs that must be present; -1: an op type this file does not know
+  if (op == "Constant") {
+    required = 0;
+  } else if (op == "Identity" || op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" ||
+             op == "Exp" || op == "Log" || op == "Sqrt" || op == "Dropout" || op == "Softmax" ||
+             op == "LogSoftmax" || op == "ReduceSum" || op == "ReduceMean" || op == "Flatten" ||
+             op == "Transpose" || op == "Squeeze" || op == "Cast" || op == "Shape" || op == "Size" ||
+             op == "ConstantOfShape" || op == "Not" || op == "Concat") {
+    required = 1;
+  } else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" || op == "MatMul" ||
+             op == "Gemm" || op == "Reshape" || op == "Expand" || op == "SoftmaxCrossEntropyLoss" ||
+             op == "Gather" || op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" ||
+             op == "GreaterOrEqual" || op == "And" || op == "Or") {
+    required = 2;
+  } else if (op == "Unsqueeze") {
+    required = opset >= 13 ? 2 : 1;
+  } else if (op == "Slice" || op == "Range" || op == "Where") {
+    required = 3;
+  }
+  if (required < 0) return;
+  if (node.input_size() < required)
+    throwOnnx(ErrorCode::OnnxInvalidGraph, subject,
+              fmt::format("{} needs {} inputs; the node has {}", op, required, node.input_size()));
+  for (int k = 0; k < required; ++k)
+    if (node.input(k).empty())
+      throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("input {} is required but empty", k));
+  if (node.output_size() < 1 || node.output(0).empty())
+    throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("{} needs an output", op));
+}
+
+std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
+  const std::string& op = node.op_type();
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "MatMul" || op == "Concat" ||
+      op == "Gemm") {
+    std::vector<int> all(static_cast<std::size_t>(node.input_size()));
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
+  if (op == "Where") return {1, 2};
+  if (op == "Pow" || op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" || op == "Exp" ||
+      op == "Log" || op == "Sqrt" || op == "Identity" || op == "Dropout" || op == "Softmax" ||
+      op == "LogSoftmax" || op == "ReduceSum" || op == "ReduceMean" || op == "Reshape" || op == "Flatten" ||
+      op == "Transpose" || op == "Slice" || op == "Expand" || op == "Unsqueeze" || op == "Squeeze" ||
+      op == "Cast" || op == "SoftmaxCrossEntropyLoss")
+    return {0};
+  return {};
+}
+
+const Known* Importer::knownInput(const onnx::NodeProto& node, int k) const {
+  if (k >= node.input_size() || node.input(k).empty()) return nullptr;
+  const Value& value = values_.at(node.input(k));
+  return value.known ? &*value.known : nullptr;
+}
+
+const Known& Importer::requireKnown(const onnx::NodeProto& node, int k, const std::string& subject,
+                                    std::string_view what) const {
+  if (k >= node.input_size() || node.input(k).empty())
+    throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("input {} ({}) is missing", k, what));
+  const Known* known = knownInput(node, k);
+  if (known == nullptr)
+    throwOnnx(
+        ErrorCode::OnnxUnsupportedFeature, subject,
+        fmt::format("input {} ({}, \"{}\") is computed by the model; tessera needs it known at import (a "
+                    "constant, or shape arithmetic on constants)",
+                    k, what, node.input(k)));
+  return *known;
+}
+
+Tensor Importer::operand(const onnx::NodeProto& node, int k, const std::string& subject) {
+  if (k >= node.input_size() || node.input(k).empty())
+    throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("input {} is required but missing", k));
+  return Tensor(&graph_, materialize(node.input(k), subject));
+}
+
+void Importer::requireFloat(const Tensor& t, const onnx::NodeProto& node, int k,
+                            const std::string& subject) const {
+  if (t.dtype() != DType::Float32)
+    throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,
+              fmt::format("input {} (\"{}\") is {}; the device computes {} on float32 only", k, node.input(k),
+                          typeName(values_.at(node.input(k)).type), node.op_type()));
+}
+
+void Importer::setOutput(const onnx::NodeProto& node, int k, Tensor t, int32_t type) {
+  if (k >= node.output_size() || node.output(k).empty()) return;
+  const std::string& name = node.output(k);
+  // Tensors this node created carry its ONNX value name, so graph dumps and
+  // errors name what the model calls them.
+  if (t.id() >= firstNewTensor_ && !graph_.tryFind(name)) graph_.rename(t.id(), name);
+  values_[name] = Value{std::nullopt, t.id(), type};
+}
+
+Tensor Importer::scalar(double value) { return ops::scalar(graph_, value); }
+
+void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) {
+  const std::string& op = node.op_type();
+  firstNewTensor_ = static_cast<TensorId>(graph_.tensors().size());
+  auto unsupported = [&](std::string_view what) {
+    throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject, what);
+  };
+
+  if (op == "Constant") {
+    Known value;
+    if (const auto* a = findAttribute(node, "value")) {
+      value = readTensor(a->t(), subject + " attribute value");
+    } else if (const auto* f = findAttribute(node, "value_float")) {
+      value.type = onnx::TensorProto::FLOAT;
+      value.f = {f->f()};
+    } else if (const auto* fs = findAttribute(node, "value_floats")) {
+      value.type = onnx::TensorProto::FLOAT;
+      value.f.assign(fs->floats().begin(), fs->floats().end());
+      value.shape = {static_cast<int64_t>(value.f.size())};
+    } else if (const auto* i = findAttribute(node, "value_int")) {
+      value.type = onnx::TensorProto::INT64;
+      value.i = {i->i()};
+    } else if (const auto* is = findAttribute(node, "value_ints")) {
+      value.type = onnx::TensorProto::INT64;
+      value.i.assign(is->ints().begin(), is->ints().end());
+      value.shape = {static_cast<int64_t>(value.i.size())};
+    } else {
+      unsupported("only the attributes value, value_float(s) and value_int(s) are supported");
+    }
+    if (node.output_size() < 1) throwOnnx(ErrorCode::OnnxInvalidGraph, subject, "Constant without an output");
+    const int32_t type = value.type;
+    values_[node.output(0)] = Value{std::move(value), kNoTensor, type};
+    return;
+  }
+  if (isOneOf(op, kFoldOnlyOps) || op == "Shape" || op == "Size") {
+    unsupported(
+        fmt::format("{} is supported on values known at import only (shape arithmetic); here an input is "
+                    "computed by the model",
+                    op));
+  }
+  if (!isOneOf(op, kMappedOps)) {
+    throwOnnx(ErrorCode::OnnxUnsupportedOp, subject,
+              fmt::format("op type {} is not supported; supported: {}; on values known at import also: {}",
+                          op, fmt::join(kMappedOps, ", "), fmt::join(kFoldOnlyOps, ", ")));
+  }
+
+  if (op == "Identity") {
+    values_[node.output(0)] = values_.at(node.input(0));
+    return;
+  }
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
+    Tensor a = operand(node, 0, subject);
+    Tensor b = operand(node, 1, subject);
+    if (a.dtype() != b.dtype() || (op == "Div" && a.dtype() != DType::Float32))
+      unsupported(fmt::format(
+          "inputs of types {} and {}: the device computes {} on two float32 or two int32 values "
+          "(Div on float32 only)",
+          typeName(values_.at(node.input(0)).type), typeName(values_.at(node.input(1)).type), op));
+    const int32_t type = values_.at(node.input(0)).type;
+    Tensor y = op == "Add"   ? ops::add(a, b)
+               : op == "Sub" ? ops::sub(a, b)
+               : op == "Mul" ? ops::mul(a, b)
+                             : ops::div(a, b);
+    setOutput(node, 0, y, type);
+    return;
+  }
+  if (op == "Pow") {
+    Tensor x = operand(node, 0, subject);
+    requireFloat(x, node, 0, subject);
+    const Known& e = requireKnown(node, 1, subject, "exponent");
+    if (e.size() != 1) unsupported("the exponent must be one value");
+    const double p = e.at(0);
+    if (p == 1.0) {
+      values_[node.output(0)] = values_.at(node.input(0));
+    } else if (p == 2.0) {
+      setOutput(node, 0, ops::mul(x, x));
+    } else if (p == 0.5) {
+      setOutput(node, 0, ops::sqrt(x));
+    } else {
+      unsupported(fmt::format("exponent {}: only 1, 2 and 0.5 are supported (as x, x*x and Sqrt)", p));
+    }
+    return;
+  }
+  if (op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" || op == "Exp" || op == "Log" ||
+      op == "Sqrt") {
+    Tensor x = operand(node, 0, subject);
+    requireFloat(x, node, 0, subject);
+    Tensor y = op == "Neg"       ? ops::neg(x)
+               : op == "Relu"    ? ops::relu(x)
+               : op == "Tanh"    ? ops::tanh(x)
+               : op == "Sigmoid" ? ops::sigmoid(x)
+               : op == "Exp"     ? ops::exp(x)
+               : op == "Log"     ? ops::log(x)
+                                 : ops::sqrt(x);
+    setOutput(node, 0, y);
+    return;
+  }
+  if (op == "Dropout") {
+    const Value input = values_.at(node.input(0));
+    float ratio = 0.5F;
+    bool training = false;
+    if (opset_ >= 12) {
+      auto scalarOf = [&](const Known& k, std::string_view what) {
+        if (k.size() != 1)
+          throwOnnx(ErrorCode::OnnxNodeShape, subject,
+                    fmt::format("{} has shape {}; one value expected", what, shapeStr(k.shape)));
+        return k.at(0);
+      };
+      if (const Known* r = knownInput(node, 1)) ratio = static_cast<float>(scalarOf(*r, "ratio"));
+      if (node.input_size() > 2 && !node.input(2).empty())
+        training = scalarOf(requireKnown(node, 2, subject, "training_mode"), "training_mode") != 0;
+    }
+    if (training && ratio != 0.0F)
+      unsupported(
+          fmt::format("training mode with ratio {} draws random masks; only inference (or ratio 0) is "
+                      "supported, where Dropout passes its input through",
+                      ratio));
+    values_[node.output(0)] = input;
+    if (node.output_size() > 1 && !node.output(1).empty()) {
+      const Shape shape = input.id != kNoTensor ? graph_.tensor(input.id).shape : input.known->shape;
+      Known mask = makeKnown(onnx::TensorProto::BOOL, shape, subject);
+      std::fill(mask.i.begin(), mask.i.end(), 1);
+      values_[node.output(1)] = Value{std::move(mask), kNoTensor, onnx::TensorProto::BOOL};
+    }
+    return;
+  }
+  if (op == "Softmax" || op == "LogSoftmax") {
+    Tensor x = operand(node, 0, subject);
+    requireFloat(x, node, 0, subject);
+    const auto rank = static_cast<int64_t>(x.shape().size());
+    if (rank == 0) unsupported("a scalar input");
+    const int64_t axis =
+        normalizeAxis(intAttribute(node, "axis", opset_ >= 13 ? -1 : 1, subject), rank, subject);
+    auto apply = [&](Tensor t) { return op == "Softmax" ? ops::softmax(t) : ops::logSoftmax(t); };
+    if (axis == rank - 1) {
+      setOutput(node, 0, apply(x));
+    } else if (opset_ < 13) {
+      // Before opset 13 the op works on the input flattened to 2-D at `axis`.
+      const Shape& s = x.shape();
+      const int64_t outer = std::accumulate(s.begin(), s.begin() + axis, int64_t{1}, std::multiplies<>());
+      const int64_t inner = std::accumulate(s.begin() + axis, s.end(), int64_t{1}, std::multiplies<>());
+      setOutput(node, 0, ops::reshape(apply(ops::reshape(x, {outer, inner})), s));
+    } else {
+      std::vector<int64_t> perm(static_cast<std::size_t>(rank));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::swap(perm[static_cast<std::size_t>(axis)], perm.back());
+      setOutput(node, 0, ops::transpose(apply(ops::transpose(x, perm)), perm));
+    }
+    return;
+  }
+  if (op == "ReduceSum" || op == "ReduceMean") {
+    Tensor x = operand(node, 0, subject);
+    requireFloat(x, node, 0, subject);
+    std::optional<std::vector<int64_t>> axes;
+    bool noopWithEmptyAxes = false;
+    if (op == "ReduceSum" && opset_ >= 13) {
+      if (const Known* a = knownInput(node, 1)) {
+        axes = intList(*a, subject, "axes");
+      } else if (node.input_size() > 1 && !node.input(1).empty()) {
+        requireKnown(node, 1, subject, "axes");
+      }
+      noopWithEmptyAxes = intAttribute(node, "noop_with_empty_axes", 0, subject) != 0;
+    } else {
+      axes = intsAttribute(node, "axes", subject);
+    }
+    const bool keepDims = intAttribute(node, "keepdims", 1, subject) != 0;
+    if (!axes || axes->empty()) {
+      if (noopWithEmptyAxes) {
+        values_[node.output(0)] = values_.at(node.input(0));
+        return;
+      }
+      axes = std::vector<int64_t>(x.shape().size());
+      std::iota(axes->begin(), axes->end(), 0);
+    }
+    const auto rank = static_cast<int64_t>(x.shape().size());
+    for (int64_t& a : *axes) a = normalizeAxis(a, rank, subject);
+    if (axes->empty()) {
+      values_[node.output(0)] = values_.at(node.input(0));
+      return;
+    }
+    setOutput(node, 0,
+              op == "ReduceSum" ? ops::reduceSum(x, *axes, keepDims) : ops::reduceMean(x, *axes, keepDims));
+    return;
+  }
+  if (op == "Reshape" || op == "Flatten" || op == "Unsqueeze" || op == "Squeeze") {
+    Tensor x = operand(node, 0, subject);
+    const Shape& s = x.shape();
+    Shape target;
+    if (op == "Reshape") {
+      const bool allowZero = opset_ >= 14 && intAttribute(node, "allowzero", 0, subject) != 0;
+      target = reshapeTarget(s, intList(requireKnown(node, 1, subject, "shape"), subject, "shape"), allowZero,
+                             subject);
+    } else if (op == "Flatten") {
+      const auto rank = static_cast<int64_t>(s.size());
+      int64_t axis = intAttribute(node, "axis", 1, subject);
+      axis = axis == rank ? rank : normalizeAxis(axis, rank, subject);
+      const int64_t outer = std::accumulate(s.begin(), s.begin() + axis, int64_t{1}, std::multiplies<>());
+      target = {outer, numElements(s) / std::max<int64_t>(outer, 1)};
+    } else {
+      std::optional<std::vector<int64_t>> axes;
+      if (opset_ >= 13) {
+        if (node.input_size() > 1 && !node.input(1).empty())
+          axes = intList(requireKnown(node, 1, subject, "axes"), subject, "axes");
+      } else {
+        axes = intsAttribute(node, "axes", subject);
+      }
+      if (op == "Unsqueeze") {
+        if (!axes) throwOnnx(ErrorCode::OnnxInvalidGraph, subject, "Unsqueeze needs axes");
+        target = unsqueezeShape(s, *axes, subject);
+      } else {
+        target = squeezeShape(s, axes, subject);
+      }
+    }
+    if (std::find(target.begin(), target.end(), 0) != target.end())
+      unsupported(fmt::format("the result {} is empty; tensors of zero elements are not supported",
+                              shapeStr(target)));
+    setOutput(node, 0, ops::reshape(x, target), values_.at(node.input(0)).type);
+    return;
+  }
+  if (op == "Transpose") {
+    Tensor x = operand(node, 0, subject);
+    std::vector<int64_t> perm = intsAttribute(node, "perm", subject).value_or(std::vector<int64_t>{});
+    if (perm.empty()) {
+      perm.resize(x.shape().size());
+      std::iota(perm.rbegin(), perm.rend(), 0);
+    }
+    setOutput(node, 0, ops::transpose(x, perm), values_.at(node.input(0)).type);
+    return;
+  }
+  if (op == "Slice") {
+    Tensor x = operand(node, 0, subject);
+    std::optional<std::vector<int64_t>> axes, steps;
+    const auto starts = intList(requireKnown(node, 1, subject, "starts"), subject, "starts");
+    const auto ends = intList(requireKnown(node, 2, subject, "ends"), subject, "ends");
+    if (node.input_size() > 3 && !node.input(3).empty())
+      axes = intList(requireKnown(node, 3, subject, "axes"), subject, "axes");
+    if (node.input_size() > 4 && !node.input(4).empty())
+      steps = intList(requireKnown(node, 4, subject, "steps"), subject, "steps");
+    const SliceRange r = sliceRange(x.shape(), starts, ends, axes, steps, subject);
+    for (int64_t step : r.steps)
+      if (step != 1) unsupported(fmt::format("step {}: only steps of 1 are supported", step));
+    if (std::find(r.outShape.begin(), r.outShape.end(), 0) != r.outShape.end())
+      unsupported(fmt::format("the result {} is empty; tensors of zero elements are not supported",
+                              shapeStr(r.outShape)));
+    setOutput(node, 0, ops::slice(x, r.starts, r.ends), values_.at(node.input(0)).type);
+    return;
+  }
+  if (op == "Concat") {
+    std::vector<Tensor> parts;
+    for (int k = 0; k < node.input_size(); ++k)
+      if (!node.input(k).empty()) parts.push_back(operand(node, k, subject));
+    if (parts.empty()) throwOnnx(ErrorCode::OnnxInvalidGraph, subject, "Concat without inputs");
+    const auto rank = static_cast<int64_t>(parts[0].shape().size());
+    const int64_t axis = normalizeAxis(intAttribute(node, "axis", 0, subject), rank, subject);
+    setOutput(node, 0, parts.size() == 1 ? parts[0] : ops::concat(parts, axis),
+              values_.at(node.input(0)).type);
+    return;
+  }
+  if (op == "Expand") {
+    Tensor x = operand(node, 0, subject);
+    const Shape target = broadcastShapes(
+        x.shape(), intList(requireKnown(node, 1, subject, "shape"), subject, "shape"), subject);
+    if (target == x.shape()) {
+      values_[node.output(0)] = values_.at(node.input(0));
+      return;
+    }
+    setOutput(node, 0, ops::broadcastTo(x, target), values_.at(node.input(0)).type);
+    return;
+  }
+  if (op == "Cast") {
+    const int64_t to = intAttribute(node, "to", -1, subject);
+    const Value& in = values_.at(node.input(0));
+    const bool floatToFloat = in.type == onnx::TensorProto::FLOAT && to == onnx::TensorProto::FLOAT;
+    const bool intToInt = (in.type == onnx::TensorProto::INT64 || in.type == onnx::TensorProto::INT32) &&
+                          (to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32);
+    if (!floatToFloat && !intToInt)
+      unsupported(
+          fmt::format("cast from {} to {} of a computed value: the device has no conversion op (float to "
+                      "float and between int32/int64 pass through)",
+                      typeName(in.type), typeName(static_cast<int32_t>(to))));
+    Value out = in;
+    out.type = static_cast<int32_t>(to);
+    values_[node.output(0)] = out;
+    return;
+  }
+  if (op == "MatMul") {
+    Tensor a = operand(node, 0, subject);
+    Tensor b = operand(node, 1, subject);
+    requireFloat(a, node, 0, subject);
+    requireFloat(b, node, 1, subject);
+    const Shape sa = a.shape();
+    const Shape sb = b.shape();
+    if (sa.empty() || sb.empty()) throwOnnx(ErrorCode::OnnxNodeShape, subject, "MatMul of a scalar");
+    // ONNX's output shape (numpy matmul), computed before the operands are reshaped.
+    const Shape batchA(sa.begin(), sa.end() - (sa.size() > 1 ? 2 : 1));
+    const Shape batchB(sb.begin(), sb.end() - (sb.size() > 1 ? 2 : 1));
+    for (int64_t d : batchB)
+      if (d != 1)
+        unsupported(fmt::format("the right operand {} is batched; tessera's MatMul takes [.., M, K] x [K, N]",
+                                shapeStr(sb)));
+    Shape outShape = broadcastShapes(batchA, batchB, subject);
+    if (sa.size() > 1) outShape.push_back(sa[sa.size() - 2]);
+    if (sb.size() > 1) outShape.push_back(sb.back());
+    if (sa.size() == 1) a = ops::reshape(a, {1, sa[0]});
+    if (sb.size() == 1) {
+      b = ops::reshape(b, {sb[0], 1});
+    } else if (sb.size() > 2) {
+      b = ops::reshape(b, {sb[sb.size() - 2], sb.back()});
+    }
+    Tensor y = ops::matmul(a, b);
+    setOutput(node, 0, y.shape() == outShape ? y : ops::reshape(y, outShape));
+    return;
+  }
+  if (op == "Gemm") {
+    Tensor a = operand(node, 0, subject);
+    Tensor b = operand(node, 1, subject);
+    requireFloat(a, node, 0, subject);
+    requireFloat(b, node, 1, subject);
+    if (a.shape().size() != 2 || b.shape().size() != 2)
+      throwOnnx(ErrorCode::OnnxNodeShape, subject,
+                fmt::format("A {} and B {} must be matrices", shapeStr(a.shape()), shapeStr(b.shape())));
+    const double alpha = floatAttribute(node, "alpha", 1.0F, subject);
+    const double beta = floatAttribute(node, "beta", 1.0F, subject);
+    if (intAttribute(node, "transA", 0, subject) != 0) a = ops::transpose(a, {1, 0});
+    if (intAttribute(node, "transB", 0, subject) != 0) b = ops::transpose(b, {1, 0});
+    Tensor y = ops::matmul(a, b);
+    if (alpha != 1.0) y = ops::mul(y, scalar(alpha));
+    if (node.input_size() > 2 && !node.input(2).empty() && beta != 0.0) {
+      Tensor c = operand(node, 2, subject);
+      requireFloat(c, node, 2, subject);
+      y = ops::add(y, beta == 1.0 ? c : ops::mul(c, scalar(beta)));
+    }
+    setOutput(node, 0, y);
+    return;
+  }
+  if (op == "SoftmaxCrossEntropyLoss") {
+    Tensor scores = operand(node, 0, subject);
+    requireFloat(scores, node, 0, subject);
+    if (scores.shape().size() != 2)
+      unsupported(fmt::format("scores {} have rank {}; only [N, C] is supported", shapeStr(scores.shape()),
+                              scores.shape().size()));
+    if (node.input_size() > 2 && !node.input(2).empty()) unsupported("class weights are not supported");
+    const std::string reduction = stringAttribute(node, "reduction", "mean", subject);
+    if (reduction != "mean" && reduction != "sum")
+      unsupported(fmt::format("reduction \"{}\": only \"mean\" and \"sum\" are supported", reduction));
+    // Labels are class indices in [0, C) (the device refuses others), so an
+    // ignore_index outside that range never matches one: torch always
+    // writes ignore_index (-100 by default).
+    const int64_t classes = scores.shape()[1];
+    if (const auto* ignore = findAttribute(node, "ignore_index")) {
+      const int64_t index = intAttribute(node, "ignore_index", 0, subject);
+      if (index >= 0 && index < classes)
+        unsupported(
+            fmt::format("ignore_index {} is a class index (of {} classes); ignoring labels is not supported",
+                        ignore->i(), classes));
+    }
+    Tensor labels = operand(node, 1, subject);
+    if (labels.dtype() != DType::Int32)
+      unsupported(fmt::format("labels \"{}\" are {}; int64 or int32 class indices are supported",
+                              node.input(1), typeName(values_.at(node.input(1)).type)));
+    setOutput(node, 0,
+              ops::softmaxCrossEntropy(scores, labels,
+                                       reduction == "mean" ? ReductionType::Mean : ReductionType::Sum));
+    if (node.output_size() > 1) setOutput(node, 1, ops::logSoftmax(scores));
+    return;
+  }
+  throwOnnx(ErrorCode::OnnxUnsupportedOp, subject, fmt::format("op type {} is not supported", op));
+}
+
+}  // namespace tessera::onnx_import

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Writes the ONNX fixtures of tests/onnx: a small MLP classifier exported by
+PyTorch with its loss inside the graph and a symbolic batch axis, and
+PyTorch's outputs for fixed inputs at several batch sizes; and the bad models
+of the bad-input corpus (tests/data/bad/onnx, expected ids in
+tests/data/bad/expected.json).
+
+Run from the checkout with Debian's python3-torch and python3-onnx:
+    /usr/bin/python3 tests/data/onnx/generate.py
+The files are committed; the tests only read them.
+"""
+import json
+import os
+
+import onnx
+from onnx import TensorProto, helper
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BAD = os.path.join(HERE, "..", "bad", "onnx")
+BATCHES = [2, 4, 8]
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(6, 8)
+        self.fc2 = torch.nn.Linear(8, 4)
+
+    def forward(self, x, labels):
+        # Flattening through x.shape makes the export compute the shape
+        # (Shape/Gather/Unsqueeze/Concat/Reshape), which import must fold.
+        h = F.relu(self.fc1(x.reshape(x.shape[0], -1)))
+        logits = self.fc2(h)
+        return F.cross_entropy(logits, labels), logits
+
+
+def main():
+    torch.manual_seed(13)
+    model = Mlp()
+    x = torch.randn(2, 2, 3)
+    labels = torch.tensor([0, 3], dtype=torch.int64)
+    path = os.path.join(HERE, "mlp.onnx")
+    torch.onnx.export(model, (x, labels), path, input_names=["x", "labels"], output_names=["loss", "logits"],
+                      opset_version=14, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      dynamic_axes={"x": {0: "batch"}, "labels": {0: "batch"}, "logits": {0: "batch"}})
+    onnx.checker.check_model(onnx.load(path))
+
+    cases = []
+    generator = torch.Generator().manual_seed(7)
+    for batch in BATCHES:
+        xb = torch.randn(batch, 2, 3, generator=generator)
+        lb = torch.randint(0, 4, (batch,), generator=generator)
+        with torch.no_grad():
+            loss, logits = model(xb, lb)
+        cases.append({"batch": batch, "x": xb.flatten().tolist(), "labels": lb.tolist(),
+                      "loss": float(loss), "logits": logits.flatten().tolist()})
+    weights = {name: p.detach().flatten().tolist() for name, p in model.named_parameters()}
+    with open(os.path.join(HERE, "mlp_reference.json"), "w") as out:
+        json.dump({"inputShape": [2, 3], "classes": 4, "weights": weights, "cases": cases}, out, indent=1)
+        out.write("\n")
+
+
+def model(nodes, inputs, outputs, initializers=(), opset=14, domain=""):
+    graph = helper.make_graph(nodes, "bad", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid(domain, opset)], producer_name="tessera-tests")
+
+
+def tensor(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def short_initializer():
+    # A shape of 4000 elements with data for 4: make_tensor checks sizes, so
+    # the shape is changed afterwards.
+    w = helper.make_tensor("w", TensorProto.FLOAT, [1, 4], [1.0] * 4)
+    w.dims[0] = 1000
+    return w
+
+
+def write_bad_models():
+    os.makedirs(BAD, exist_ok=True)
+    x = tensor("x", ["batch", 4])
+    y = tensor("y", ["batch", 4])
+    good = model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [x], [y])
+    raw = good.SerializeToString()
+    models = {
+        "truncated.onnx": raw[: len(raw) // 2],
+        "not-onnx.onnx": b"<html>this is not a model</html>\n",
+        "empty.onnx": b"",
+        "opset-9.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [x], [y], opset=9),
+        "other-domain.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu", domain="com.example")],
+                                   [x], [y]),
+        "unsupported-op.onnx": model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv1")], [x], [y],
+                                     [helper.make_tensor("w", TensorProto.FLOAT, [1, 1], [1.0])]),
+        "cycle.onnx": model([helper.make_node("Relu", ["b"], ["a"], name="first"),
+                             helper.make_node("Neg", ["a"], ["b"], name="second"),
+                             helper.make_node("Add", ["x", "b"], ["y"], name="sum")], [x], [y]),
+        "no-producer.onnx": model([helper.make_node("Add", ["x", "hidden"], ["y"], name="fc2")], [x], [y]),
+        "shape-mismatch.onnx": model([helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")], [x], [y],
+                                     [helper.make_tensor("w", TensorProto.FLOAT, [3, 4], [0.5] * 12)]),
+        "unbound-dim.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                                  [tensor("x", ["sequence", 4])], [tensor("y", ["sequence", 4])]),
+        "huge-constant-of-shape.onnx": model(
+            [helper.make_node("ConstantOfShape", ["shape"], ["big"], name="fill"),
+             helper.make_node("Add", ["x", "big"], ["y"], name="add")], [x], [y],
+            [helper.make_tensor("shape", TensorProto.INT64, [2], [1000000, 1000000])]),
+        "initializer-data-short.onnx": model([helper.make_node("Add", ["x", "w"], ["y"], name="add")], [x], [y],
+                                             [short_initializer()]),
+        "batched-matmul.onnx": model([helper.make_node("MatMul", ["x3", "w"], ["y"], name="matmul")],
+                                     [tensor("x3", [2, 3, 4])], [tensor("y", [2, 3, 5])],
+                                     [helper.make_tensor("w", TensorProto.FLOAT, [2, 4, 5], [0.0] * 40)]),
+        "reshape-computed-shape.onnx": model([helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")],
+                                             [x, tensor("s", [2], TensorProto.INT64)], [y]),
+        "node-without-input.onnx": model([helper.make_node("Relu", [], ["y"], name="relu")], [x], [y]),
+        "dropout-empty-ratio.onnx": model([helper.make_node("Dropout", ["x", "ratio"], ["y"], name="dropout")],
+                                          [x], [y], [helper.make_tensor("ratio", TensorProto.FLOAT, [0], [])]),
+        "double-input.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                                   [tensor("x", [2, 4], TensorProto.DOUBLE)], [tensor("y", [2, 4], TensorProto.DOUBLE)]),
+    }
+    for name, value in models.items():
+        data = value if isinstance(value, bytes) else value.SerializeToString()
+        with open(os.path.join(BAD, name), "wb") as out:
+            out.write(data)
+
+
+if __name__ == "__main__":
+    main()
+    write_bad_models()

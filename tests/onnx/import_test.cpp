@@ -1,0 +1,291 @@
+// importOnnx: a PyTorch export of an MLP with its loss inside the graph runs
+// forward (and trains) on the simulated device with PyTorch's numbers, at
+// several batch sizes and replication factors; bad models are refused with
+// their ids and messages.
+#include "tessera/onnx.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/device.hpp"
+#include "tessera/error.hpp"
+#include "tessera/optimizer.hpp"
+#include "tessera/session.hpp"
+#include "test_support.hpp"
+
+namespace tessera {
+namespace {
+
+using nlohmann::json;
+
+std::string readText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+const std::string kModel = test::sourcePath("tests/data/onnx/mlp.onnx");
+
+const json& reference() {
+  static const json value = json::parse(readText(test::sourcePath("tests/data/onnx/mlp_reference.json")));
+  return value;
+}
+
+double relativeDifference(double got, double want) {
+  return std::fabs(got - want) / std::max(std::fabs(want), 1e-30);
+}
+
+SessionOptions replicated(int64_t replicas) {
+  SessionOptions options;
+  options.enableReplicatedGraphs = replicas > 1;
+  options.replicatedGraphCount = replicas;
+  return options;
+}
+
+OnnxModel importMlp(int64_t batchPerReplica, int64_t replicas) {
+  OnnxImportOptions options;
+  options.dimensions = {{"batch", batchPerReplica}};
+  options.replicationFactor = replicas;
+  return importOnnx(kModel, options);
+}
+
+TEST_CASE("the MLP export imports with its ONNX names, weights and folded shape arithmetic") {
+  const OnnxModel model = importMlp(4, 1);
+  CHECK(model.inputs == std::vector<std::string>{"x", "labels"});
+  CHECK(model.outputs == std::vector<std::string>{"loss", "logits"});
+  CHECK(model.initializers == std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
+  CHECK(model.weights == model.initializers);
+  CHECK(model.opset == 14);
+
+  const Graph& g = model.graph;
+  CHECK(g.tensor(g.find("x")).shape == Shape{4, 2, 3});
+  CHECK(g.tensor(g.find("labels")).dtype == DType::Int32);
+  CHECK(g.tensor(g.find("loss")).shape == Shape{});
+  CHECK(g.tensor(g.find("logits")).shape == Shape{4, 4});
+  // Named variables, not structured bindings: clang before 16 cannot capture
+  // those in a lambda (CAPTURE makes one).
+  for (const auto& item : reference().at("weights").items()) {
+    const std::string name = item.key();
+    const json& values = item.value();
+    CAPTURE(name);
+    const TensorNode& weight = g.tensor(g.find(name));
+    CHECK(weight.category == TensorCategory::Weight);
+    CHECK(g.op(weight.producer).kind == OpKind::Variable);
+    const std::vector<float> expected = values.get<std::vector<float>>();
+    CHECK(weight.data == expected);
+  }
+  // Torch's Shape/Gather/Unsqueeze/Concat chain is folded into Reshape's
+  // attribute: the device runs the model's math only.
+  std::multiset<OpKind> kinds;
+  for (const OpNode& op : g.ops()) kinds.insert(op.kind);
+  CHECK(kinds.count(OpKind::Input) == 2);
+  CHECK(kinds.count(OpKind::Variable) == 4);
+  CHECK(kinds.count(OpKind::Constant) == 0);
+  CHECK(kinds.count(OpKind::Reshape) == 1);
+  CHECK(kinds.count(OpKind::MatMul) == 2);
+  CHECK(kinds.count(OpKind::SoftmaxCrossEntropy) == 1);
+  for (const OpNode& op : g.ops()) {
+    if (op.kind == OpKind::Reshape) CHECK(op.attributes.shape == Shape{4, 6});
+  }
+}
+
+TEST_CASE("the forward loss and logits equal PyTorch's at every batch size and replication factor") {
+  for (const json& c : reference().at("cases")) {
+    const auto batch = c.at("batch").get<int64_t>();
+    const std::vector<float> x = c.at("x").get<std::vector<float>>();
+    const std::vector<int32_t> labels = c.at("labels").get<std::vector<int32_t>>();
+    const std::vector<float> logits = c.at("logits").get<std::vector<float>>();
+    const double loss = c.at("loss").get<double>();
+    for (int64_t replicas : {1, 2}) {
+      CAPTURE(batch);
+      CAPTURE(replicas);
+      // Replica r takes the r-th slice of the batch: host data [R, B/R, ...]
+      // is the batch in order.
+      OnnxModel model = importMlp(batch / replicas, replicas);
+      InferenceSession session(std::move(model.graph), model.outputs, replicated(replicas), makeSimDevice());
+      session.run({StepInput("x", x), StepInput("labels", labels)});
+      const HostTensor& losses = session.output("loss");
+      REQUIRE(losses.data.size() == static_cast<std::size_t>(replicas));
+      // With a mean over equal slices, the mean of the replicas' losses is the batch's.
+      double mean = 0;
+      for (float l : losses.data) mean += l / static_cast<double>(replicas);
+      CHECK(relativeDifference(mean, loss) <= 1e-5);
+      const HostTensor& got = session.output("logits");
+      REQUIRE(got.data.size() == logits.size());
+      for (std::size_t k = 0; k < logits.size(); ++k) CHECK(std::fabs(got.data[k] - logits[k]) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("an imported model trains: the first step's loss is PyTorch's and the loss goes down") {
+  const json& c = reference().at("cases").at(2);
+  const auto batch = c.at("batch").get<int64_t>();
+  const std::vector<float> x = c.at("x").get<std::vector<float>>();
+  const std::vector<int32_t> labels = c.at("labels").get<std::vector<int32_t>>();
+  for (int64_t replicas : {1, 2}) {
+    CAPTURE(replicas);
+    OnnxModel model = importMlp(batch / replicas, replicas);
+    const TensorId loss = model.graph.find("loss");
+    SessionOptions options = replicated(replicas);
+    options.accumulationAndReplicationReductionType = ReductionType::Mean;
+    OptimizerConfig sgd;
+    sgd.sgd.learningRate = 0.1;
+    TrainingSession session(std::move(model.graph), loss, makeOptimizer(sgd), options, makeSimDevice());
+    session.run({StepInput("x", x), StepInput("labels", labels)});
+    CHECK(relativeDifference(session.meanLoss(), c.at("loss").get<double>()) <= 1e-5);
+    const double first = session.meanLoss();
+    for (int step = 0; step < 5; ++step) session.run({StepInput("x", x), StepInput("labels", labels)});
+    CHECK(session.meanLoss() < first);
+    // The weights keep their ONNX names on the host.
+    std::set<std::string> names;
+    for (const auto& [name, value] : session.readWeights()) names.insert(name);
+    CHECK(names == std::set<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
+  }
+}
+
+TEST_CASE("a symbolic dimension without a value names the input, the axis and the dimension") {
+  const auto error = test::catchError<OnnxError>([] { (void)importOnnx(kModel, {}); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::OnnxUnboundDimension);
+  CHECK(std::string(error->what()) ==
+        "[tessera.onnx.706] " + kModel +
+            ": input x: axis 0 is the symbolic dimension \"batch\", which has no value; set "
+            "OnnxImportOptions::dimensions[\"batch\"] (per replica)");
+}
+
+TEST_CASE("bad models are refused with their id and a message that names the node") {
+  struct Row {
+    std::string file;
+    ErrorCode code;
+    std::string message;  // after "[id] FILE"
+  };
+  const std::vector<Row> rows = {
+      {"truncated.onnx", ErrorCode::OnnxMalformed,
+       ": not an ONNX model: the 51 bytes do not parse as a ModelProto (truncated, or another kind of file)"},
+      {"not-onnx.onnx", ErrorCode::OnnxMalformed,
+       ": not an ONNX model: the 33 bytes do not parse as a ModelProto (truncated, or another kind of file)"},
+      {"empty.onnx", ErrorCode::OnnxMalformed,
+       ": not an ONNX model: the file has no graph (a ModelProto with a graph of nodes and outputs is "
+       "expected)"},
+      {"opset-9.onnx", ErrorCode::OnnxUnsupportedOpset,
+       ": opset 9 of the default domain (ai.onnx) is not supported; opsets 11 to 17 are (convert the model "
+       "with "
+       "onnx.version_converter, or export it with opset_version=17)"},
+      {"other-domain.onnx", ErrorCode::OnnxUnsupportedOpset,
+       ": node relu (Relu, opset 14): domain \"com.example\" is not supported; only the default domain "
+       "(ai.onnx), "
+       "opsets 11 to 17"},
+      {"cycle.onnx", ErrorCode::OnnxInvalidGraph,
+       ": node first (Relu, opset 14): the node is on a cycle: one of its inputs depends on its own output"},
+      {"no-producer.onnx", ErrorCode::OnnxInvalidGraph,
+       ": node fc2 (Add, opset 14): input \"hidden\" has no producer: it is neither a graph input, an "
+       "initializer "
+       "nor the output of a node"},
+      {"unbound-dim.onnx", ErrorCode::OnnxUnboundDimension,
+       ": input x: axis 0 is the symbolic dimension \"sequence\", which has no value; set "
+       "OnnxImportOptions::dimensions[\"sequence\"] (per replica)"},
+      {"huge-constant-of-shape.onnx", ErrorCode::OnnxTooLarge,
+       ": node fill (ConstantOfShape, opset 14): shape [1000000, 1000000] has more than 16777216 elements, "
+       "the "
+       "limit for values computed at import"},
+      {"initializer-data-short.onnx", ErrorCode::OnnxMalformed,
+       ": initializer w: shape [1000, 4] has 4000 elements but the tensor holds data for 4 (0 bytes of raw "
+       "data)"},
+      {"batched-matmul.onnx", ErrorCode::OnnxUnsupportedFeature,
+       ": node matmul (MatMul, opset 14): the right operand [2, 4, 5] is batched; tessera's MatMul takes "
+       "[.., M, K] "
+       "x [K, N]"},
+      {"reshape-computed-shape.onnx", ErrorCode::OnnxUnsupportedFeature,
+       ": node reshape (Reshape, opset 14): input 1 (shape, \"s\") is computed by the model; tessera needs "
+       "it known "
+       "at import (a constant, or shape arithmetic on constants)"},
+      {"double-input.onnx", ErrorCode::OnnxUnsupportedFeature,
+       ": input x: element type double is not supported; graph inputs may be float, int64 or int32"},
+  };
+  OnnxImportOptions options;
+  options.dimensions = {{"batch", 2}};
+  for (const Row& row : rows) {
+    CAPTURE(row.file);
+    const std::string path = test::sourcePath("tests/data/bad/onnx/" + row.file);
+    const auto error = test::catchError<OnnxError>([&] { (void)importOnnx(path, options); });
+    REQUIRE(error);
+    CHECK(error->code() == row.code);
+    CHECK(std::string(error->what()) == "[" + errorId(row.code) + "] " + path + row.message);
+  }
+}
+
+TEST_CASE("an unsupported op names the node, its op type, the opset and the supported ops") {
+  OnnxImportOptions options;
+  options.dimensions = {{"batch", 2}};
+  const std::string path = test::sourcePath("tests/data/bad/onnx/unsupported-op.onnx");
+  const auto error = test::catchError<OnnxError>([&] { (void)importOnnx(path, options); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::OnnxUnsupportedOp);
+  CHECK(error->subject() == path + ": node conv1 (Conv, opset 14)");
+  CHECK(error->detail().starts_with(
+      "op type Conv is not supported; supported: Add, Cast, Concat, Constant, Div,"));
+  CHECK(error->detail().find("SoftmaxCrossEntropyLoss") != std::string::npos);
+  CHECK(error->detail().find("on values known at import also: ConstantOfShape") != std::string::npos);
+}
+
+TEST_CASE("a shape that does not fit an op wraps the graph's error with the node named") {
+  OnnxImportOptions options;
+  options.dimensions = {{"batch", 2}};
+  const std::string path = test::sourcePath("tests/data/bad/onnx/shape-mismatch.onnx");
+  const auto error = test::catchError<OnnxError>([&] { (void)importOnnx(path, options); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::OnnxNodeShape);
+  CHECK(error->subject() == path + ": node matmul (MatMul, opset 14)");
+  CHECK(error->detail().starts_with("[tessera.graph.201]"));
+}
+
+TEST_CASE("import from bytes names the source; a missing file is unreadable") {
+  const std::string text = "not a model";
+  const auto fromBytes = test::catchError<OnnxError>([&] {
+    (void)importOnnx(std::as_bytes(std::span<const char>(text.data(), text.size())), {}, "upload");
+  });
+  REQUIRE(fromBytes);
+  CHECK(fromBytes->code() == ErrorCode::OnnxMalformed);
+  CHECK(fromBytes->subject() == "upload");
+
+  const auto missing = test::catchError<IoError>([] { (void)importOnnx("no/such/model.onnx", {}); });
+  REQUIRE(missing);
+  CHECK(missing->code() == ErrorCode::FileUnreadable);
+
+  OnnxImportOptions options;
+  options.dimensions = {{"batch", 2}};
+  options.replicationFactor = 0;
+  const auto badReplication = test::catchError<OnnxError>([&] { (void)importOnnx(kModel, options); });
+  REQUIRE(badReplication);
+  CHECK(badReplication->code() == ErrorCode::OnnxInvalidGraph);
+}
+
+TEST_CASE("constantInputs fix an input at import so that it can feed Reshape's shape") {
+  const std::string path = test::sourcePath("tests/data/bad/onnx/reshape-computed-shape.onnx");
+  OnnxImportOptions options;
+  options.dimensions = {{"batch", 2}};
+  options.constantInputs["s"] = OnnxTensor{"s", "int64", {2}, {4, 2}};
+  OnnxModel model = importOnnx(path, options);
+  CHECK(model.inputs == std::vector<std::string>{"x"});
+  CHECK(model.graph.tensor(model.graph.find("y")).shape == Shape{4, 2});
+
+  options.constantInputs["s"] = OnnxTensor{"s", "float", {2}, {4, 2}};
+  const auto wrongType = test::catchError<OnnxError>([&] { (void)importOnnx(path, options); });
+  REQUIRE(wrongType);
+  CHECK(wrongType->code() == ErrorCode::OnnxInvalidGraph);
+  CHECK(wrongType->detail() == "constantInputs gives a float tensor for an input of type int64");
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,140 @@
+// `tessera onnx-test` over ONNX's node tests (Debian's libonnx-testdata) of
+// the ops the importer maps: each must pass on the simulated device; what it
+// does not support must be reported as such, never as a failure.
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "support/process.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kNodeTests = "/usr/share/libonnx-testdata/data/node";
+
+tessera::test::ProcessResult runCli(const std::vector<std::string>& args) {
+  const char* program = std::getenv("TESSERA_CLI");
+  REQUIRE_MESSAGE(program != nullptr, "TESSERA_CLI must name the tessera program");
+  return tessera::test::runProgram(program, args);
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> result;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) result.push_back(line);
+  return result;
+}
+
+// One or more node tests of every op the importer claims.
+const std::vector<std::string> kClaimed = {"test_add",
+                                           "test_add_bcast",
+                                           "test_sub_bcast",
+                                           "test_mul_bcast",
+                                           "test_div_bcast",
+                                           "test_neg",
+                                           "test_relu",
+                                           "test_tanh",
+                                           "test_sigmoid",
+                                           "test_exp",
+                                           "test_log",
+                                           "test_sqrt",
+                                           "test_identity",
+                                           "test_dropout_default",
+                                           "test_dropout_default_mask",
+                                           "test_softmax_axis_0",
+                                           "test_softmax_axis_1",
+                                           "test_softmax_default_axis",
+                                           "test_logsoftmax_axis_0",
+                                           "test_logsoftmax_large_number",
+                                           "test_reduce_sum_keepdims_random",
+                                           "test_reduce_sum_do_not_keepdims_random",
+                                           "test_reduce_sum_empty_axes_input_noop_random",
+                                           "test_reduce_mean_keepdims_random",
+                                           "test_reduce_mean_do_not_keepdims_random",
+                                           "test_reshape_negative_dim",
+                                           "test_reshape_zero_and_negative_dim",
+                                           "test_flatten_axis2",
+                                           "test_flatten_negative_axis1",
+                                           "test_transpose_all_permutations_3",
+                                           "test_transpose_default",
+                                           "test_slice",
+                                           "test_slice_negative_axes",
+                                           "test_slice_end_out_of_bounds",
+                                           "test_concat_3d_axis_negative_2",
+                                           "test_expand_dim_changed",
+                                           "test_unsqueeze_two_axes",
+                                           "test_unsqueeze_unsorted_axes",
+                                           "test_squeeze_negative_axes",
+                                           "test_gemm_all_attributes",
+                                           "test_gemm_transposeA",
+                                           "test_gemm_default_vector_bias",
+                                           "test_matmul_2d",
+                                           "test_sce_mean",
+                                           "test_sce_sum",
+                                           "test_sce_mean_log_prob",
+                                           "test_shape_start_1_end_negative_1",
+                                           "test_size",
+                                           "test_constant",
+                                           "test_mvn_expanded"};
+
+TEST_CASE("every node test of a claimed op passes") {
+  REQUIRE_MESSAGE(fs::is_directory(kNodeTests), "install libonnx-testdata (scripts/setup.sh does)");
+  std::vector<std::string> args = {"onnx-test"};
+  for (const std::string& name : kClaimed) args.push_back((kNodeTests / name).string());
+  const auto result = runCli(args);
+  INFO("stdout: ", result.out);
+  INFO("stderr: ", result.err);
+  CHECK(result.exitCode == 0);
+  const std::vector<std::string> out = lines(result.out);
+  REQUIRE(out.size() == kClaimed.size() + 1);
+  for (std::size_t k = 0; k < kClaimed.size(); ++k) CHECK(out[k] == "PASS " + kClaimed[k]);
+  CHECK(out.back() == "onnx tests: " + std::to_string(kClaimed.size()) + " passed, 0 failed, 0 unsupported");
+}
+
+TEST_CASE("the whole node suite runs without a failure; unsupported tests say why") {
+  REQUIRE(fs::is_directory(kNodeTests));
+  const auto result = runCli({"onnx-test", kNodeTests.string()});
+  INFO("stderr: ", result.err);
+  CHECK(result.exitCode == 0);
+  const std::vector<std::string> out = lines(result.out);
+  REQUIRE(!out.empty());
+  int passed = 0;
+  for (const std::string& line : out) {
+    CAPTURE(line);
+    if (line.rfind("PASS ", 0) == 0) ++passed;
+    CHECK(line.rfind("FAIL ", 0) != 0);
+    if (line.rfind("UNSUPPORTED test_conv_with_strides_padding:", 0) == 0)
+      CHECK(line.find("[tessera.onnx.704]") != std::string::npos);
+  }
+  CHECK(passed >= static_cast<int>(kClaimed.size()));
+  CHECK(out.back().rfind("onnx tests: " + std::to_string(passed) + " passed, 0 failed, ", 0) == 0);
+}
+
+TEST_CASE("a mismatch is a failure with the worst difference, and the exit code says so") {
+  const tessera::test::TempDir dir;
+  const fs::path test = dir.path() / "test_relu_wrong";
+  fs::copy(kNodeTests / "test_relu", test, fs::copy_options::recursive);
+  // Expect the input itself: Relu changes every negative element.
+  fs::copy_file(test / "test_data_set_0" / "input_0.pb", test / "test_data_set_0" / "output_0.pb",
+                fs::copy_options::overwrite_existing);
+  const auto result = runCli({"onnx-test", test.string()});
+  CHECK(result.exitCode == 1);
+  const std::vector<std::string> out = lines(result.out);
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].rfind("FAIL test_relu_wrong: test_data_set_0: worst difference ", 0) == 0);
+  CHECK(out[1] == "onnx tests: 0 passed, 1 failed, 0 unsupported");
+}
+
+TEST_CASE("a path that is not a folder is an unreadable file") {
+  const auto result = runCli({"onnx-test", "no/such/folder"});
+  CHECK(result.exitCode == 2);
+  CHECK(result.err.rfind("error: [tessera.io.601] no/such/folder: not a folder of ONNX tests", 0) == 0);
+}
+
+}  // namespace
