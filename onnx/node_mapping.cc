@@ -2,6 +2,7 @@
 // Compositions stay compositions (Gemm = transposes + MatMul + scaled Add);
 // what the current ops cannot compute exactly is refused with the node named.
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -18,17 +19,55 @@ const std::vector<std::string> kFoldOnlyOps = {
     "ConstantOfShape", "Equal", "Gather", "Greater", "GreaterOrEqual", "Less",
     "LessOrEqual",     "And",   "Or",     "Not",     "Range",          "Where"};
 
-const std::vector<std::string> kMappedOps = {"Add",        "Cast",      "Concat",
-                                             "Constant",   "Div",       "Dropout",
-                                             "Exp",        "Expand",    "Flatten",
-                                             "Gemm",       "Identity",  "Log",
-                                             "LogSoftmax", "MatMul",    "Mul",
-                                             "Neg",        "Pow",       "ReduceMean",
-                                             "ReduceSum",  "Relu",      "Reshape",
-                                             "Shape",      "Sigmoid",   "Size",
-                                             "Slice",      "Softmax",   "SoftmaxCrossEntropyLoss",
-                                             "Sqrt",       "Squeeze",   "Sub",
-                                             "Tanh",       "Transpose", "Unsqueeze"};
+const std::vector<std::string> kMappedOps = {
+    "Abs",
+    "Add",
+    "Cast",
+    "Clip",
+    "Concat",
+    "Constant",
+    "Div",
+    "Dropout",
+    "Elu",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Gemm",
+    "Identity",
+    "LeakyRelu",
+    "Log",
+    "LogSoftmax",
+    "MatMul",
+    "Mul",
+    "Neg",
+    "Pow",
+    "Reciprocal",
+    "ReduceMean",
+    "ReduceSum",
+    "Relu",
+    "Reshape",
+    "Selu",
+    "Shape",
+    "Sigmoid",
+    "Sign",
+    "Size",
+    "Slice",
+    "Softmax",
+    "SoftmaxCrossEntropyLoss",
+    "Softplus",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Tanh",
+    "Transpose",
+    "Unsqueeze",
+};
+
+// One-input elementwise ops with a tessera op of their own (attributes, if
+// any, are read in Importer::mapNode).
+const std::vector<std::string> kElementwiseOps = {"Abs",  "Elu",      "Erf",  "LeakyRelu", "Reciprocal",
+                                                  "Selu", "Sign", "Softplus"};
 
 bool isOneOf(const std::string& op, const std::vector<std::string>& list) {
   return std::find(list.begin(), list.end(), op) != list.end();
@@ -41,6 +80,8 @@ void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& s
   int required = -1;  // inputs that must be present; -1: an op type this file does not know
   if (op == "Constant") {
     required = 0;
+  } else if (isOneOf(op, kElementwiseOps) || op == "Clip") {
+    required = 1;
   } else if (op == "Identity" || op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" ||
              op == "Exp" || op == "Log" || op == "Sqrt" || op == "Dropout" || op == "Softmax" ||
              op == "LogSoftmax" || op == "ReduceSum" || op == "ReduceMean" || op == "Flatten" ||
@@ -77,6 +118,7 @@ std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
     return all;
   }
   if (op == "Where") return {1, 2};
+  if (isOneOf(op, kElementwiseOps) || op == "Clip") return {0};
   if (op == "Pow" || op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" || op == "Exp" ||
       op == "Log" || op == "Sqrt" || op == "Identity" || op == "Dropout" || op == "Softmax" ||
       op == "LogSoftmax" || op == "ReduceSum" || op == "ReduceMean" || op == "Reshape" || op == "Flatten" ||
@@ -199,18 +241,59 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
   if (op == "Pow") {
     Tensor x = operand(node, 0, subject);
     requireFloat(x, node, 0, subject);
-    const Known& e = requireKnown(node, 1, subject, "exponent");
-    if (e.size() != 1) unsupported("the exponent must be one value");
-    const double p = e.at(0);
-    if (p == 1.0) {
+    // A known exponent of 1, 2 or 0.5 is x, x*x or Sqrt (what torch exports
+    // for x**2 and x**0.5); any other is Pow, whose exponent is float32.
+    const Known* e = knownInput(node, 1);
+    const double p = e != nullptr && e->size() == 1 ? e->at(0) : 0.0;
+    if (e != nullptr && e->size() == 1 && p == 1.0) {
       values_[node.output(0)] = values_.at(node.input(0));
-    } else if (p == 2.0) {
+    } else if (e != nullptr && e->size() == 1 && p == 2.0) {
       setOutput(node, 0, ops::mul(x, x));
-    } else if (p == 0.5) {
+    } else if (e != nullptr && e->size() == 1 && p == 0.5) {
       setOutput(node, 0, ops::sqrt(x));
+    } else if (e != nullptr) {
+      std::vector<float> exponent(e->size());
+      for (std::size_t i = 0; i < exponent.size(); ++i) exponent[i] = static_cast<float>(e->at(i));
+      const Tensor b = ops::constant(graph_, graph_.uniqueName(node.input(1)), std::move(exponent), e->shape);
+      setOutput(node, 0, ops::pow(x, b));
     } else {
-      unsupported(fmt::format("exponent {}: only 1, 2 and 0.5 are supported (as x, x*x and Sqrt)", p));
+      Tensor b = operand(node, 1, subject);
+      requireFloat(b, node, 1, subject);
+      setOutput(node, 0, ops::pow(x, b));
     }
+    return;
+  }
+  if (isOneOf(op, kElementwiseOps)) {
+    Tensor x = operand(node, 0, subject);
+    requireFloat(x, node, 0, subject);
+    auto attribute = [&](std::string_view name, float fallback) {
+      return static_cast<double>(floatAttribute(node, name, fallback, subject));
+    };
+    Tensor y = op == "Abs"          ? ops::abs(x)
+               : op == "Erf"        ? ops::erf(x)
+               : op == "Reciprocal" ? ops::reciprocal(x)
+               : op == "Sign"       ? ops::sign(x)
+               : op == "Softplus"   ? ops::softplus(x)
+               : op == "LeakyRelu"  ? ops::leakyRelu(x, attribute("alpha", 0.01F))
+               : op == "Elu"        ? ops::elu(x, attribute("alpha", 1.0F))
+                                    : ops::selu(x, attribute("alpha", 1.67326319217681884765625F),
+                                                attribute("gamma", 1.05070102214355468750F));
+    setOutput(node, 0, y);
+    return;
+  }
+  if (op == "Clip") {
+    // Bounds are optional inputs (opset 11 on), known at import.
+    Tensor x = operand(node, 0, subject);
+    requireFloat(x, node, 0, subject);
+    auto bound = [&](int k, std::string_view what, double fallback) {
+      if (k >= node.input_size() || node.input(k).empty()) return fallback;
+      const Known& b = requireKnown(node, k, subject, what);
+      if (b.size() != 1) unsupported(fmt::format("the {} bound must be one value", what));
+      return b.at(0);
+    };
+    const double lo = bound(1, "min", -std::numeric_limits<double>::infinity());
+    const double hi = bound(2, "max", std::numeric_limits<double>::infinity());
+    setOutput(node, 0, ops::clip(x, lo, hi));
     return;
   }
   if (op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" || op == "Exp" || op == "Log" ||

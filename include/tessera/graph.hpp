@@ -94,7 +94,7 @@ enum class OpKind : uint16_t {
   Log,
   Sqrt,
   Abs,
-  Sign,        // -1, 0 or 1; no gradient
+  Sign,        // -1, 0 or 1; zero gradient
   Erf,
   Reciprocal,  // 1 / x
   Softplus,    // log(1 + exp(x))
@@ -123,7 +123,7 @@ enum class OpKind : uint16_t {
   LeakyReluGrad,            // (dy, x) -> dy * leakyRelu'(x), slope `a`
   EluGrad,                  // (dy, x) -> dy * elu'(x), `a`
   SeluGrad,                 // (dy, x) -> dy * selu'(x), `a`, `b`
-  ClipGrad,                 // (dy, x) -> dy where a < x < b, else 0
+  ClipGrad,                 // (dy, x) -> dy where a <= x <= b, else 0
   SoftmaxCrossEntropyGrad,  // (dloss, logits, labels) -> dlogits
   ReduceToShape,            // sum a broadcast value back to `shape`
   SlicePad,                 // zeros of `shape` with [starts, ends) filled from the input

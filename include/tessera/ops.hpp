@@ -120,7 +120,7 @@ Tensor exp(Tensor x);
 Tensor log(Tensor x);
 Tensor sqrt(Tensor x);
 Tensor abs(Tensor x);
-Tensor sign(Tensor x);  // -1, 0 or 1; no gradient
+Tensor sign(Tensor x);  // -1, 0 or 1; its gradient is zero
 Tensor erf(Tensor x);
 Tensor reciprocal(Tensor x);
 Tensor softplus(Tensor x);  // log(1 + exp(x)), computed without overflow
@@ -130,7 +130,7 @@ Tensor leakyRelu(Tensor x, double alpha = 0.01);
 Tensor elu(Tensor x, double alpha = 1.0);
 // gamma elu(x, alpha), ONNX's Selu with its defaults.
 Tensor selu(Tensor x, double alpha = 1.67326319217681884765625, double gamma = 1.05070102214355468750);
-// min(max(x, lo), hi); the gradient passes where lo < x < hi. Needs lo <= hi.
+// min(max(x, lo), hi); the gradient passes where lo <= x <= hi (as torch.clamp). Needs lo <= hi.
 Tensor clip(Tensor x, double lo, double hi);
 // a ^ b with numpy broadcasting (the exponent's gradient needs a > 0).
 Tensor pow(Tensor a, Tensor b);

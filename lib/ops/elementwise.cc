@@ -127,7 +127,7 @@ double eluGradOf(double dy, double x, double alpha, double /*unused*/) {
 double seluGradOf(double dy, double x, double alpha, double gamma) {
   return gamma * eluGradOf(dy, x, alpha, 0.0);
 }
-double clipGradOf(double dy, double x, double lo, double hi) { return x > lo && x < hi ? dy : 0.0; }
+double clipGradOf(double dy, double x, double lo, double hi) { return x >= lo && x <= hi ? dy : 0.0; }
 
 // The gradient of a piecewise activation through its helper kind, with the
 // activation's attributes.
@@ -209,8 +209,9 @@ void addElementwiseOps(OpTable& table) {
   table.add(with(unaryBase, OpKind::Abs,
                  [](const GradientContext& g) -> R { return {ops::mul(g.dy, ops::sign(g.in(0)))}; },
                  unaryReference<absOf>, perElement<1>));
-  // Piecewise constant: no gradient flows through it.
-  table.add(with(unaryBase, OpKind::Sign, nullptr, unaryReference<signOf>, perElement<1>));
+  // Piecewise constant: its gradient is zero, so none flows back.
+  table.add(with(unaryBase, OpKind::Sign, [](const GradientContext& /*g*/) -> R { return {Tensor{}}; },
+                 unaryReference<signOf>, perElement<1>));
   // d erf(x) = 2/sqrt(pi) exp(-x^2) dx
   table.add(with(unaryBase, OpKind::Erf,
                  [](const GradientContext& g) -> R {

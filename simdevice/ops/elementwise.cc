@@ -106,7 +106,7 @@ struct SeluGradF {
   }
 };
 struct ClipGradF {
-  float operator()(float dy, float x, float lo, float hi) const { return x > lo && x < hi ? dy : 0.0f; }
+  float operator()(float dy, float x, float lo, float hi) const { return x >= lo && x <= hi ? dy : 0.0f; }
 };
 
 void scaledAddKernel(const Step& s) {

@@ -181,6 +181,8 @@ TEST_CASE("gradient check of every single-input op") {
        }},
       {"copy", {3, 2}, -1, 1, [](Tensor x) { return ops::copy(x); }},
       {"abs", {3, 4}, -1, 1, [](Tensor x) { return ops::abs(x); }},
+      {"x times sign(x): no gradient through sign", {3, 4}, -1, 1,
+       [](Tensor x) { return ops::mul(x, ops::sign(x)); }},
       {"erf", {3, 4}, -2, 2, [](Tensor x) { return ops::erf(x); }},
       {"reciprocal", {3, 4}, 0.5, 2, [](Tensor x) { return ops::reciprocal(x); }},
       {"softplus", {3, 4}, -3, 3, [](Tensor x) { return ops::softplus(x); }},
