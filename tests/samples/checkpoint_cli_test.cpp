@@ -1,16 +1,10 @@
 // Checkpoints through the `tessera` program (path in TESSERA_CLI): written by
 // train, listed by `checkpoint inspect`, resumed with --resume, and written
 // when Ctrl-C stops a run.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -22,6 +16,7 @@
 namespace {
 
 using nlohmann::json;
+using tessera::test::BackgroundProcess;
 using tessera::test::ProcessResult;
 using tessera::test::readFile;
 using tessera::test::TempDir;
@@ -53,64 +48,6 @@ std::string writeConfig(const TempDir& dir, const std::string& checkpoint, int64
   };
   return dir.write("run.json", config.dump(2));
 }
-
-// A program running in the background with its output in files.
-class Background {
- public:
-  Background(const TempDir& dir, const std::vector<std::string>& args)
-      : out_((dir.path() / "bg.out").string()), err_((dir.path() / "bg.err").string()) {
-    std::vector<std::string> strings{cli()};
-    strings.insert(strings.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& arg : strings) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0600);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0600);
-    const int error = posix_spawn(&pid_, strings.front().c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    REQUIRE(error == 0);
-  }
-  ~Background() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  Background(const Background&) = delete;
-  Background& operator=(const Background&) = delete;
-
-  // Waits until stderr contains `text`; false after `seconds`.
-  bool waitForError(const std::string& text, int seconds) const {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (readFile(err_).find(text) != std::string::npos) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
-  }
-
-  void signal(int number) const { REQUIRE(::kill(pid_, number) == 0); }
-
-  ProcessResult wait() {
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0) REQUIRE(errno == EINTR);
-    pid_ = 0;
-    ProcessResult result;
-    result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-    result.out = readFile(out_);
-    result.err = readFile(err_);
-    return result;
-  }
-
- private:
-  std::string out_;
-  std::string err_;
-  pid_t pid_ = 0;
-};
 
 }  // namespace
 
@@ -170,7 +107,7 @@ TEST_CASE("Ctrl-C stops training at a step boundary, writes the checkpoint, and 
   const TempDir dir;
   const std::string checkpoint = (dir.path() / "run.safetensors").string();
   const std::string config = writeConfig(dir, checkpoint, 1000000);
-  Background training(dir, {"train", config});
+  BackgroundProcess training(dir.path(), cli(), {"train", config});
   REQUIRE_MESSAGE(training.waitForError("epoch 2/", 120), "training did not start");
   training.signal(SIGINT);
   const ProcessResult stopped = training.wait();
