@@ -26,7 +26,7 @@
 
 namespace tessera {
 
-enum class OpFamily { Source, Elementwise, MatMul, Reduction, ShapeOp, Softmax, Collective, Remote, Extension };
+enum class OpFamily { Source, Elementwise, MatMul, Reduction, ShapeOp, Softmax, Gather, Collective, Remote, Extension };
 
 // What an op's work is to the time model.
 enum class OpWork {
@@ -208,6 +208,7 @@ void addMatMulOps(OpTable& table);
 void addReductionOps(OpTable& table);
 void addShapeOps(OpTable& table);
 void addSoftmaxOps(OpTable& table);
+void addGatherOps(OpTable& table);
 void addCollectiveOps(OpTable& table);
 void addRemoteOps(OpTable& table);
 

@@ -22,6 +22,7 @@ OpTable& opTable() {
     addReductionOps(t);
     addShapeOps(t);
     addSoftmaxOps(t);
+    addGatherOps(t);
     addCollectiveOps(t);
     addRemoteOps(t);
     return t;

@@ -33,6 +33,7 @@ const std::vector<std::string> kMappedOps = {
     "Exp",
     "Expand",
     "Flatten",
+    "Gather",
     "Gemm",
     "Identity",
     "LeakyRelu",
@@ -118,7 +119,7 @@ std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
     return all;
   }
   if (op == "Where") return {1, 2};
-  if (isOneOf(op, kElementwiseOps) || op == "Clip") return {0};
+  if (isOneOf(op, kElementwiseOps) || op == "Clip" || op == "Gather") return {0};
   if (op == "Pow" || op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" || op == "Exp" ||
       op == "Log" || op == "Sqrt" || op == "Identity" || op == "Dropout" || op == "Softmax" ||
       op == "LogSoftmax" || op == "ReduceSum" || op == "ReduceMean" || op == "Reshape" || op == "Flatten" ||
@@ -204,6 +205,20 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     if (node.output_size() < 1) throwOnnx(ErrorCode::OnnxInvalidGraph, subject, "Constant without an output");
     const int32_t type = value.type;
     values_[node.output(0)] = Value{std::move(value), kNoTensor, type};
+    return;
+  }
+  if (op == "Gather" && knownInput(node, 0) == nullptr) {
+    // Rows of a model value (an embedding table): the device's Gather.
+    Tensor data = operand(node, 0, subject);
+    requireFloat(data, node, 0, subject);
+    const auto rank = static_cast<int64_t>(data.shape().size());
+    const int64_t axis = normalizeAxis(intAttribute(node, "axis", 0, subject), rank, subject);
+    if (axis != 0) unsupported(fmt::format("axis {}: only axis 0 (rows of a table, an embedding lookup)", axis));
+    Tensor indices = operand(node, 1, subject);
+    if (indices.dtype() != DType::Int32)
+      unsupported(fmt::format("indices \"{}\" are {}; integer indices are expected", node.input(1),
+                              typeName(values_.at(node.input(1)).type)));
+    setOutput(node, 0, ops::gather(data, indices));
     return;
   }
   if (isOneOf(op, kFoldOnlyOps) || op == "Shape" || op == "Size") {

@@ -20,6 +20,7 @@ KernelTable& kernelTable() {
     addReductionKernels(t);
     addShapeKernels(t);
     addSoftmaxKernels(t);
+    addGatherKernels(t);
     addCollectiveKernels(t);
     addRemoteKernels(t);
     return t;

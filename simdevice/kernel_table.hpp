@@ -105,6 +105,7 @@ void addMatMulKernels(KernelTable& table);
 void addReductionKernels(KernelTable& table);
 void addShapeKernels(KernelTable& table);
 void addSoftmaxKernels(KernelTable& table);
+void addGatherKernels(KernelTable& table);
 void addCollectiveKernels(KernelTable& table);
 void addRemoteKernels(KernelTable& table);
 

@@ -117,6 +117,7 @@ enum class OpKind : uint16_t {
   Copy,              // y = x
   CopyInplace,       // (dst, src): dst = src; the output aliases dst
   ArgMax,            // along the last axis, int32 output, no gradient
+  Gather,            // (data [V, D...], indices int32 [I...]) -> rows [I..., D...]
   // Gradient helpers, produced by autodiff (also usable directly).
   ReluGrad,                 // (dy, x) -> dy * (x > 0)
   GeluGrad,                 // (dy, x) -> dy * gelu'(x)
@@ -127,6 +128,7 @@ enum class OpKind : uint16_t {
   SoftmaxCrossEntropyGrad,  // (dloss, logits, labels) -> dlogits
   ReduceToShape,            // sum a broadcast value back to `shape`
   SlicePad,                 // zeros of `shape` with [starts, ends) filled from the input
+  GatherGrad,               // (dy, indices) -> zeros of `shape` with dy's rows added at the indices
   // Collectives over a ReplicaGrouping of the replicas (`grouping`; nullopt =
   // all replicas). Sharded values use ShardLayout(n, groupSize).
   ReplicatedAllReduce,      // Sum or Mean over each group; same shape
@@ -184,6 +186,7 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::Copy, std::string_view{"Copy"}},
       std::pair{OpKind::CopyInplace, std::string_view{"CopyInplace"}},
       std::pair{OpKind::ArgMax, std::string_view{"ArgMax"}},
+      std::pair{OpKind::Gather, std::string_view{"Gather"}},
       std::pair{OpKind::ReluGrad, std::string_view{"ReluGrad"}},
       std::pair{OpKind::GeluGrad, std::string_view{"GeluGrad"}},
       std::pair{OpKind::LeakyReluGrad, std::string_view{"LeakyReluGrad"}},
@@ -193,6 +196,7 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::SoftmaxCrossEntropyGrad, std::string_view{"SoftmaxCrossEntropyGrad"}},
       std::pair{OpKind::ReduceToShape, std::string_view{"ReduceToShape"}},
       std::pair{OpKind::SlicePad, std::string_view{"SlicePad"}},
+      std::pair{OpKind::GatherGrad, std::string_view{"GatherGrad"}},
       std::pair{OpKind::ReplicatedAllReduce, std::string_view{"ReplicatedAllReduce"}},
       std::pair{OpKind::ReplicatedReduceScatter, std::string_view{"ReplicatedReduceScatter"}},
       std::pair{OpKind::ReplicatedAllGather, std::string_view{"ReplicatedAllGather"}},
@@ -221,7 +225,8 @@ std::string_view opName(OpKind kind) noexcept;
 struct OpAttributes {
   std::vector<int64_t> axes{};  // ReduceSum/Mean, Transpose (permutation)
   bool keepDims = false;        // ReduceSum/Mean
-  Shape shape{};                // Reshape, BroadcastTo, ReduceToShape, SlicePad, ReplicaShardedPad, AllGather
+  Shape shape{};                // Reshape, BroadcastTo, ReduceToShape, SlicePad, ReplicaShardedPad, AllGather,
+                                // GatherGrad
   std::vector<int64_t> starts{};  // Slice, SlicePad
   std::vector<int64_t> ends{};    // Slice, SlicePad
   int64_t axis = 0;               // Concat

@@ -134,6 +134,10 @@ Tensor selu(Tensor x, double alpha = 1.67326319217681884765625, double gamma = 1
 Tensor clip(Tensor x, double lo, double hi);
 // a ^ b with numpy broadcasting (the exponent's gradient needs a > 0).
 Tensor pow(Tensor a, Tensor b);
+// Rows of `data` [V, D...] picked by `indices` (int32 [I...], each in [-V, V);
+// negative counts from the end): [I..., D...], an embedding lookup. The
+// gradient adds dy's rows into the rows the indices name.
+Tensor gather(Tensor data, Tensor indices);
 Tensor softmax(Tensor x);     // along the last axis
 Tensor logSoftmax(Tensor x);  // along the last axis
 // logits [N, C], labels [N] int32 -> scalar: -sum_n log softmax(logits)[n, label_n],

@@ -271,6 +271,13 @@ TEST_CASE("gradient check of every two-input op, with broadcasting") {
   }
 }
 
+TEST_CASE("gradient check of gather: repeated and negative indices add up") {
+  Graph g(2);
+  const Tensor table = ops::input(g, "table", {5, 3});
+  const Tensor indices = ops::constant(g, "indices", {4, 0, -1, 2, 0, 1}, {2, 3}, DType::Int32);
+  checkGradients(g, {table}, ops::gather(table, indices), -1, 1);
+}
+
 TEST_CASE("gradient check of softmax cross-entropy with Sum and Mean") {
   for (ReductionType reduction : {ReductionType::Sum, ReductionType::Mean}) {
     SUBCASE(std::string(toString(reduction)).c_str()) {

@@ -45,6 +45,12 @@ TEST_CASE("shape inference of every op") {
   const ReplicaGrouping pairs(4, 1, 2);
   const std::vector<ShapeCase> cases = {
       {"matmul", [](Fixture& f) { return ops::matmul(f.a, f.b); }, {2, 4}},
+      {"gather rows of a table", [](Fixture& f) { return ops::gather(f.b, f.labels); }, {2, 4}},
+      {"gather by a matrix of indices",
+       [](Fixture& f) {
+         return ops::gather(f.v, ops::input(f.g, "ids", {2, 5}, DType::Int32));
+       },
+       {2, 5}},
       {"batched matmul",
        [](Fixture& f) {
          return ops::matmul(ops::input(f.g, "x", {5, 2, 3}), f.b);
@@ -160,6 +166,9 @@ TEST_CASE("every misuse is a GraphError naming the op or tensor") {
       {"div of ints", [](Fixture& f) { ops::div(f.labels, f.labels); }, ErrorCode::InvalidOperand, "Div"},
       {"relu of int", [](Fixture& f) { ops::relu(f.labels); }, ErrorCode::InvalidOperand, "Relu"},
       {"erf of int", [](Fixture& f) { ops::erf(f.labels); }, ErrorCode::InvalidOperand, "Erf"},
+      {"gather by float indices", [](Fixture& f) { ops::gather(f.a, f.v); }, ErrorCode::InvalidOperand, "Gather"},
+      {"gather from a scalar", [](Fixture& f) { ops::gather(f.s, f.labels); }, ErrorCode::ShapeMismatch,
+       "Gather"},
       {"clip with empty bounds", [](Fixture& f) { ops::clip(f.a, 1.0, -1.0); }, ErrorCode::InvalidOperand,
        "Clip"},
       {"pow not broadcastable", [](Fixture& f) { ops::pow(f.a, f.b); }, ErrorCode::ShapeMismatch, "Pow"},

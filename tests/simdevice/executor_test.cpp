@@ -167,6 +167,18 @@ const std::vector<Case>& cases() {
          bounds.b = 0.3;
          make(g, OpKind::ClipGrad, {s.y, ops::matmul(s.x, s.wg2)}, bounds);
        }},
+      {"gather and its scatter-add gradient",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         ops::gather(s.wT, s.labels);
+         ops::gather(ops::transpose(s.wg2), s.labels);
+         const Tensor fixed = ops::constant(g, "idx", {-1, 0, 4, 4}, {2, 2}, DType::Int32);
+         ops::gather(s.wT, fixed);
+         OpAttributes table;
+         table.shape = {5, 4};
+         make(g, OpKind::GatherGrad, {s.x, s.labels}, table);
+         make(g, OpKind::GatherGrad, {ops::gather(s.wT, fixed), fixed}, table);
+       }},
       {"softmax, cross entropy and argmax",
        [](Sources& s) {
          Graph& g = *s.graph;
@@ -826,5 +838,22 @@ TEST_CASE("a chain keeps values that only its later steps read in scratch when t
     REQUIRE(error);
     CHECK(error->code() == ErrorCode::InvalidProgram);
     CHECK(error->subject() == "Program.hostReads");
+  }
+}
+
+TEST_CASE("a gather index outside the table is a device error naming the op and the index") {
+  Graph g(2);
+  const Tensor table = ops::variable(g, "table", test::pseudoRandom(10, 3), {5, 2});
+  const Tensor ids = ops::input(g, "ids", {3}, DType::Int32);
+  ops::gather(table, ids);
+  test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized);
+  const std::vector<float> feed{0, 4, -5, 1, 5, 2};  // replica 1's second index is out of range
+  try {
+    test::runDevice(*device.executable, {{ids.id(), feed}});
+    FAIL("an index outside the table was accepted");
+  } catch (const DeviceError& e) {
+    CHECK(e.code() == ErrorCode::InvalidProgram);
+    CHECK(e.subject() == "Gather");
+    CHECK(std::string(e.what()).find("Gather: index 5 (element 1) is outside [-5, 5)") != std::string::npos);
   }
 }
