@@ -36,6 +36,7 @@ const std::vector<std::string> kMappedOps = {
     "Gather",
     "Gemm",
     "Identity",
+    "LayerNormalization",
     "LeakyRelu",
     "Log",
     "LogSoftmax",
@@ -83,6 +84,8 @@ void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& s
     required = 0;
   } else if (isOneOf(op, kElementwiseOps) || op == "Clip") {
     required = 1;
+  } else if (op == "LayerNormalization") {
+    required = 2;
   } else if (op == "Identity" || op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" ||
              op == "Exp" || op == "Log" || op == "Sqrt" || op == "Dropout" || op == "Softmax" ||
              op == "LogSoftmax" || op == "ReduceSum" || op == "ReduceMean" || op == "Flatten" ||
@@ -120,6 +123,7 @@ std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
   }
   if (op == "Where") return {1, 2};
   if (isOneOf(op, kElementwiseOps) || op == "Clip" || op == "Gather") return {0};
+  if (op == "LayerNormalization") return {0, 1, 2};
   if (op == "Pow" || op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" || op == "Exp" ||
       op == "Log" || op == "Sqrt" || op == "Identity" || op == "Dropout" || op == "Softmax" ||
       op == "LogSoftmax" || op == "ReduceSum" || op == "ReduceMean" || op == "Reshape" || op == "Flatten" ||
@@ -294,6 +298,33 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
                                     : ops::selu(x, attribute("alpha", 1.67326319217681884765625F),
                                                 attribute("gamma", 1.05070102214355468750F));
     setOutput(node, 0, y);
+    return;
+  }
+  if (op == "LayerNormalization") {
+    // Composed of the existing ops (CONVENTIONS: a composition gets no op of
+    // its own): statistics over the axes from `axis` on, in float32.
+    Tensor x = operand(node, 0, subject);
+    requireFloat(x, node, 0, subject);
+    Tensor scale = operand(node, 1, subject);
+    requireFloat(scale, node, 1, subject);
+    const auto rank = static_cast<int64_t>(x.shape().size());
+    const int64_t axis = normalizeAxis(intAttribute(node, "axis", -1, subject), rank, subject);
+    const double epsilon = floatAttribute(node, "epsilon", 1e-5F, subject);
+    std::vector<int64_t> axes;
+    for (int64_t a = axis; a < rank; ++a) axes.push_back(a);
+    const Tensor mean = ops::reduceMean(x, axes, true);
+    const Tensor centred = ops::sub(x, mean);
+    const Tensor variance = ops::reduceMean(ops::mul(centred, centred), axes, true);
+    const Tensor invStdDev = ops::reciprocal(ops::sqrt(ops::add(variance, ops::scalar(graph_, epsilon))));
+    Tensor y = ops::mul(ops::mul(centred, invStdDev), scale);
+    if (node.input_size() > 2 && !node.input(2).empty()) {
+      Tensor bias = operand(node, 2, subject);
+      requireFloat(bias, node, 2, subject);
+      y = ops::add(y, bias);
+    }
+    setOutput(node, 0, y);
+    if (node.output_size() > 1 && !node.output(1).empty()) setOutput(node, 1, mean);
+    if (node.output_size() > 2 && !node.output(2).empty()) setOutput(node, 2, invStdDev);
     return;
   }
   if (op == "Clip") {
