@@ -136,7 +136,8 @@ struct OpCost {
 
 struct OpDef {
   OpKind kind = OpKind::Input;
-  // Empty for built-in kinds: their EnumNames name is used.
+  // Empty for built-in kinds: their EnumNames name is used. Ops added at
+  // run time name themselves; the text must outlive the table (a literal).
   std::string_view name{};
   OpFamily family = OpFamily::Extension;
   OpWork work = OpWork::Compute;
