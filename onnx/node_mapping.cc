@@ -58,10 +58,12 @@ const std::vector<std::string> kMappedOps = {
     "Softmax",
     "SoftmaxCrossEntropyLoss",
     "Softplus",
+    "Split",
     "Sqrt",
     "Squeeze",
     "Sub",
     "Tanh",
+    "Tile",
     "Transpose",
     "Unsqueeze",
 };
@@ -84,8 +86,10 @@ void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& s
     required = 0;
   } else if (isOneOf(op, kElementwiseOps) || op == "Clip") {
     required = 1;
-  } else if (op == "LayerNormalization") {
+  } else if (op == "LayerNormalization" || op == "Tile") {
     required = 2;
+  } else if (op == "Split") {
+    required = 1;
   } else if (op == "Identity" || op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" ||
              op == "Exp" || op == "Log" || op == "Sqrt" || op == "Dropout" || op == "Softmax" ||
              op == "LogSoftmax" || op == "ReduceSum" || op == "ReduceMean" || op == "Flatten" ||
@@ -124,6 +128,7 @@ std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
   if (op == "Where") return {1, 2};
   if (isOneOf(op, kElementwiseOps) || op == "Clip" || op == "Gather") return {0};
   if (op == "LayerNormalization") return {0, 1, 2};
+  if (op == "Split" || op == "Tile") return {0};
   if (op == "Pow" || op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" || op == "Exp" ||
       op == "Log" || op == "Sqrt" || op == "Identity" || op == "Dropout" || op == "Softmax" ||
       op == "LogSoftmax" || op == "ReduceSum" || op == "ReduceMean" || op == "Reshape" || op == "Flatten" ||
@@ -298,6 +303,66 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
                                     : ops::selu(x, attribute("alpha", 1.67326319217681884765625F),
                                                 attribute("gamma", 1.05070102214355468750F));
     setOutput(node, 0, y);
+    return;
+  }
+  if (op == "Split") {
+    // Slices of the input along `axis`: the sizes from the `split` input
+    // (opset 13 on) or attribute, else equal parts, one per output.
+    Tensor x = operand(node, 0, subject);
+    const Shape shape = x.shape();
+    const auto rank = static_cast<int64_t>(shape.size());
+    const int64_t axis = normalizeAxis(intAttribute(node, "axis", 0, subject), rank, subject);
+    const auto a = static_cast<std::size_t>(axis);
+    std::optional<std::vector<int64_t>> sizes;
+    if (opset_ >= 13) {
+      if (node.input_size() > 1 && !node.input(1).empty())
+        sizes = intList(requireKnown(node, 1, subject, "split"), subject, "split");
+    } else {
+      sizes = intsAttribute(node, "split", subject);
+    }
+    const auto parts = static_cast<int64_t>(node.output_size());
+    if (!sizes) {
+      if (parts < 1 || shape[a] % parts != 0)
+        throwOnnx(ErrorCode::OnnxNodeShape, subject,
+                  fmt::format("axis {} of {} does not split into {} equal parts; give the sizes", axis,
+                              shapeStr(shape), parts));
+      sizes = std::vector<int64_t>(static_cast<std::size_t>(parts), shape[a] / parts);
+    }
+    int64_t total = 0;
+    bool negative = false;
+    for (int64_t size : *sizes) {
+      negative = negative || size < 0;
+      total += size;
+    }
+    if (negative || static_cast<int64_t>(sizes->size()) != parts || total != shape[a])
+      throwOnnx(ErrorCode::OnnxNodeShape, subject,
+                fmt::format("split sizes [{}] for {} outputs do not add up to axis {} of {}",
+                            fmt::join(*sizes, ", "), parts, axis, shapeStr(shape)));
+    std::vector<int64_t> starts(shape.size(), 0);
+    std::vector<int64_t> ends = shape;
+    for (int k = 0; k < node.output_size(); ++k) {
+      ends[a] = starts[a] + (*sizes)[static_cast<std::size_t>(k)];
+      if (!node.output(k).empty())
+        setOutput(node, k, ops::slice(x, starts, ends), values_.at(node.input(0)).type);
+      starts[a] = ends[a];
+    }
+    return;
+  }
+  if (op == "Tile") {
+    // Copies concatenated along each axis; the repeats are known at import.
+    Tensor x = operand(node, 0, subject);
+    const std::vector<int64_t> repeats = intList(requireKnown(node, 1, subject, "repeats"), subject, "repeats");
+    if (repeats.size() != x.shape().size())
+      throwOnnx(ErrorCode::OnnxNodeShape, subject,
+                fmt::format("repeats [{}] need one entry per axis of {}", fmt::join(repeats, ", "),
+                            shapeStr(x.shape())));
+    for (std::size_t d = 0; d < repeats.size(); ++d) {
+      if (repeats[d] < 1)
+        unsupported(fmt::format("repeat {} on axis {}: repeats must be at least 1", repeats[d], d));
+      if (repeats[d] > 1)
+        x = ops::concat(std::vector<Tensor>(static_cast<std::size_t>(repeats[d]), x), static_cast<int64_t>(d));
+    }
+    setOutput(node, 0, x, values_.at(node.input(0)).type);
     return;
   }
   if (op == "LayerNormalization") {
