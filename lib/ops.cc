@@ -164,6 +164,7 @@ Tensor elu(Tensor x, double alpha) { return unary(OpKind::Elu, x, scalars(alpha)
 Tensor selu(Tensor x, double alpha, double gamma) { return unary(OpKind::Selu, x, scalars(alpha, gamma)); }
 Tensor clip(Tensor x, double lo, double hi) { return unary(OpKind::Clip, x, scalars(lo, hi)); }
 Tensor pow(Tensor a, Tensor b) { return binary(OpKind::Pow, a, b); }
+Tensor batchMatmul(Tensor a, Tensor b) { return binary(OpKind::BatchMatMul, a, b); }
 Tensor gather(Tensor data, Tensor indices) { return binary(OpKind::Gather, data, indices); }
 Tensor softmax(Tensor x) { return unary(OpKind::Softmax, x); }
 Tensor logSoftmax(Tensor x) { return unary(OpKind::LogSoftmax, x); }

@@ -620,11 +620,25 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     // ONNX's output shape (numpy matmul), computed before the operands are reshaped.
     const Shape batchA(sa.begin(), sa.end() - (sa.size() > 1 ? 2 : 1));
     const Shape batchB(sb.begin(), sb.end() - (sb.size() > 1 ? 2 : 1));
-    for (int64_t d : batchB)
-      if (d != 1)
-        unsupported(fmt::format("the right operand {} is batched; tessera's MatMul takes [.., M, K] x [K, N]",
-                                shapeStr(sb)));
     Shape outShape = broadcastShapes(batchA, batchB, subject);
+    if (std::any_of(batchB.begin(), batchB.end(), [](int64_t d) { return d != 1; })) {
+      // A batched right operand (attention's scores and context): both
+      // operands broadcast to the common batch, then one product per index.
+      if (sa.size() < 2 || sb.size() < 2)
+        unsupported(fmt::format("a vector times the batched {}: give the vector a matrix axis", shapeStr(sb)));
+      Shape fullA = outShape;
+      fullA.insert(fullA.end(), sa.end() - 2, sa.end());
+      Shape fullB = outShape;
+      fullB.insert(fullB.end(), sb.end() - 2, sb.end());
+      if (sa != fullA) a = ops::broadcastTo(a, fullA);
+      if (sb != fullB) b = ops::broadcastTo(b, fullB);
+      Shape result = outShape;
+      result.push_back(sa[sa.size() - 2]);
+      result.push_back(sb.back());
+      const Tensor y = ops::batchMatmul(a, b);
+      setOutput(node, 0, y.shape() == result ? y : ops::reshape(y, result));
+      return;
+    }
     if (sa.size() > 1) outShape.push_back(sa[sa.size() - 2]);
     if (sb.size() > 1) outShape.push_back(sb.back());
     if (sa.size() == 1) a = ops::reshape(a, {1, sa[0]});

@@ -459,7 +459,9 @@ void SimExecutable::planSteps() {
   int64_t rhs = 0;
   int64_t product = 0;
   for (Step& step : steps_) {
-    if (step.kernel != matmulKernel() && step.kernel != matmulSlicesKernel()) continue;
+    if (step.kernel != matmulKernel() && step.kernel != matmulSlicesKernel() &&
+        step.kernel != batchedMatmulKernel())
+      continue;
     const auto [a, b] = planGemm(step);
     lhs = std::max(lhs, alignUp(a));
     rhs = std::max(rhs, alignUp(b));

@@ -153,6 +153,8 @@ Kernel matmulKernel();
 // Per run: the product [rows, cols] into scratch, then table2's triple i
 // (output offset, product offset, count) of it into the output.
 Kernel matmulSlicesKernel();
+// Per group, one product per batch index (Step::groups of them).
+Kernel batchedMatmulKernel();
 Kernel copyKernel();  // strided copy (Copy, Reshape, Transpose, Slice, pads, Concat parts)
 Kernel inputKernel();
 Kernel chainKernel();

@@ -81,6 +81,7 @@ enum class OpKind : uint16_t {
   Constant,  // value baked into the program
   // Dense math.
   MatMul,  // [.., M, K] x [K, N] -> [.., M, N]; batched left operand allowed
+  BatchMatMul,  // [B.., M, K] x [B.., K, N] -> [B.., M, N]: one product per batch index
   Add,     // numpy broadcasting for Add, Sub, Mul, Div
   Sub,
   Mul,
@@ -150,6 +151,7 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::Variable, std::string_view{"Variable"}},
       std::pair{OpKind::Constant, std::string_view{"Constant"}},
       std::pair{OpKind::MatMul, std::string_view{"MatMul"}},
+      std::pair{OpKind::BatchMatMul, std::string_view{"BatchMatMul"}},
       std::pair{OpKind::Add, std::string_view{"Add"}},
       std::pair{OpKind::Sub, std::string_view{"Sub"}},
       std::pair{OpKind::Mul, std::string_view{"Mul"}},

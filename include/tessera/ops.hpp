@@ -105,6 +105,9 @@ Tensor scalar(Graph& graph, double value);
 
 // --- Dense math (float32) ---
 Tensor matmul(Tensor a, Tensor b);  // [.., M, K] x [K, N] -> [.., M, N]
+// [B.., M, K] x [B.., K, N] -> [B.., M, N] with the same batch dimensions B..
+// (rank >= 3): one product per batch index, as attention's scores.
+Tensor batchMatmul(Tensor a, Tensor b);
 Tensor add(Tensor a, Tensor b);     // numpy broadcasting for add, sub, mul, div
 Tensor sub(Tensor a, Tensor b);
 Tensor mul(Tensor a, Tensor b);

@@ -32,6 +32,23 @@ void matmul(const Step& s) {
   }
 }
 
+// One product per batch index of each group: operands [batch, rows, depth]
+// and [batch, depth, cols].
+void batchedMatmul(const Step& s) {
+  const int64_t aStride = s.rows * s.depth;
+  const int64_t bStride = s.depth * s.cols;
+  const int64_t oStride = s.rows * s.cols;
+  for (const Run& run : s.runs) {
+    for (int64_t g = 0; g < run.count; ++g) {
+      const float* a = inOf(s, run, 0) + (run.advance[0] ? g * s.inElements[0] : 0);
+      const float* b = inOf(s, run, 1) + (run.advance[1] ? g * s.inElements[1] : 0);
+      float* o = outOf(s, run) + g * s.outElements;
+      for (int64_t t = 0; t < s.groups; ++t)
+        gemm(s, s.rows, s.cols, s.depth, a + t * aStride, b + t * bStride, o + t * oStride, s.scale);
+    }
+  }
+}
+
 void matmulSlices(const Step& s) {
   for (std::size_t i = 0; i < s.runs.size(); ++i) {
     const Run& run = s.runs[i];
@@ -46,7 +63,8 @@ void matmulSlices(const Step& s) {
 std::array<int64_t, 2> planGemm(Step& step) {
   int64_t rows = step.rows;
   for (const Run& run : step.runs) {
-    if (!step.transA && run.advance[0] && !run.advance[1]) rows = std::max(rows, run.count * step.rows);
+    if (step.kernel == matmul && !step.transA && run.advance[0] && !run.advance[1])
+      rows = std::max(rows, run.count * step.rows);
   }
   step.gemmPlan = sim::planGemm(bestGemmIsa(), rows, step.cols, step.depth);
   return {step.gemmPlan.lhsFloats, step.gemmPlan.rhsFloats};
@@ -54,6 +72,7 @@ std::array<int64_t, 2> planGemm(Step& step) {
 
 Kernel matmulKernel() { return matmul; }
 Kernel matmulSlicesKernel() { return matmulSlices; }
+Kernel batchedMatmulKernel() { return batchedMatmul; }
 
 void addMatMulKernels(KernelTable& table) {
   table.add({.kind = OpKind::MatMul, .plan = [](StepPlanner& planner, Step& step) {
@@ -75,6 +94,17 @@ void addMatMulKernels(KernelTable& table) {
                // Folded operands keep the transposed tensor's layout (it is the same).
                planner.runsOver(step, {{a, 0}, {b, 0}});
                step.kernel = matmulKernel();
+               planner.emit(std::move(step));
+             }});
+  table.add({.kind = OpKind::BatchMatMul, .plan = [](StepPlanner& planner, Step& step) {
+               const OpNode& op = planner.op();
+               const Shape& a = planner.shape(op.inputs[0]);
+               step.rows = a[a.size() - 2];
+               step.depth = a.back();
+               step.cols = planner.shape(op.inputs[1]).back();
+               step.groups = numElements(Shape(a.begin(), a.end() - 2));
+               planner.runsOver(step, {{op.inputs[0], 0}, {op.inputs[1], 0}});
+               step.kernel = batchedMatmulKernel();
                planner.emit(std::move(step));
              }});
 }

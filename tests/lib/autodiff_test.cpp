@@ -229,6 +229,9 @@ TEST_CASE("gradient check of every two-input op, with broadcasting") {
   const std::vector<BinaryCase> cases = {
       {"matmul", {3, 4}, {4, 2}, [](Tensor a, Tensor b) { return ops::matmul(a, b); }},
       {"batched matmul", {2, 3, 4}, {4, 2}, [](Tensor a, Tensor b) { return ops::matmul(a, b); }},
+      {"batchMatmul", {2, 3, 4}, {2, 4, 5}, [](Tensor a, Tensor b) { return ops::batchMatmul(a, b); }},
+      {"batchMatmul over two batch axes", {2, 2, 1, 3}, {2, 2, 3, 2},
+       [](Tensor a, Tensor b) { return ops::batchMatmul(a, b); }},
       {"add", {3, 4}, {3, 4}, [](Tensor a, Tensor b) { return ops::add(a, b); }},
       {"add a row", {3, 4}, {4}, [](Tensor a, Tensor b) { return ops::add(a, b); }},
       {"add both broadcast", {3, 1}, {1, 4}, [](Tensor a, Tensor b) { return ops::add(a, b); }},

@@ -161,6 +161,11 @@ TEST_CASE("every misuse is a GraphError naming the op or tensor") {
   const std::vector<ErrorCase> cases = {
       {"matmul inner dims", [](Fixture& f) { ops::matmul(f.b, f.a); }, ErrorCode::ShapeMismatch, "MatMul"},
       {"matmul of a vector", [](Fixture& f) { ops::matmul(f.v, f.b); }, ErrorCode::ShapeMismatch, "MatMul"},
+      {"batchMatmul of matrices", [](Fixture& f) { ops::batchMatmul(f.a, f.b); }, ErrorCode::ShapeMismatch,
+       "BatchMatMul"},
+      {"batchMatmul with other batches",
+       [](Fixture& f) { ops::batchMatmul(ops::input(f.g, "p", {2, 2, 3}), ops::input(f.g, "q", {3, 3, 4})); },
+       ErrorCode::ShapeMismatch, "BatchMatMul"},
       {"add not broadcastable", [](Fixture& f) { ops::add(f.a, f.b); }, ErrorCode::ShapeMismatch, "Add"},
       {"mul float by int", [](Fixture& f) { ops::mul(f.v, f.labels); }, ErrorCode::InvalidOperand, "Mul"},
       {"div of ints", [](Fixture& f) { ops::div(f.labels, f.labels); }, ErrorCode::InvalidOperand, "Div"},

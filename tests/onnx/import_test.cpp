@@ -202,10 +202,9 @@ TEST_CASE("bad models are refused with their id and a message that names the nod
       {"initializer-data-short.onnx", ErrorCode::OnnxMalformed,
        ": initializer w: shape [1000, 4] has 4000 elements but the tensor holds data for 4 (0 bytes of raw "
        "data)"},
-      {"batched-matmul.onnx", ErrorCode::OnnxUnsupportedFeature,
-       ": node matmul (MatMul, opset 14): the right operand [2, 4, 5] is batched; tessera's MatMul takes "
-       "[.., M, K] "
-       "x [K, N]"},
+      {"vector-times-batched-matmul.onnx", ErrorCode::OnnxUnsupportedFeature,
+       ": node matmul (MatMul, opset 14): a vector times the batched [2, 4, 5]: give the vector a matrix "
+       "axis"},
       {"reshape-computed-shape.onnx", ErrorCode::OnnxUnsupportedFeature,
        ": node reshape (Reshape, opset 14): input 1 (shape, \"s\") is computed by the model; tessera needs "
        "it known "

@@ -107,6 +107,14 @@ const std::vector<Case>& cases() {
          ops::matmul(s.x3, s.w);
          ops::matmul(ops::transpose(s.wg1), ops::transpose(s.wT));
        }},
+      {"batched products of per-replica and shared operands",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const Tensor wb = ops::variable(g, "wb", test::pseudoRandom(40, 9), {2, 4, 5});
+         ops::batchMatmul(s.x3, wb);
+         const Tensor scores = ops::batchMatmul(s.x3, ops::transpose(s.x3, {0, 2, 1}));
+         ops::batchMatmul(ops::softmax(scores), s.x3);
+       }},
       {"matmul with transposed operands",
        [](Sources& s) {
          ops::matmul(ops::transpose(s.x), s.y);

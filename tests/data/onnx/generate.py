@@ -108,9 +108,10 @@ def write_bad_models():
             [helper.make_tensor("shape", TensorProto.INT64, [2], [1000000, 1000000])]),
         "initializer-data-short.onnx": model([helper.make_node("Add", ["x", "w"], ["y"], name="add")], [x], [y],
                                              [short_initializer()]),
-        "batched-matmul.onnx": model([helper.make_node("MatMul", ["x3", "w"], ["y"], name="matmul")],
-                                     [tensor("x3", [2, 3, 4])], [tensor("y", [2, 3, 5])],
-                                     [helper.make_tensor("w", TensorProto.FLOAT, [2, 4, 5], [0.0] * 40)]),
+        "vector-times-batched-matmul.onnx": model(
+            [helper.make_node("MatMul", ["v", "w"], ["y"], name="matmul")],
+            [tensor("v", [4])], [tensor("y", [2, 5])],
+            [helper.make_tensor("w", TensorProto.FLOAT, [2, 4, 5], [0.0] * 40)]),
         "reshape-computed-shape.onnx": model([helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")],
                                              [x, tensor("s", [2], TensorProto.INT64)], [y]),
         "node-without-input.onnx": model([helper.make_node("Relu", [], ["y"], name="relu")], [x], [y]),
