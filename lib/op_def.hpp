@@ -26,7 +26,18 @@
 
 namespace tessera {
 
-enum class OpFamily { Source, Elementwise, MatMul, Reduction, ShapeOp, Softmax, Gather, Collective, Remote, Extension };
+enum class OpFamily {
+  Source,
+  Elementwise,
+  MatMul,
+  Reduction,
+  ShapeOp,
+  Softmax,
+  Gather,
+  Collective,
+  Remote,
+  Extension
+};
 
 // What an op's work is to the time model.
 enum class OpWork {
@@ -87,7 +98,7 @@ class OpChecker {
 struct GradientContext {
   Graph& graph;
   OpNode op;
-  Tensor dy;                    // the gradient of output 0
+  Tensor dy;                     // the gradient of output 0
   std::span<const char> wanted;  // per input; empty: every input
 
   Tensor in(std::size_t i) const { return {&graph, op.inputs[i]}; }

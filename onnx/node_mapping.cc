@@ -70,8 +70,8 @@ const std::vector<std::string> kMappedOps = {
 
 // One-input elementwise ops with a tessera op of their own (attributes, if
 // any, are read in Importer::mapNode).
-const std::vector<std::string> kElementwiseOps = {"Abs",  "Elu",      "Erf",  "LeakyRelu", "Reciprocal",
-                                                  "Selu", "Sign", "Softplus"};
+const std::vector<std::string> kElementwiseOps = {"Abs",        "Elu",  "Erf",  "LeakyRelu",
+                                                  "Reciprocal", "Selu", "Sign", "Softplus"};
 
 bool isOneOf(const std::string& op, const std::vector<std::string>& list) {
   return std::find(list.begin(), list.end(), op) != list.end();
@@ -222,7 +222,8 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     requireFloat(data, node, 0, subject);
     const auto rank = static_cast<int64_t>(data.shape().size());
     const int64_t axis = normalizeAxis(intAttribute(node, "axis", 0, subject), rank, subject);
-    if (axis != 0) unsupported(fmt::format("axis {}: only axis 0 (rows of a table, an embedding lookup)", axis));
+    if (axis != 0)
+      unsupported(fmt::format("axis {}: only axis 0 (rows of a table, an embedding lookup)", axis));
     Tensor indices = operand(node, 1, subject);
     if (indices.dtype() != DType::Int32)
       unsupported(fmt::format("indices \"{}\" are {}; integer indices are expected", node.input(1),
@@ -351,7 +352,8 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
   if (op == "Tile") {
     // Copies concatenated along each axis; the repeats are known at import.
     Tensor x = operand(node, 0, subject);
-    const std::vector<int64_t> repeats = intList(requireKnown(node, 1, subject, "repeats"), subject, "repeats");
+    const std::vector<int64_t> repeats =
+        intList(requireKnown(node, 1, subject, "repeats"), subject, "repeats");
     if (repeats.size() != x.shape().size())
       throwOnnx(ErrorCode::OnnxNodeShape, subject,
                 fmt::format("repeats [{}] need one entry per axis of {}", fmt::join(repeats, ", "),
@@ -360,7 +362,8 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       if (repeats[d] < 1)
         unsupported(fmt::format("repeat {} on axis {}: repeats must be at least 1", repeats[d], d));
       if (repeats[d] > 1)
-        x = ops::concat(std::vector<Tensor>(static_cast<std::size_t>(repeats[d]), x), static_cast<int64_t>(d));
+        x = ops::concat(std::vector<Tensor>(static_cast<std::size_t>(repeats[d]), x),
+                        static_cast<int64_t>(d));
     }
     setOutput(node, 0, x, values_.at(node.input(0)).type);
     return;
@@ -625,7 +628,8 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       // A batched right operand (attention's scores and context): both
       // operands broadcast to the common batch, then one product per index.
       if (sa.size() < 2 || sb.size() < 2)
-        unsupported(fmt::format("a vector times the batched {}: give the vector a matrix axis", shapeStr(sb)));
+        unsupported(
+            fmt::format("a vector times the batched {}: give the vector a matrix axis", shapeStr(sb)));
       Shape fullA = outShape;
       fullA.insert(fullA.end(), sa.end() - 2, sa.end());
       Shape fullB = outShape;

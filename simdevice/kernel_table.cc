@@ -51,8 +51,9 @@ const KernelDef* KernelTable::find(OpKind kind) const noexcept {
 const KernelDef& kernelDef(OpKind kind, std::string_view opName) {
   const KernelDef* def = kernelTable().find(kind);
   if (def == nullptr) {
-    throw DeviceError(ErrorCode::InvalidProgram, std::string(opName),
-                      fmt::format("the simulated device has no kernel for {}; register one with registerKernel", kind));
+    throw DeviceError(
+        ErrorCode::InvalidProgram, std::string(opName),
+        fmt::format("the simulated device has no kernel for {}; register one with registerKernel", kind));
   }
   return *def;
 }
@@ -78,7 +79,8 @@ std::vector<int64_t> broadcastStrides(const Shape& small, const Shape& big) {
   return strides;
 }
 
-void makeLoops(Step& step, const std::vector<int64_t>& size, const std::vector<std::vector<int64_t>>& strides) {
+void makeLoops(Step& step, const std::vector<int64_t>& size,
+               const std::vector<std::vector<int64_t>>& strides) {
   for (Run& run : step.runs) {
     StridedLoop loop;
     std::array<int64_t, kMaxOperands> groupStrides{step.outElements, 0, 0};

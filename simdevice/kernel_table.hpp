@@ -115,7 +115,8 @@ std::vector<int64_t> contiguousStrides(const Shape& shape);
 std::vector<int64_t> broadcastStrides(const Shape& small, const Shape& big);
 // Fills every run's loop: the run's groups, then `size` with the given
 // per-operand strides (output first) inside a group.
-void makeLoops(Step& step, const std::vector<int64_t>& size, const std::vector<std::vector<int64_t>>& strides);
+void makeLoops(Step& step, const std::vector<int64_t>& size,
+               const std::vector<std::vector<int64_t>>& strides);
 
 // Plans shared by families: the runs and loops of an elementwise op over
 // its inputs' broadcast strides (one or two inputs; the caller sets the

@@ -29,7 +29,8 @@ Values shardOf(const Values& host, int64_t shards, int64_t shard) {
   const ShardLayout layout(static_cast<int64_t>(host.size()), shards);
   Values out(static_cast<std::size_t>(layout.shardElements()), 0.0);
   const auto begin = static_cast<std::size_t>(layout.hostOffset(shard));
-  for (std::size_t j = 0; j < static_cast<std::size_t>(layout.realElements(shard)); ++j) out[j] = host[begin + j];
+  for (std::size_t j = 0; j < static_cast<std::size_t>(layout.realElements(shard)); ++j)
+    out[j] = host[begin + j];
   return out;
 }
 
@@ -45,7 +46,8 @@ void placeShard(const Values& shardValues, int64_t shards, int64_t shard, Values
 template <class F>
 void forEachGroup(const ReferenceOp& r, F&& f) {
   const ReplicaGrouping& grouping = r.attributes().grouping.value();
-  for (int64_t group = 0; group < grouping.numGroups(); ++group) f(grouping.replicasAt(group), grouping.groupSize());
+  for (int64_t group = 0; group < grouping.numGroups(); ++group)
+    f(grouping.replicasAt(group), grouping.groupSize());
 }
 
 void reduceReference(ReferenceOp& r, int64_t /*replica*/) {
@@ -59,7 +61,8 @@ void reduceReference(ReferenceOp& r, int64_t /*replica*/) {
     }
     if (r.attributes().reduction == ReductionType::Mean)
       for (double& v : total) v /= static_cast<double>(g);
-    for (int64_t i = 0; i < g; ++i) r.out(members[static_cast<std::size_t>(i)]) = scatter ? shardOf(total, g, i) : total;
+    for (int64_t i = 0; i < g; ++i)
+      r.out(members[static_cast<std::size_t>(i)]) = scatter ? shardOf(total, g, i) : total;
   });
 }
 
@@ -71,16 +74,19 @@ std::vector<OutputSpec> shardShape(const OpChecker& c, OpAttributes& attributes)
 }
 
 double groupSizeOf(const Graph& graph, const OpNode& op) {
-  return static_cast<double>(op.attributes.grouping.value_or(ReplicaGrouping(graph.replicationFactor())).groupSize());
+  return static_cast<double>(
+      op.attributes.grouping.value_or(ReplicaGrouping(graph.replicationFactor())).groupSize());
 }
 
-OpCost perOutputElement(const Graph& graph, const OpNode& op) { return {.flops = elementsOf(graph, op.outputs[0])}; }
+OpCost perOutputElement(const Graph& graph, const OpNode& op) {
+  return {.flops = elementsOf(graph, op.outputs[0])};
+}
 
 }  // namespace
 
 void addCollectiveOps(OpTable& table) {
-  const OpDef base{.family = OpFamily::Collective, .work = OpWork::Collective, .collective = true,
-                   .acrossReplicas = true};
+  const OpDef base{
+      .family = OpFamily::Collective, .work = OpWork::Collective, .collective = true, .acrossReplicas = true};
 
   OpDef allReduce = base;
   allReduce.kind = OpKind::ReplicatedAllReduce;
@@ -123,7 +129,8 @@ void addCollectiveOps(OpTable& table) {
     c.arity(1);
     c.dtype(0, DType::Float32);
     const ReplicaGrouping g = c.grouping(attributes);
-    if (c.rank(0) != 1) c.fail(ErrorCode::InvalidCollective, fmt::format("input {} must be a 1-D shard", c.desc(0)));
+    if (c.rank(0) != 1)
+      c.fail(ErrorCode::InvalidCollective, fmt::format("input {} must be a 1-D shard", c.desc(0)));
     Shape full = !attributes.shape.empty() ? attributes.shape : c.in(0).metaShape;
     if (full.empty()) full = {g.groupSize() * c.shape(0)[0]};
     c.shardFits(full, g.groupSize());
@@ -177,8 +184,9 @@ void addCollectiveOps(OpTable& table) {
     const ReplicaGrouping g = c.grouping(attributes);
     const Shape full = !attributes.shape.empty() ? attributes.shape : c.in(0).metaShape;
     if (full.empty()) {
-      c.fail(ErrorCode::InvalidCollective,
-             fmt::format("input {} has no metaShape; give the full shape in the `shape` attribute", c.desc(0)));
+      c.fail(
+          ErrorCode::InvalidCollective,
+          fmt::format("input {} has no metaShape; give the full shape in the `shape` attribute", c.desc(0)));
     }
     c.shardFits(full, g.groupSize());
     attributes.shape = full;

@@ -120,7 +120,9 @@ double seluOf(double x, double alpha, double gamma) { return gamma * eluOf(x, al
 double clipOf(double x, double lo, double hi) { return std::min(std::max(x, lo), hi); }
 // Without overflow: max(x, 0) + log(1 + exp(-|x|)).
 double softplusOf(double x) { return std::max(x, 0.0) + std::log1p(std::exp(-std::abs(x))); }
-double leakyReluGradOf(double dy, double x, double alpha, double /*unused*/) { return x > 0.0 ? dy : alpha * dy; }
+double leakyReluGradOf(double dy, double x, double alpha, double /*unused*/) {
+  return x > 0.0 ? dy : alpha * dy;
+}
 double eluGradOf(double dy, double x, double alpha, double /*unused*/) {
   return x > 0.0 ? dy : dy * alpha * std::exp(x);
 }
@@ -139,7 +141,9 @@ std::vector<Tensor> helperGradient(const GradientContext& g) {
 }  // namespace
 
 void addElementwiseOps(OpTable& table) {
-  const OpDef binaryBase{.family = OpFamily::Elementwise, .elementwise = true, .shape = broadcastingShape,
+  const OpDef binaryBase{.family = OpFamily::Elementwise,
+                         .elementwise = true,
+                         .shape = broadcastingShape,
                          .cost = perElement<1>};
   const OpDef unaryBase{.family = OpFamily::Elementwise, .elementwise = true, .shape = unaryShape};
   auto with = [](OpDef def, OpKind kind, auto gradient, auto reference, auto cost) {
@@ -150,84 +154,98 @@ void addElementwiseOps(OpTable& table) {
     return def;
   };
 
-  table.add(with(binaryBase, OpKind::Add,
-                 [](const GradientContext& g) -> R {
-                   return {reduceTo(g.dy, g.in(0).shape()), reduceTo(g.dy, g.in(1).shape())};
-                 },
-                 binaryReference<addOf>, perElement<1>));
-  table.add(with(binaryBase, OpKind::Sub,
-                 [](const GradientContext& g) -> R {
-                   return {reduceTo(g.dy, g.in(0).shape()), reduceTo(ops::neg(g.dy), g.in(1).shape())};
-                 },
-                 binaryReference<subOf>, perElement<1>));
-  table.add(with(binaryBase, OpKind::Mul,
-                 [](const GradientContext& g) -> R {
-                   return {reduceTo(ops::mul(g.dy, g.in(1)), g.in(0).shape()),
-                           reduceTo(ops::mul(g.dy, g.in(0)), g.in(1).shape())};
-                 },
-                 binaryReference<mulOf>, perElement<1>));
+  table.add(with(
+      binaryBase, OpKind::Add,
+      [](const GradientContext& g) -> R {
+        return {reduceTo(g.dy, g.in(0).shape()), reduceTo(g.dy, g.in(1).shape())};
+      },
+      binaryReference<addOf>, perElement<1>));
+  table.add(with(
+      binaryBase, OpKind::Sub,
+      [](const GradientContext& g) -> R {
+        return {reduceTo(g.dy, g.in(0).shape()), reduceTo(ops::neg(g.dy), g.in(1).shape())};
+      },
+      binaryReference<subOf>, perElement<1>));
+  table.add(with(
+      binaryBase, OpKind::Mul,
+      [](const GradientContext& g) -> R {
+        return {reduceTo(ops::mul(g.dy, g.in(1)), g.in(0).shape()),
+                reduceTo(ops::mul(g.dy, g.in(0)), g.in(1).shape())};
+      },
+      binaryReference<mulOf>, perElement<1>));
   // d(a/b)/db = -(a/b)/b, with a/b the output.
-  table.add(with(binaryBase, OpKind::Div,
-                 [](const GradientContext& g) -> R {
-                   return {reduceTo(ops::div(g.dy, g.in(1)), g.in(0).shape()),
-                           reduceTo(ops::neg(ops::div(ops::mul(g.dy, g.out(0)), g.in(1))), g.in(1).shape())};
-                 },
-                 binaryReference<divOf>, perElement<1>));
+  table.add(with(
+      binaryBase, OpKind::Div,
+      [](const GradientContext& g) -> R {
+        return {reduceTo(ops::div(g.dy, g.in(1)), g.in(0).shape()),
+                reduceTo(ops::neg(ops::div(ops::mul(g.dy, g.out(0)), g.in(1))), g.in(1).shape())};
+      },
+      binaryReference<divOf>, perElement<1>));
 
-  table.add(with(unaryBase, OpKind::Neg, [](const GradientContext& g) -> R { return {ops::neg(g.dy)}; },
-                 unaryReference<negOf>, perElement<1>));
-  table.add(with(unaryBase, OpKind::Relu,
-                 [](const GradientContext& g) -> R {
-                   return {g.make(OpKind::ReluGrad, {g.dy.id(), g.in(0).id()}, {})};
-                 },
-                 unaryReference<reluOf>, perElement<1>));
-  table.add(with(unaryBase, OpKind::Gelu,
-                 [](const GradientContext& g) -> R {
-                   return {g.make(OpKind::GeluGrad, {g.dy.id(), g.in(0).id()}, {})};
-                 },
-                 unaryReference<geluOf>, perElement<8>));
-  table.add(with(unaryBase, OpKind::Tanh,
-                 [](const GradientContext& g) -> R {
-                   return {ops::sub(g.dy, ops::mul(ops::mul(g.dy, g.out(0)), g.out(0)))};
-                 },
-                 unaryReference<tanhOf>, perElement<4>));
-  table.add(with(unaryBase, OpKind::Sigmoid,
-                 [](const GradientContext& g) -> R {
-                   return {ops::mul(g.dy, ops::sub(g.out(0), ops::mul(g.out(0), g.out(0))))};
-                 },
-                 unaryReference<sigmoidOf>, perElement<4>));
-  table.add(with(unaryBase, OpKind::Exp,
-                 [](const GradientContext& g) -> R { return {ops::mul(g.dy, g.out(0))}; },
-                 unaryReference<expOf>, perElement<4>));
-  table.add(with(unaryBase, OpKind::Log,
-                 [](const GradientContext& g) -> R { return {ops::div(g.dy, g.in(0))}; },
-                 unaryReference<logOf>, perElement<4>));
-  table.add(with(unaryBase, OpKind::Sqrt,
-                 [](const GradientContext& g) -> R { return {ops::div(scaled(g.dy, 0.5), g.out(0))}; },
-                 unaryReference<sqrtOf>, perElement<4>));
+  table.add(with(
+      unaryBase, OpKind::Neg, [](const GradientContext& g) -> R { return {ops::neg(g.dy)}; },
+      unaryReference<negOf>, perElement<1>));
+  table.add(with(
+      unaryBase, OpKind::Relu,
+      [](const GradientContext& g) -> R {
+        return {g.make(OpKind::ReluGrad, {g.dy.id(), g.in(0).id()}, {})};
+      },
+      unaryReference<reluOf>, perElement<1>));
+  table.add(with(
+      unaryBase, OpKind::Gelu,
+      [](const GradientContext& g) -> R {
+        return {g.make(OpKind::GeluGrad, {g.dy.id(), g.in(0).id()}, {})};
+      },
+      unaryReference<geluOf>, perElement<8>));
+  table.add(with(
+      unaryBase, OpKind::Tanh,
+      [](const GradientContext& g) -> R {
+        return {ops::sub(g.dy, ops::mul(ops::mul(g.dy, g.out(0)), g.out(0)))};
+      },
+      unaryReference<tanhOf>, perElement<4>));
+  table.add(with(
+      unaryBase, OpKind::Sigmoid,
+      [](const GradientContext& g) -> R {
+        return {ops::mul(g.dy, ops::sub(g.out(0), ops::mul(g.out(0), g.out(0))))};
+      },
+      unaryReference<sigmoidOf>, perElement<4>));
+  table.add(with(
+      unaryBase, OpKind::Exp, [](const GradientContext& g) -> R { return {ops::mul(g.dy, g.out(0))}; },
+      unaryReference<expOf>, perElement<4>));
+  table.add(with(
+      unaryBase, OpKind::Log, [](const GradientContext& g) -> R { return {ops::div(g.dy, g.in(0))}; },
+      unaryReference<logOf>, perElement<4>));
+  table.add(with(
+      unaryBase, OpKind::Sqrt,
+      [](const GradientContext& g) -> R { return {ops::div(scaled(g.dy, 0.5), g.out(0))}; },
+      unaryReference<sqrtOf>, perElement<4>));
 
-  table.add(with(unaryBase, OpKind::Abs,
-                 [](const GradientContext& g) -> R { return {ops::mul(g.dy, ops::sign(g.in(0)))}; },
-                 unaryReference<absOf>, perElement<1>));
+  table.add(with(
+      unaryBase, OpKind::Abs,
+      [](const GradientContext& g) -> R { return {ops::mul(g.dy, ops::sign(g.in(0)))}; },
+      unaryReference<absOf>, perElement<1>));
   // Piecewise constant: its gradient is zero, so none flows back.
-  table.add(with(unaryBase, OpKind::Sign, [](const GradientContext& /*g*/) -> R { return {Tensor{}}; },
-                 unaryReference<signOf>, perElement<1>));
+  table.add(with(
+      unaryBase, OpKind::Sign, [](const GradientContext& /*g*/) -> R { return {Tensor{}}; },
+      unaryReference<signOf>, perElement<1>));
   // d erf(x) = 2/sqrt(pi) exp(-x^2) dx
-  table.add(with(unaryBase, OpKind::Erf,
-                 [](const GradientContext& g) -> R {
-                   const Tensor x = g.in(0);
-                   return {ops::mul(scaled(g.dy, 2.0 / std::sqrt(std::numbers::pi)), ops::exp(ops::neg(ops::mul(x, x))))};
-                 },
-                 unaryReference<erfOf>, perElement<8>));
+  table.add(with(
+      unaryBase, OpKind::Erf,
+      [](const GradientContext& g) -> R {
+        const Tensor x = g.in(0);
+        return {
+            ops::mul(scaled(g.dy, 2.0 / std::sqrt(std::numbers::pi)), ops::exp(ops::neg(ops::mul(x, x))))};
+      },
+      unaryReference<erfOf>, perElement<8>));
   // d(1/x) = -y^2 dx
-  table.add(with(unaryBase, OpKind::Reciprocal,
-                 [](const GradientContext& g) -> R {
-                   return {ops::neg(ops::mul(g.dy, ops::mul(g.out(0), g.out(0))))};
-                 },
-                 unaryReference<reciprocalOf>, perElement<1>));
-  table.add(with(unaryBase, OpKind::Softplus,
-                 [](const GradientContext& g) -> R { return {ops::mul(g.dy, ops::sigmoid(g.in(0)))}; },
-                 unaryReference<softplusOf>, perElement<8>));
+  table.add(with(
+      unaryBase, OpKind::Reciprocal,
+      [](const GradientContext& g) -> R { return {ops::neg(ops::mul(g.dy, ops::mul(g.out(0), g.out(0))))}; },
+      unaryReference<reciprocalOf>, perElement<1>));
+  table.add(with(
+      unaryBase, OpKind::Softplus,
+      [](const GradientContext& g) -> R { return {ops::mul(g.dy, ops::sigmoid(g.in(0)))}; },
+      unaryReference<softplusOf>, perElement<8>));
   table.add(with(unaryBase, OpKind::LeakyRelu, helperGradient<OpKind::LeakyReluGrad>,
                  parameterisedReference<leakyReluOf>, perElement<2>));
   table.add(with(unaryBase, OpKind::Elu, helperGradient<OpKind::EluGrad>, parameterisedReference<eluOf>,
@@ -239,27 +257,28 @@ void addElementwiseOps(OpTable& table) {
   clip.shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
     if (!(attributes.a <= attributes.b)) {
       c.fail(ErrorCode::InvalidOperand,
-             fmt::format("the bounds [{}, {}] are empty; the lower bound must not exceed the upper", attributes.a,
-                         attributes.b));
+             fmt::format("the bounds [{}, {}] are empty; the lower bound must not exceed the upper",
+                         attributes.a, attributes.b));
     }
     return unaryShape(c, attributes);
   };
   table.add(clip);
   // d(a^b) = b a^(b-1) da + a^b log(a) db; the exponent's gradient is built
   // only when wanted (it needs a > 0).
-  table.add(with(binaryBase, OpKind::Pow,
-                 [](const GradientContext& g) -> R {
-                   const Tensor a = g.in(0);
-                   const Tensor b = g.in(1);
-                   R out{Tensor{}, Tensor{}};
-                   if (g.isWanted(0)) {
-                     out[0] = reduceTo(ops::mul(g.dy, ops::mul(b, ops::pow(a, ops::sub(b, ops::scalar(g.graph, 1.0))))),
-                                       a.shape());
-                   }
-                   if (g.isWanted(1)) out[1] = reduceTo(ops::mul(g.dy, ops::mul(g.out(0), ops::log(a))), b.shape());
-                   return out;
-                 },
-                 binaryReference<powOf>, perElement<8>));
+  table.add(with(
+      binaryBase, OpKind::Pow,
+      [](const GradientContext& g) -> R {
+        const Tensor a = g.in(0);
+        const Tensor b = g.in(1);
+        R out{Tensor{}, Tensor{}};
+        if (g.isWanted(0)) {
+          out[0] = reduceTo(ops::mul(g.dy, ops::mul(b, ops::pow(a, ops::sub(b, ops::scalar(g.graph, 1.0))))),
+                            a.shape());
+        }
+        if (g.isWanted(1)) out[1] = reduceTo(ops::mul(g.dy, ops::mul(g.out(0), ops::log(a))), b.shape());
+        return out;
+      },
+      binaryReference<powOf>, perElement<8>));
 
   // The gradient helpers of Relu and Gelu: (dy, x); no gradient of their own.
   table.add({.kind = OpKind::ReluGrad,
@@ -287,33 +306,35 @@ void addElementwiseOps(OpTable& table) {
   }
 
   // x = a*x + b*y, in place; y broadcasts to x.
-  table.add({.kind = OpKind::ScaledAddInplace,
-             .family = OpFamily::Elementwise,
-             .elementwise = true,
-             .inplace = true,
-             .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
-               c.arity(2);
-               c.dtype(1, c.in(0).dtype);
-               if (!broadcastsTo(c.shape(1), c.shape(0))) {
-                 c.fail(ErrorCode::ShapeMismatch, fmt::format("y {} must broadcast to the shape of the modified x {}",
-                                                              c.desc(1), c.desc(0)));
-               }
-               return {{c.shape(0), c.in(0).dtype, c.in(0).metaShape}};
-             },
-             .gradient = [](const GradientContext& g) -> R {
-               return {scaled(g.dy, g.attributes().a), reduceTo(scaled(g.dy, g.attributes().b), g.in(1).shape())};
-             },
-             // Writes x's storage, which the output shares.
-             .reference = [](ReferenceOp& r, int64_t replica) {
-               const Values& x = r.in(0, replica);
-               const Values& y = r.in(1, replica);
-               Values& out = r.out(replica);
-               for (std::size_t i = 0; i < out.size(); ++i) {
-                 out[i] = r.attributes().a * x[i] +
-                          r.attributes().b * y[reference::broadcastSource(i, r.outShape(), r.inShape(1))];
-               }
-             },
-             .cost = perElement<3>});
+  table.add(
+      {.kind = OpKind::ScaledAddInplace,
+       .family = OpFamily::Elementwise,
+       .elementwise = true,
+       .inplace = true,
+       .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
+         c.arity(2);
+         c.dtype(1, c.in(0).dtype);
+         if (!broadcastsTo(c.shape(1), c.shape(0))) {
+           c.fail(ErrorCode::ShapeMismatch,
+                  fmt::format("y {} must broadcast to the shape of the modified x {}", c.desc(1), c.desc(0)));
+         }
+         return {{c.shape(0), c.in(0).dtype, c.in(0).metaShape}};
+       },
+       .gradient = [](const GradientContext& g) -> R {
+         return {scaled(g.dy, g.attributes().a), reduceTo(scaled(g.dy, g.attributes().b), g.in(1).shape())};
+       },
+       // Writes x's storage, which the output shares.
+       .reference =
+           [](ReferenceOp& r, int64_t replica) {
+             const Values& x = r.in(0, replica);
+             const Values& y = r.in(1, replica);
+             Values& out = r.out(replica);
+             for (std::size_t i = 0; i < out.size(); ++i) {
+               out[i] = r.attributes().a * x[i] +
+                        r.attributes().b * y[reference::broadcastSource(i, r.outShape(), r.inShape(1))];
+             }
+           },
+       .cost = perElement<3>});
   table.add({.kind = OpKind::Copy,
              .family = OpFamily::Elementwise,
              .elementwise = true,
@@ -335,7 +356,9 @@ void addElementwiseOps(OpTable& table) {
                c.dtype(1, c.in(0).dtype);
                return {{c.shape(0), c.in(0).dtype, c.in(0).metaShape}};
              },
-             .gradient = [](const GradientContext& g) -> R { return {Tensor{}, g.dy}; },
+             .gradient = [](const GradientContext& g) -> R {
+               return {Tensor{}, g.dy};
+             },
              .reference = [](ReferenceOp& r, int64_t replica) { r.out(replica) = r.in(1, replica); },
              .cost = perElement<1>});
 }

@@ -44,19 +44,19 @@ void addGatherOps(OpTable& table) {
                attributes.shape = g.in(0).shape();
                return {g.make(OpKind::GatherGrad, {g.dy.id(), g.in(1).id()}, attributes), Tensor{}};
              },
-             .reference = [](ReferenceOp& r, int64_t replica) {
-               const Values& data = r.in(0, replica);
-               const Values& indices = r.in(1, replica);
-               Values& out = r.out(replica);
-               const std::size_t d = rowElements(r.inShape(0));
-               for (std::size_t i = 0; i < indices.size(); ++i) {
-                 const std::size_t row = rowOf(r, indices[i], i, r.inShape(0)[0]);
-                 for (std::size_t k = 0; k < d; ++k) out[i * d + k] = data[row * d + k];
-               }
-             },
-             .cost = [](const Graph& graph, const OpNode& op) {
-               return OpCost{.flops = elementsOf(graph, op.outputs[0])};
-             }});
+             .reference =
+                 [](ReferenceOp& r, int64_t replica) {
+                   const Values& data = r.in(0, replica);
+                   const Values& indices = r.in(1, replica);
+                   Values& out = r.out(replica);
+                   const std::size_t d = rowElements(r.inShape(0));
+                   for (std::size_t i = 0; i < indices.size(); ++i) {
+                     const std::size_t row = rowOf(r, indices[i], i, r.inShape(0)[0]);
+                     for (std::size_t k = 0; k < d; ++k) out[i * d + k] = data[row * d + k];
+                   }
+                 },
+             .cost = [](const Graph& graph,
+                        const OpNode& op) { return OpCost{.flops = elementsOf(graph, op.outputs[0])}; }});
   table.add({.kind = OpKind::GatherGrad,
              .family = OpFamily::Gather,
              .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
@@ -67,26 +67,27 @@ void addGatherOps(OpTable& table) {
                if (!attributes.shape.empty())
                  expected.insert(expected.end(), attributes.shape.begin() + 1, attributes.shape.end());
                if (attributes.shape.empty() || c.shape(0) != expected) {
-                 c.fail(ErrorCode::ShapeMismatch,
-                        fmt::format("dy {} must be the gather of indices {} from a table of `shape` {}, i.e. {}",
-                                    c.desc(0), c.desc(1), shapeStr(attributes.shape), shapeStr(expected)));
+                 c.fail(
+                     ErrorCode::ShapeMismatch,
+                     fmt::format("dy {} must be the gather of indices {} from a table of `shape` {}, i.e. {}",
+                                 c.desc(0), c.desc(1), shapeStr(attributes.shape), shapeStr(expected)));
                }
                numElements(attributes.shape);
                return {{attributes.shape, DType::Float32, {}}};
              },
-             .reference = [](ReferenceOp& r, int64_t replica) {
-               const Values& dy = r.in(0, replica);
-               const Values& indices = r.in(1, replica);
-               Values& out = r.out(replica);
-               const std::size_t d = rowElements(r.outShape());
-               for (std::size_t i = 0; i < indices.size(); ++i) {
-                 const std::size_t row = rowOf(r, indices[i], i, r.outShape()[0]);
-                 for (std::size_t k = 0; k < d; ++k) out[row * d + k] += dy[i * d + k];
-               }
-             },
-             .cost = [](const Graph& graph, const OpNode& op) {
-               return OpCost{.flops = elementsOf(graph, op.inputs[0])};
-             }});
+             .reference =
+                 [](ReferenceOp& r, int64_t replica) {
+                   const Values& dy = r.in(0, replica);
+                   const Values& indices = r.in(1, replica);
+                   Values& out = r.out(replica);
+                   const std::size_t d = rowElements(r.outShape());
+                   for (std::size_t i = 0; i < indices.size(); ++i) {
+                     const std::size_t row = rowOf(r, indices[i], i, r.outShape()[0]);
+                     for (std::size_t k = 0; k < d; ++k) out[row * d + k] += dy[i * d + k];
+                   }
+                 },
+             .cost = [](const Graph& graph,
+                        const OpNode& op) { return OpCost{.flops = elementsOf(graph, op.inputs[0])}; }});
 }
 
 }  // namespace tessera

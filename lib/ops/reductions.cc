@@ -16,7 +16,8 @@ using Values = std::vector<double>;
 Shape keptShape(const Shape& in, const std::vector<int64_t>& axes) {
   Shape kept = in;
   for (std::size_t d = 0; d < kept.size(); ++d) {
-    if (axes.empty() || std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) != axes.end()) kept[d] = 1;
+    if (axes.empty() || std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) != axes.end())
+      kept[d] = 1;
   }
   return kept;
 }
@@ -78,7 +79,9 @@ void reduceReference(ReferenceOp& r, int64_t replica) {
   }
 }
 
-OpCost perInputElement(const Graph& graph, const OpNode& op) { return {.flops = elementsOf(graph, op.inputs[0])}; }
+OpCost perInputElement(const Graph& graph, const OpNode& op) {
+  return {.flops = elementsOf(graph, op.inputs[0])};
+}
 
 }  // namespace
 
@@ -106,12 +109,13 @@ void addReductionOps(OpTable& table) {
              .gradient = [](const GradientContext& g) -> std::vector<Tensor> {
                return {ops::broadcastTo(g.dy, g.in(0).shape())};
              },
-             .reference = [](ReferenceOp& r, int64_t replica) {
-               const Values& x = r.in(0, replica);
-               Values& out = r.out(replica);
-               for (std::size_t i = 0; i < x.size(); ++i)
-                 out[reference::broadcastSource(i, r.inShape(0), r.outShape())] += x[i];
-             },
+             .reference =
+                 [](ReferenceOp& r, int64_t replica) {
+                   const Values& x = r.in(0, replica);
+                   Values& out = r.out(replica);
+                   for (std::size_t i = 0; i < x.size(); ++i)
+                     out[reference::broadcastSource(i, r.inShape(0), r.outShape())] += x[i];
+                 },
              .cost = perInputElement});
 }
 

@@ -14,9 +14,11 @@ std::vector<OutputSpec> remoteShape(const OpChecker& c, OpAttributes& attributes
   const bool load = c.kind() == OpKind::RemoteLoad;
   c.arity(load ? 0 : 1);
   const Graph& graph = c.graph();
-  if (attributes.remoteBuffer < 0 || attributes.remoteBuffer >= static_cast<int64_t>(graph.remoteBuffers().size())) {
-    c.fail(ErrorCode::InvalidRemoteBuffer, fmt::format("remote buffer #{} does not exist; the graph has {}",
-                                                       attributes.remoteBuffer, graph.remoteBuffers().size()));
+  if (attributes.remoteBuffer < 0 ||
+      attributes.remoteBuffer >= static_cast<int64_t>(graph.remoteBuffers().size())) {
+    c.fail(ErrorCode::InvalidRemoteBuffer,
+           fmt::format("remote buffer #{} does not exist; the graph has {}", attributes.remoteBuffer,
+                       graph.remoteBuffers().size()));
   }
   const RemoteBufferInfo& buffer = graph.remoteBuffer(attributes.remoteBuffer);
   if (attributes.entry < 0 || attributes.entry >= buffer.entries) {
@@ -27,8 +29,9 @@ std::vector<OutputSpec> remoteShape(const OpChecker& c, OpAttributes& attributes
   }
   if (load) return {{buffer.shape, buffer.dtype, buffer.metaShape}};
   if (c.shape(0) != buffer.shape || c.in(0).dtype != buffer.dtype) {
-    c.fail(ErrorCode::ShapeMismatch, fmt::format("{} does not fit remote buffer #{} of {} {}", c.desc(0),
-                                                 attributes.remoteBuffer, shapeStr(buffer.shape), buffer.dtype));
+    c.fail(ErrorCode::ShapeMismatch,
+           fmt::format("{} does not fit remote buffer #{} of {} {}", c.desc(0), attributes.remoteBuffer,
+                       shapeStr(buffer.shape), buffer.dtype));
   }
   return {};
 }
@@ -36,26 +39,27 @@ std::vector<OutputSpec> remoteShape(const OpChecker& c, OpAttributes& attributes
 }  // namespace
 
 void addRemoteOps(OpTable& table) {
-  table.add({.kind = OpKind::RemoteLoad,
-             .family = OpFamily::Remote,
-             .work = OpWork::Streaming,
-             .shape = remoteShape,
-             .reference = [](ReferenceOp& r, int64_t replica) {
-               r.out(replica) = r.remote(r.attributes().remoteBuffer, r.attributes().entry, replica);
-             },
-             .cost = [](const Graph& graph, const OpNode& op) {
-               return OpCost{.streamedBytes = bytesOf(graph, op.outputs[0])};
-             }});
+  table.add(
+      {.kind = OpKind::RemoteLoad,
+       .family = OpFamily::Remote,
+       .work = OpWork::Streaming,
+       .shape = remoteShape,
+       .reference =
+           [](ReferenceOp& r, int64_t replica) {
+             r.out(replica) = r.remote(r.attributes().remoteBuffer, r.attributes().entry, replica);
+           },
+       .cost = [](const Graph& graph,
+                  const OpNode& op) { return OpCost{.streamedBytes = bytesOf(graph, op.outputs[0])}; }});
   table.add({.kind = OpKind::RemoteStore,
              .family = OpFamily::Remote,
              .work = OpWork::Streaming,
              .shape = remoteShape,
-             .reference = [](ReferenceOp& r, int64_t replica) {
-               r.remote(r.attributes().remoteBuffer, r.attributes().entry, replica) = r.in(0, replica);
-             },
-             .cost = [](const Graph& graph, const OpNode& op) {
-               return OpCost{.streamedBytes = bytesOf(graph, op.inputs[0])};
-             }});
+             .reference =
+                 [](ReferenceOp& r, int64_t replica) {
+                   r.remote(r.attributes().remoteBuffer, r.attributes().entry, replica) = r.in(0, replica);
+                 },
+             .cost = [](const Graph& graph,
+                        const OpNode& op) { return OpCost{.streamedBytes = bytesOf(graph, op.inputs[0])}; }});
 }
 
 }  // namespace tessera

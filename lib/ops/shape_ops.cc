@@ -15,7 +15,9 @@ namespace {
 using R = std::vector<Tensor>;
 using Values = std::vector<double>;
 
-OpCost perOutputElement(const Graph& graph, const OpNode& op) { return {.flops = elementsOf(graph, op.outputs[0])}; }
+OpCost perOutputElement(const Graph& graph, const OpNode& op) {
+  return {.flops = elementsOf(graph, op.outputs[0])};
+}
 
 // Slice and SlicePad: [starts, ends) of the full shape (Slice's input,
 // SlicePad's `shape`).
@@ -26,8 +28,8 @@ std::vector<OutputSpec> sliceShape(const OpChecker& c, OpAttributes& attributes)
   const std::size_t r = full.size();
   if (attributes.starts.size() != r || attributes.ends.size() != r) {
     c.fail(ErrorCode::InvalidAxis,
-           fmt::format("starts [{}] and ends [{}] need one entry per axis of {}", fmt::join(attributes.starts, ", "),
-                       fmt::join(attributes.ends, ", "), shapeStr(full)));
+           fmt::format("starts [{}] and ends [{}] need one entry per axis of {}",
+                       fmt::join(attributes.starts, ", "), fmt::join(attributes.ends, ", "), shapeStr(full)));
   }
   Shape part(r);
   for (std::size_t i = 0; i < r; ++i) {
@@ -41,7 +43,8 @@ std::vector<OutputSpec> sliceShape(const OpChecker& c, OpAttributes& attributes)
   }
   if (isSlice) return {{part, c.in(0).dtype, {}}};
   if (c.shape(0) != part) {
-    c.fail(ErrorCode::ShapeMismatch, fmt::format("input {} must have the slice's shape {}", c.desc(0), shapeStr(part)));
+    c.fail(ErrorCode::ShapeMismatch,
+           fmt::format("input {} must have the slice's shape {}", c.desc(0), shapeStr(part)));
   }
   return {{full, c.in(0).dtype, {}}};
 }
@@ -93,8 +96,8 @@ void addShapeOps(OpTable& table) {
                if (inferred && known > 0 && n % known == 0) target[*inferred] = n / known;
                if (std::any_of(target.begin(), target.end(), [](int64_t d) { return d < 0; }) ||
                    numElements(target) != n) {
-                 c.fail(ErrorCode::ShapeMismatch, fmt::format("cannot reshape {} ({} elements) to {}", c.desc(0), n,
-                                                              shapeStr(attributes.shape)));
+                 c.fail(ErrorCode::ShapeMismatch, fmt::format("cannot reshape {} ({} elements) to {}",
+                                                              c.desc(0), n, shapeStr(attributes.shape)));
                }
                attributes.shape = target;
                return {{target, c.in(0).dtype, {}}};
@@ -136,18 +139,20 @@ void addShapeOps(OpTable& table) {
                return {ops::transpose(g.dy, inverse)};
              },
              // Output axis k is input axis perm[k].
-             .reference = [](ReferenceOp& r, int64_t replica) {
-               const std::vector<std::size_t> inStrides = reference::stridesOf(r.inShape(0));
-               const Values& x = r.in(0, replica);
-               Values& out = r.out(replica);
-               for (std::size_t i = 0; i < out.size(); ++i) {
-                 const std::vector<int64_t> index = reference::unravel(i, r.outShape());
-                 std::size_t src = 0;
-                 for (std::size_t k = 0; k < index.size(); ++k)
-                   src += static_cast<std::size_t>(index[k]) * inStrides[static_cast<std::size_t>(r.attributes().axes[k])];
-                 out[i] = x[src];
-               }
-             },
+             .reference =
+                 [](ReferenceOp& r, int64_t replica) {
+                   const std::vector<std::size_t> inStrides = reference::stridesOf(r.inShape(0));
+                   const Values& x = r.in(0, replica);
+                   Values& out = r.out(replica);
+                   for (std::size_t i = 0; i < out.size(); ++i) {
+                     const std::vector<int64_t> index = reference::unravel(i, r.outShape());
+                     std::size_t src = 0;
+                     for (std::size_t k = 0; k < index.size(); ++k)
+                       src += static_cast<std::size_t>(index[k]) *
+                              inStrides[static_cast<std::size_t>(r.attributes().axes[k])];
+                     out[i] = x[src];
+                   }
+                 },
              .cost = perOutputElement});
 
   table.add({.kind = OpKind::Slice,
@@ -171,57 +176,60 @@ void addShapeOps(OpTable& table) {
              .reference = sliceReference,
              .cost = perOutputElement});
 
-  table.add({.kind = OpKind::Concat,
-             .family = OpFamily::ShapeOp,
-             .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
-               if (c.inputCount() == 0) c.fail(ErrorCode::InvalidOperand, "needs at least one input");
-               const int64_t axis = c.axis(attributes.axis, c.rank(0));
-               attributes.axis = axis;
-               Shape out = c.shape(0);
-               for (std::size_t i = 1; i < c.inputCount(); ++i) {
-                 bool fits = c.rank(i) == c.rank(0) && c.in(i).dtype == c.in(0).dtype;
-                 for (std::size_t d = 0; fits && d < out.size(); ++d)
-                   fits = static_cast<int64_t>(d) == axis || c.shape(i)[d] == out[d];
-                 if (!fits) {
-                   c.fail(ErrorCode::ShapeMismatch,
-                          fmt::format("input {} {} does not match input 0 {}: all inputs need the same dtype, rank "
-                                      "and dimensions except axis {}",
-                                      i, c.desc(i), c.desc(0), axis));
-                 }
-                 out[static_cast<std::size_t>(axis)] += c.shape(i)[static_cast<std::size_t>(axis)];
+  table.add(
+      {.kind = OpKind::Concat,
+       .family = OpFamily::ShapeOp,
+       .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
+         if (c.inputCount() == 0) c.fail(ErrorCode::InvalidOperand, "needs at least one input");
+         const int64_t axis = c.axis(attributes.axis, c.rank(0));
+         attributes.axis = axis;
+         Shape out = c.shape(0);
+         for (std::size_t i = 1; i < c.inputCount(); ++i) {
+           bool fits = c.rank(i) == c.rank(0) && c.in(i).dtype == c.in(0).dtype;
+           for (std::size_t d = 0; fits && d < out.size(); ++d)
+             fits = static_cast<int64_t>(d) == axis || c.shape(i)[d] == out[d];
+           if (!fits) {
+             c.fail(ErrorCode::ShapeMismatch,
+                    fmt::format("input {} {} does not match input 0 {}: all inputs need the same dtype, rank "
+                                "and dimensions except axis {}",
+                                i, c.desc(i), c.desc(0), axis));
+           }
+           out[static_cast<std::size_t>(axis)] += c.shape(i)[static_cast<std::size_t>(axis)];
+         }
+         return {{out, c.in(0).dtype, {}}};
+       },
+       .gradient = [](const GradientContext& g) -> R {
+         const auto axis = static_cast<std::size_t>(g.attributes().axis);
+         std::vector<int64_t> starts(g.dy.shape().size(), 0);
+         std::vector<int64_t> ends = g.dy.shape();
+         R out;
+         for (std::size_t i = 0; i < g.op.inputs.size(); ++i) {
+           ends[axis] = starts[axis] + g.in(i).shape()[axis];
+           out.push_back(ops::slice(g.dy, starts, ends));
+           starts[axis] = ends[axis];
+         }
+         return out;
+       },
+       .reference =
+           [](ReferenceOp& r, int64_t replica) {
+             const auto axis = static_cast<std::size_t>(r.attributes().axis);
+             const std::vector<std::size_t> outStrides = reference::stridesOf(r.outShape());
+             Values& out = r.out(replica);
+             int64_t offset = 0;
+             for (std::size_t t = 0; t < r.op().inputs.size(); ++t) {
+               const Values& x = r.in(t, replica);
+               for (std::size_t j = 0; j < x.size(); ++j) {
+                 std::vector<int64_t> index = reference::unravel(j, r.inShape(t));
+                 index[axis] += offset;
+                 std::size_t f = 0;
+                 for (std::size_t d = 0; d < index.size(); ++d)
+                   f += static_cast<std::size_t>(index[d]) * outStrides[d];
+                 out[f] = x[j];
                }
-               return {{out, c.in(0).dtype, {}}};
-             },
-             .gradient = [](const GradientContext& g) -> R {
-               const auto axis = static_cast<std::size_t>(g.attributes().axis);
-               std::vector<int64_t> starts(g.dy.shape().size(), 0);
-               std::vector<int64_t> ends = g.dy.shape();
-               R out;
-               for (std::size_t i = 0; i < g.op.inputs.size(); ++i) {
-                 ends[axis] = starts[axis] + g.in(i).shape()[axis];
-                 out.push_back(ops::slice(g.dy, starts, ends));
-                 starts[axis] = ends[axis];
-               }
-               return out;
-             },
-             .reference = [](ReferenceOp& r, int64_t replica) {
-               const auto axis = static_cast<std::size_t>(r.attributes().axis);
-               const std::vector<std::size_t> outStrides = reference::stridesOf(r.outShape());
-               Values& out = r.out(replica);
-               int64_t offset = 0;
-               for (std::size_t t = 0; t < r.op().inputs.size(); ++t) {
-                 const Values& x = r.in(t, replica);
-                 for (std::size_t j = 0; j < x.size(); ++j) {
-                   std::vector<int64_t> index = reference::unravel(j, r.inShape(t));
-                   index[axis] += offset;
-                   std::size_t f = 0;
-                   for (std::size_t d = 0; d < index.size(); ++d) f += static_cast<std::size_t>(index[d]) * outStrides[d];
-                   out[f] = x[j];
-                 }
-                 offset += r.inShape(t)[axis];
-               }
-             },
-             .cost = perOutputElement});
+               offset += r.inShape(t)[axis];
+             }
+           },
+       .cost = perOutputElement});
 
   table.add({.kind = OpKind::BroadcastTo,
              .family = OpFamily::ShapeOp,
@@ -236,12 +244,13 @@ void addShapeOps(OpTable& table) {
                return {{attributes.shape, DType::Float32, {}}};
              },
              .gradient = [](const GradientContext& g) -> R { return {reduceTo(g.dy, g.in(0).shape())}; },
-             .reference = [](ReferenceOp& r, int64_t replica) {
-               const Values& x = r.in(0, replica);
-               Values& out = r.out(replica);
-               for (std::size_t i = 0; i < out.size(); ++i)
-                 out[i] = x[reference::broadcastSource(i, r.outShape(), r.inShape(0))];
-             },
+             .reference =
+                 [](ReferenceOp& r, int64_t replica) {
+                   const Values& x = r.in(0, replica);
+                   Values& out = r.out(replica);
+                   for (std::size_t i = 0; i < out.size(); ++i)
+                     out[i] = x[reference::broadcastSource(i, r.outShape(), r.inShape(0))];
+                 },
              .cost = perOutputElement});
 }
 

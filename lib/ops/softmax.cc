@@ -75,27 +75,30 @@ void crossEntropyReference(ReferenceOp& r, int64_t replica) {
 }  // namespace
 
 void addSoftmaxOps(OpTable& table) {
-  table.add({.kind = OpKind::Softmax,
-             .family = OpFamily::Softmax,
-             .shape = rowShape,
-             .gradient = [](const GradientContext& g) -> R {
-               return {ops::mul(g.out(0), ops::sub(g.dy, ops::reduceSum(ops::mul(g.dy, g.out(0)), {-1}, true)))};
-             },
-             .reference = [](ReferenceOp& r, int64_t replica) {
-               r.out(replica) = softmaxRows(r.in(0, replica), static_cast<std::size_t>(r.inShape(0).back()));
-             },
-             .cost = perOutputElement<5>});
+  table.add(
+      {.kind = OpKind::Softmax,
+       .family = OpFamily::Softmax,
+       .shape = rowShape,
+       .gradient = [](const GradientContext& g) -> R {
+         return {ops::mul(g.out(0), ops::sub(g.dy, ops::reduceSum(ops::mul(g.dy, g.out(0)), {-1}, true)))};
+       },
+       .reference =
+           [](ReferenceOp& r, int64_t replica) {
+             r.out(replica) = softmaxRows(r.in(0, replica), static_cast<std::size_t>(r.inShape(0).back()));
+           },
+       .cost = perOutputElement<5>});
   table.add({.kind = OpKind::LogSoftmax,
              .family = OpFamily::Softmax,
              .shape = rowShape,
              .gradient = [](const GradientContext& g) -> R {
                return {ops::sub(g.dy, ops::mul(ops::exp(g.out(0)), ops::reduceSum(g.dy, {-1}, true)))};
              },
-             .reference = [](ReferenceOp& r, int64_t replica) {
-               Values& out = r.out(replica);
-               out = softmaxRows(r.in(0, replica), static_cast<std::size_t>(r.inShape(0).back()));
-               for (double& v : out) v = std::log(v);
-             },
+             .reference =
+                 [](ReferenceOp& r, int64_t replica) {
+                   Values& out = r.out(replica);
+                   out = softmaxRows(r.in(0, replica), static_cast<std::size_t>(r.inShape(0).back()));
+                   for (double& v : out) v = std::log(v);
+                 },
              .cost = perOutputElement<5>});
   // The index of the largest element of each row (the first of equals);
   // int32, no gradient.
@@ -109,65 +112,65 @@ void addSoftmaxOps(OpTable& table) {
                out.pop_back();
                return {{out, DType::Int32, {}}};
              },
-             .reference = [](ReferenceOp& r, int64_t replica) {
-               const auto c = static_cast<std::size_t>(r.inShape(0).back());
-               const Values& x = r.in(0, replica);
-               Values& out = r.out(replica);
-               for (std::size_t row = 0; row < out.size(); ++row) {
-                 std::size_t best = 0;
-                 for (std::size_t j = 1; j < c; ++j)
-                   if (x[row * c + j] > x[row * c + best]) best = j;
-                 out[row] = static_cast<double>(best);
-               }
-             },
-             .cost = [](const Graph& graph, const OpNode& op) {
-               return OpCost{.flops = elementsOf(graph, op.inputs[0])};
-             }});
+             .reference =
+                 [](ReferenceOp& r, int64_t replica) {
+                   const auto c = static_cast<std::size_t>(r.inShape(0).back());
+                   const Values& x = r.in(0, replica);
+                   Values& out = r.out(replica);
+                   for (std::size_t row = 0; row < out.size(); ++row) {
+                     std::size_t best = 0;
+                     for (std::size_t j = 1; j < c; ++j)
+                       if (x[row * c + j] > x[row * c + best]) best = j;
+                     out[row] = static_cast<double>(best);
+                   }
+                 },
+             .cost = [](const Graph& graph,
+                        const OpNode& op) { return OpCost{.flops = elementsOf(graph, op.inputs[0])}; }});
 
   // Logits [N, C] float, labels [N] int32 -> scalar (`reduction` Sum or Mean).
-  table.add({.kind = OpKind::SoftmaxCrossEntropy,
-             .family = OpFamily::Softmax,
-             .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
-               c.arity(2);
-               c.dtype(0, DType::Float32);
-               c.dtype(1, DType::Int32);
-               if (c.rank(0) != 2 || c.rank(1) != 1 || c.shape(1)[0] != c.shape(0)[0]) {
-                 c.fail(ErrorCode::ShapeMismatch, fmt::format("logits {} and labels {}: expected logits [N, C] and "
-                                                              "labels [N]",
-                                                              c.desc(0), c.desc(1)));
-               }
-               return {{Shape{}, DType::Float32, {}}};
-             },
-             .gradient = [](const GradientContext& g) -> R {
-               OpAttributes attributes;
-               attributes.reduction = g.attributes().reduction;
-               return {g.make(OpKind::SoftmaxCrossEntropyGrad, {g.dy.id(), g.in(0).id(), g.in(1).id()}, attributes),
-                       Tensor{}};
-             },
-             .reference = crossEntropyReference,
-             .cost = [](const Graph& graph, const OpNode& op) {
-               return OpCost{.flops = 5.0 * elementsOf(graph, op.inputs[0])};
-             }});
+  table.add(
+      {.kind = OpKind::SoftmaxCrossEntropy,
+       .family = OpFamily::Softmax,
+       .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
+         c.arity(2);
+         c.dtype(0, DType::Float32);
+         c.dtype(1, DType::Int32);
+         if (c.rank(0) != 2 || c.rank(1) != 1 || c.shape(1)[0] != c.shape(0)[0]) {
+           c.fail(ErrorCode::ShapeMismatch, fmt::format("logits {} and labels {}: expected logits [N, C] and "
+                                                        "labels [N]",
+                                                        c.desc(0), c.desc(1)));
+         }
+         return {{Shape{}, DType::Float32, {}}};
+       },
+       .gradient = [](const GradientContext& g) -> R {
+         OpAttributes attributes;
+         attributes.reduction = g.attributes().reduction;
+         return {g.make(OpKind::SoftmaxCrossEntropyGrad, {g.dy.id(), g.in(0).id(), g.in(1).id()}, attributes),
+                 Tensor{}};
+       },
+       .reference = crossEntropyReference,
+       .cost = [](const Graph& graph,
+                  const OpNode& op) { return OpCost{.flops = 5.0 * elementsOf(graph, op.inputs[0])}; }});
   // (dloss, logits, labels) -> dlogits; no gradient of its own.
-  table.add({.kind = OpKind::SoftmaxCrossEntropyGrad,
-             .family = OpFamily::Softmax,
-             .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
-               c.arity(3);
-               c.dtype(0, DType::Float32);
-               c.dtype(1, DType::Float32);
-               c.dtype(2, DType::Int32);
-               if (c.rank(0) != 0 || c.rank(1) != 2 || c.rank(2) != 1 || c.shape(2)[0] != c.shape(1)[0]) {
-                 c.fail(ErrorCode::ShapeMismatch,
-                        fmt::format("expected (dloss [], logits [N, C], labels [N]), found ({}, "
-                                    "{}, {})",
-                                    c.desc(0), c.desc(1), c.desc(2)));
-               }
-               return c.same(1);
-             },
-             .reference = crossEntropyReference,
-             .cost = [](const Graph& graph, const OpNode& op) {
-               return OpCost{.flops = 5.0 * elementsOf(graph, op.inputs[1])};
-             }});
+  table.add(
+      {.kind = OpKind::SoftmaxCrossEntropyGrad,
+       .family = OpFamily::Softmax,
+       .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
+         c.arity(3);
+         c.dtype(0, DType::Float32);
+         c.dtype(1, DType::Float32);
+         c.dtype(2, DType::Int32);
+         if (c.rank(0) != 0 || c.rank(1) != 2 || c.rank(2) != 1 || c.shape(2)[0] != c.shape(1)[0]) {
+           c.fail(ErrorCode::ShapeMismatch,
+                  fmt::format("expected (dloss [], logits [N, C], labels [N]), found ({}, "
+                              "{}, {})",
+                              c.desc(0), c.desc(1), c.desc(2)));
+         }
+         return c.same(1);
+       },
+       .reference = crossEntropyReference,
+       .cost = [](const Graph& graph,
+                  const OpNode& op) { return OpCost{.flops = 5.0 * elementsOf(graph, op.inputs[1])}; }});
 }
 
 }  // namespace tessera

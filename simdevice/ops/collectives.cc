@@ -67,8 +67,8 @@ void planFusedGemm(StepPlanner& planner, Step& step, OpId matmulId) {
     run.advance.fill(true);
     step.runs.push_back(run);
     if (crosses) {
-      step.table2.insert(step.table2.end(),
-                         {r * step.outElements, (r + offset - start) * step.outElements, (end - r) * step.outElements});
+      step.table2.insert(step.table2.end(), {r * step.outElements, (r + offset - start) * step.outElements,
+                                             (end - r) * step.outElements});
     }
     r = end;
   }
@@ -85,16 +85,16 @@ void planGroupCollective(StepPlanner& planner, Step& step) {
   const ReplicaGrouping grouping = op.attributes.grouping.value_or(ReplicaGrouping(planner.globalReplicas()));
   const ExchangedTensor* values = nullptr;
   if (gathers && crossesInstances(planner.topology(), grouping)) values = &planner.exchanged(x);
-  planCollective(step, op, planner.layout(op.outputs[0]), planner.layout(x), planner.elements(x), step.outElements,
-                 planner.topology(), values);
+  planCollective(step, op, planner.layout(op.outputs[0]), planner.layout(x), planner.elements(x),
+                 step.outElements, planner.topology(), values);
   planner.emit(std::move(step));
 }
 
 }  // namespace
 
 void addCollectiveKernels(KernelTable& table) {
-  for (OpKind kind : {OpKind::ReplicatedAllReduce, OpKind::ReplicatedReduceScatter, OpKind::ReplicatedAllGather,
-                      OpKind::ReplicaShardedSlice, OpKind::ReplicaShardedPad}) {
+  for (OpKind kind : {OpKind::ReplicatedAllReduce, OpKind::ReplicatedReduceScatter,
+                      OpKind::ReplicatedAllGather, OpKind::ReplicaShardedSlice, OpKind::ReplicaShardedPad}) {
     table.add({.kind = kind, .plan = planGroupCollective});
   }
 }

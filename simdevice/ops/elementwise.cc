@@ -86,14 +86,17 @@ struct EluF {
 };
 struct SeluF {
   float operator()(float x, float alpha, float gamma) const {
-    return static_cast<float>(gamma * (x > 0.0f ? static_cast<double>(x) : alpha * std::expm1(static_cast<double>(x))));
+    return static_cast<float>(
+        gamma * (x > 0.0f ? static_cast<double>(x) : alpha * std::expm1(static_cast<double>(x))));
   }
 };
 struct ClipF {
   float operator()(float x, float lo, float hi) const { return std::min(std::max(x, lo), hi); }
 };
 struct LeakyReluGradF {
-  float operator()(float dy, float x, float alpha, float /*unused*/) const { return x > 0.0f ? dy : alpha * dy; }
+  float operator()(float dy, float x, float alpha, float /*unused*/) const {
+    return x > 0.0f ? dy : alpha * dy;
+  }
 };
 struct EluGradF {
   float operator()(float dy, float x, float alpha, float /*unused*/) const {
@@ -102,7 +105,8 @@ struct EluGradF {
 };
 struct SeluGradF {
   float operator()(float dy, float x, float alpha, float gamma) const {
-    return static_cast<float>(gamma * (x > 0.0f ? static_cast<double>(dy) : dy * alpha * std::exp(static_cast<double>(x))));
+    return static_cast<float>(
+        gamma * (x > 0.0f ? static_cast<double>(dy) : dy * alpha * std::exp(static_cast<double>(x))));
   }
 };
 struct ClipGradF {
@@ -127,7 +131,8 @@ void scaledAddTile(const Step& s, const TileOperands& t, int64_t n) {
   float* o = t.out;
   const float* x = t.in[0];
   const float* y = t.in[1];
-  flatTile(s, n, [&](int64_t io, int64_t ix, int64_t iy) { o[io] = static_cast<float>(a * x[ix] + b * y[iy]); });
+  flatTile(s, n,
+           [&](int64_t io, int64_t ix, int64_t iy) { o[io] = static_cast<float>(a * x[ix] + b * y[iy]); });
 }
 
 // A binary op over its inputs' broadcast strides.
@@ -195,21 +200,24 @@ void addElementwiseKernels(KernelTable& table) {
   table.add(binaryParamKernels<SeluGradF>(OpKind::SeluGrad));
   table.add(binaryParamKernels<ClipGradF>(OpKind::ClipGrad));
   table.add({.kind = OpKind::ScaledAddInplace,
-             .plan = [](StepPlanner& planner, Step& step) {
-               planBroadcastLoops(planner, step);
-               step.a = static_cast<float>(planner.op().attributes.a);
-               step.b = static_cast<float>(planner.op().attributes.b);
-               step.kernel = scaledAddKernel;
-               planner.emit(std::move(step));
-             },
+             .plan =
+                 [](StepPlanner& planner, Step& step) {
+                   planBroadcastLoops(planner, step);
+                   step.a = static_cast<float>(planner.op().attributes.a);
+                   step.b = static_cast<float>(planner.op().attributes.b);
+                   step.kernel = scaledAddKernel;
+                   planner.emit(std::move(step));
+                 },
              .tile = scaledAddTile});
-  table.add({.kind = OpKind::Copy,
-             .plan = [](StepPlanner& planner, Step& step) { planFlatCopy(planner, step, planner.op().inputs[0]); },
-             .tile = unaryTile<IdentityF>});
+  table.add(
+      {.kind = OpKind::Copy,
+       .plan = [](StepPlanner& planner, Step& step) { planFlatCopy(planner, step, planner.op().inputs[0]); },
+       .tile = unaryTile<IdentityF>});
   // (dst, src): the source is copied into the destination's storage.
-  table.add({.kind = OpKind::CopyInplace,
-             .plan = [](StepPlanner& planner, Step& step) { planFlatCopy(planner, step, planner.op().inputs[1]); },
-             .tile = unaryTile<IdentityF>});
+  table.add(
+      {.kind = OpKind::CopyInplace,
+       .plan = [](StepPlanner& planner, Step& step) { planFlatCopy(planner, step, planner.op().inputs[1]); },
+       .tile = unaryTile<IdentityF>});
 }
 
 }  // namespace tessera::sim

@@ -15,10 +15,11 @@ namespace {
 // [-rows, rows) names no row.
 int64_t rowAt(const Step& s, float index, int64_t i, int64_t rows) {
   if (!(index >= static_cast<float>(-rows) && index < static_cast<float>(rows))) {
-    throw DeviceError(ErrorCode::InvalidProgram, s.name,
-                      fmt::format("{}: index {} (element {}) is outside [{}, {}); indices must name rows of the "
-                                  "table",
-                                  s.kind, index, i, -rows, rows));
+    throw DeviceError(
+        ErrorCode::InvalidProgram, s.name,
+        fmt::format("{}: index {} (element {}) is outside [{}, {}); indices must name rows of the "
+                    "table",
+                    s.kind, index, i, -rows, rows));
   }
   const auto row = static_cast<int64_t>(index);
   return row < 0 ? row + rows : row;

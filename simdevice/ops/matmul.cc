@@ -12,7 +12,8 @@ namespace {
 // C[m, n] = alpha * op(A) op(B) with the step's plan and scratch.
 void gemm(const Step& s, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
           float alpha) {
-  sim::gemm(s.gemmPlan, GemmShape{m, n, k, s.transA, s.transB}, a, b, c, alpha, s.scratch->lhs, s.scratch->rhs);
+  sim::gemm(s.gemmPlan, GemmShape{m, n, k, s.transA, s.transB}, a, b, c, alpha, s.scratch->lhs,
+            s.scratch->rhs);
 }
 
 void matmul(const Step& s) {

@@ -30,8 +30,9 @@ void planReduce(StepPlanner& planner, Step& step) {
   } else {
     Shape kept = in;
     for (std::size_t d = 0; d < kept.size(); ++d) {
-      const bool reduced = op.attributes.axes.empty() || std::find(op.attributes.axes.begin(), op.attributes.axes.end(),
-                                                                   static_cast<int64_t>(d)) != op.attributes.axes.end();
+      const bool reduced =
+          op.attributes.axes.empty() || std::find(op.attributes.axes.begin(), op.attributes.axes.end(),
+                                                  static_cast<int64_t>(d)) != op.attributes.axes.end();
       if (reduced) kept[d] = 1;
     }
     outStrides = broadcastStrides(kept, in);

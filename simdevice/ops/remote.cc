@@ -11,8 +11,9 @@ void addRemoteKernels(KernelTable& table) {
                const OpNode& op = planner.op();
                const RemoteBufferInfo& info = planner.graph().remoteBuffer(op.attributes.remoteBuffer);
                step.in[0] = planner.remoteEntry(op.attributes.remoteBuffer, 0);
-               planRemoteLoad(step, planner.layout(op.outputs[0]), planner.bufferLayout(op.attributes.remoteBuffer),
-                              op.attributes.entry, numElements(info.shape), planner.localReplicas());
+               planRemoteLoad(step, planner.layout(op.outputs[0]),
+                              planner.bufferLayout(op.attributes.remoteBuffer), op.attributes.entry,
+                              numElements(info.shape), planner.localReplicas());
                planner.emit(std::move(step));
              }});
   table.add({.kind = OpKind::RemoteStore, .plan = [](StepPlanner& planner, Step& step) {
@@ -20,8 +21,9 @@ void addRemoteKernels(KernelTable& table) {
                const RemoteBufferInfo& info = planner.graph().remoteBuffer(op.attributes.remoteBuffer);
                step.out = planner.remoteEntry(op.attributes.remoteBuffer, 0);
                step.in[0] = planner.buffer(op.inputs[0]);
-               planRemoteStore(step, planner.layout(op.inputs[0]), planner.bufferLayout(op.attributes.remoteBuffer),
-                               op.attributes.entry, numElements(info.shape), planner.localReplicas());
+               planRemoteStore(step, planner.layout(op.inputs[0]),
+                               planner.bufferLayout(op.attributes.remoteBuffer), op.attributes.entry,
+                               numElements(info.shape), planner.localReplicas());
                planner.emit(std::move(step));
              }});
 }

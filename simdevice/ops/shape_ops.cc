@@ -5,16 +5,18 @@
 namespace tessera::sim {
 
 void addShapeKernels(KernelTable& table) {
-  table.add({.kind = OpKind::Reshape,
-             .plan = [](StepPlanner& planner, Step& step) { planFlatCopy(planner, step, planner.op().inputs[0]); },
-             .tile = unaryTile<IdentityF>});
+  table.add(
+      {.kind = OpKind::Reshape,
+       .plan = [](StepPlanner& planner, Step& step) { planFlatCopy(planner, step, planner.op().inputs[0]); },
+       .tile = unaryTile<IdentityF>});
   table.add({.kind = OpKind::BroadcastTo, .plan = planUnary<IdentityF>, .tile = unaryTile<IdentityF>});
   table.add({.kind = OpKind::Transpose, .plan = [](StepPlanner& planner, Step& step) {
                const OpNode& op = planner.op();
                planner.runsOver(step, {{op.inputs[0], 0}});
                const std::vector<int64_t> inStrides = contiguousStrides(planner.shape(op.inputs[0]));
                std::vector<int64_t> strides;
-               for (int64_t axis : op.attributes.axes) strides.push_back(inStrides[static_cast<std::size_t>(axis)]);
+               for (int64_t axis : op.attributes.axes)
+                 strides.push_back(inStrides[static_cast<std::size_t>(axis)]);
                const Shape& out = planner.shape(op.outputs[0]);
                makeLoops(step, out, {contiguousStrides(out), strides});
                step.kernel = copyKernel();
@@ -24,7 +26,8 @@ void addShapeKernels(KernelTable& table) {
                const OpNode& op = planner.op();
                const std::vector<int64_t> inStrides = contiguousStrides(planner.shape(op.inputs[0]));
                int64_t begin = 0;
-               for (std::size_t d = 0; d < inStrides.size(); ++d) begin += op.attributes.starts[d] * inStrides[d];
+               for (std::size_t d = 0; d < inStrides.size(); ++d)
+                 begin += op.attributes.starts[d] * inStrides[d];
                planner.runsOver(step, {{op.inputs[0], begin}});
                const Shape& out = planner.shape(op.outputs[0]);
                makeLoops(step, out, {contiguousStrides(out), inStrides});
@@ -35,7 +38,8 @@ void addShapeKernels(KernelTable& table) {
                const OpNode& op = planner.op();
                const std::vector<int64_t> outStrides = contiguousStrides(planner.shape(op.outputs[0]));
                int64_t begin = 0;
-               for (std::size_t d = 0; d < outStrides.size(); ++d) begin += op.attributes.starts[d] * outStrides[d];
+               for (std::size_t d = 0; d < outStrides.size(); ++d)
+                 begin += op.attributes.starts[d] * outStrides[d];
                planner.runsOver(step, {{op.inputs[0], 0}});
                // Each run clears its groups, then fills the slice.
                step.zeroFirst = true;

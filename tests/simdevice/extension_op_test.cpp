@@ -42,14 +42,14 @@ OpDef cubeDefinition(OpKind kind, std::string_view name) {
           .gradient = [](const GradientContext& g) -> std::vector<Tensor> {
             return {ops::mul(g.dy, ops::mul(ops::scalar(g.graph, 3.0), ops::mul(g.in(0), g.in(0))))};
           },
-          .reference = [](ReferenceOp& r, int64_t replica) {
-            const std::vector<double>& x = r.in(0, replica);
-            std::vector<double>& out = r.out(replica);
-            for (std::size_t i = 0; i < out.size(); ++i) out[i] = x[i] * x[i] * x[i];
-          },
-          .cost = [](const Graph& graph, const OpNode& op) {
-            return OpCost{.flops = 2.0 * elementsOf(graph, op.outputs[0])};
-          }};
+          .reference =
+              [](ReferenceOp& r, int64_t replica) {
+                const std::vector<double>& x = r.in(0, replica);
+                std::vector<double>& out = r.out(replica);
+                for (std::size_t i = 0; i < out.size(); ++i) out[i] = x[i] * x[i] * x[i];
+              },
+          .cost = [](const Graph& graph,
+                     const OpNode& op) { return OpCost{.flops = 2.0 * elementsOf(graph, op.outputs[0])}; }};
 }
 
 // What simdevice/ops/<family>.cc would hold.
@@ -93,7 +93,8 @@ TEST_CASE("an op registered at run time has a name, traits and a shape rule") {
     FAIL("an int32 operand was accepted");
   } catch (const GraphError& e) {
     CHECK(e.code() == ErrorCode::InvalidOperand);
-    CHECK(std::string(e.what()).find("Cube: input 0 \"labels\" [2] int32 must be float32") != std::string::npos);
+    CHECK(std::string(e.what()).find("Cube: input 0 \"labels\" [2] int32 must be float32") !=
+          std::string::npos);
   }
 }
 
@@ -102,7 +103,8 @@ TEST_CASE("an op registered at run time is differentiated as its rule says") {
   Graph g(2);
   const Tensor x = ops::input(g, "x", {3, 4});
   const Tensor w = ops::variable(g, "w", test::pseudoRandom(4, 5), {4});
-  const Tensor loss = ops::reduceSum(ops::mul(cube(ops::mul(x, w)), ops::constant(g, "r", test::pseudoRandom(12, 6), {3, 4})));
+  const Tensor loss = ops::reduceSum(
+      ops::mul(cube(ops::mul(x, w)), ops::constant(g, "r", test::pseudoRandom(12, 6), {3, 4})));
   const std::vector<Tensor> grads = autodiff(g, loss, {w});
 
   ReferenceEvaluator ev(g);
