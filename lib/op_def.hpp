@@ -250,6 +250,9 @@ std::vector<int64_t> unravel(std::size_t i, const Shape& shape);
 // Flat index in `small` of element i of `big`, when `small` broadcasts to
 // `big` (numpy rules: aligned right, size-1 dimensions repeat).
 std::size_t broadcastSource(std::size_t i, const Shape& big, const Shape& small);
+// Shard `shard` of `host` in ShardLayout(host.size(), shards): its real
+// elements, then zeros up to shardElements.
+std::vector<double> shardOf(const std::vector<double>& host, int64_t shards, int64_t shard);
 }  // namespace reference
 
 }  // namespace tessera

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "op_def.hpp"
+#include "tessera/shard_layout.hpp"
 
 namespace tessera {
 namespace {
@@ -258,6 +259,14 @@ std::size_t broadcastSource(std::size_t i, const Shape& big, const Shape& small)
   for (std::size_t d = 0; d < small.size(); ++d)
     if (small[d] != 1) flat += static_cast<std::size_t>(index[offset + d]) * strides[d];
   return flat;
+}
+
+std::vector<double> shardOf(const std::vector<double>& host, int64_t shards, int64_t shard) {
+  const ShardLayout layout(static_cast<int64_t>(host.size()), shards);
+  std::vector<double> out(static_cast<std::size_t>(layout.shardElements()), 0.0);
+  const auto begin = static_cast<std::size_t>(layout.hostOffset(shard));
+  for (std::size_t j = 0; j < static_cast<std::size_t>(layout.realElements(shard)); ++j) out[j] = host[begin + j];
+  return out;
 }
 
 }  // namespace reference

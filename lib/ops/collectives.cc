@@ -23,17 +23,6 @@ namespace {
 using R = std::vector<Tensor>;
 using Values = std::vector<double>;
 
-// Shard `shard` of `host` in ShardLayout(host.size(), shards): its real
-// elements, then zeros up to shardElements.
-Values shardOf(const Values& host, int64_t shards, int64_t shard) {
-  const ShardLayout layout(static_cast<int64_t>(host.size()), shards);
-  Values out(static_cast<std::size_t>(layout.shardElements()), 0.0);
-  const auto begin = static_cast<std::size_t>(layout.hostOffset(shard));
-  for (std::size_t j = 0; j < static_cast<std::size_t>(layout.realElements(shard)); ++j)
-    out[j] = host[begin + j];
-  return out;
-}
-
 // Writes shard `shard`'s real elements into their places in `host`.
 void placeShard(const Values& shardValues, int64_t shards, int64_t shard, Values& host) {
   const ShardLayout layout(static_cast<int64_t>(host.size()), shards);
@@ -62,7 +51,7 @@ void reduceReference(ReferenceOp& r, int64_t /*replica*/) {
     if (r.attributes().reduction == ReductionType::Mean)
       for (double& v : total) v /= static_cast<double>(g);
     for (int64_t i = 0; i < g; ++i)
-      r.out(members[static_cast<std::size_t>(i)]) = scatter ? shardOf(total, g, i) : total;
+      r.out(members[static_cast<std::size_t>(i)]) = scatter ? reference::shardOf(total, g, i) : total;
   });
 }
 
@@ -169,7 +158,7 @@ void addCollectiveOps(OpTable& table) {
     forEachGroup(r, [&](const std::vector<int64_t>& members, int64_t g) {
       for (int64_t i = 0; i < g; ++i) {
         const int64_t m = members[static_cast<std::size_t>(i)];
-        r.out(m) = shardOf(r.in(0, m), g, i);
+        r.out(m) = reference::shardOf(r.in(0, m), g, i);
       }
     });
   };

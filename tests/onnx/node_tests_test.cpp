@@ -18,11 +18,7 @@ namespace fs = std::filesystem;
 
 const fs::path kNodeTests = "/usr/share/libonnx-testdata/data/node";
 
-tessera::test::ProcessResult runCli(const std::vector<std::string>& args) {
-  const char* program = std::getenv("TESSERA_CLI");
-  REQUIRE_MESSAGE(program != nullptr, "TESSERA_CLI must name the tessera program");
-  return tessera::test::runProgram(program, args);
-}
+using tessera::test::runCli;
 
 std::vector<std::string> lines(const std::string& text) {
   std::vector<std::string> result;

@@ -21,13 +21,8 @@ using tessera::test::ProcessResult;
 using tessera::test::readFile;
 using tessera::test::TempDir;
 
-std::string cli() {
-  const char* program = std::getenv("TESSERA_CLI");
-  REQUIRE_MESSAGE(program != nullptr, "TESSERA_CLI must name the tessera program");
-  return program;
-}
-
-ProcessResult runCli(const std::vector<std::string>& args) { return tessera::test::runProgram(cli(), args); }
+std::string cli() { return tessera::test::cliProgram(); }
+using tessera::test::runCli;
 
 // A small synthetic run: 2 replicas x batch 8, 10 steps per epoch.
 std::string writeConfig(const TempDir& dir, const std::string& checkpoint, int64_t epochs) {

@@ -19,11 +19,7 @@ using tessera::test::readFile;
 using tessera::test::TempDir;
 using CliResult = tessera::test::ProcessResult;
 
-CliResult runCli(const std::vector<std::string>& args) {
-  const char* program = std::getenv("TESSERA_CLI");
-  REQUIRE_MESSAGE(program != nullptr, "TESSERA_CLI must name the tessera program");
-  return tessera::test::runProgram(program, args);
-}
+using tessera::test::runCli;
 
 json parseJson(const CliResult& result) {
   INFO("stdout: ", result.out);

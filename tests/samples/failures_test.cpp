@@ -32,13 +32,8 @@ using tessera::test::ProcessSetup;
 using tessera::test::readFile;
 using tessera::test::TempDir;
 
-std::string cli() {
-  const char* program = std::getenv("TESSERA_CLI");
-  REQUIRE_MESSAGE(program != nullptr, "TESSERA_CLI must name the tessera program");
-  return program;
-}
-
-ProcessResult runCli(const std::vector<std::string>& args) { return tessera::test::runProgram(cli(), args); }
+std::string cli() { return tessera::test::cliProgram(); }
+using tessera::test::runCli;
 
 // A synthetic run of 2 replicas x batch 8 (10 steps per epoch of 160
 // samples) with a hidden layer of `hidden`.

@@ -133,6 +133,15 @@ inline ProcessResult runProgram(const std::string& program, const std::vector<st
   return result;
 }
 
+// The tessera program the CLI suites run (TESSERA_CLI, set by meson test).
+inline std::string cliProgram() {
+  const char* program = std::getenv("TESSERA_CLI");
+  REQUIRE_MESSAGE(program != nullptr, "TESSERA_CLI must name the tessera program");
+  return program;
+}
+
+inline ProcessResult runCli(const std::vector<std::string>& args) { return runProgram(cliProgram(), args); }
+
 // How BackgroundProcess starts its program.
 struct ProcessSetup {
   std::string workingDirectory;  // empty: the test's own

@@ -22,17 +22,6 @@ using Values = std::vector<double>;
 
 std::size_t count(const Shape& shape) { return static_cast<std::size_t>(numElements(shape)); }
 
-// Shard `shard` of `host` in ShardLayout(host.size(), shards): its real
-// elements, then zeros up to shardElements.
-Values shardOf(const Values& host, int64_t shards, int64_t shard) {
-  const ShardLayout layout(static_cast<int64_t>(host.size()), shards);
-  Values out(static_cast<std::size_t>(layout.shardElements()), 0.0);
-  const auto begin = static_cast<std::size_t>(layout.hostOffset(shard));
-  for (std::size_t j = 0; j < static_cast<std::size_t>(layout.realElements(shard)); ++j)
-    out[j] = host[begin + j];
-  return out;
-}
-
 }  // namespace
 
 ReferenceEvaluator::ReferenceEvaluator(const Graph& graph)
@@ -61,7 +50,7 @@ void ReferenceEvaluator::initialiseVariable(TensorId t) {
     const auto first = node.data.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(group) * n);
     Values host(first, first + static_cast<std::ptrdiff_t>(n));
     Values value =
-        sharded ? shardOf(host, node.shardCount, shardIndexAt(node, replicas_, r)) : host;
+        sharded ? reference::shardOf(host, node.shardCount, shardIndexAt(node, replicas_, r)) : host;
     if (node.remoteBuffer >= 0) {
       buffers_[static_cast<std::size_t>(r)][static_cast<std::size_t>(node.remoteBuffer)]
               [static_cast<std::size_t>(node.remoteEntry)] = value;
