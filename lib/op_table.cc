@@ -265,7 +265,8 @@ std::vector<double> shardOf(const std::vector<double>& host, int64_t shards, int
   const ShardLayout layout(static_cast<int64_t>(host.size()), shards);
   std::vector<double> out(static_cast<std::size_t>(layout.shardElements()), 0.0);
   const auto begin = static_cast<std::size_t>(layout.hostOffset(shard));
-  for (std::size_t j = 0; j < static_cast<std::size_t>(layout.realElements(shard)); ++j) out[j] = host[begin + j];
+  for (std::size_t j = 0; j < static_cast<std::size_t>(layout.realElements(shard)); ++j)
+    out[j] = host[begin + j];
   return out;
 }
 
