@@ -3,6 +3,7 @@
 // tessera's ops (node_mapping.cc).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -48,10 +49,48 @@ std::optional<int64_t> importedOpset(const onnx::ModelProto& model) {
 // inference has annotated it: the converter expects a valid model, and its
 // broadcasting adapters need the shapes. Any complaint is reported with the
 // opset.
+// OnnxImportOptions::doubleAsFloat: double tensors of the model rewritten as
+// float32 before anything reads it.
+void doubleToFloat(onnx::TensorProto& tensor) {
+  if (tensor.data_type() != onnx::TensorProto::DOUBLE) return;
+  std::vector<double> values(tensor.double_data().begin(), tensor.double_data().end());
+  if (tensor.has_raw_data()) {
+    const std::string& raw = tensor.raw_data();
+    values.resize(raw.size() / sizeof(double));
+    for (std::size_t k = 0; k < values.size(); ++k)
+      std::memcpy(&values[k], raw.data() + k * sizeof(double), sizeof(double));
+  }
+  tensor.clear_double_data();
+  tensor.clear_raw_data();
+  tensor.set_data_type(onnx::TensorProto::FLOAT);
+  for (double v : values) tensor.add_float_data(static_cast<float>(v));
+}
+
+void doublesAsFloats(onnx::ModelProto& model) {
+  const auto retype = [](onnx::ValueInfoProto& info) {
+    if (info.type().has_tensor_type() && info.type().tensor_type().elem_type() == onnx::TensorProto::DOUBLE)
+      info.mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  };
+  onnx::GraphProto& graph = *model.mutable_graph();
+  for (auto& info : *graph.mutable_input()) retype(info);
+  for (auto& info : *graph.mutable_output()) retype(info);
+  for (auto& info : *graph.mutable_value_info()) retype(info);
+  for (auto& tensor : *graph.mutable_initializer()) doubleToFloat(tensor);
+  for (auto& node : *graph.mutable_node()) {
+    for (auto& attribute : *node.mutable_attribute()) {
+      if (attribute.has_t()) doubleToFloat(*attribute.mutable_t());
+      if (node.op_type() == "Cast" && attribute.name() == "to" && attribute.i() == onnx::TensorProto::DOUBLE)
+        attribute.set_i(onnx::TensorProto::FLOAT);
+    }
+  }
+}
+
 // The symbolic dimensions bound by the options are made concrete first: the
-// converter's broadcasting adapters need every input's dimensions.
+// converter's broadcasting adapters need every input's dimensions. (With
+// doubleAsFloat, the double tensors are rewritten first, whatever the opset.)
 onnx::ModelProto upgradeOpset(onnx::ModelProto model, const OnnxImportOptions& options,
                               const std::string& source) {
+  if (options.doubleAsFloat) doublesAsFloats(model);
   const std::optional<int64_t> version = importedOpset(model);
   if (!version || *version < 1 || *version >= kMinOpset) return model;
   const auto bind = [&](onnx::ValueInfoProto& info) {

@@ -181,6 +181,21 @@ TEST_CASE("a model of opset 6 is upgraded by ONNX's version converter and comput
   }
 }
 
+TEST_CASE("doubleAsFloat imports a double model as float32; without it a double input is refused") {
+  const std::string path = test::sourcePath("tests/data/bad/onnx/double-input.onnx");
+  CHECK_THROWS_AS(importOnnx(path, {}), OnnxError);
+  OnnxImportOptions options;
+  options.doubleAsFloat = true;
+  OnnxModel model = importOnnx(path, options);
+  CHECK(model.graph.tensor(model.graph.find("x")).dtype == DType::Float32);
+  InferenceSession session(std::move(model.graph), {"y"}, replicated(1), makeSimDevice());
+  const std::vector<float> x = {-1.5f, 2.0f, 0.0f, 3.25f, -0.5f, 1.0f, -2.0f, 4.0f};
+  session.run({StepInput("x", x)});
+  const HostTensor& y = session.output("y");
+  REQUIRE(y.data.size() == x.size());
+  for (std::size_t k = 0; k < x.size(); ++k) CHECK(y.data[k] == std::max(0.0f, x[k]));
+}
+
 TEST_CASE("a symbolic dimension without a value names the input, the axis and the dimension") {
   const auto error = test::catchError<OnnxError>([] { (void)importOnnx(kModel, {}); });
   REQUIRE(error);
