@@ -20,6 +20,7 @@
 #include "tessera/mlp.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/output_check.hpp"
+#include "tessera/placement.hpp"
 #include "tessera/profile.hpp"
 #include "tessera/session.hpp"
 
@@ -30,11 +31,12 @@ using Clock = std::chrono::steady_clock;
 
 void checkInputWidth(const ModelConfig& model, const DatasetSplit& split) {
   if (model.layers.front() != split.sampleElements()) {
-    throw ConfigError(ErrorCode::InvalidModel, "/model/layers/0",
-                      fmt::format("the model takes {} inputs but the dataset's samples have {} ({} x {}); set "
-                                  "/model/layers/0 to {}",
-                                  model.layers.front(), split.sampleElements(), split.rows, split.cols,
-                                  split.sampleElements()));
+    throw ConfigError(
+        ErrorCode::InvalidModel, "/model/layers/0",
+        fmt::format("the model takes {} inputs but the dataset's samples have {} ({} x {}); set "
+                    "/model/layers/0 to {}",
+                    model.layers.front(), split.sampleElements(), split.rows, split.cols,
+                    split.sampleElements()));
   }
 }
 
@@ -101,18 +103,20 @@ class Instances {
     if (!env_.set && options.getGlobalReplicationFactor() != options.getLocalReplicationFactor()) {
       const int64_t global = options.getGlobalReplicationFactor();
       const int64_t local = options.getLocalReplicationFactor();
-      throw ConfigError(ErrorCode::UnsupportedCombination, "/sessionOptions/enableDistributedReplicatedGraphs",
-                        fmt::format("the config spreads {} replicas over instances of {}, but this process was "
-                                    "not started as one of them; run `tessera launch --num-replicas {} "
-                                    "--num-instances {} -- tessera train ...`",
-                                    global, local, global, global / local));
+      throw ConfigError(
+          ErrorCode::UnsupportedCombination, "/sessionOptions/enableDistributedReplicatedGraphs",
+          fmt::format("the config spreads {} replicas over instances of {}, but this process was "
+                      "not started as one of them; run `tessera launch --num-replicas {} "
+                      "--num-instances {} -- tessera train ...`",
+                      global, local, global, global / local));
     }
     dist::configureSessionOptions(options, env_);
     const int64_t asked = config.sessionOptions.getGlobalReplicationFactor();
     if (env_.set && options.getGlobalReplicationFactor() != asked) {
-      notes.push_back(fmt::format("the launcher sets the replication: {} replica(s) in total, {} per "
-                                  "instance on {} instance(s) (the config asks for {})",
-                                  env_.numTotalReplicas, env_.numLocalReplicas, env_.numInstances, asked));
+      notes.push_back(
+          fmt::format("the launcher sets the replication: {} replica(s) in total, {} per "
+                      "instance on {} instance(s) (the config asks for {})",
+                      env_.numTotalReplicas, env_.numLocalReplicas, env_.numInstances, asked));
     }
     if (env_.numInstances > 1) communicator_ = dist::instanceCommunicator();
   }
@@ -233,7 +237,8 @@ double evaluate(const RunConfig& config, const SessionOptions& trainingOptions, 
     inference.run({StepInput(input, images), StepInput(labels, labelData)});
     const HostTensor& out = inference.output(predictions);
     for (int64_t i = 0; i < real; ++i) {
-      if (static_cast<int32_t>(out.data[static_cast<size_t>(i)]) == labelData[static_cast<size_t>(i)]) ++correct;
+      if (static_cast<int32_t>(out.data[static_cast<size_t>(i)]) == labelData[static_cast<size_t>(i)])
+        ++correct;
     }
   }
   return static_cast<double>(instances.sum(correct)) / static_cast<double>(test.count);
@@ -314,6 +319,14 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   // Before anything long runs: a path that cannot be written would otherwise
   // fail only after training, losing its result.
   if (instances.writesOutput()) checkOutputs(config.output);
+  // Planning makes no values: a model too large for the device is refused
+  // here, at once, before the dataset is read or any weight is made.
+  {
+    const MlpGraph planned =
+        buildMlp(config.model, config.data.batchSize, options.getGlobalReplicationFactor(), config.data.seed);
+    requireTrainingFits(planned.graph, planned.loss, *makeOptimizer(config.optimizer), options,
+                        config.device);
+  }
   const Dataset data = loadDataset(config.data);
   instances.checkAgree(config, data);
   checkInputWidth(config.model, data.train);
@@ -324,10 +337,11 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   const int64_t globalBatch = batch * options.getGlobalReplicationFactor() * af;
   const int64_t stepsPerEpoch = data.train.count / globalBatch;
   if (stepsPerEpoch == 0) {
-    throw ConfigError(ErrorCode::InvalidData, "/data/batchSize",
-                      fmt::format("a global batch of batchSize {} x replicas {} x accumulationFactor {} = {} samples "
-                                  "is larger than the {} training samples",
-                                  batch, options.getGlobalReplicationFactor(), af, globalBatch, data.train.count));
+    throw ConfigError(
+        ErrorCode::InvalidData, "/data/batchSize",
+        fmt::format("a global batch of batchSize {} x replicas {} x accumulationFactor {} = {} samples "
+                    "is larger than the {} training samples",
+                    batch, options.getGlobalReplicationFactor(), af, globalBatch, data.train.count));
   }
 
   MlpGraph mlp = buildMlp(config.model, batch, options.getGlobalReplicationFactor(), config.data.seed);
@@ -453,7 +467,8 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
     checkpointNow();
   }
   summary.finalLoss = summary.losses.empty() ? 0.0 : summary.losses.back();
-  summary.samplesPerSecond = trainSeconds > 0 ? static_cast<double>(summary.steps * globalBatch) / trainSeconds : 0.0;
+  summary.samplesPerSecond =
+      trainSeconds > 0 ? static_cast<double>(summary.steps * globalBatch) / trainSeconds : 0.0;
   // The last epoch's evaluation is of the final weights (a run resumed after
   // its last step runs no epoch and is evaluated here).
   if (!summary.interrupted) {

@@ -26,6 +26,9 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -80,9 +83,9 @@ enum class OpKind : uint16_t {
   Variable,  // persistent state initialised from host data
   Constant,  // value baked into the program
   // Dense math.
-  MatMul,  // [.., M, K] x [K, N] -> [.., M, N]; batched left operand allowed
+  MatMul,       // [.., M, K] x [K, N] -> [.., M, N]; batched left operand allowed
   BatchMatMul,  // [B.., M, K] x [B.., K, N] -> [B.., M, N]: one product per batch index
-  Add,     // numpy broadcasting for Add, Sub, Mul, Div
+  Add,          // numpy broadcasting for Add, Sub, Mul, Div
   Sub,
   Mul,
   Div,
@@ -95,15 +98,15 @@ enum class OpKind : uint16_t {
   Log,
   Sqrt,
   Abs,
-  Sign,        // -1, 0 or 1; zero gradient
+  Sign,  // -1, 0 or 1; zero gradient
   Erf,
-  Reciprocal,  // 1 / x
-  Softplus,    // log(1 + exp(x))
-  LeakyRelu,   // x > 0 ? x : a x
-  Elu,         // x > 0 ? x : a (exp(x) - 1)
-  Selu,        // b (x > 0 ? x : a (exp(x) - 1))
-  Clip,        // min(max(x, a), b)
-  Pow,         // a ^ b, numpy broadcasting
+  Reciprocal,           // 1 / x
+  Softplus,             // log(1 + exp(x))
+  LeakyRelu,            // x > 0 ? x : a x
+  Elu,                  // x > 0 ? x : a (exp(x) - 1)
+  Selu,                 // b (x > 0 ? x : a (exp(x) - 1))
+  Clip,                 // min(max(x, a), b)
+  Pow,                  // a ^ b, numpy broadcasting
   Softmax,              // along the last axis
   LogSoftmax,           // along the last axis
   SoftmaxCrossEntropy,  // logits [N, C] float, labels [N] int32 -> scalar (`reduction` Sum or Mean)
@@ -227,8 +230,8 @@ std::string_view opName(OpKind kind) noexcept;
 struct OpAttributes {
   std::vector<int64_t> axes{};  // ReduceSum/Mean, Transpose (permutation)
   bool keepDims = false;        // ReduceSum/Mean
-  Shape shape{};                // Reshape, BroadcastTo, ReduceToShape, SlicePad, ReplicaShardedPad, AllGather,
-                                // GatherGrad
+  Shape shape{};  // Reshape, BroadcastTo, ReduceToShape, SlicePad, ReplicaShardedPad, AllGather,
+                  // GatherGrad
   std::vector<int64_t> starts{};  // Slice, SlicePad
   std::vector<int64_t> ends{};    // Slice, SlicePad
   int64_t axis = 0;               // Concat
@@ -246,6 +249,44 @@ using OpId = int32_t;
 inline constexpr TensorId kNoTensor = -1;
 inline constexpr OpId kNoOp = -1;
 
+// The initial host values of a Variable: explicit values (shared, so that
+// copies of a graph share them), or values made on demand by a generator
+// (zeros, a seeded distribution). Planning (validate, explain, the memory
+// plan and its suggestions) reads only the count; a session makes the values
+// when it loads the variable onto the device, so a model far larger than the
+// host can be planned. Converts implicitly from a vector of values.
+class InitialValues {
+ public:
+  using Generator = std::function<void(std::span<float>)>;
+
+  InitialValues() = default;
+  InitialValues(
+      std::vector<float> values);  // NOLINT(google-explicit-constructor): values are the common case
+  InitialValues(std::initializer_list<float> values) : InitialValues(std::vector<float>(values)) {}
+  // `elements` copies of `value`.
+  static InitialValues filled(int64_t elements, float value);
+  // `elements` values written by `generate` (into a span of exactly that
+  // size) each time they are needed; `identity` names the values (the
+  // generator and its seed), for fingerprints.
+  static InitialValues generated(int64_t elements, std::string identity, Generator generate);
+
+  int64_t elements() const noexcept { return elements_; }
+  // Every value, made now when generated.
+  std::vector<float> values() const;
+  // Writes every value into `out` (out.size() == elements()).
+  void fill(std::span<float> out) const;
+  // The explicit values, or null when they are generated.
+  const std::vector<float>* explicitValues() const noexcept { return values_.get(); }
+  // What generates them ("zeros", "normal(seed 7, stddev 0.05)"); empty for explicit values.
+  const std::string& identity() const noexcept { return identity_; }
+
+ private:
+  std::shared_ptr<const std::vector<float>> values_;
+  std::shared_ptr<const Generator> generate_;
+  int64_t elements_ = 0;
+  std::string identity_;
+};
+
 struct TensorNode {
   std::string name;
   DType dtype = DType::Float32;
@@ -257,11 +298,13 @@ struct TensorNode {
   // aliases its first input's storage); kNoTensor when it owns its storage.
   TensorId aliasOf = kNoTensor;
   // Variables: grouping over replicas (nullopt: one group of all replicas),
-  // retrieval mode, and host initial data [numGroups, ...hostShape] (group dim
-  // omitted for one group; hostShape is metaShape when sharded, else shape).
-  // Constants: their value. Int32 values are stored exactly as floats.
+  // retrieval mode, and host initial values [numGroups, ...hostShape] (group
+  // dim omitted for one group; hostShape is metaShape when sharded, else
+  // shape), made on demand (InitialValues).
   std::optional<ReplicaGrouping> grouping;
   RetrievalMode retrievalMode = RetrievalMode::OnePerGroup;
+  InitialValues initial;
+  // Constants: their value. Int32 values are stored exactly as floats.
   std::vector<float> data;
   // Sharded tensors: the full (unsharded) shape; shape is then [ceil(n/k)].
   // Empty when not sharded. Collectives set it on their sharded outputs.

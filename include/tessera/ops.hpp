@@ -93,8 +93,9 @@ namespace ops {
 // --- Sources ---
 Tensor input(Graph& graph, std::string name, Shape shape, DType dtype = DType::Float32);
 // A persistent tensor initialised from `hostData` (see the host shape rule
-// above). `category` lets optimizers create OptimizerState / Accumulator state.
-Tensor variable(Graph& graph, std::string name, std::vector<float> hostData, Shape shape,
+// above): a vector of values, or values made on demand (InitialValues).
+// `category` lets optimizers create OptimizerState / Accumulator state.
+Tensor variable(Graph& graph, std::string name, InitialValues hostData, Shape shape,
                 std::optional<ReplicaGrouping> grouping = std::nullopt,
                 RetrievalMode retrievalMode = RetrievalMode::OnePerGroup,
                 TensorCategory category = TensorCategory::Weight, DType dtype = DType::Float32);
@@ -108,7 +109,7 @@ Tensor matmul(Tensor a, Tensor b);  // [.., M, K] x [K, N] -> [.., M, N]
 // [B.., M, K] x [B.., K, N] -> [B.., M, N] with the same batch dimensions B..
 // (rank >= 3): one product per batch index, as attention's scores.
 Tensor batchMatmul(Tensor a, Tensor b);
-Tensor add(Tensor a, Tensor b);     // numpy broadcasting for add, sub, mul, div
+Tensor add(Tensor a, Tensor b);  // numpy broadcasting for add, sub, mul, div
 Tensor sub(Tensor a, Tensor b);
 Tensor mul(Tensor a, Tensor b);
 Tensor div(Tensor a, Tensor b);
@@ -185,21 +186,21 @@ Tensor remoteLoad(Graph& graph, RemoteBuffer buffer, int64_t entry = 0);
 void remoteStore(Graph& graph, RemoteBuffer buffer, int64_t entry, Tensor t);
 // A variable kept in buffer[entry] (shape and dtype of the buffer); the host
 // data has the group dimension when the grouping has more than one group.
-Tensor remoteVariable(Graph& graph, std::string name, std::vector<float> hostData, RemoteBuffer buffer,
+Tensor remoteVariable(Graph& graph, std::string name, InitialValues hostData, RemoteBuffer buffer,
                       int64_t entry = 0, std::optional<ReplicaGrouping> grouping = std::nullopt,
                       RetrievalMode retrievalMode = RetrievalMode::OnePerGroup);
 // A variable of `shape` sharded over `shardOver` members (default: the group
 // size) of each group of `grouping`: member m holds shard m mod shardOver.
 // Throws GraphError(InvalidCollective) when shardOver does not divide the
 // group size.
-ShardedVariable replicaShardedVariable(Graph& graph, std::string name, std::vector<float> hostData,
-                                       Shape shape, std::optional<ReplicaGrouping> grouping = std::nullopt,
+ShardedVariable replicaShardedVariable(Graph& graph, std::string name, InitialValues hostData, Shape shape,
+                                       std::optional<ReplicaGrouping> grouping = std::nullopt,
                                        std::optional<int64_t> shardOver = std::nullopt,
                                        TensorCategory category = TensorCategory::Weight);
 // A variable of `shape` sharded over all replicas and kept in buffer[entry];
 // the buffer must have shape [ceil(n/R)] (its metaShape is set to `shape`).
 // Needs a replication factor > 1 (GraphError(InvalidCollective)).
-Tensor remoteReplicaShardedVariable(Graph& graph, std::string name, std::vector<float> hostData, Shape shape,
+Tensor remoteReplicaShardedVariable(Graph& graph, std::string name, InitialValues hostData, Shape shape,
                                     RemoteBuffer buffer, int64_t entry = 0);
 
 }  // namespace ops

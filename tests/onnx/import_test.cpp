@@ -83,7 +83,7 @@ TEST_CASE("the MLP export imports with its ONNX names, weights and folded shape 
     CHECK(weight.category == TensorCategory::Weight);
     CHECK(g.op(weight.producer).kind == OpKind::Variable);
     const std::vector<float> expected = values.get<std::vector<float>>();
-    CHECK(weight.data == expected);
+    CHECK(weight.initial.values() == expected);
   }
   // Torch's Shape/Gather/Unsqueeze/Concat chain is folded into Reshape's
   // attribute: the device runs the model's math only.
