@@ -1,12 +1,15 @@
 // A PyTorch export of LeNet-5 (two convolutions with max pools, three linear
 // layers, the cross-entropy loss inside the graph) imports and runs forward
 // on the simulated device with PyTorch's loss and logits, at several batch
-// sizes and replication factors.
+// sizes and replication factors, and trains: one SGD step moves the weights
+// as PyTorch's does, through every gradient kernel of the convolutions and
+// pools.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,6 +18,7 @@
 
 #include "tessera/device.hpp"
 #include "tessera/onnx.hpp"
+#include "tessera/optimizer.hpp"
 #include "tessera/session.hpp"
 #include "test_support.hpp"
 
@@ -99,6 +103,44 @@ TEST_CASE("LeNet's forward loss and logits equal PyTorch's at every batch size a
               1e-5 * std::max(1.0, std::fabs(static_cast<double>(logits[k]))));
       }
     }
+  }
+}
+
+TEST_CASE("LeNet trains: one SGD step moves the weights as PyTorch's does, on 1, 2 and 4 replicas") {
+  const json& c = reference().at("cases").back();
+  const auto batch = c.at("batch").get<int64_t>();
+  std::vector<float> image;
+  for (const json& p : c.at("pixels")) image.push_back(static_cast<float>(p.get<int>()) / 255.0f);
+  const std::vector<int32_t> labels = c.at("labels").get<std::vector<int32_t>>();
+  for (int64_t replicas : {1, 2, 4}) {
+    CAPTURE(replicas);
+    OnnxModel model = importLeNet(batch / replicas, replicas);
+    const TensorId loss = model.graph.find("loss");
+    SessionOptions options = replicated(replicas);
+    options.accumulationAndReplicationReductionType = ReductionType::Mean;
+    OptimizerConfig sgd;
+    sgd.sgd.learningRate = 0.1;
+    TrainingSession session(std::move(model.graph), loss, makeOptimizer(sgd), options, makeSimDevice());
+    session.run({StepInput("image", image), StepInput("labels", labels)});
+    CHECK(relativeDifference(session.meanLoss(), c.at("loss").get<double>()) <= 1e-5);
+    std::set<std::string> checked;
+    for (const auto& [name, value] : session.readWeights()) {
+      if (!reference().at("sgdStep").contains(name)) continue;
+      CAPTURE(name);
+      const std::vector<float> want = reference().at("sgdStep").at(name).get<std::vector<float>>();
+      REQUIRE(value.data.size() == want.size());
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        CAPTURE(k);
+        CHECK(std::fabs(value.data[k] - want[k]) <=
+              1e-5 * std::max(1.0, std::fabs(static_cast<double>(want[k]))));
+      }
+      checked.insert(name);
+    }
+    CHECK(checked.size() == 4);
+    const double first = session.meanLoss();
+    for (int step = 0; step < 3; ++step)
+      session.run({StepInput("image", image), StepInput("labels", labels)});
+    CHECK(session.meanLoss() < first);
   }
 }
 

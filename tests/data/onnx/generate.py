@@ -110,8 +110,17 @@ def write_lenet():
             loss, logits = model(pixels.to(torch.float32) / 255.0, lb)
         cases.append({"batch": batch, "pixels": pixels.flatten().tolist(), "labels": lb.tolist(),
                       "loss": float(loss), "logits": logits.flatten().tolist()})
+    # One SGD step (learning rate 0.1) on the last case: the parameters it
+    # changes first and last in the network (every gradient op lies between).
+    last = cases[-1]
+    images = torch.tensor(last["pixels"], dtype=torch.float32).reshape(-1, 1, 28, 28) / 255.0
+    loss, _ = model(images, torch.tensor(last["labels"]))
+    loss.backward()
+    with torch.no_grad():
+        step = {name: (p - 0.1 * p.grad).flatten().tolist() for name, p in model.named_parameters()
+                if name in ("conv1.weight", "conv1.bias", "conv2.bias", "fc3.bias")}
     with open(os.path.join(HERE, "lenet_reference.json"), "w") as out:
-        json.dump({"imageShape": [1, 28, 28], "classes": 10, "cases": cases}, out)
+        json.dump({"imageShape": [1, 28, 28], "classes": 10, "cases": cases, "sgdStep": step}, out)
         out.write("\n")
 
 
