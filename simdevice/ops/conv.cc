@@ -20,9 +20,12 @@ namespace {
 // up to this many floats.
 constexpr int64_t kWeightColumnsFloats = int64_t{1} << 21;
 
-// Step::table2 holds the convolution's sizes.
+// Step::table2 holds the convolution's sizes: `width` output positions per
+// row of the last spatial axis, `step` input positions between two of them.
+// Step::table holds, for each tap k and output row, the row's positions
+// that read the input: [lo, hi) of the row, from input position `at` on.
 struct ConvSizes {
-  int64_t batch, cIn, cOut, group, inPositions, taps, outPositions, chunk, direct;
+  int64_t batch, cIn, cOut, group, inPositions, taps, outPositions, chunk, direct, width, step;
 
   int64_t cInGroup() const { return cIn / group; }
   int64_t cOutGroup() const { return cOut / group; }
@@ -31,38 +34,71 @@ struct ConvSizes {
 
 ConvSizes sizesOf(const Step& s) {
   const int64_t* t = s.table2.data();
-  return {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]};
+  return {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10]};
 }
 
 void gemm(const Step& s, const GemmShape& shape, const float* a, const float* b, float* c) {
   sim::gemm(s.gemmPlan, shape, a, b, c, 1.0f, s.scratch->lhs, s.scratch->rhs);
 }
 
-// cols[(c K + k) stride + column0 + p] = in[c, tap k of window p] (0 in the
-// pads) for the Ci/g channels at `in`.
-void im2col(const ConvSizes& z, const int64_t* taps, const float* in, float* cols, int64_t stride) {
-  const int64_t positions = z.outPositions;
+// The segments of each tap's column row (Step::table) from the tap table
+// (lib/ops/window.hpp): along a row of the last axis the taps inside the
+// input are consecutive and `step` apart.
+std::vector<int64_t> segmentsOf(const std::vector<int64_t>& taps, int64_t kernelTaps, int64_t positions,
+                                int64_t width) {
+  std::vector<int64_t> segments;
+  const int64_t rows = width == 0 ? 0 : positions / width;
+  for (int64_t k = 0; k < kernelTaps; ++k) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t* tap = taps.data() + k * positions + r * width;
+      int64_t lo = 0;
+      while (lo < width && tap[lo] < 0) ++lo;
+      int64_t hi = lo;
+      while (hi < width && tap[hi] >= 0) ++hi;
+      segments.insert(segments.end(), {lo, hi, lo < hi ? tap[lo] : 0});
+    }
+  }
+  return segments;
+}
+
+// cols[(c K + k) stride + p] = in[c, tap k of window p] (0 in the pads) for
+// the Ci/g channels at `in`.
+void im2col(const ConvSizes& z, const int64_t* segments, const float* in, float* cols, int64_t stride) {
+  const int64_t rows = z.width == 0 ? 0 : z.outPositions / z.width;
   for (int64_t c = 0; c < z.cInGroup(); ++c) {
     const float* plane = in + c * z.inPositions;
     for (int64_t k = 0; k < z.taps; ++k) {
-      const int64_t* tap = taps + k * positions;
       float* row = cols + (c * z.taps + k) * stride;
-      for (int64_t p = 0; p < positions; ++p) row[p] = tap[p] >= 0 ? plane[tap[p]] : 0.0f;
+      const int64_t* segment = segments + k * rows * 3;
+      for (int64_t r = 0; r < rows; ++r, segment += 3, row += z.width) {
+        const int64_t lo = segment[0];
+        const int64_t hi = segment[1];
+        const float* from = plane + segment[2];
+        std::fill(row, row + lo, 0.0f);
+        if (z.step == 1) {
+          std::copy(from, from + (hi - lo), row + lo);
+        } else {
+          for (int64_t p = lo; p < hi; ++p) row[p] = from[(p - lo) * z.step];
+        }
+        std::fill(row + hi, row + z.width, 0.0f);
+      }
     }
   }
 }
 
 // in[c, tap k of window p] += cols[(c K + k) P + p], in that order.
-void col2im(const ConvSizes& z, const int64_t* taps, const float* cols, float* in) {
-  const int64_t positions = z.outPositions;
+void col2im(const ConvSizes& z, const int64_t* segments, const float* cols, float* in) {
+  const int64_t rows = z.width == 0 ? 0 : z.outPositions / z.width;
   std::fill_n(in, z.cInGroup() * z.inPositions, 0.0f);
   for (int64_t c = 0; c < z.cInGroup(); ++c) {
     float* plane = in + c * z.inPositions;
     for (int64_t k = 0; k < z.taps; ++k) {
-      const int64_t* tap = taps + k * positions;
-      const float* row = cols + (c * z.taps + k) * positions;
-      for (int64_t p = 0; p < positions; ++p)
-        if (tap[p] >= 0) plane[tap[p]] += row[p];
+      const float* row = cols + (c * z.taps + k) * z.outPositions;
+      const int64_t* segment = segments + k * rows * 3;
+      for (int64_t r = 0; r < rows; ++r, segment += 3, row += z.width) {
+        float* to = plane + segment[2];
+        for (int64_t p = segment[0]; p < segment[1]; ++p) to[(p - segment[0]) * z.step] += row[p];
+      }
     }
   }
 }
@@ -173,7 +209,7 @@ void planConv(StepPlanner& planner, Step& step) {
   const Shape& weight = planner.shape(kWay == Way::BackwardWeight ? y : b);
   const WindowGeometry window =
       windowOf(spatialOf(convIn), spatialOf(weight), spatialOf(convOut), op.attributes);
-  step.table = windowTaps(window);
+  const std::vector<int64_t> taps = windowTaps(window);
   ConvSizes z{convIn[0],
               convIn[1],
               convOut[1],
@@ -182,12 +218,14 @@ void planConv(StepPlanner& planner, Step& step) {
               window.taps(),
               window.outPositions(),
               1,
-              0};
+              0,
+              window.out.back(),
+              window.strides.back()};
+  step.table = segmentsOf(taps, z.taps, z.outPositions, z.width);
   // A window that reads each input position once, in order (1x1, stride 1,
   // no pads): the input is its own column matrix.
   bool identity = z.taps == 1 && z.inPositions == z.outPositions;
-  for (int64_t p = 0; identity && p < z.outPositions; ++p)
-    identity = step.table[static_cast<std::size_t>(p)] == p;
+  for (int64_t p = 0; identity && p < z.outPositions; ++p) identity = taps[static_cast<std::size_t>(p)] == p;
   z.direct = identity && kWay != Way::BackwardWeight ? 1 : 0;
   const int64_t rows = z.columnRows();
   int64_t m = 0;
@@ -208,7 +246,8 @@ void planConv(StepPlanner& planner, Step& step) {
     step.workFloats = (rows + z.cOutGroup()) * k + z.cOutGroup() * rows;
     step.kernel = convBackwardWeight;
   }
-  step.table2 = {z.batch, z.cIn, z.cOut, z.group, z.inPositions, z.taps, z.outPositions, z.chunk, z.direct};
+  step.table2 = {z.batch,        z.cIn,   z.cOut,   z.group, z.inPositions, z.taps,
+                 z.outPositions, z.chunk, z.direct, z.width, z.step};
   step.gemmPlan = sim::planGemm(bestGemmIsa(), m, n, k);
   planner.runsOver(step, {{a, 0}, {b, 0}});
   planner.emit(std::move(step));
