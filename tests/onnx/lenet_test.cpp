@@ -124,7 +124,9 @@ TEST_CASE("LeNet trains: one SGD step moves the weights as PyTorch's does, on 1,
     session.run({StepInput("image", image), StepInput("labels", labels)});
     CHECK(relativeDifference(session.meanLoss(), c.at("loss").get<double>()) <= 1e-5);
     std::set<std::string> checked;
-    for (const auto& [name, value] : session.readWeights()) {
+    for (const auto& weight : session.readWeights()) {
+      const std::string& name = weight.first;
+      const HostTensor& value = weight.second;
       if (!reference().at("sgdStep").contains(name)) continue;
       CAPTURE(name);
       const std::vector<float> want = reference().at("sgdStep").at(name).get<std::vector<float>>();
