@@ -17,8 +17,9 @@ namespace tessera::sim {
 namespace {
 
 // The weight gradient's columns of several samples go to scratch at once,
-// up to this many floats.
-constexpr int64_t kWeightColumnsFloats = int64_t{1} << 21;
+// up to this many floats: few enough that they are still in cache when
+// the GEMM reads them.
+constexpr int64_t kWeightColumnsFloats = int64_t{1} << 16;
 
 // Step::table2 holds the convolution's sizes: `width` output positions per
 // row of the last spatial axis, `step` input positions between two of them.
