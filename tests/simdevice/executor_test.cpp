@@ -915,3 +915,40 @@ TEST_CASE("a gather index outside the table is a device error naming the op and 
     CHECK(std::string(e.what()).find("Gather: index 5 (element 1) is outside [-5, 5)") != std::string::npos);
   }
 }
+
+TEST_CASE("convolutions and pools give every replica the same bits whatever the number of replicas") {
+  // Replica r of an R-replica run gets the data of the one-replica run, so
+  // each of its values must equal that run's bit for bit.
+  auto build = [](Graph& g) {
+    const Tensor x = ops::input(g, "x", {3, 4, 9, 8});
+    const Tensor w = ops::variable(g, "w", test::pseudoRandom(6 * 2 * 3 * 3, 31), {6, 2, 3, 3});
+    const Tensor y = ops::conv(x, w, {.strides = {2, 1}, .pads = {1, 1, 0, 1}, .group = 2});
+    const Tensor p = ops::maxPool(ops::relu(y), {.kernel = {2, 2}, .strides = {2, 2}, .ceilMode = true});
+    const Tensor a = ops::averagePool(p, {.kernel = {2, 2}, .pads = {1, 1, 0, 0}});
+    const Tensor loss = ops::reduceSum(ops::mul(a, a));
+    const std::vector<Tensor> grads = autodiff(g, loss, {x, w});
+    return std::vector<TensorId>{y.id(), a.id(), grads[0].id(), grads[1].id()};
+  };
+  Graph one(1);
+  const std::vector<TensorId> tensors = build(one);
+  const auto feeds = test::makeFeeds(one, 5, 3);
+  test::DeviceRun single = test::loadOnDevice(one, ExecutionMode::Vectorized);
+  test::runDevice(*single.executable, feeds);
+  Graph four(4);
+  build(four);
+  std::map<TensorId, std::vector<float>> repeated;
+  for (const auto& [t, data] : feeds) {
+    for (int r = 0; r < 4; ++r) repeated[t].insert(repeated[t].end(), data.begin(), data.end());
+  }
+  test::DeviceRun many = test::loadOnDevice(four, ExecutionMode::Vectorized);
+  test::runDevice(*many.executable, repeated);
+  for (TensorId t : tensors) {
+    const std::vector<float> want = test::deviceValue(*single.executable, one, t, 0);
+    REQUIRE(!want.empty());
+    for (int64_t r = 0; r < 4; ++r) {
+      CAPTURE(one.tensor(t).name);
+      CAPTURE(r);
+      CHECK(test::deviceValue(*many.executable, four, t, r) == want);
+    }
+  }
+}
