@@ -166,6 +166,64 @@ Tensor clip(Tensor x, double lo, double hi) { return unary(OpKind::Clip, x, scal
 Tensor pow(Tensor a, Tensor b) { return binary(OpKind::Pow, a, b); }
 Tensor batchMatmul(Tensor a, Tensor b) { return binary(OpKind::BatchMatMul, a, b); }
 Tensor gather(Tensor data, Tensor indices) { return binary(OpKind::Gather, data, indices); }
+namespace {
+OpAttributes convAttributes(const ConvParams& p) {
+  OpAttributes attributes;
+  attributes.strides = p.strides;
+  attributes.pads = p.pads;
+  attributes.dilations = p.dilations;
+  attributes.group = p.group;
+  attributes.outputPadding = p.outputPadding;
+  return attributes;
+}
+OpAttributes poolAttributes(const PoolParams& p) {
+  OpAttributes attributes;
+  attributes.kernel = p.kernel;
+  attributes.strides = p.strides;
+  attributes.pads = p.pads;
+  attributes.dilations = p.dilations;
+  attributes.ceilMode = p.ceilMode;
+  attributes.countIncludePad = p.countIncludePad;
+  return attributes;
+}
+// The spatial axes of an NC[D]HW tensor: 2, 3, ...
+std::vector<int64_t> spatialAxes(const Tensor& x, std::string_view op) {
+  const auto rank = static_cast<int64_t>(x.shape().size());
+  if (rank < 3) {
+    throw GraphError(ErrorCode::ShapeMismatch, std::string(op),
+                     fmt::format("{}: input \"{}\" {} must be [N, C, D..] with at least one spatial axis", op,
+                                 x.name(), shapeStr(x.shape())));
+  }
+  std::vector<int64_t> axes;
+  for (int64_t a = 2; a < rank; ++a) axes.push_back(a);
+  return axes;
+}
+}  // namespace
+
+Tensor conv(Tensor x, Tensor w, const ConvParams& params) {
+  return binary(OpKind::Conv, x, w, convAttributes(params));
+}
+Tensor convTranspose(Tensor x, Tensor w, const ConvParams& params) {
+  return binary(OpKind::ConvTranspose, x, w, convAttributes(params));
+}
+Tensor maxPool(Tensor x, const PoolParams& params) {
+  return unary(OpKind::MaxPool, x, poolAttributes(params));
+}
+Tensor averagePool(Tensor x, const PoolParams& params) {
+  return unary(OpKind::AveragePool, x, poolAttributes(params));
+}
+Tensor globalAveragePool(Tensor x) {
+  graphOf("GlobalAveragePool", {x});
+  return reduceMean(x, spatialAxes(x, "GlobalAveragePool"), true);
+}
+Tensor globalMaxPool(Tensor x) {
+  graphOf("GlobalMaxPool", {x});
+  spatialAxes(x, "GlobalMaxPool");
+  PoolParams params;
+  params.kernel.assign(x.shape().begin() + 2, x.shape().end());
+  return maxPool(x, params);
+}
+
 Tensor softmax(Tensor x) { return unary(OpKind::Softmax, x); }
 Tensor logSoftmax(Tensor x) { return unary(OpKind::LogSoftmax, x); }
 

@@ -114,6 +114,14 @@ nlohmann::json graphFingerprint(const Graph& graph) {
     structure.add(a.grouping);
     structure.add(a.remoteBuffer);
     structure.add(a.entry);
+    structure.add(a.kernel);
+    structure.add(a.strides);
+    structure.add(a.pads);
+    structure.add(a.dilations);
+    structure.add(a.outputPadding);
+    structure.add(a.group);
+    structure.add(a.ceilMode);
+    structure.add(a.countIncludePad);
   }
   return nlohmann::json{{"structure", fmt::format("{} ops, {} tensors, hash {}", graph.ops().size(),
                                                   graph.tensors().size(), structure.hex())},

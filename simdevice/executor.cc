@@ -468,12 +468,13 @@ void SimExecutable::planSteps() {
   int64_t rhs = 0;
   int64_t product = 0;
   for (Step& step : steps_) {
-    if (step.kernel != matmulKernel() && step.kernel != matmulSlicesKernel() &&
-        step.kernel != batchedMatmulKernel())
-      continue;
-    const auto [a, b] = planGemm(step);
-    lhs = std::max(lhs, alignUp(a));
-    rhs = std::max(rhs, alignUp(b));
+    // Other kernels with GEMMs (convolutions) planned theirs with the step.
+    if (step.kernel == matmulKernel() || step.kernel == matmulSlicesKernel() ||
+        step.kernel == batchedMatmulKernel())
+      planGemm(step);
+    lhs = std::max(lhs, alignUp(step.gemmPlan.lhsFloats));
+    rhs = std::max(rhs, alignUp(step.gemmPlan.rhsFloats));
+    product = std::max(product, alignUp(step.workFloats));
     if (step.kernel == matmulSlicesKernel()) product = std::max(product, alignUp(step.rows * step.cols));
   }
   // Packed blocks are read with aligned loads.

@@ -122,6 +122,12 @@ enum class OpKind : uint16_t {
   CopyInplace,       // (dst, src): dst = src; the output aliases dst
   ArgMax,            // along the last axis, int32 output, no gradient
   Gather,            // (data [V, D...], indices int32 [I...]) -> rows [I..., D...]
+  // Convolution and pooling over NC[D]HW tensors (1-3 spatial axes): `strides`, `pads` (every axis's
+  // begin, then every axis's end), `dilations`, `group`; pools take `kernel`.
+  Conv,           // (x [N, C, D..], w [M, C/group, K..]) -> [N, M, O..]
+  ConvTranspose,  // (x [N, C, D..], w [C, M/group, K..]) -> [N, M, O..], `outputPadding`
+  MaxPool,        // x [N, C, D..] -> [N, C, O..], `ceilMode`
+  AveragePool,    // x [N, C, D..] -> [N, C, O..], `ceilMode`, `countIncludePad`
   // Gradient helpers, produced by autodiff (also usable directly).
   ReluGrad,                 // (dy, x) -> dy * (x > 0)
   GeluGrad,                 // (dy, x) -> dy * gelu'(x)
@@ -133,6 +139,9 @@ enum class OpKind : uint16_t {
   ReduceToShape,            // sum a broadcast value back to `shape`
   SlicePad,                 // zeros of `shape` with [starts, ends) filled from the input
   GatherGrad,               // (dy, indices) -> zeros of `shape` with dy's rows added at the indices
+  ConvGradWeight,           // (dy [N, M, O..], x [N, C, D..]) -> the gradient of Conv's weight, `shape`
+  MaxPoolGrad,              // (dy, x) -> dy routed to the first maximum of each window
+  AveragePoolGrad,          // dy -> dx of `shape`: each window's dy spread over the window
   // Collectives over a ReplicaGrouping of the replicas (`grouping`; nullopt =
   // all replicas). Sharded values use ShardLayout(n, groupSize).
   ReplicatedAllReduce,      // Sum or Mean over each group; same shape
@@ -192,6 +201,10 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::CopyInplace, std::string_view{"CopyInplace"}},
       std::pair{OpKind::ArgMax, std::string_view{"ArgMax"}},
       std::pair{OpKind::Gather, std::string_view{"Gather"}},
+      std::pair{OpKind::Conv, std::string_view{"Conv"}},
+      std::pair{OpKind::ConvTranspose, std::string_view{"ConvTranspose"}},
+      std::pair{OpKind::MaxPool, std::string_view{"MaxPool"}},
+      std::pair{OpKind::AveragePool, std::string_view{"AveragePool"}},
       std::pair{OpKind::ReluGrad, std::string_view{"ReluGrad"}},
       std::pair{OpKind::GeluGrad, std::string_view{"GeluGrad"}},
       std::pair{OpKind::LeakyReluGrad, std::string_view{"LeakyReluGrad"}},
@@ -202,6 +215,9 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::ReduceToShape, std::string_view{"ReduceToShape"}},
       std::pair{OpKind::SlicePad, std::string_view{"SlicePad"}},
       std::pair{OpKind::GatherGrad, std::string_view{"GatherGrad"}},
+      std::pair{OpKind::ConvGradWeight, std::string_view{"ConvGradWeight"}},
+      std::pair{OpKind::MaxPoolGrad, std::string_view{"MaxPoolGrad"}},
+      std::pair{OpKind::AveragePoolGrad, std::string_view{"AveragePoolGrad"}},
       std::pair{OpKind::ReplicatedAllReduce, std::string_view{"ReplicatedAllReduce"}},
       std::pair{OpKind::ReplicatedReduceScatter, std::string_view{"ReplicatedReduceScatter"}},
       std::pair{OpKind::ReplicatedAllGather, std::string_view{"ReplicatedAllGather"}},
@@ -241,6 +257,15 @@ struct OpAttributes {
   std::optional<ReplicaGrouping> grouping{};     // collectives: the groups; nullopt = all replicas
   int64_t remoteBuffer = -1;                     // RemoteLoad/Store: buffer id
   int64_t entry = 0;                             // RemoteLoad/Store: entry index
+  // Convolutions and pools (one entry per spatial axis; the shape rule fills the defaults).
+  std::vector<int64_t> kernel{};         // pools: the window
+  std::vector<int64_t> strides{};        // default 1
+  std::vector<int64_t> pads{};           // begin of every axis, then end of every axis; default 0
+  std::vector<int64_t> dilations{};      // default 1
+  std::vector<int64_t> outputPadding{};  // ConvTranspose: added at the end of each output axis; default 0
+  int64_t group = 1;                     // Conv, ConvTranspose, ConvGradWeight: channel groups
+  bool ceilMode = false;                 // pools: the last partial window counts
+  bool countIncludePad = false;          // AveragePool: pads count in the divisor
   bool operator==(const OpAttributes&) const = default;
 };
 

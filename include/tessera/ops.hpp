@@ -142,6 +142,36 @@ Tensor pow(Tensor a, Tensor b);
 // negative counts from the end): [I..., D...], an embedding lookup. The
 // gradient adds dy's rows into the rows the indices name.
 Tensor gather(Tensor data, Tensor indices);
+// --- Convolution and pooling over NC[D]HW tensors (1 to 3 spatial axes) ---
+// Each vector has one value per spatial axis (pads: every axis's begin, then
+// every axis's end); empty means the default (strides and dilations 1, pads 0).
+struct ConvParams {
+  std::vector<int64_t> strides{};
+  std::vector<int64_t> pads{};
+  std::vector<int64_t> dilations{};
+  int64_t group = 1;
+  std::vector<int64_t> outputPadding{};  // convTranspose: added at the end of each axis, below the stride
+};
+struct PoolParams {
+  std::vector<int64_t> kernel{};  // the window (required)
+  std::vector<int64_t> strides{};
+  std::vector<int64_t> pads{};  // each below the window's extent
+  std::vector<int64_t> dilations{};
+  bool ceilMode = false;  // a last partial window counts (if it starts inside the input or its begin pad)
+  bool countIncludePad = false;  // averagePool: pads count in the divisor
+};
+// x [N, C, D..] * w [M, C/group, K..] -> [N, M, O..], O = (D + pads - dilation (K - 1) - 1) / stride + 1.
+Tensor conv(Tensor x, Tensor w, const ConvParams& params = {});
+// Conv's transpose (its gradient with respect to its input): x [N, C, D..], w [C, M/group, K..] ->
+// [N, M, O..], O = (D - 1) stride - pads + dilation (K - 1) + 1 + outputPadding.
+Tensor convTranspose(Tensor x, Tensor w, const ConvParams& params = {});
+// The maximum of each window (pads never win); the gradient goes to the first maximum in scan order.
+Tensor maxPool(Tensor x, const PoolParams& params);
+// The mean of each window over its taps inside the input (and the pads with countIncludePad).
+Tensor averagePool(Tensor x, const PoolParams& params);
+// Over all spatial axes, keeping them as 1s: [N, C, D..] -> [N, C, 1..] (a ReduceMean, a MaxPool).
+Tensor globalAveragePool(Tensor x);
+Tensor globalMaxPool(Tensor x);
 Tensor softmax(Tensor x);     // along the last axis
 Tensor logSoftmax(Tensor x);  // along the last axis
 // logits [N, C], labels [N] int32 -> scalar: -sum_n log softmax(logits)[n, label_n],
