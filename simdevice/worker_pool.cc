@@ -42,12 +42,19 @@ T awaitChange(const std::atomic<T>& value, T old) {
   }
 }
 
+// job_: generation (bits 40-63), part count (bits 20-39), next part (bits 0-19).
+constexpr int kPartBits = 20;
+constexpr uint64_t kPartMask = (uint64_t{1} << kPartBits) - 1;
+uint64_t generationOf(uint64_t job) { return job >> (2 * kPartBits); }
+int partsOf(uint64_t job) { return static_cast<int>((job >> kPartBits) & kPartMask); }
+int nextOf(uint64_t job) { return static_cast<int>(job & kPartMask); }
+
 }  // namespace
 
 WorkerPool::WorkerPool(int threads) : threads_(threads < 1 ? 1 : threads) {
   workers_.reserve(static_cast<std::size_t>(threads_ - 1));
   for (int t = 1; t < threads_; ++t)
-    workers_.emplace_back([this, t](const std::stop_token& stop) { work(stop, t, 0); });
+    workers_.emplace_back([this, t](const std::stop_token& stop) { work(stop, t); });
 }
 
 WorkerPool::~WorkerPool() {
@@ -57,33 +64,46 @@ WorkerPool::~WorkerPool() {
   workers_.clear();  // joins
 }
 
-void WorkerPool::runParts(int thread) {
-  for (int p = next_.fetch_add(1, std::memory_order_relaxed); p < parts_;
-       p = next_.fetch_add(1, std::memory_order_relaxed))
-    call_(context_, p, thread);
+void WorkerPool::runParts(uint64_t generation, int thread) {
+  uint64_t job = job_.load(std::memory_order_acquire);
+  for (;;) {
+    if (generationOf(job) != generation || nextOf(job) >= partsOf(job)) return;
+    if (!job_.compare_exchange_weak(job, job + 1, std::memory_order_acq_rel, std::memory_order_acquire))
+      continue;
+    const int parts = partsOf(job);
+    call_(context_, nextOf(job), thread);
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == parts) done_.notify_one();
+    job = job_.load(std::memory_order_acquire);
+  }
 }
 
 void WorkerPool::dispatch(int parts, Call call, void* context) {
+  if (static_cast<uint64_t>(parts) > kPartMask) {
+    for (int p = 0; p < parts; ++p) call(context, p, 0);
+    return;
+  }
   call_ = call;
   context_ = context;
-  parts_ = parts;
-  next_.store(0, std::memory_order_relaxed);
-  pending_.store(threads_ - 1, std::memory_order_relaxed);
-  // The release publishes the job to the workers' acquire of the generation.
+  done_.store(0, std::memory_order_relaxed);
+  const uint64_t generation = (generationOf(job_.load(std::memory_order_relaxed)) + 1) & 0xffffff;
+  // The release publishes the job's fields to every acquire of job_.
+  job_.store((generation << (2 * kPartBits)) | (static_cast<uint64_t>(parts) << kPartBits),
+             std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_release);
   generation_.notify_all();
-  runParts(0);
-  // Every worker checks in, even one that found no part left, so that none
-  // reads this job's fields after the next job has replaced them.
-  for (int left = pending_.load(std::memory_order_acquire); left != 0;) left = awaitChange(pending_, left);
+  runParts(generation, 0);
+  // Only parts in flight are waited for: a worker that wakes after every
+  // part was taken finds none and leaves the job alone.
+  for (int finished = done_.load(std::memory_order_acquire); finished != parts;)
+    finished = awaitChange(done_, finished);
 }
 
-void WorkerPool::work(const std::stop_token& stop, int thread, uint32_t seen) {
+void WorkerPool::work(const std::stop_token& stop, int thread) {
+  uint32_t seen = 0;
   for (;;) {
     seen = awaitChange(generation_, seen);
     if (stop.stop_requested()) return;
-    runParts(thread);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+    runParts(generationOf(job_.load(std::memory_order_acquire)), thread);
   }
 }
 

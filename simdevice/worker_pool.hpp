@@ -51,18 +51,22 @@ class WorkerPool {
  private:
   using Call = void (*)(void*, int, int);
   void dispatch(int parts, Call call, void* context);
-  // `seen`: the generation before the first job (0).
-  void work(const std::stop_token& stop, int thread, uint32_t seen);
-  void runParts(int thread);
+  void work(const std::stop_token& stop, int thread);
+  // Takes and runs parts of job `generation` while it has some left.
+  void runParts(uint64_t generation, int thread);
 
   int threads_;
-  // The current job.
+  // The current job: set before its generation is published, left alone
+  // until all its parts are done.
   Call call_ = nullptr;
   void* context_ = nullptr;
-  int parts_ = 0;
-  alignas(64) std::atomic<int> next_{0};             // the next part to take
-  alignas(64) std::atomic<int> pending_{0};          // workers that have not finished the job
-  alignas(64) std::atomic<uint32_t> generation_{0};  // bumped once per job (and to stop)
+  // The job's generation, part count and next part to take in one word, so
+  // that a worker that wakes late cannot take a part of a job that is being
+  // set up: a part is taken by a compare-exchange that also checks the
+  // generation.
+  alignas(64) std::atomic<uint64_t> job_{0};
+  alignas(64) std::atomic<int> done_{0};             // parts of the current job that have returned
+  alignas(64) std::atomic<uint32_t> generation_{0};  // the futex the workers sleep on
   std::vector<std::jthread> workers_;
 };
 
