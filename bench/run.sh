@@ -8,6 +8,8 @@
 #
 #   bash bench/run.sh PEER_SOURCE_DIR [BUILD_DIR] [REPS] [THREADS]
 #
+# BATCHES (environment, default "8 64 256") lists the batches of the first
+# table.
 # PEER_SOURCE_DIR holds eigen_mlp.cpp and torch_mlp.cpp. BUILD_DIR (default
 # build-bench-release) receives tessera's release build and the peer
 # binaries. Each configuration runs REPS times (default 5); the table shows
@@ -85,7 +87,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 n=$threads
 echo "| batch | tessera 1 | tessera $n | Eigen 1 | Eigen $n | libtorch 1 | libtorch $n | tessera $n / libtorch $n | tessera $n / tessera 1 | tessera $n / Eigen $n |"
 echo "|------:|----------:|-----------:|--------:|---------:|-----------:|------------:|-----------------:|----------------:|----------------:|"
-for batch in 8 64 256; do
+for batch in ${BATCHES:-8 64 256}; do
   steps=$(steps_for "$batch")
   a1="$batch $steps 1 256 128"
   an="$batch $steps $n 256 128"
