@@ -93,9 +93,9 @@ TEST_CASE("losses, weights and checkpoint bytes are the same bits at 1, 2 and 3 
       const Trained other = train(c.replicas, threads, c.rts);
       CHECK(other.losses == one.losses);  // exact: doubles of float sums
       REQUIRE(other.weights.size() == one.weights.size());
-      for (const auto& [name, values] : one.weights) {
-        CAPTURE(name);
-        CHECK(other.weights.at(name) == values);
+      for (const auto& weight : one.weights) {
+        CAPTURE(weight.first);
+        CHECK(other.weights.at(weight.first) == weight.second);
       }
       CHECK(other.checkpoint == one.checkpoint);
     }
