@@ -167,7 +167,8 @@ void gemmProduct(benchmark::State& state) {
   const std::string y = tessera::ops::matmul(x, w).name();
   tessera::DeviceSpec spec;
   spec.numThreads = state.range(5);
-  tessera::InferenceSession session(std::move(g), {y}, tessera::SessionOptions{}, tessera::makeSimDevice(spec));
+  tessera::InferenceSession session(std::move(g), {y}, tessera::SessionOptions{},
+                                    tessera::makeSimDevice(spec));
   for (auto _ : state) session.run({});
   state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(2 * m * n * k) * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);

@@ -54,9 +54,10 @@ int main(int argc, char** argv) {
   const int64_t h2 = arg(4, 128);
   if (batch < 1 || steps < 1 || threads < 0 || threads > tessera::kMaxDeviceThreads || h1 < 1 || h2 < 1 ||
       replicas < 1) {
-    std::fprintf(stderr,
-                 "usage: tessera_bench_mlp BATCH STEPS THREADS H1 H2 [--replicas R] [--rts] [--offchip-state] "
-                 "(THREADS 0: every CPU)\n");
+    std::fprintf(
+        stderr,
+        "usage: tessera_bench_mlp BATCH STEPS THREADS H1 H2 [--replicas R] [--rts] [--offchip-state] "
+        "(THREADS 0: every CPU)\n");
     return 2;
   }
   try {
@@ -87,7 +88,8 @@ int main(int argc, char** argv) {
     spec.numThreads = threads;
     std::unique_ptr<tessera::Device> device = tessera::makeSimDevice(spec);
     if (env.numInstances > 1) {
-      device = tessera::makeSimDevice(spec, tessera::ExecutionMode::Vectorized, tessera::dist::instanceCommunicator());
+      device = tessera::makeSimDevice(spec, tessera::ExecutionMode::Vectorized,
+                                      tessera::dist::instanceCommunicator());
     }
     tessera::TrainingSession session(std::move(mlp.graph), mlp.loss, tessera::makeOptimizer(sgd), options,
                                      std::move(device));

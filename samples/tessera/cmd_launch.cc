@@ -191,7 +191,8 @@ int64_t affinityCpus() {
   // (DeviceSpec::numThreads), unless the user chose a count.
   if (std::getenv("TESSERA_NUM_THREADS") == nullptr) {
     const char* localSize = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    const int64_t sharing = localSize != nullptr ? std::max<int64_t>(std::atoll(localSize), 1) : args.instances;
+    const int64_t sharing =
+        localSize != nullptr ? std::max<int64_t>(std::atoll(localSize), 1) : args.instances;
     setVariable("TESSERA_NUM_THREADS", std::to_string(std::max<int64_t>(affinityCpus() / sharing, 1)));
   }
   // The variables must describe what mpirun started.
