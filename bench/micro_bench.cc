@@ -1,9 +1,11 @@
 // Micro-benchmarks (Google Benchmark): how the cost of compiling and
-// configuring grows with the size of the model, and collectives against a
-// plain memcpy of the same bytes.
+// configuring grows with the size of the model, collectives against a
+// plain memcpy of the same bytes, and the device's GEMMs (the MLP step's
+// products, on 1 and 2 threads) against the cores' FMA peak.
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -14,6 +16,10 @@
 #include "tessera/ops.hpp"
 #include "tessera/run_config.hpp"
 #include "tessera/session.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -141,6 +147,99 @@ void memcpyBaseline(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(8 * n * sizeof(float)));
 }
 BENCHMARK(memcpyBaseline)->Arg(1 << 16)->Arg(1 << 20);
+
+// The products of the MLP 784-256-128-10 step at batch 64 (forward, weight
+// gradients read transposed, input gradients), each one device program of
+// one MatMul between two variables, on range(6) threads: GFLOP/s.
+void gemmProduct(benchmark::State& state) {
+  const int64_t m = state.range(0);
+  const int64_t n = state.range(1);
+  const int64_t k = state.range(2);
+  const bool transA = state.range(3) != 0;
+  const bool transB = state.range(4) != 0;
+  tessera::Graph g(1);
+  const std::vector<float> a(static_cast<size_t>(m * k), 0.5f);
+  const std::vector<float> b(static_cast<size_t>(k * n), 0.25f);
+  tessera::Tensor x = tessera::ops::variable(g, "a", a, transA ? tessera::Shape{k, m} : tessera::Shape{m, k});
+  tessera::Tensor w = tessera::ops::variable(g, "b", b, transB ? tessera::Shape{n, k} : tessera::Shape{k, n});
+  if (transA) x = tessera::ops::transpose(x);
+  if (transB) w = tessera::ops::transpose(w);
+  const std::string y = tessera::ops::matmul(x, w).name();
+  tessera::DeviceSpec spec;
+  spec.numThreads = state.range(5);
+  tessera::InferenceSession session(std::move(g), {y}, tessera::SessionOptions{},
+                                    tessera::makeSimDevice(spec));
+  for (auto _ : state) session.run({});
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(2 * m * n * k) * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(gemmProduct)
+    ->ArgNames({"m", "n", "k", "tA", "tB", "threads"})
+    ->ArgsProduct({{64}, {256}, {784}, {0}, {0}, {1, 2}})
+    ->ArgsProduct({{64}, {128}, {256}, {0}, {0}, {1, 2}})
+    ->ArgsProduct({{784}, {256}, {64}, {1}, {0}, {1, 2}})
+    ->ArgsProduct({{256}, {128}, {64}, {1}, {0}, {1, 2}})
+    ->ArgsProduct({{64}, {256}, {128}, {0}, {1}, {1, 2}})
+    ->UseRealTime();
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// The FMA peak of range(0) cores: 12 independent chains of vfmadd231ps on
+// 512-bit registers per thread (AVX2: 256-bit), 2 FLOP per lane.
+__attribute__((target("avx512f"))) float fmaLoop512(int64_t iterations) {
+  __m512 acc[12];
+  for (auto& v : acc) v = _mm512_set1_ps(1.0f);
+  const __m512 x = _mm512_set1_ps(0.999999f);
+  const __m512 y = _mm512_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iterations; ++i)
+    for (auto& v : acc) v = _mm512_fmadd_ps(v, x, y);
+  alignas(64) float lanes[16];
+  __m512 total = _mm512_setzero_ps();
+  for (auto& v : acc) total = _mm512_add_ps(total, v);
+  _mm512_store_ps(lanes, total);
+  float sum = 0;
+  for (float l : lanes) sum += l;
+  return sum;
+}
+
+__attribute__((target("avx2,fma"))) float fmaLoop256(int64_t iterations) {
+  __m256 acc[12];
+  for (auto& v : acc) v = _mm256_set1_ps(1.0f);
+  const __m256 x = _mm256_set1_ps(0.999999f);
+  const __m256 y = _mm256_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iterations; ++i)
+    for (auto& v : acc) v = _mm256_fmadd_ps(v, x, y);
+  alignas(32) float lanes[8];
+  __m256 total = _mm256_setzero_ps();
+  for (auto& v : acc) total = _mm256_add_ps(total, v);
+  _mm256_store_ps(lanes, total);
+  float sum = 0;
+  for (float l : lanes) sum += l;
+  return sum;
+}
+
+void fmaPeak(benchmark::State& state) {
+  const auto threads = static_cast<int>(state.range(0));
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
+    state.SkipWithError("no FMA unit");
+    return;
+  }
+  constexpr int64_t kIterations = 1 << 20;
+  for (auto _ : state) {
+    std::vector<std::thread> pool;
+    std::vector<float> sums(static_cast<size_t>(threads));
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        sums[static_cast<size_t>(t)] = avx512 ? fmaLoop512(kIterations) : fmaLoop256(kIterations);
+      });
+    for (std::thread& t : pool) t.join();
+    benchmark::DoNotOptimize(sums.data());
+  }
+  const double flops = 12.0 * (avx512 ? 16 : 8) * 2 * kIterations * threads;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(fmaPeak)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+#endif
 
 }  // namespace
 

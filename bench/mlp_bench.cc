@@ -5,7 +5,9 @@
 //   tessera_bench_mlp BATCH STEPS THREADS H1 H2 [--replicas R] [--rts] [--offchip-state]
 //
 // BATCH is the batch per replica; with R replicas each step trains on
-// R x BATCH samples. THREADS must be 1 (the device runs on one host thread).
+// R x BATCH samples. THREADS is the device's host threads
+// (DeviceSpec::numThreads); 0 takes TESSERA_NUM_THREADS or every CPU of
+// the process (what `tessera launch` divides among its instances).
 // --rts shards the weights and the momentum over all replicas;
 // --offchip-state keeps the momentum in streaming memory.
 //
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/device_spec.hpp"
 #include "tessera/dist.hpp"
 #include "tessera/error.hpp"
 #include "tessera/mlp.hpp"
@@ -49,10 +52,12 @@ int main(int argc, char** argv) {
   const int64_t threads = arg(2, 1);
   const int64_t h1 = arg(3, 256);
   const int64_t h2 = arg(4, 128);
-  if (batch < 1 || steps < 1 || threads != 1 || h1 < 1 || h2 < 1 || replicas < 1) {
-    std::fprintf(stderr,
-                 "usage: tessera_bench_mlp BATCH STEPS 1 H1 H2 [--replicas R] [--rts] [--offchip-state] (one host "
-                 "thread)\n");
+  if (batch < 1 || steps < 1 || threads < 0 || threads > tessera::kMaxDeviceThreads || h1 < 1 || h2 < 1 ||
+      replicas < 1) {
+    std::fprintf(
+        stderr,
+        "usage: tessera_bench_mlp BATCH STEPS THREADS H1 H2 [--replicas R] [--rts] [--offchip-state] "
+        "(THREADS 0: every CPU)\n");
     return 2;
   }
   try {
@@ -79,9 +84,12 @@ int main(int argc, char** argv) {
     sgd.sgd.learningRate = 0.05;
     sgd.sgd.momentum = 0.9;
     // Under the launcher, each instance simulates its replicas and reaches the others.
-    std::unique_ptr<tessera::Device> device = tessera::makeSimDevice();
+    tessera::DeviceSpec spec;
+    spec.numThreads = threads;
+    std::unique_ptr<tessera::Device> device = tessera::makeSimDevice(spec);
     if (env.numInstances > 1) {
-      device = tessera::makeSimDevice({}, tessera::ExecutionMode::Vectorized, tessera::dist::instanceCommunicator());
+      device = tessera::makeSimDevice(spec, tessera::ExecutionMode::Vectorized,
+                                      tessera::dist::instanceCommunicator());
     }
     tessera::TrainingSession session(std::move(mlp.graph), mlp.loss, tessera::makeOptimizer(sgd), options,
                                      std::move(device));

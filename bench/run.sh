@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Measures the MLP 784-256-128-10 training step of tessera's simulated device
 # against the same math hand-written in Eigen and against libtorch, all in one
-# run so that the ratios share the machine's state; then tessera's scaling with
-# the replica count, tensor locations, and an R = 4 run split over 2 and 4
-# instances under `tessera launch` (needs Open MPI).
+# run so that the ratios share the machine's state, each on 1 thread and on
+# THREADS threads (default: every CPU of the process); then tessera's scaling
+# with the replica count, tensor locations, and an R = 4 run split over 2 and
+# 4 instances under `tessera launch` (needs Open MPI).
 #
-#   bash bench/run.sh PEER_SOURCE_DIR [BUILD_DIR] [REPS]
+#   bash bench/run.sh PEER_SOURCE_DIR [BUILD_DIR] [REPS] [THREADS]
 #
+# BATCHES (environment, default "8 64 256") lists the batches of the first
+# table.
 # PEER_SOURCE_DIR holds eigen_mlp.cpp and torch_mlp.cpp. BUILD_DIR (default
 # build-bench-release) receives tessera's release build and the peer
 # binaries. Each configuration runs REPS times (default 5); the table shows
@@ -15,9 +18,17 @@
 # reference BLAS and is an order of magnitude slower).
 #
 # Build options:
-#   tessera: meson --buildtype=release (-O3, NDEBUG) -Dcpp_args=-march=native
-#   Eigen:   g++ -O3 -march=native -DNDEBUG -std=c++17
+#   tessera: meson --buildtype=release (-O3, NDEBUG), as scripts/run.sh builds
+#            the main job: no -march=native (the GEMM kernels are chosen at
+#            run time from the CPU)
+#   Eigen:   g++ -O3 -march=native -DNDEBUG -fopenmp -std=c++17 (OpenMP makes
+#            Eigen::setNbThreads use threads)
 #   libtorch: g++ -O2 -std=c++17, linked against the installed libtorch
+#
+# Threads: tessera's THREADS argument (DeviceSpec::numThreads), Eigen's
+# Eigen::setNbThreads, libtorch's torch::set_num_threads with
+# OPENBLAS_NUM_THREADS set to the same count (Debian's libtorch runs its
+# GEMMs in OpenBLAS, whose own pool ignores set_num_threads).
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
@@ -28,14 +39,15 @@ peer=$(cd "$1" && pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${2:-build-bench-release}
 reps=${3:-5}
+threads=${4:-$(nproc)}
 [[ $build = /* ]] || build="$root/$build"
 
 if [[ ! -f "$build/build.ninja" ]]; then
-  meson setup "$build" "$root" --buildtype=release -Dcpp_args=-march=native >/dev/null
+  meson setup "$build" "$root" --buildtype=release >/dev/null
 fi
 ninja -C "$build" bench/tessera_bench_mlp samples/tessera/tessera >/dev/null
 mkdir -p "$build/peer"
-g++ -O3 -march=native -DNDEBUG -std=c++17 "$peer/eigen_mlp.cpp" -I/usr/include/eigen3 -o "$build/peer/eigen_mlp"
+g++ -O3 -march=native -DNDEBUG -fopenmp -std=c++17 "$peer/eigen_mlp.cpp" -I/usr/include/eigen3 -o "$build/peer/eigen_mlp"
 g++ -O2 -std=c++17 "$peer/torch_mlp.cpp" -I/usr/include/torch/csrc/api/include -ltorch -ltorch_cpu -lc10 \
   -o "$build/peer/torch_mlp"
 
@@ -72,32 +84,32 @@ medians() {
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 
-# Debian's libtorch runs its GEMMs in OpenBLAS, whose own thread pool ignores
-# torch::set_num_threads(1) and takes every core; the one-thread column pins
-# it to one thread like the other two programs.
-echo "| batch | tessera | Eigen | libtorch, 1 thread | libtorch, OpenBLAS threads | tessera / Eigen | tessera / libtorch 1 thread | tessera / libtorch |"
-echo "|------:|--------:|------:|---------:|---------:|----------------:|-------------------:|-------------------:|"
-for batch in 8 64 256; do
+n=$threads
+echo "| batch | tessera 1 | tessera $n | Eigen 1 | Eigen $n | libtorch 1 | libtorch $n | tessera $n / libtorch $n | tessera $n / tessera 1 | tessera $n / Eigen $n |"
+echo "|------:|----------:|-----------:|--------:|---------:|-----------:|------------:|-----------------:|----------------:|----------------:|"
+for batch in ${BATCHES:-8 64 256}; do
   steps=$(steps_for "$batch")
-  args="$batch $steps 1 256 128"
-  mapfile -t m < <(medians "\"$tessera\" $args" "\"$eigen\" $args" "OPENBLAS_NUM_THREADS=1 \"$torch\" $args" \
-    "\"$torch\" $args")
-  t=${m[0]} e=${m[1]} p1=${m[2]} p=${m[3]}
-  echo "| $batch | $t | $e | $p1 | $p | $(ratio "$t" "$e") | $(ratio "$t" "$p1") | $(ratio "$t" "$p") |"
+  a1="$batch $steps 1 256 128"
+  an="$batch $steps $n 256 128"
+  mapfile -t m < <(medians "\"$tessera\" $a1" "\"$tessera\" $an" "OMP_NUM_THREADS=1 \"$eigen\" $a1" \
+    "OMP_NUM_THREADS=$n \"$eigen\" $an" "OPENBLAS_NUM_THREADS=1 \"$torch\" $a1" \
+    "OPENBLAS_NUM_THREADS=$n \"$torch\" $an")
+  t1=${m[0]} tn=${m[1]} e1=${m[2]} en=${m[3]} p1=${m[4]} pn=${m[5]}
+  echo "| $batch | $t1 | $tn | $e1 | $en | $p1 | $pn | $(ratio "$tn" "$pn") | $(ratio "$tn" "$t1") | $(ratio "$tn" "$en") |"
 done
 
 echo
-echo "| tessera, global batch 64 | samples/s | vs R = 1 x 64 |"
+echo "| tessera, global batch 64, $n threads | samples/s | vs R = 1 x 64 |"
 echo "|--------------------------|----------:|--------------:|"
-mapfile -t m < <(medians "\"$tessera\" 64 $(steps_for 64) 1 256 128" \
-  "\"$tessera\" 8 $(steps_for 64) 1 256 128 --replicas 8")
+mapfile -t m < <(medians "\"$tessera\" 64 $(steps_for 64) $n 256 128" \
+  "\"$tessera\" 8 $(steps_for 64) $n 256 128 --replicas 8")
 one=${m[0]} eight=${m[1]}
 echo "| R = 1 x batch 64 | $one | 1.00 |"
 echo "| R = 8 x batch 8 | $eight | $(ratio "$eight" "$one") |"
 echo
-echo "| tessera, R = 4 x batch 16 | samples/s | vs plain replication |"
+echo "| tessera, R = 4 x batch 16, $n threads | samples/s | vs plain replication |"
 echo "|---------------------------|----------:|---------------------:|"
-r4="\"$tessera\" 16 $(steps_for 64) 1 256 128 --replicas 4"
+r4="\"$tessera\" 16 $(steps_for 64) $n 256 128 --replicas 4"
 mapfile -t m < <(medians "$r4" "$r4 --rts" "$r4 --offchip-state" "$r4 --rts --offchip-state")
 plain=${m[0]} rts=${m[1]} offchip=${m[2]} located=${m[3]}
 echo "| plain replication | $plain | 1.00 |"
@@ -105,11 +117,26 @@ echo "| RTS (weights, momentum) | $rts | $(ratio "$rts" "$plain") |"
 echo "| momentum OffChip | $offchip | $(ratio "$offchip" "$plain") |"
 echo "| RTS (weights, momentum) + momentum OffChip | $located | $(ratio "$located" "$plain") |"
 
+# The main job as scripts/run.sh runs it (the same build), against the bench
+# at its configuration: MLP 784-256-128-10, 2 replicas x batch 32, weights
+# and momentum RTS; the CLI prints its throughput when it ends.
+cli="$build/samples/tessera/tessera"
+if [[ -x $cli ]]; then
+  main_job() { (cd "$root" && "$cli" train samples/configs/mnist_rts.json 2>/dev/null) | sed -n 's/^throughput: \([0-9.]*\) samples\/s.*/samples_per_s=\1/p'; }
+  mapfile -t m < <(medians "main_job" "\"$tessera\" 32 $(steps_for 64) 0 256 128 --replicas 2 --rts")
+  echo
+  echo "| main job (tessera train samples/configs/mnist_rts.json) | samples/s | vs tessera_bench_mlp 32 x R = 2, RTS |"
+  echo "|------|----------:|------:|"
+  echo "| tessera_bench_mlp | ${m[1]} | 1.00 |"
+  echo "| main job | ${m[0]} | $(ratio "${m[0]}" "${m[1]}") |"
+fi
+
 # The same run split over instances under `tessera launch` (mpirun): instance 0 prints the line.
 if "$build/samples/tessera/tessera" launch --num-replicas 1 --num-instances 1 -- true 2>/dev/null; then
+  # THREADS 0: each instance takes its share of the CPUs from the launcher.
   launch=("$build/samples/tessera/tessera" launch --num-replicas 4 --timeout 60)
-  two=$(median "${launch[@]}" --num-instances 2 -- "$tessera" 16 "$(steps_for 64)" 1 256 128)
-  four=$(median "${launch[@]}" --num-instances 4 -- "$tessera" 16 "$(steps_for 64)" 1 256 128)
+  two=$(median "${launch[@]}" --num-instances 2 -- "$tessera" 16 "$(steps_for 64)" 0 256 128)
+  four=$(median "${launch[@]}" --num-instances 4 -- "$tessera" 16 "$(steps_for 64)" 0 256 128)
   echo
   echo "| tessera, R = 4 x batch 16 | samples/s | vs 1 instance |"
   echo "|---------------------------|----------:|--------------:|"

@@ -51,6 +51,14 @@ void visitFields(V& v, DeviceSpec& value) {
       "transferLatencySeconds", value.transferLatencySeconds,
       {.min = 0,
        .doc = "Fixed cost of starting one collective or one streaming transfer, in seconds. Must be >= 0."});
+  v.field(
+      "numThreads", value.numThreads,
+      {.min = 0,
+       .max = kMaxDeviceThreads,
+       .doc = "Host threads that run the simulation (not a property of the simulated hardware); every result "
+              "is the same bits at any count. 0: TESSERA_NUM_THREADS when set, else every CPU of the "
+              "process's affinity mask (tessera launch divides them among the instances of a host). In "
+              "[0, 1024]."});
   v.rule([&value](const jsonio::RuleSite& site) {
     if (productFits(value.tilesPerIpu, value.bytesPerTile)) return;
     const std::string path = site.path("bytesPerTile");

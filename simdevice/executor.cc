@@ -146,6 +146,7 @@ SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionM
     const OpNode& op = graph.op(id);
     if (isInplace(op.kind)) writes_[at(graph.storageOf(op.inputs[0]))].push_back(position_[at(id)]);
   }
+  pool_ = std::make_unique<WorkerPool>(deviceThreads(spec));
   planFusions();
   planRemoteAliases();
   planBuffers();
@@ -477,12 +478,15 @@ void SimExecutable::planSteps() {
     product = std::max(product, alignUp(step.workFloats));
     if (step.kernel == matmulSlicesKernel()) product = std::max(product, alignUp(step.rows * step.cols));
   }
-  // Packed blocks are read with aligned loads.
-  gemmScratch_.assign(at(lhs + rhs + product), 0.0f);
+  // Packed blocks are read with aligned loads. Each thread packs into its
+  // own pair of buffers.
+  const int64_t threads = pool_->threads();
+  gemmScratch_.assign(at(threads * (lhs + rhs) + product), 0.0f);
   float* base = gemmScratch_.data();
-  scratch_ = {base, base + lhs, base + lhs + rhs};
+  scratch_ = {base, base + threads * lhs, base + threads * (lhs + rhs), lhs, rhs};
   for (Step& step : steps_) {
     step.scratch = &scratch_;
+    step.pool = pool_.get();
     stats_.kernelRuns += std::max<int64_t>(static_cast<int64_t>(step.runs.size()), 1);
   }
   feeds_.resize(static_cast<std::size_t>(
@@ -544,9 +548,13 @@ void SimExecutable::fuseChains() {
   }
   flush();
   steps_ = std::move(fused);
-  chainScratch_.assign(at(int64_t{slots} * kChainSlice), 0.0f);
-  for (Step& step : steps_)
-    if (step.kernel == chainKernel()) step.chainScratch = chainScratch_.data();
+  const int64_t perThread = int64_t{slots} * kChainSlice;
+  chainScratch_.assign(at(pool_->threads() * perThread), 0.0f);
+  for (Step& step : steps_) {
+    if (step.kernel != chainKernel()) continue;
+    step.chainScratch = chainScratch_.data();
+    step.chainScratchStride = perThread;
+  }
 }
 
 std::vector<char> SimExecutable::scratchableValues() const {

@@ -88,6 +88,8 @@ class SimExecutable final : public Executable {
 
   const PlanStats& stats() const noexcept { return stats_; }
   const Graph& graph() const noexcept { return program_.graph; }
+  // Host threads the steps run on (DeviceSpec::numThreads).
+  int threads() const noexcept { return pool_->threads(); }
 
  private:
   friend class StepPlanner;
@@ -152,6 +154,8 @@ class SimExecutable final : public Executable {
   CacheAlignedFloats gemmScratch_;
   CacheAlignedFloats chainScratch_;  // slots of chain intermediates (kChainSlice floats each)
   GemmScratch scratch_;
+  // The host threads of run(); steps point to it.
+  std::unique_ptr<WorkerPool> pool_;
   std::vector<Step> steps_;
   std::vector<std::unique_ptr<Exchange>> exchanges_;  // of cross-instance collectives
   std::vector<int32_t> inputSlot_;  // per tensor: index into feeds_, -1 for non-inputs

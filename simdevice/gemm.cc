@@ -98,6 +98,10 @@ using MicroKernel = void (*)(int64_t kc, const float* a, int64_t lda, const floa
 // Sum blocks at most this deep; columns per packed block of B.
 constexpr int64_t kBlockK = 256;
 constexpr int64_t kBlockN = 512;
+// Multiply-adds per part of a product split over threads: below about a
+// microsecond of work, handing a part to another thread costs more than it
+// saves.
+constexpr int64_t kMinPartWork = int64_t{1} << 16;
 
 template <int kNR>
 void packB(const GemmShape& s, const float* b, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
@@ -136,11 +140,15 @@ void packEdgeA(const GemmShape& s, const float* a, int64_t i0, int64_t mr, int64
   }
 }
 
+// The block [row0, row1) x [col0, col1) of C (a block of rows starts on a
+// multiple of kMR, one of columns on a multiple of kNR).
+// Each element's sum runs in the same order whatever block it is in.
 template <int kMR, int kNR, MicroKernel kRows, MicroKernel kTransposed>
-void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const float* b, float* c, float alpha,
-                float* lhs, float* rhs) {
+void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const float* b, float* c,
+                float alpha, float* lhs, float* rhs, GemmBlock block) {
   if (s.k == 0) {
-    std::fill_n(c, s.m * s.n, 0.0f);
+    for (int64_t i = block.row0; i < block.row1; ++i)
+      std::fill(c + i * s.n + block.col0, c + i * s.n + block.col1, 0.0f);
     return;
   }
   // Blocks of the sum split k evenly and depend on k alone, so every
@@ -151,11 +159,11 @@ void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const 
     const int64_t p0 = s.k * kb / blocks;
     const int64_t kc = s.k * (kb + 1) / blocks - p0;
     const bool accumulate = kb > 0;
-    for (int64_t j0 = 0; j0 < s.n; j0 += plan.nc) {
-      const int64_t nc = std::min(plan.nc, s.n - j0);
+    for (int64_t j0 = block.col0; j0 < block.col1; j0 += plan.nc) {
+      const int64_t nc = std::min(plan.nc, block.col1 - j0);
       packB<kNR>(s, b, p0, kc, j0, nc, rhs);
-      for (int64_t i0 = 0; i0 < s.m; i0 += kMR) {
-        const int64_t mr = std::min<int64_t>(kMR, s.m - i0);
+      for (int64_t i0 = block.row0; i0 < block.row1; i0 += kMR) {
+        const int64_t mr = std::min<int64_t>(kMR, block.row1 - i0);
         MicroKernel kernel = s.transA ? kTransposed : kRows;
         const float* ap = s.transA ? a + p0 * s.m + i0 : a + i0 * s.k + p0;
         int64_t lda = s.transA ? s.m : s.k;
@@ -193,8 +201,8 @@ void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const 
   }
 }
 
-using PackedGemm = void (*)(const GemmPlan&, const GemmShape&, const float*, const float*, float*, float, float*,
-                            float*);
+using PackedGemm = void (*)(const GemmPlan&, const GemmShape&, const float*, const float*, float*, float,
+                            float*, float*, GemmBlock);
 
 // One tile shape of an instruction set.
 struct PackedVariant {
@@ -344,9 +352,36 @@ GemmPlan planGemm(GemmIsa isa, int64_t m, int64_t n, int64_t k) {
 
 void gemm(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c, float alpha,
           float* lhs, float* rhs) {
+  gemmPart(plan, shape, a, b, c, alpha, lhs, rhs, 0, 1);
+}
+
+int gemmParts(const GemmPlan& plan, const GemmShape& shape, int threads) {
+  if (threads <= 1 || variantOf(plan) == nullptr) return 1;
+  const int64_t work = shape.m * shape.n * std::max<int64_t>(shape.k, 1);
+  const int64_t tiles = std::max(ceilDiv(shape.m, plan.mr), ceilDiv(shape.n, plan.nr));
+  return static_cast<int>(std::clamp<int64_t>(std::min(work / kMinPartWork, tiles), 1, threads));
+}
+
+GemmBlock gemmBlock(const GemmPlan& plan, const GemmShape& shape, int part, int parts) {
+  if (parts <= 1 || plan.mr == 0) return {0, shape.m, 0, shape.n};
+  // Whole tiles of the dimension with more of them, split evenly.
+  const int64_t rowTiles = ceilDiv(shape.m, plan.mr);
+  const int64_t colTiles = ceilDiv(shape.n, plan.nr);
+  const bool byRows = rowTiles >= colTiles;
+  const int64_t tiles = byRows ? rowTiles : colTiles;
+  const int64_t step = byRows ? plan.mr : plan.nr;
+  const int64_t extent = byRows ? shape.m : shape.n;
+  const int64_t begin = std::min(extent, tiles * part / parts * step);
+  const int64_t end = std::min(extent, tiles * (part + 1) / parts * step);
+  return byRows ? GemmBlock{begin, end, 0, shape.n} : GemmBlock{0, shape.m, begin, end};
+}
+
+void gemmPart(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c,
+              float alpha, float* lhs, float* rhs, int part, int parts) {
   if (shape.m == 0 || shape.n == 0) return;
-  if (const PackedVariant* packed = variantOf(plan)) return packed->run(plan, shape, a, b, c, alpha, lhs, rhs);
-  eigenGemm(plan, shape, a, b, c, alpha, lhs, rhs);
+  if (const PackedVariant* packed = variantOf(plan))
+    return packed->run(plan, shape, a, b, c, alpha, lhs, rhs, gemmBlock(plan, shape, part, parts));
+  if (part == 0) eigenGemm(plan, shape, a, b, c, alpha, lhs, rhs);
 }
 
 void forbidEigenMalloc([[maybe_unused]] bool forbid) {

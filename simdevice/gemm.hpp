@@ -52,6 +52,29 @@ GemmPlan planGemm(GemmIsa isa, int64_t m, int64_t n, int64_t k);
 void gemm(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c, float alpha,
           float* lhs, float* rhs);
 
+// Splitting a product over threads. A block of C: rows [row0, row1) and
+// columns [col0, col1).
+struct GemmBlock {
+  int64_t row0 = 0;
+  int64_t row1 = 0;
+  int64_t col0 = 0;
+  int64_t col1 = 0;
+};
+
+// How many parts (at most `threads`) a product is worth splitting into: 1
+// for small products and for Eigen's kernel, whose sums are not in a fixed
+// order across blocks.
+int gemmParts(const GemmPlan& plan, const GemmShape& shape, int threads);
+// Part `part` of `parts`: whole micro-kernel tiles of rows, or of columns
+// when the product has more tiles across, split evenly. Disjoint, and
+// together all of C.
+GemmBlock gemmBlock(const GemmPlan& plan, const GemmShape& shape, int part, int parts);
+// Computes part `part` of `parts` of the product (gemm() is part 0 of 1),
+// with its own lhs and rhs scratch. With the packed kernels the parts
+// together are the same bits as the whole product in one call.
+void gemmPart(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c,
+              float alpha, float* lhs, float* rhs, int part, int parts);
+
 // The step path must not allocate; in builds with assertions enabled, Eigen
 // is told so while a program runs.
 void forbidEigenMalloc(bool forbid);

@@ -60,9 +60,15 @@ void copyRuns(const Step& s) {
 
 void feedKernel(const Step& s) { std::copy(s.feed->begin(), s.feed->end(), s.out); }
 
-void runChain(const Step& s) {
-  float* const scratch = s.chainScratch;
-  for (int64_t begin = 0; begin < s.chainElements; begin += kChainSlice) {
+// Slices of a chain per thread at the least: below this, handing slices
+// to another thread costs more than it saves.
+constexpr int64_t kMinSlicesPerPart = 8;
+
+// Slices [first, last) of a chain; slices are independent (see
+// sliceable() in the executor), so any split gives the same bits.
+void runChainSlices(const Step& s, int64_t first, int64_t last, float* scratch) {
+  for (int64_t begin = first * kChainSlice; begin < std::min(last * kChainSlice, s.chainElements);
+       begin += kChainSlice) {
     const int64_t n = std::min(kChainSlice, s.chainElements - begin);
     for (const Step& part : s.chain) {
       const Run& run = part.runs.front();
@@ -76,6 +82,17 @@ void runChain(const Step& s) {
       part.tile(part, t, n);
     }
   }
+}
+
+void runChain(const Step& s) {
+  const int64_t slices = (s.chainElements + kChainSlice - 1) / kChainSlice;
+  const int threads = s.pool == nullptr ? 1 : s.pool->threads();
+  const int parts = static_cast<int>(std::clamp<int64_t>(slices / kMinSlicesPerPart, 1, threads));
+  if (parts == 1) return runChainSlices(s, 0, slices, s.chainScratch);
+  s.pool->run(parts, [&](int part, int thread) {
+    runChainSlices(s, slices * part / parts, slices * (part + 1) / parts,
+                   s.chainScratch + thread * s.chainScratchStride);
+  });
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 
 #include "gemm.hpp"
 #include "tessera/graph.hpp"
+#include "worker_pool.hpp"
 
 namespace tessera {
 class Communicator;
@@ -75,12 +76,16 @@ using TileKernel = void (*)(const Step&, const TileOperands&, int64_t n);
 // of a typical chain stays in L1.
 inline constexpr int64_t kChainSlice = 512;
 
-// Scratch shared by every GEMM of a plan: the packing buffers, and the
-// whole product of a GEMM of which a step keeps slices (matmulSlicesKernel).
+// Scratch shared by every GEMM of a plan: the packing buffers, one pair
+// per thread (thread t's at lhs + t * lhsStride, rhs + t * rhsStride), and
+// the whole product of a GEMM of which a step keeps slices
+// (matmulSlicesKernel).
 struct GemmScratch {
   float* lhs = nullptr;
   float* rhs = nullptr;
   float* product = nullptr;
+  int64_t lhsStride = 0;
+  int64_t rhsStride = 0;
 };
 
 struct Step {
@@ -117,6 +122,9 @@ struct Step {
   // Floats of GemmScratch::product the step uses as its workspace (the
   // column matrices of convolutions); their kernels plan their own GEMMs.
   int64_t workFloats = 0;
+  // The threads that run the step's parts (products, chains); null runs
+  // everything on the calling thread.
+  WorkerPool* pool = nullptr;
 
   // Softmax-like kernels: `cols` classes per row. Collectives and remote
   // transfers: tables of offsets (see collectives.hpp).
@@ -144,7 +152,10 @@ struct Step {
   // arena: each slice of it lives in a slot of `chainScratch` (kChainSlice
   // floats per slot). A step of a chain: the slot of its output and of each
   // input, or -1 for arena memory; the stride of each input (tileStride).
+  // Each thread has its own slots: thread t's start at chainScratch + t *
+  // chainScratchStride.
   float* chainScratch = nullptr;
+  int64_t chainScratchStride = 0;
   int32_t outSlot = -1;
   std::array<int32_t, kMaxOperands - 1> inSlot{-1, -1};
   std::array<int64_t, kMaxOperands - 1> tileStride{};

@@ -9,6 +9,9 @@
 
 namespace tessera {
 
+// The most host threads a device runs on.
+inline constexpr int kMaxDeviceThreads = 1024;
+
 struct SessionOptions;
 
 struct DeviceSpec {
@@ -37,6 +40,14 @@ struct DeviceSpec {
 
   // Fixed cost of starting one collective or one streaming transfer.
   double transferLatencySeconds = 2e-6;
+
+  // Host threads that run the simulation (not a property of the simulated
+  // hardware): products, elementwise chains and the other large steps are
+  // split over them, and every result is the same bits at any count. 0 (the
+  // default) takes TESSERA_NUM_THREADS when it is set, else every CPU of the
+  // process's affinity mask; `tessera launch` sets TESSERA_NUM_THREADS so
+  // that the instances on one host share its CPUs. In [0, 1024].
+  int64_t numThreads = 0;
 
   bool operator==(const DeviceSpec&) const = default;
 };

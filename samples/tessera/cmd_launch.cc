@@ -7,7 +7,10 @@
 // dist::configureSessionOptions pick them up. --mpi-args holds options for
 // mpirun, split at spaces (e.g. "--host a,b --tag-output"), like PopRun's
 // --mpi-global-args; --oversubscribe is always added so that instances may
-// outnumber cores, and --allow-run-as-root when running as root.
+// outnumber cores, --bind-to none unless --mpi-args binds (each instance
+// then runs on its share of the host's CPUs: TESSERA_NUM_THREADS = CPUs /
+// instances on the host, unless set), and --allow-run-as-root when running
+// as root.
 //
 // mpirun gives every instance the same environment, but the replica offset
 // differs per instance. So mpirun runs this program again, as a small
@@ -20,11 +23,13 @@
 // forwards SIGUSR1 and SIGUSR2 to every one of them, which `tessera train`
 // under the launcher takes as SIGTERM and SIGHUP. A second signal stops
 // mpirun, which ends the instances at once.
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <csignal>
@@ -158,6 +163,14 @@ void checkCounts(const LaunchArgs& args) {
   }
 }
 
+// The CPUs this process may run on, at least 1.
+int64_t affinityCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(CPU_COUNT(&set), 1);
+}
+
 // Inside mpirun: this instance's variables, then COMMAND.
 [[noreturn]] void runInstance(const LaunchArgs& args, const std::vector<std::string>& command) {
   const char* rank = std::getenv(std::string(dist::kMpiWorldRankVar).c_str());
@@ -174,6 +187,14 @@ void checkCounts(const LaunchArgs& args) {
   setVariable(dist::kLocalInstanceIndexVar, localRank != nullptr ? std::string(localRank) : std::string("0"));
   setVariable("POPDIST_UNIFORM_REPLICAS_PER_INSTANCE", "1");
   if (args.timeoutSeconds > 0.0) setVariable(dist::kTimeoutVar, fmt::format("{}", args.timeoutSeconds));
+  // The instances of one host share its CPUs: each device runs on its share
+  // (DeviceSpec::numThreads), unless the user chose a count.
+  if (std::getenv("TESSERA_NUM_THREADS") == nullptr) {
+    const char* localSize = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const int64_t sharing =
+        localSize != nullptr ? std::max<int64_t>(std::atoll(localSize), 1) : args.instances;
+    setVariable("TESSERA_NUM_THREADS", std::to_string(std::max<int64_t>(affinityCpus() / sharing, 1)));
+  }
   // The variables must describe what mpirun started.
   dist::readDistEnv();
   execute(command, "");
@@ -210,6 +231,10 @@ Action attachLaunch(CLI::App& command) {
     }
     std::vector<std::string> argv{args->mpirun, "-np", std::to_string(args->instances), "--oversubscribe"};
     if (::geteuid() == 0) argv.emplace_back("--allow-run-as-root");
+    // Not pinned to one core each (mpirun's default for up to 2 processes):
+    // every instance may use the host's CPUs and takes its share of them as
+    // threads (runInstance).
+    if (args->mpiArgs.find("--bind-to") == std::string::npos) argv.insert(argv.end(), {"--bind-to", "none"});
     for (std::string& option : words(args->mpiArgs)) argv.push_back(std::move(option));
     argv.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
     argv.insert(argv.end(), {"launch", "--instance", "--num-replicas", std::to_string(args->replicas),

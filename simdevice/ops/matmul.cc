@@ -10,10 +10,18 @@ namespace tessera::sim {
 namespace {
 
 // C[m, n] = alpha * op(A) op(B) with the step's plan and scratch.
+// Split over the step's threads by blocks of rows or columns (gemm.hpp),
+// each thread with its own packing scratch.
 void gemm(const Step& s, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
           float alpha) {
-  sim::gemm(s.gemmPlan, GemmShape{m, n, k, s.transA, s.transB}, a, b, c, alpha, s.scratch->lhs,
-            s.scratch->rhs);
+  const GemmShape shape{m, n, k, s.transA, s.transB};
+  const GemmScratch& scratch = *s.scratch;
+  const int parts = s.pool == nullptr ? 1 : gemmParts(s.gemmPlan, shape, s.pool->threads());
+  if (parts == 1) return sim::gemm(s.gemmPlan, shape, a, b, c, alpha, scratch.lhs, scratch.rhs);
+  s.pool->run(parts, [&](int part, int thread) {
+    gemmPart(s.gemmPlan, shape, a, b, c, alpha, scratch.lhs + thread * scratch.lhsStride,
+             scratch.rhs + thread * scratch.rhsStride, part, parts);
+  });
 }
 
 void matmul(const Step& s) {

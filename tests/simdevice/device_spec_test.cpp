@@ -28,7 +28,8 @@ TEST_CASE("DeviceSpec survives a round trip") {
                          .interInstanceBandwidthBytesPerSecond = 1e8,
                          .streamingBandwidthBytesPerSecond = 3e9,
                          .computeFlopsPerSecond = 1e12,
-                         .transferLatencySeconds = 0};
+                         .transferLatencySeconds = 0,
+                         .numThreads = 3};
   CHECK(json(small).get<DeviceSpec>() == small);
   CHECK(json(json(small).get<DeviceSpec>()).dump() == json(small).dump());
 }
@@ -42,7 +43,8 @@ TEST_CASE("the DeviceSpec dump has the header's keys and defaults") {
                   {"interInstanceBandwidthBytesPerSecond", 12.5e9},
                   {"streamingBandwidthBytesPerSecond", 20e9},
                   {"computeFlopsPerSecond", 62.5e12},
-                  {"transferLatencySeconds", 2e-6}});
+                  {"transferLatencySeconds", 2e-6},
+                  {"numThreads", 0}});
   CHECK(j["tilesPerIpu"].is_number_integer());
   CHECK(j["linkBandwidthBytesPerSecond"].is_number_float());
 }
@@ -71,6 +73,10 @@ TEST_CASE("DeviceSpec values outside their ranges are rejected at their JSON poi
        "/computeFlopsPerSecond", "> 0"},
       {"negative latency", R"({"transferLatencySeconds": -1e-9})", ErrorCode::OutOfRange,
        "/transferLatencySeconds", ">= 0"},
+      {"negative thread count", R"({"numThreads": -1})", ErrorCode::OutOfRange, "/numThreads",
+       "numThreads is -1; it must be in [0, 1024]"},
+      {"too many threads", R"({"numThreads": 1025})", ErrorCode::OutOfRange, "/numThreads",
+       "numThreads is 1025; it must be in [0, 1024]"},
       {"float tile count", R"({"tilesPerIpu": 1472.5})", ErrorCode::WrongType, "/tilesPerIpu",
        "expected an integer"},
       {"string bandwidth", R"({"linkBandwidthBytesPerSecond": "fast"})", ErrorCode::WrongType,
@@ -134,6 +140,8 @@ TEST_CASE("the DeviceSpec schema has every field with its range") {
              {"description", schema["properties"]["tilesPerIpu"]["description"]}});
   CHECK(schema["properties"]["computeFlopsPerSecond"]["exclusiveMinimum"] == 0.0);
   CHECK(schema["properties"]["transferLatencySeconds"]["minimum"] == 0.0);
+  CHECK(schema["properties"]["numThreads"]["minimum"] == 0);
+  CHECK(schema["properties"]["numThreads"]["maximum"] == 1024);
 }
 
 TEST_CASE("tileMemory splits the SRAM between compute and IO tiles") {

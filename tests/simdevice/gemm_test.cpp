@@ -3,6 +3,7 @@
 // packed kernels bitwise the same whichever way a product is split by rows.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -153,6 +154,54 @@ TEST_CASE("packed kernels: splitting a product by rows does not change its bits"
       }
       CHECK(rows == whole);
     }
+  }
+}
+
+TEST_CASE("packed kernels: the parts of a product split over threads cover it once, in the same bits") {
+  for (GemmIsa isa : availableGemmIsas()) {
+    if (isa == GemmIsa::Portable) continue;
+    for (const Case& c : cases()) {
+      CAPTURE(describe(isa, c));
+      const auto a = test::pseudoRandom(static_cast<std::size_t>(c.m * c.k), 17);
+      const auto b = test::pseudoRandom(static_cast<std::size_t>(c.k * c.n), 19);
+      const std::vector<float> whole = run(isa, c, a.data(), b.data(), 0.5f, c.m, c.n);
+      const GemmPlan plan = planGemm(isa, c.m, c.n, c.k);
+      const GemmShape shape{c.m, c.n, c.k, c.transA, c.transB};
+      for (int parts = 2; parts <= 5; ++parts) {
+        CAPTURE(parts);
+        // Every element in exactly one block; blocks start on tile edges.
+        std::vector<int> cover(static_cast<std::size_t>(c.m * c.n), 0);
+        for (int p = 0; p < parts; ++p) {
+          const GemmBlock block = gemmBlock(plan, shape, p, parts);
+          CHECK((block.row0 % plan.mr == 0 && block.col0 % plan.nr == 0));
+          for (int64_t i = block.row0; i < block.row1; ++i)
+            for (int64_t j = block.col0; j < block.col1; ++j) ++cover[static_cast<std::size_t>(i * c.n + j)];
+        }
+        CHECK(std::count(cover.begin(), cover.end(), 1) == static_cast<std::ptrdiff_t>(cover.size()));
+        // Each part with scratch of its own, in reverse order.
+        std::vector<float> split(whole.size(), std::numeric_limits<float>::quiet_NaN());
+        for (int p = parts - 1; p >= 0; --p) {
+          Aligned lhs(plan.lhsFloats);
+          Aligned rhs(plan.rhsFloats);
+          gemmPart(plan, shape, a.data(), b.data(), split.data(), 0.5f, lhs.data.get(), rhs.data.get(), p,
+                   parts);
+        }
+        CHECK(split == whole);
+      }
+    }
+  }
+}
+
+TEST_CASE("products are split over threads when they are worth it") {
+  for (GemmIsa isa : availableGemmIsas()) {
+    CAPTURE(std::string(gemmIsaName(isa)));
+    const GemmShape large{64, 256, 784, false, false};
+    const GemmPlan plan = planGemm(isa, large.m, large.n, large.k);
+    CHECK(gemmParts(plan, large, 1) == 1);
+    // Eigen's kernel does not sum in a fixed order across blocks: one part.
+    CHECK(gemmParts(plan, large, 3) == (isa == GemmIsa::Portable ? 1 : 3));
+    const GemmShape small{8, 10, 16, false, false};
+    CHECK(gemmParts(planGemm(isa, small.m, small.n, small.k), small, 4) == 1);
   }
 }
 

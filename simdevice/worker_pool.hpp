@@ -1,0 +1,82 @@
+// The device's host threads: a pool that runs the parts of one step on
+// every thread it has, the calling thread included.
+//
+// Parts are independent by construction (blocks of a product's rows or
+// columns, slices of a chain), and which thread runs a part never changes
+// what the part computes, so every result is the same bits at any thread
+// count. Idle workers sleep on a futex (std::atomic::wait): after a job they
+// poll for the next one for a few microseconds only, which covers the gap
+// between two steps of a run, then block, so a pool does not hold a core
+// that another process (another instance under `tessera launch`) needs.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tessera {
+struct DeviceSpec;
+}
+
+namespace tessera::sim {
+
+class WorkerPool {
+ public:
+  // `threads` >= 1: the caller plus threads - 1 workers, started here (so
+  // that running a loaded program allocates nothing, not even once).
+  explicit WorkerPool(int threads);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  int threads() const noexcept { return threads_; }
+
+  // Calls task(part, thread) for every part in [0, parts), spread over the
+  // threads, and returns when every call has returned. `thread` is below
+  // threads() and no two calls running at once get the same one (it picks
+  // per-thread scratch). One job at a time: run() is not reentrant.
+  template <class Task>
+  void run(int parts, Task&& task) {
+    if (parts <= 1 || threads_ == 1) {
+      for (int p = 0; p < parts; ++p) task(p, 0);
+      return;
+    }
+    dispatch(
+        parts, [](void* context, int part, int thread) { (*static_cast<Task*>(context))(part, thread); },
+        &task);
+  }
+
+ private:
+  using Call = void (*)(void*, int, int);
+  void dispatch(int parts, Call call, void* context);
+  void work(const std::stop_token& stop, int thread);
+  // Takes and runs parts of job `generation` while it has some left.
+  void runParts(uint64_t generation, int thread);
+
+  int threads_;
+  // The current job: set before its generation is published, left alone
+  // until all its parts are done.
+  Call call_ = nullptr;
+  void* context_ = nullptr;
+  // The job's generation, part count and next part to take in one word, so
+  // that a worker that wakes late cannot take a part of a job that is being
+  // set up: a part is taken by a compare-exchange that also checks the
+  // generation.
+  alignas(64) std::atomic<uint64_t> job_{0};
+  alignas(64) std::atomic<int> done_{0};             // parts of the current job that have returned
+  alignas(64) std::atomic<uint32_t> generation_{0};  // the futex the workers sleep on
+  std::vector<std::jthread> workers_;
+};
+
+// The threads a device runs on: `spec.numThreads` when it is > 0, else
+// TESSERA_NUM_THREADS when it is set (a positive integer; anything else is
+// a ConfigError(InvalidDeviceSpec) naming the variable), else the CPUs of
+// the process's affinity mask.
+int deviceThreads(const DeviceSpec& spec);
+
+// The CPUs this process may run on (sched_getaffinity), at least 1.
+int affinityCpus();
+
+}  // namespace tessera::sim

@@ -1,0 +1,159 @@
+// The device's host threads: every result is the same bits at any thread
+// count, and the thread count comes from the spec, TESSERA_NUM_THREADS or
+// the CPU affinity.
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "tessera/checkpoint.hpp"
+#include "tessera/device.hpp"
+#include "tessera/error.hpp"
+#include "tessera/mlp.hpp"
+#include "tessera/optimizer.hpp"
+#include "tessera/session.hpp"
+#include "worker_pool.hpp"
+
+using namespace tessera;
+
+namespace {
+
+// Large enough that the products and the optimizer's chains are split
+// (a first layer deeper than one block of the sum, rows that leave edge
+// tiles), small enough to train a few steps quickly.
+constexpr int64_t kFeatures = 300;
+constexpr int64_t kGlobalBatch = 48;
+constexpr int64_t kSteps = 3;
+
+struct Trained {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> weights;
+  std::vector<uint8_t> checkpoint;
+  int threads = 0;
+};
+
+Trained train(int64_t replicas, int threads, bool rts) {
+  ModelConfig model;
+  model.layers = {kFeatures, 160, 40, 4};
+  MlpGraph mlp = buildMlp(model, kGlobalBatch / replicas, replicas, 5);
+  SessionOptions options;
+  options.enableReplicatedGraphs = replicas > 1;
+  options.replicatedGraphCount = replicas;
+  options.accumulationAndReplicationReductionType = ReductionType::Mean;
+  if (rts) {
+    for (TensorCategory category : {TensorCategory::Weight, TensorCategory::OptimizerState})
+      options.locationSettings(category).location.replicatedTensorSharding = ReplicatedTensorSharding::On;
+  }
+  OptimizerConfig sgd;
+  sgd.sgd.learningRate = 0.05;
+  sgd.sgd.momentum = 0.9;
+  DeviceSpec spec;
+  spec.numThreads = threads;
+  TrainingSession session(std::move(mlp.graph), mlp.loss, makeOptimizer(sgd), options, makeSimDevice(spec));
+
+  std::vector<float> x(static_cast<size_t>(kGlobalBatch * kFeatures));
+  std::vector<int32_t> y(static_cast<size_t>(kGlobalBatch));
+  uint64_t state = 7;
+  const auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(state >> 33);
+  };
+  Trained out;
+  for (int64_t s = 0; s < kSteps; ++s) {
+    for (float& v : x) v = static_cast<float>(next() % 2000) / 1000.0f - 1.0f;
+    for (int32_t& v : y) v = static_cast<int32_t>(next() % 4);
+    session.run(
+        {StepInput("input", std::span<const float>(x)), StepInput("labels", std::span<const int32_t>(y))});
+    out.losses.push_back(session.meanLoss());
+  }
+  for (auto& [name, tensor] : session.readWeights()) out.weights.emplace(name, tensor.data);
+  out.checkpoint = encodeCheckpoint(makeCheckpoint(session));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("losses, weights and checkpoint bytes are the same bits at 1, 2 and 3 threads") {
+  struct Case {
+    int64_t replicas;
+    bool rts;
+  };
+  for (const Case c : {Case{1, false}, Case{2, false}, Case{3, false}, Case{4, false}, Case{2, true}}) {
+    CAPTURE(c.replicas);
+    CAPTURE(c.rts);
+    const Trained one = train(c.replicas, 1, c.rts);
+    REQUIRE(one.losses.size() == kSteps);
+    // The run trains: a loss that did not move would compare equal trivially.
+    CHECK(one.losses.front() != one.losses.back());
+    for (int threads : {2, 3}) {
+      CAPTURE(threads);
+      const Trained other = train(c.replicas, threads, c.rts);
+      CHECK(other.losses == one.losses);  // exact: doubles of float sums
+      REQUIRE(other.weights.size() == one.weights.size());
+      for (const auto& weight : one.weights) {
+        CAPTURE(weight.first);
+        CHECK(other.weights.at(weight.first) == weight.second);
+      }
+      CHECK(other.checkpoint == one.checkpoint);
+    }
+  }
+}
+
+TEST_CASE("the worker pool runs every part once, each on a thread below its count") {
+  for (int threads : {1, 2, 3, 5}) {
+    CAPTURE(threads);
+    sim::WorkerPool pool(threads);
+    CHECK(pool.threads() == threads);
+    for (int parts : {0, 1, 2, 7, 64}) {
+      CAPTURE(parts);
+      std::vector<int> runs(static_cast<size_t>(parts), 0);
+      std::vector<int> thread(static_cast<size_t>(parts), -1);
+      for (int job = 0; job < 3; ++job) {
+        pool.run(parts, [&](int part, int t) {
+          ++runs[static_cast<size_t>(part)];
+          thread[static_cast<size_t>(part)] = t;
+        });
+      }
+      for (int p = 0; p < parts; ++p) {
+        CHECK(runs[static_cast<size_t>(p)] == 3);
+        CHECK(thread[static_cast<size_t>(p)] >= 0);
+        CHECK(thread[static_cast<size_t>(p)] < threads);
+      }
+    }
+  }
+}
+
+TEST_CASE("the thread count: the spec, else TESSERA_NUM_THREADS, else the CPU affinity") {
+  const char* saved = std::getenv("TESSERA_NUM_THREADS");
+  const std::string restore = saved == nullptr ? "" : saved;
+  ::unsetenv("TESSERA_NUM_THREADS");
+  DeviceSpec spec;
+  CHECK(sim::deviceThreads(spec) == sim::affinityCpus());
+  CHECK(sim::affinityCpus() >= 1);
+  ::setenv("TESSERA_NUM_THREADS", "3", 1);
+  CHECK(sim::deviceThreads(spec) == 3);
+  spec.numThreads = 5;
+  CHECK(sim::deviceThreads(spec) == 5);
+  spec.numThreads = 0;
+  for (const char* bad : {"0", "-2", "two", "3x", "1025", " 2"}) {
+    CAPTURE(bad);
+    ::setenv("TESSERA_NUM_THREADS", bad, 1);
+    try {
+      sim::deviceThreads(spec);
+      FAIL("no error");
+    } catch (const ConfigError& e) {
+      CHECK(e.code() == ErrorCode::InvalidDeviceSpec);
+      CHECK(e.subject() == "TESSERA_NUM_THREADS");
+      CHECK(std::string(e.what()).find(std::string("TESSERA_NUM_THREADS is '") + bad + "'") !=
+            std::string::npos);
+    }
+  }
+  if (saved == nullptr) {
+    ::unsetenv("TESSERA_NUM_THREADS");
+  } else {
+    ::setenv("TESSERA_NUM_THREADS", restore.c_str(), 1);
+  }
+}
