@@ -149,10 +149,25 @@ std::vector<Variant> equivalentVariants() {
                         with(base, rts(R"({"type": "Consecutive", "replicaGroupSize": 2})"))});
     variants.push_back({at + ", optimizer state OffChip through IO tiles", with(base, kOffChipThroughIo)});
   }
+  const std::vector<std::string> accumulation =
+      with(replicas(2, 2), {"/sessionOptions/enableGradientAccumulation=true",
+                            "/sessionOptions/accumulationFactor=2", "/data/testBatchSize=4"});
+  variants.push_back({"accumulation 2 x R=2 x batch 2", accumulation});
+  // Accumulators sharded too, and a threshold that shards only the initializers of 40 elements or more
+  // (fc1.weight, 48) while fc1.bias, fc2.weight and fc2.bias stay whole.
+  std::vector<std::string> accumulators = with(accumulation, rts(R"({"type": "All"})"));
+  accumulators.insert(
+      accumulators.end(),
+      {"/sessionOptions/accumulatorTensorLocationSettings/location/replicatedTensorSharding=On",
+       "/sessionOptions/accumulatorTensorLocationSettings/minElementsForReplicatedTensorSharding=0"});
   variants.push_back(
-      {"accumulation 2 x R=2 x batch 2",
-       with(replicas(2, 2), {"/sessionOptions/enableGradientAccumulation=true",
-                             "/sessionOptions/accumulationFactor=2", "/data/testBatchSize=4"})});
+      {"accumulation 2 x R=2 x batch 2, RTS of weights, optimizer state and accumulators", accumulators});
+  variants.push_back(
+      {"R=4 x batch 2, RTS from 40 elements",
+       with(with(replicas(4, 2), rts(R"({"type": "All"})")),
+            {"/sessionOptions/weightTensorLocationSettings/minElementsForReplicatedTensorSharding=40",
+             "/sessionOptions/optimizerStateTensorLocationSettings/"
+             "minElementsForReplicatedTensorSharding=40"})});
   return variants;
 }
 
