@@ -3,6 +3,7 @@
 // tessera's ops (node_mapping.cc).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -11,6 +12,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <onnx/checker.h>
+#include <onnx/shape_inference/implementation.h>
+#include <onnx/version_converter/convert.h>
 
 #include "importer.hpp"
 #include "tessera/error.hpp"
@@ -31,6 +35,107 @@ std::string readFile(const std::filesystem::path& path) {
   return bytes;
 }
 
+// The version of the default domain (ai.onnx) the model imports, if any.
+std::optional<int64_t> importedOpset(const onnx::ModelProto& model) {
+  std::optional<int64_t> version;
+  for (const auto& entry : model.opset_import())
+    if (entry.domain().empty() || entry.domain() == "ai.onnx") version = entry.version();
+  return version;
+}
+
+// A model of an opset before kMinOpset (PyTorch's exports before 1.x, the
+// ONNX model zoo's older files) is upgraded to kMinOpset with ONNX's own
+// version converter, after ONNX's checker has accepted it and ONNX's shape
+// inference has annotated it: the converter expects a valid model, and its
+// broadcasting adapters need the shapes. Any complaint is reported with the
+// opset.
+// OnnxImportOptions::doubleAsFloat: double tensors of the model rewritten as
+// float32 before anything reads it.
+void doubleToFloat(onnx::TensorProto& tensor) {
+  if (tensor.data_type() != onnx::TensorProto::DOUBLE) return;
+  std::vector<double> values(tensor.double_data().begin(), tensor.double_data().end());
+  if (tensor.has_raw_data()) {
+    const std::string& raw = tensor.raw_data();
+    values.resize(raw.size() / sizeof(double));
+    for (std::size_t k = 0; k < values.size(); ++k)
+      std::memcpy(&values[k], raw.data() + k * sizeof(double), sizeof(double));
+  }
+  tensor.clear_double_data();
+  tensor.clear_raw_data();
+  tensor.set_data_type(onnx::TensorProto::FLOAT);
+  for (double v : values) tensor.add_float_data(static_cast<float>(v));
+}
+
+void doublesAsFloats(onnx::ModelProto& model) {
+  const auto retype = [](onnx::ValueInfoProto& info) {
+    if (info.type().has_tensor_type() && info.type().tensor_type().elem_type() == onnx::TensorProto::DOUBLE)
+      info.mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  };
+  onnx::GraphProto& graph = *model.mutable_graph();
+  for (auto& info : *graph.mutable_input()) retype(info);
+  for (auto& info : *graph.mutable_output()) retype(info);
+  for (auto& info : *graph.mutable_value_info()) retype(info);
+  for (auto& tensor : *graph.mutable_initializer()) doubleToFloat(tensor);
+  for (auto& node : *graph.mutable_node()) {
+    for (auto& attribute : *node.mutable_attribute()) {
+      if (attribute.has_t()) doubleToFloat(*attribute.mutable_t());
+      if (node.op_type() == "Cast" && attribute.name() == "to" && attribute.i() == onnx::TensorProto::DOUBLE)
+        attribute.set_i(onnx::TensorProto::FLOAT);
+    }
+  }
+}
+
+// The symbolic dimensions bound by the options are made concrete first: the
+// converter's broadcasting adapters need every input's dimensions. (With
+// doubleAsFloat, the double tensors are rewritten first, whatever the opset.)
+onnx::ModelProto upgradeOpset(onnx::ModelProto model, const OnnxImportOptions& options,
+                              const std::string& source) {
+  if (options.doubleAsFloat) doublesAsFloats(model);
+  const std::optional<int64_t> version = importedOpset(model);
+  if (!version || *version < 1 || *version >= kMinOpset) return model;
+  const auto bind = [&](onnx::ValueInfoProto& info) {
+    if (!info.type().has_tensor_type() || !info.type().tensor_type().has_shape()) return;
+    for (auto& dim : *info.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim()) {
+      if (!dim.has_dim_param()) continue;
+      const auto bound = options.dimensions.find(dim.dim_param());
+      if (bound != options.dimensions.end() && bound->second >= 1) dim.set_dim_value(bound->second);
+    }
+  };
+  onnx::GraphProto& graph = *model.mutable_graph();
+  for (auto& info : *graph.mutable_input()) bind(info);
+  for (auto& info : *graph.mutable_output()) bind(info);
+  for (auto& info : *graph.mutable_value_info()) bind(info);
+  const auto refuse = [&](std::string_view step, std::string_view said) {
+    // ONNX's messages span lines ("...\n\n==> Context: ..."): one line here.
+    std::string what;
+    for (char ch : said) {
+      const bool space = ch == '\n' || ch == '\r' || ch == ' ' || ch == '\t';
+      if (!space || (!what.empty() && what.back() != ' ')) what += space ? ' ' : ch;
+    }
+    while (!what.empty() && what.back() == ' ') what.pop_back();
+    throwOnnx(ErrorCode::OnnxUnsupportedOpset, source,
+              fmt::format("opset {} of the default domain (ai.onnx) is upgraded to opset {} on import, but "
+                          "{}: {}; opsets {} to {} are imported as they are",
+                          *version, kMinOpset, step, what, kMinOpset, kMaxOpset));
+  };
+  try {
+    onnx::checker::check_model(model);
+  } catch (const std::exception& e) {
+    refuse("ONNX's checker refuses the model", e.what());
+  }
+  try {
+    onnx::shape_inference::InferShapes(model);
+  } catch (const std::exception& e) {
+    refuse("ONNX's shape inference fails", e.what());
+  }
+  try {
+    return onnx::version_conversion::ConvertVersion(model, static_cast<int>(kMinOpset));
+  } catch (const std::exception& e) {
+    refuse("ONNX's version converter failed", e.what());
+  }
+  return model;  // not reached: refuse throws
+}
+
 onnx::ModelProto parseModel(std::string_view bytes, const std::string& source) {
   onnx::ModelProto model;
   if (bytes.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
@@ -48,20 +153,19 @@ onnx::ModelProto parseModel(std::string_view bytes, const std::string& source) {
 }
 
 int64_t defaultOpset(const onnx::ModelProto& model, const std::string& source) {
-  std::optional<int64_t> version;
-  for (const auto& entry : model.opset_import())
-    if (entry.domain().empty() || entry.domain() == "ai.onnx") version = entry.version();
+  const std::optional<int64_t> version = importedOpset(model);
   if (!version)
     throwOnnx(ErrorCode::OnnxUnsupportedOpset, source,
               fmt::format(
-                  "the model imports no opset of the default domain (ai.onnx); opsets {} to {} are supported",
-                  kMinOpset, kMaxOpset));
+                  "the model imports no opset of the default domain (ai.onnx); opsets 1 to {} are supported "
+                  "(those before {} upgraded on import)",
+                  kMaxOpset, kMinOpset));
   if (*version < kMinOpset || *version > kMaxOpset)
     throwOnnx(
         ErrorCode::OnnxUnsupportedOpset, source,
-        fmt::format("opset {} of the default domain (ai.onnx) is not supported; opsets {} to {} are (convert "
-                    "the model with onnx.version_converter, or export it with opset_version={})",
-                    *version, kMinOpset, kMaxOpset, kMaxOpset));
+        fmt::format("opset {} of the default domain (ai.onnx) is not supported; opsets 1 to {} are (those "
+                    "before {} upgraded on import); export the model with opset_version={}",
+                    *version, kMaxOpset, kMinOpset, kMaxOpset));
   return *version;
 }
 
@@ -184,8 +288,8 @@ std::vector<int> Importer::topologicalOrder(const std::unordered_set<std::string
     if (!node.domain().empty() && node.domain() != "ai.onnx")
       throwOnnx(
           ErrorCode::OnnxUnsupportedOpset, nodeSubject(node),
-          fmt::format("domain \"{}\" is not supported; only the default domain (ai.onnx), opsets {} to {}",
-                      node.domain(), kMinOpset, kMaxOpset));
+          fmt::format("domain \"{}\" is not supported; only the default domain (ai.onnx), opsets 1 to {}",
+                      node.domain(), kMaxOpset));
     for (const auto& in : node.input()) {
       if (in.empty() || available.count(in)) continue;
       if (!producer.count(in))
@@ -475,14 +579,17 @@ bool onnxSupported() noexcept { return true; }
 OnnxModel importOnnx(std::span<const std::byte> bytes, const OnnxImportOptions& options,
                      std::string_view source) {
   const std::string name(source);
-  const onnx::ModelProto model = onnx_import::parseModel(
-      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), name);
+  const onnx::ModelProto model = onnx_import::upgradeOpset(
+      onnx_import::parseModel(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                              name),
+      options, name);
   return onnx_import::Importer(model, options, name).run();
 }
 
 OnnxModel importOnnx(const std::filesystem::path& path, const OnnxImportOptions& options) {
   const std::string bytes = onnx_import::readFile(path);
-  const onnx::ModelProto model = onnx_import::parseModel(bytes, path.string());
+  const onnx::ModelProto model =
+      onnx_import::upgradeOpset(onnx_import::parseModel(bytes, path.string()), options, path.string());
   return onnx_import::Importer(model, options, path.string()).run();
 }
 

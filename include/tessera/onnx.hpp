@@ -65,6 +65,15 @@ struct OnnxImportOptions {
   // type and its shape the input's (symbolic dimensions bound from it).
   std::map<std::string, OnnxTensor, std::less<>> constantInputs{};
 
+  // ----- Element types -----
+
+  // Imports a model of double-precision tensors as float32 (the device
+  // computes in float32): every double graph input and output, initializer,
+  // Constant and ConstantOfShape value and Cast target becomes float32, the
+  // values rounded to nearest. Off: a double input or initializer is
+  // tessera.onnx.705.
+  bool doubleAsFloat = false;
+
   // ----- Replication -----
 
   // The global replication factor of the graph (Graph's constructor

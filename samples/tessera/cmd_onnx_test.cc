@@ -115,6 +115,9 @@ std::optional<std::string> runDataSet(const fs::path& model, const OnnxSignature
   }
   std::vector<OnnxTensor> inputs;
   OnnxImportOptions options;
+  // The device computes in float32: double models run in float32 and are
+  // compared at float32's tolerance.
+  options.doubleAsFloat = true;
   for (std::size_t k = 0; k < inputFiles.size(); ++k) {
     inputs.push_back(readOnnxTensor(inputFiles[k]));
     const bool integer = signature.inputs[k].dtype == "int64" || signature.inputs[k].dtype == "int32";
@@ -153,6 +156,13 @@ std::optional<std::string> runDataSet(const fs::path& model, const OnnxSignature
       }
       feeds.emplace_back(name, std::span<const int32_t>(ints[k]));
     } else {
+      for (double v : inputs[k].values) {
+        if (std::isfinite(v) && std::fabs(v) > std::numeric_limits<float>::max())
+          throw OnnxError(ErrorCode::OnnxUnsupportedFeature, inputFiles[k].string(),
+                          fmt::format("input value {} ({}) is beyond float32's range; the device computes in "
+                                      "float32",
+                                      v, inputs[k].dtype));
+      }
       floats[k].assign(inputs[k].values.begin(), inputs[k].values.end());
       feeds.emplace_back(name, std::span<const float>(floats[k]));
     }

@@ -154,6 +154,48 @@ TEST_CASE("an imported model trains: the first step's loss is PyTorch's and the 
   }
 }
 
+TEST_CASE("a model of opset 6 is upgraded by ONNX's version converter and computes the same") {
+  // y = softmax(relu(x + b) * 2) on rows, b = [0.5, -1, 0.25, 2] (tests/data/onnx/generate.py).
+  const std::vector<double> b = {0.5, -1.0, 0.25, 2.0};
+  const std::vector<float> x = {0.1f, 0.2f, -0.3f, 0.4f, -2.0f, 1.5f, 0.0f, -1.0f, 3.0f, 0.5f, 0.75f, -4.0f};
+  for (int64_t replicas : {1, 3}) {
+    CAPTURE(replicas);
+    OnnxImportOptions options;
+    options.dimensions = {{"batch", 3 / replicas}};
+    options.replicationFactor = replicas;
+    OnnxModel model = importOnnx(test::sourcePath("tests/data/onnx/old_opset.onnx"), options);
+    CHECK(model.opset == 11);
+    InferenceSession session(std::move(model.graph), {"y"}, replicated(replicas), makeSimDevice());
+    session.run({StepInput("x", x)});
+    const HostTensor& y = session.output("y");
+    REQUIRE(y.data.size() == x.size());
+    for (std::size_t row = 0; row < 3; ++row) {
+      std::vector<double> e(4);
+      double sum = 0;
+      for (std::size_t k = 0; k < 4; ++k) {
+        e[k] = std::exp(2.0 * std::max(0.0, static_cast<double>(x[row * 4 + k]) + b[k]));
+        sum += e[k];
+      }
+      for (std::size_t k = 0; k < 4; ++k) CHECK(std::fabs(y.data[row * 4 + k] - e[k] / sum) <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("doubleAsFloat imports a double model as float32; without it a double input is refused") {
+  const std::string path = test::sourcePath("tests/data/bad/onnx/double-input.onnx");
+  CHECK_THROWS_AS(importOnnx(path, {}), OnnxError);
+  OnnxImportOptions options;
+  options.doubleAsFloat = true;
+  OnnxModel model = importOnnx(path, options);
+  CHECK(model.graph.tensor(model.graph.find("x")).dtype == DType::Float32);
+  InferenceSession session(std::move(model.graph), {"y"}, replicated(1), makeSimDevice());
+  const std::vector<float> x = {-1.5f, 2.0f, 0.0f, 3.25f, -0.5f, 1.0f, -2.0f, 4.0f};
+  session.run({StepInput("x", x)});
+  const HostTensor& y = session.output("y");
+  REQUIRE(y.data.size() == x.size());
+  for (std::size_t k = 0; k < x.size(); ++k) CHECK(y.data[k] == std::max(0.0f, x[k]));
+}
+
 TEST_CASE("a symbolic dimension without a value names the input, the axis and the dimension") {
   const auto error = test::catchError<OnnxError>([] { (void)importOnnx(kModel, {}); });
   REQUIRE(error);
@@ -178,14 +220,17 @@ TEST_CASE("bad models are refused with their id and a message that names the nod
       {"empty.onnx", ErrorCode::OnnxMalformed,
        ": not an ONNX model: the file has no graph (a ModelProto with a graph of nodes and outputs is "
        "expected)"},
-      {"opset-9.onnx", ErrorCode::OnnxUnsupportedOpset,
-       ": opset 9 of the default domain (ai.onnx) is not supported; opsets 11 to 17 are (convert the model "
-       "with "
-       "onnx.version_converter, or export it with opset_version=17)"},
+      {"opset-18.onnx", ErrorCode::OnnxUnsupportedOpset,
+       ": opset 18 of the default domain (ai.onnx) is not supported; opsets 1 to 17 are (those before 11 "
+       "upgraded on import); export the model with opset_version=17"},
+      {"opset-9-invalid.onnx", ErrorCode::OnnxUnsupportedOpset,
+       ": opset 9 of the default domain (ai.onnx) is upgraded to opset 11 on import, but ONNX's checker "
+       "refuses the model: Node (relu) has input size 2 not in range [min=1, max=1]. ==> Context: Bad node "
+       "spec for node. Name: relu OpType: Relu; opsets 11 to 17 are imported as they are"},
       {"other-domain.onnx", ErrorCode::OnnxUnsupportedOpset,
        ": node relu (Relu, opset 14): domain \"com.example\" is not supported; only the default domain "
        "(ai.onnx), "
-       "opsets 11 to 17"},
+       "opsets 1 to 17"},
       {"cycle.onnx", ErrorCode::OnnxInvalidGraph,
        ": node first (Relu, opset 14): the node is on a cycle: one of its inputs depends on its own output"},
       {"no-producer.onnx", ErrorCode::OnnxInvalidGraph,

@@ -85,6 +85,27 @@ def short_initializer():
     return w
 
 
+def write_old_opset_model():
+    """An opset-6 model in the style of PyTorch's early exports (Add with the
+    `broadcast` attribute, Softmax on 2-D input), which import upgrades with
+    ONNX's version converter: y = softmax(relu(x + b) * 2)."""
+    x = tensor("x", ["batch", 4])
+    y = tensor("y", ["batch", 4])
+    b = helper.make_tensor("b", TensorProto.FLOAT, [4], [0.5, -1.0, 0.25, 2.0])
+    two = helper.make_tensor("two", TensorProto.FLOAT, [1], [2.0])
+    nodes = [helper.make_node("Add", ["x", "b"], ["sum"], name="bias", broadcast=1),
+             helper.make_node("Relu", ["sum"], ["hidden"], name="relu"),
+             helper.make_node("Mul", ["hidden", "two"], ["scaled"], name="scale", broadcast=1),
+             helper.make_node("Softmax", ["scaled"], ["y"], name="softmax", axis=1)]
+    graph = helper.make_graph(nodes, "old_opset", [x, tensor("b", [4]), tensor("two", [1])], [y],
+                              initializer=[b, two])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)], producer_name="tessera-tests")
+    m.ir_version = 3
+    onnx.checker.check_model(m)
+    with open(os.path.join(HERE, "old_opset.onnx"), "wb") as out:
+        out.write(m.SerializeToString())
+
+
 def write_bad_models():
     os.makedirs(BAD, exist_ok=True)
     x = tensor("x", ["batch", 4])
@@ -95,7 +116,11 @@ def write_bad_models():
         "truncated.onnx": raw[: len(raw) // 2],
         "not-onnx.onnx": b"<html>this is not a model</html>\n",
         "empty.onnx": b"",
-        "opset-9.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [x], [y], opset=9),
+        "opset-18.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [x], [y], opset=18),
+        # Opsets before 11 are upgraded by ONNX's converter, after ONNX's
+        # checker: Relu has one input.
+        "opset-9-invalid.onnx": model([helper.make_node("Relu", ["x", "x"], ["y"], name="relu")], [x], [y],
+                                      opset=9),
         "other-domain.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu", domain="com.example")],
                                    [x], [y]),
         "unsupported-op.onnx": model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv1")], [x], [y],
@@ -287,6 +312,7 @@ def write_bad_tensor_files():
 
 if __name__ == "__main__":
     main()
+    write_old_opset_model()
     write_bad_models()
     write_training_reference()
     write_bad_tensor_files()
