@@ -1,5 +1,6 @@
 #include "tessera/graph.hpp"
 
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <queue>
@@ -29,6 +30,41 @@ int64_t numElements(const Shape& shape) {
 }
 
 std::string shapeStr(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+InitialValues::InitialValues(std::vector<float> values)
+    : values_(std::make_shared<const std::vector<float>>(std::move(values))),
+      elements_(static_cast<int64_t>(values_->size())) {}
+
+InitialValues InitialValues::filled(int64_t elements, float value) {
+  return generated(elements, value == 0.0F ? std::string("zeros") : fmt::format("filled({})", value),
+                   [value](std::span<float> out) { std::fill(out.begin(), out.end(), value); });
+}
+
+InitialValues InitialValues::generated(int64_t elements, std::string identity, Generator generate) {
+  InitialValues v;
+  v.generate_ = std::make_shared<const Generator>(std::move(generate));
+  v.elements_ = elements;
+  v.identity_ = std::move(identity);
+  return v;
+}
+
+std::vector<float> InitialValues::values() const {
+  if (values_) return *values_;
+  std::vector<float> out(static_cast<std::size_t>(elements_));
+  fill(out);
+  return out;
+}
+
+void InitialValues::fill(std::span<float> out) const {
+  if (static_cast<int64_t>(out.size()) != elements_)
+    throw InternalError(ErrorCode::Internal, "initial values",
+                        fmt::format("{} elements asked of {}", out.size(), elements_));
+  if (values_) {
+    std::copy(values_->begin(), values_->end(), out.begin());
+  } else if (generate_) {
+    (*generate_)(out);
+  }
+}
 
 int64_t shardIndexAt(const TensorNode& node, int64_t replicationFactor, int64_t replica) {
   if (node.shardDomain) return node.shardDomain->indexInGroupAt(replica);

@@ -34,6 +34,8 @@ enum class OpFamily {
   ShapeOp,
   Softmax,
   Gather,
+  Conv,
+  Pooling,
   Collective,
   Remote,
   Extension
@@ -221,6 +223,8 @@ void addReductionOps(OpTable& table);
 void addShapeOps(OpTable& table);
 void addSoftmaxOps(OpTable& table);
 void addGatherOps(OpTable& table);
+void addConvOps(OpTable& table);
+void addPoolingOps(OpTable& table);
 void addCollectiveOps(OpTable& table);
 void addRemoteOps(OpTable& table);
 

@@ -24,6 +24,8 @@ OpTable& opTable() {
     addShapeOps(t);
     addSoftmaxOps(t);
     addGatherOps(t);
+    addConvOps(t);
+    addPoolingOps(t);
     addCollectiveOps(t);
     addRemoteOps(t);
     return t;

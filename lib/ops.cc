@@ -69,7 +69,7 @@ ReplicaGrouping variableGrouping(const Graph& graph, const std::string& name,
 
 // Checks host data against PopXL's shape_on_host: [numGroups, ...shape] for
 // more than one group, else shape.
-void checkHostData(const std::string& name, const std::vector<float>& data, const Shape& shape,
+void checkHostData(const std::string& name, const InitialValues& data, const Shape& shape,
                    const ReplicaGrouping& grouping) {
   Shape host = shape;
   std::string derivation = fmt::format("the variable's shape {} (one group)", shapeStr(shape));
@@ -79,10 +79,10 @@ void checkHostData(const std::string& name, const std::vector<float>& data, cons
                              grouping.str());
   }
   const int64_t expected = numElements(host);
-  if (static_cast<int64_t>(data.size()) != expected) {
+  if (data.elements() != expected) {
     throw GraphError(ErrorCode::HostShapeMismatch, name,
                      fmt::format("host data has {} elements; expected host shape {} ({} elements): {}",
-                                 data.size(), shapeStr(host), expected, derivation));
+                                 data.elements(), shapeStr(host), expected, derivation));
   }
 }
 
@@ -96,7 +96,7 @@ Tensor input(Graph& graph, std::string name, Shape shape, DType dtype) {
   return {&graph, graph.addSource(OpKind::Input, std::move(node))};
 }
 
-Tensor variable(Graph& graph, std::string name, std::vector<float> hostData, Shape shape,
+Tensor variable(Graph& graph, std::string name, InitialValues hostData, Shape shape,
                 std::optional<ReplicaGrouping> grouping, RetrievalMode retrievalMode, TensorCategory category,
                 DType dtype) {
   const ReplicaGrouping g = variableGrouping(graph, name, grouping);
@@ -108,7 +108,7 @@ Tensor variable(Graph& graph, std::string name, std::vector<float> hostData, Sha
   node.category = category;
   node.grouping = g;
   node.retrievalMode = retrievalMode;
-  node.data = std::move(hostData);
+  node.initial = std::move(hostData);
   return {&graph, graph.addSource(OpKind::Variable, std::move(node))};
 }
 
@@ -166,6 +166,64 @@ Tensor clip(Tensor x, double lo, double hi) { return unary(OpKind::Clip, x, scal
 Tensor pow(Tensor a, Tensor b) { return binary(OpKind::Pow, a, b); }
 Tensor batchMatmul(Tensor a, Tensor b) { return binary(OpKind::BatchMatMul, a, b); }
 Tensor gather(Tensor data, Tensor indices) { return binary(OpKind::Gather, data, indices); }
+namespace {
+OpAttributes convAttributes(const ConvParams& p) {
+  OpAttributes attributes;
+  attributes.strides = p.strides;
+  attributes.pads = p.pads;
+  attributes.dilations = p.dilations;
+  attributes.group = p.group;
+  attributes.outputPadding = p.outputPadding;
+  return attributes;
+}
+OpAttributes poolAttributes(const PoolParams& p) {
+  OpAttributes attributes;
+  attributes.kernel = p.kernel;
+  attributes.strides = p.strides;
+  attributes.pads = p.pads;
+  attributes.dilations = p.dilations;
+  attributes.ceilMode = p.ceilMode;
+  attributes.countIncludePad = p.countIncludePad;
+  return attributes;
+}
+// The spatial axes of an NC[D]HW tensor: 2, 3, ...
+std::vector<int64_t> spatialAxes(const Tensor& x, std::string_view op) {
+  const auto rank = static_cast<int64_t>(x.shape().size());
+  if (rank < 3) {
+    throw GraphError(ErrorCode::ShapeMismatch, std::string(op),
+                     fmt::format("{}: input \"{}\" {} must be [N, C, D..] with at least one spatial axis", op,
+                                 x.name(), shapeStr(x.shape())));
+  }
+  std::vector<int64_t> axes;
+  for (int64_t a = 2; a < rank; ++a) axes.push_back(a);
+  return axes;
+}
+}  // namespace
+
+Tensor conv(Tensor x, Tensor w, const ConvParams& params) {
+  return binary(OpKind::Conv, x, w, convAttributes(params));
+}
+Tensor convTranspose(Tensor x, Tensor w, const ConvParams& params) {
+  return binary(OpKind::ConvTranspose, x, w, convAttributes(params));
+}
+Tensor maxPool(Tensor x, const PoolParams& params) {
+  return unary(OpKind::MaxPool, x, poolAttributes(params));
+}
+Tensor averagePool(Tensor x, const PoolParams& params) {
+  return unary(OpKind::AveragePool, x, poolAttributes(params));
+}
+Tensor globalAveragePool(Tensor x) {
+  graphOf("GlobalAveragePool", {x});
+  return reduceMean(x, spatialAxes(x, "GlobalAveragePool"), true);
+}
+Tensor globalMaxPool(Tensor x) {
+  graphOf("GlobalMaxPool", {x});
+  spatialAxes(x, "GlobalMaxPool");
+  PoolParams params;
+  params.kernel.assign(x.shape().begin() + 2, x.shape().end());
+  return maxPool(x, params);
+}
+
 Tensor softmax(Tensor x) { return unary(OpKind::Softmax, x); }
 Tensor logSoftmax(Tensor x) { return unary(OpKind::LogSoftmax, x); }
 
@@ -285,7 +343,7 @@ void remoteStore(Graph& graph, RemoteBuffer buffer, int64_t entry, Tensor t) {
   graph.addOp(OpKind::RemoteStore, {t.id()}, std::move(attributes));
 }
 
-Tensor remoteVariable(Graph& graph, std::string name, std::vector<float> hostData, RemoteBuffer buffer,
+Tensor remoteVariable(Graph& graph, std::string name, InitialValues hostData, RemoteBuffer buffer,
                       int64_t entry, std::optional<ReplicaGrouping> grouping, RetrievalMode retrievalMode) {
   checkBuffer(graph, buffer, name);
   const RemoteBufferInfo& info = buffer.info();
@@ -302,8 +360,8 @@ Tensor remoteVariable(Graph& graph, std::string name, std::vector<float> hostDat
   return v;
 }
 
-ShardedVariable replicaShardedVariable(Graph& graph, std::string name, std::vector<float> hostData,
-                                       Shape shape, std::optional<ReplicaGrouping> grouping,
+ShardedVariable replicaShardedVariable(Graph& graph, std::string name, InitialValues hostData, Shape shape,
+                                       std::optional<ReplicaGrouping> grouping,
                                        std::optional<int64_t> shardOver, TensorCategory category) {
   const ReplicaGrouping g = variableGrouping(graph, name, grouping);
   const int64_t shards = shardOver.value_or(g.groupSize());
@@ -321,12 +379,12 @@ ShardedVariable replicaShardedVariable(Graph& graph, std::string name, std::vect
   node.shardCount = shards;
   node.category = category;
   node.grouping = g;
-  node.data = std::move(hostData);
+  node.initial = std::move(hostData);
   const Tensor v{&graph, graph.addSource(OpKind::Variable, std::move(node))};
   return {v, v};
 }
 
-Tensor remoteReplicaShardedVariable(Graph& graph, std::string name, std::vector<float> hostData, Shape shape,
+Tensor remoteReplicaShardedVariable(Graph& graph, std::string name, InitialValues hostData, Shape shape,
                                     RemoteBuffer buffer, int64_t entry) {
   checkBuffer(graph, buffer, name);
   const int64_t replicas = graph.replicationFactor();

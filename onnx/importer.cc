@@ -367,8 +367,12 @@ TensorId Importer::addSource(OpKind kind, const std::string& name, DType dtype, 
     node.name = graph_.tryFind(name) ? graph_.uniqueName(name) : name;
     node.dtype = dtype;
     node.shape = shape;
-    node.data = data;
-    if (kind == OpKind::Variable) node.category = TensorCategory::Weight;
+    if (kind == OpKind::Variable) {
+      node.initial = InitialValues(data);
+      node.category = TensorCategory::Weight;
+    } else {
+      node.data = data;
+    }
     return graph_.addSource(kind, std::move(node));
   } catch (const GraphError& e) {
     throwOnnx(ErrorCode::OnnxNodeShape, subject, e.what());

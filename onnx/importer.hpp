@@ -51,6 +51,8 @@ class Importer {
   void importNode(const onnx::NodeProto& node);
   // node_mapping.cc: emits the tessera ops of one node.
   void mapNode(const onnx::NodeProto& node, const std::string& subject);
+  // Conv, ConvTranspose, MaxPool, AveragePool: the op with its window and bias.
+  Tensor mapWindowOp(const onnx::NodeProto& node, const std::string& subject);
 
   // Helpers of mapNode.
   Tensor operand(const onnx::NodeProto& node, int k, const std::string& subject);

@@ -73,7 +73,8 @@ std::vector<HyperParameter> Optimizer::hyperParameters(int64_t step) const {
 }
 
 void Optimizer::rebindHyperParameters(const Graph& graph) {
-  for (auto& [hyperName, tensor] : hyperTensors_) tensor = graph.find(fmt::format("{}{}", kHyperParameterPrefix, hyperName));
+  for (auto& [hyperName, tensor] : hyperTensors_)
+    tensor = graph.find(fmt::format("{}{}", kHyperParameterPrefix, hyperName));
 }
 
 Tensor Optimizer::hyperParameter(Graph& graph, std::string_view hyperName) const {
@@ -91,7 +92,7 @@ Tensor zeroVariableLike(Tensor weight, std::string name, TensorCategory category
   Graph& graph = weight.graph();
   const int64_t groups = node.grouping ? node.grouping->numGroups() : 1;
   if (!node.metaShape.empty()) {
-    std::vector<float> zeros(static_cast<std::size_t>(groups * numElements(node.metaShape)), 0.0F);
+    InitialValues zeros = InitialValues::filled(groups * numElements(node.metaShape), 0.0F);
     const std::optional<ReplicaGrouping> domain = node.shardDomain;
     const Tensor state = ops::replicaShardedVariable(graph, std::move(name), std::move(zeros), node.metaShape,
                                                      node.grouping, node.shardCount, category)
@@ -99,7 +100,7 @@ Tensor zeroVariableLike(Tensor weight, std::string name, TensorCategory category
     graph.tensor(state.id()).shardDomain = domain;
     return state;
   }
-  std::vector<float> zeros(static_cast<std::size_t>(groups * numElements(node.shape)), 0.0F);
+  InitialValues zeros = InitialValues::filled(groups * numElements(node.shape), 0.0F);
   return ops::variable(graph, std::move(name), std::move(zeros), node.shape, node.grouping,
                        node.retrievalMode, category, node.dtype);
 }

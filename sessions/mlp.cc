@@ -40,16 +40,26 @@ Tensor applyActivation(Activation activation, Tensor x) {
 
 }  // namespace
 
-std::vector<float> normalSamples(int64_t count, uint64_t seed, double stddev) {
+void fillNormal(std::span<float> out, uint64_t seed, double stddev) {
   SplitMix64 rng(seed);
-  std::vector<float> out(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; i += 2) {
+  const std::size_t count = out.size();
+  for (std::size_t i = 0; i < count; i += 2) {
     const double radius = std::sqrt(-2.0 * std::log(rng.uniform()));
     const double angle = 2.0 * std::numbers::pi * rng.uniform();
-    out[static_cast<size_t>(i)] = static_cast<float>(stddev * radius * std::cos(angle));
-    if (i + 1 < count) out[static_cast<size_t>(i + 1)] = static_cast<float>(stddev * radius * std::sin(angle));
+    out[i] = static_cast<float>(stddev * radius * std::cos(angle));
+    if (i + 1 < count) out[i + 1] = static_cast<float>(stddev * radius * std::sin(angle));
   }
+}
+
+std::vector<float> normalSamples(int64_t count, uint64_t seed, double stddev) {
+  std::vector<float> out(static_cast<size_t>(count));
+  fillNormal(out, seed, stddev);
   return out;
+}
+
+InitialValues normalValues(int64_t count, uint64_t seed, double stddev) {
+  return InitialValues::generated(count, fmt::format("normal(seed {}, stddev {})", seed, stddev),
+                                  [seed, stddev](std::span<float> out) { fillNormal(out, seed, stddev); });
 }
 
 MlpGraph buildMlp(const ModelConfig& model, int64_t batchSize, int64_t replicationFactor, int64_t seed) {
@@ -88,9 +98,9 @@ MlpGraph buildMlp(const ModelConfig& model, int64_t batchSize, int64_t replicati
     // He-normal: stddev sqrt(2 / fan_in). Each layer draws from its own
     // stream so that changing one width leaves the others' values alone.
     const uint64_t layerSeed = static_cast<uint64_t>(seed) * 1000003ull + i;
-    const Tensor w =
-        ops::variable(g, fmt::format("W{}", i), normalSamples(in * out, layerSeed, std::sqrt(2.0 / in)), {in, out});
-    const Tensor b = ops::variable(g, fmt::format("b{}", i), std::vector<float>(static_cast<size_t>(out), 0.0f), {out});
+    const Tensor w = ops::variable(g, fmt::format("W{}", i),
+                                   normalValues(in * out, layerSeed, std::sqrt(2.0 / in)), {in, out});
+    const Tensor b = ops::variable(g, fmt::format("b{}", i), InitialValues::filled(out, 0.0F), {out});
     mlp.weights.push_back(w.id());
     mlp.weights.push_back(b.id());
     x = ops::add(ops::matmul(x, w), b);

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "memory_planner.hpp"
 #include "session_runtime.hpp"
 #include "tessera/error.hpp"
 #include "tessera/placement.hpp"
@@ -18,11 +19,12 @@ namespace {
 void checkOptions(const Graph& graph, const SessionOptions& options, const Device& device) {
   validate(options, device.spec());
   if (graph.replicationFactor() != options.getGlobalReplicationFactor()) {
-    throw GraphError(ErrorCode::ReplicationFactorMismatch, "Graph",
-                     fmt::format("the graph was built for {} replica(s) but the session options give a global "
-                                 "replication factor of {}; build the graph with Graph({})",
-                                 graph.replicationFactor(), options.getGlobalReplicationFactor(),
-                                 options.getGlobalReplicationFactor()));
+    throw GraphError(
+        ErrorCode::ReplicationFactorMismatch, "Graph",
+        fmt::format("the graph was built for {} replica(s) but the session options give a global "
+                    "replication factor of {}; build the graph with Graph({})",
+                    graph.replicationFactor(), options.getGlobalReplicationFactor(),
+                    options.getGlobalReplicationFactor()));
   }
 }
 
@@ -56,18 +58,34 @@ DeviceError outOfMemoryWithSuggestions(const DeviceError& error, const Graph& gr
       suggestMemorySettings(graph, loss, optimizer, options, spec, *shortfall);
   std::string text = error.detail();
   if (suggestions.empty()) {
-    text += "\nno single location setting lowers that peak; use a device with more memory per tile, or a smaller "
-            "batch or model";
+    text +=
+        "\nno single location setting lowers that peak; use a device with more memory per tile, or a smaller "
+        "batch or model";
   } else {
     text += "\nsettings that lower it (each planned on its own):";
     for (const MemorySuggestion& s : suggestions) {
       text += fmt::format("\n  set {} to {}: peak {} -> {} (saves {}){}", s.setting, s.value,
-                          bytesText(shortfall->neededBytes), bytesText(s.neededBytes), bytesText(s.savingBytes),
-                          s.fits ? ", fits" : ", still too large");
+                          bytesText(shortfall->neededBytes), bytesText(s.neededBytes),
+                          bytesText(s.savingBytes), s.fits ? ", fits" : ", still too large");
     }
   }
   return DeviceError(error.code(), error.subject(), text);
 }
+
+}  // namespace
+
+void requireTrainingFits(const Graph& graph, TensorId loss, const Optimizer& optimizer,
+                         const SessionOptions& options, const DeviceSpec& spec) {
+  const RunPlan plan = planTraining(graph, loss, optimizer, options, spec);
+  try {
+    sim::requireFits(plan.memory);
+  } catch (const DeviceError& error) {
+    if (error.code() != ErrorCode::OutOfMemory) throw;
+    throw outOfMemoryWithSuggestions(error, graph, loss, optimizer, options, spec);
+  }
+}
+
+namespace {
 
 size_t outputIndex(const std::vector<std::string>& names, std::string_view name) {
   for (size_t i = 0; i < names.size(); ++i)
@@ -143,7 +161,9 @@ TrainingSession::~TrainingSession() = default;
 TrainingSession::TrainingSession(TrainingSession&&) noexcept = default;
 TrainingSession& TrainingSession::operator=(TrainingSession&&) noexcept = default;
 
-Shape TrainingSession::inputHostShape(std::string_view name) const { return impl_->runtime->inputHostShape(name); }
+Shape TrainingSession::inputHostShape(std::string_view name) const {
+  return impl_->runtime->inputHostShape(name);
+}
 
 void TrainingSession::run(std::span<const StepInput> inputs) {
   Impl& impl = *impl_;
@@ -166,7 +186,9 @@ const HostTensor& TrainingSession::output(std::string_view name) const {
 }
 
 double TrainingSession::learningRate() const { return impl_->optimizer->learningRate(); }
-void TrainingSession::setLearningRate(double learningRate) { impl_->optimizer->setLearningRate(learningRate); }
+void TrainingSession::setLearningRate(double learningRate) {
+  impl_->optimizer->setLearningRate(learningRate);
+}
 int64_t TrainingSession::step() const { return impl_->step; }
 
 void TrainingSession::setStep(int64_t step) {
@@ -215,20 +237,24 @@ InferenceSession::InferenceSession(Graph graph, std::vector<std::string> outputs
   if (!device) throw DeviceError(ErrorCode::InvalidProgram, "device", "no device given");
   checkOptions(graph, options, *device);
   if (options.enableGradientAccumulation) {
-    throw ConfigError(ErrorCode::UnsupportedCombination, "/sessionOptions/enableGradientAccumulation",
-                      "gradient accumulation only exists for training; set it to false for an inference session");
+    throw ConfigError(
+        ErrorCode::UnsupportedCombination, "/sessionOptions/enableGradientAccumulation",
+        "gradient accumulation only exists for training; set it to false for an inference session");
   }
   impl_->outputNames = std::move(outputs);
   runInferencePipeline(graph, options);
   const std::vector<TensorId> ids = findOutputs(graph, impl_->outputNames);
-  impl_->runtime = std::make_unique<detail::SessionRuntime>(std::move(graph), options, std::move(device), 1, ids);
+  impl_->runtime =
+      std::make_unique<detail::SessionRuntime>(std::move(graph), options, std::move(device), 1, ids);
 }
 
 InferenceSession::~InferenceSession() = default;
 InferenceSession::InferenceSession(InferenceSession&&) noexcept = default;
 InferenceSession& InferenceSession::operator=(InferenceSession&&) noexcept = default;
 
-Shape InferenceSession::inputHostShape(std::string_view name) const { return impl_->runtime->inputHostShape(name); }
+Shape InferenceSession::inputHostShape(std::string_view name) const {
+  return impl_->runtime->inputHostShape(name);
+}
 void InferenceSession::run(std::span<const StepInput> inputs) { impl_->runtime->run(inputs); }
 
 const HostTensor& InferenceSession::output(std::string_view name) const {

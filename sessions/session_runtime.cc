@@ -19,7 +19,9 @@
 namespace tessera::detail {
 namespace {
 
-const Shape& hostValueShape(const TensorNode& node) { return node.metaShape.empty() ? node.shape : node.metaShape; }
+const Shape& hostValueShape(const TensorNode& node) {
+  return node.metaShape.empty() ? node.shape : node.metaShape;
+}
 
 ReplicaGrouping groupingOf(const TensorNode& node, int64_t globalReplicas) {
   return node.grouping.value_or(ReplicaGrouping(globalReplicas));
@@ -82,9 +84,16 @@ nlohmann::json graphFingerprint(const Graph& graph) {
       structure.add(t.data);
       continue;
     }
+    // Explicit values are hashed; generated ones are named by their
+    // generator and seed, so that no instance makes them to compare.
     Fingerprint value;
-    value.add(t.data);
-    variables[t.name] = fmt::format("{} {} values, hash {}", shapeStr(t.shape), t.data.size(), value.hex());
+    if (const std::vector<float>* values = t.initial.explicitValues()) {
+      value.add(*values);
+    } else {
+      value.add(std::string_view(t.initial.identity()));
+    }
+    variables[t.name] =
+        fmt::format("{} {} values, hash {}", shapeStr(t.shape), t.initial.elements(), value.hex());
   }
   for (const OpNode& op : graph.ops()) {
     structure.add(op.kind);
@@ -105,6 +114,14 @@ nlohmann::json graphFingerprint(const Graph& graph) {
     structure.add(a.grouping);
     structure.add(a.remoteBuffer);
     structure.add(a.entry);
+    structure.add(a.kernel);
+    structure.add(a.strides);
+    structure.add(a.pads);
+    structure.add(a.dilations);
+    structure.add(a.outputPadding);
+    structure.add(a.group);
+    structure.add(a.ceilMode);
+    structure.add(a.countIncludePad);
   }
   return nlohmann::json{{"structure", fmt::format("{} ops, {} tensors, hash {}", graph.ops().size(),
                                                   graph.tensors().size(), structure.hex())},
@@ -141,10 +158,12 @@ SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, std::
     Stream s;
     s.tensor = op.outputs.front();
     s.dtype = node.dtype;
-    const Shape micro = accumulationFactor_ > 1 ? Shape(node.shape.begin() + 1, node.shape.end()) : node.shape;
+    const Shape micro =
+        accumulationFactor_ > 1 ? Shape(node.shape.begin() + 1, node.shape.end()) : node.shape;
     s.hostShape = hostLeadingShape(accumulationFactor_, program().localReplicas, micro);
-    s.derivation = fmt::format("[accumulationFactor={}, localReplicas={}, ...{}] with size-1 dimensions omitted",
-                               accumulationFactor_, program().localReplicas, shapeStr(micro));
+    s.derivation =
+        fmt::format("[accumulationFactor={}, localReplicas={}, ...{}] with size-1 dimensions omitted",
+                    accumulationFactor_, program().localReplicas, shapeStr(micro));
     s.device.assign(static_cast<size_t>(program().localReplicas * numElements(node.shape)), 0.0f);
     streams_.push_back(std::move(s));
   }
@@ -155,7 +174,8 @@ SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, std::
     out.groups.assign(static_cast<size_t>(layout.numGroups() * numElements(g.tensor(t).shape)), 0.0f);
     outputs_.push_back(std::move(out));
   }
-  writeInitialValues();
+  // The device wrote every variable's initial values when it loaded the
+  // program (each made once, there).
 }
 
 void SessionRuntime::checkInstances(const Program& program, const SessionOptions& options) const {
@@ -163,11 +183,12 @@ void SessionRuntime::checkInstances(const Program& program, const SessionOptions
   if (communicator == nullptr) {
     throw ConfigError(
         ErrorCode::UnsupportedCombination, "/sessionOptions/enableDistributedReplicatedGraphs",
-        fmt::format("a global replication factor of {} over {} local replica(s) needs the other instances, but "
-                    "the device has no communicator; create it with makeSimDevice(spec, mode, "
-                    "dist::instanceCommunicator()) and start the instances with `tessera launch`, or use one "
-                    "instance with replicatedGraphCount {}",
-                    program.globalReplicas, program.localReplicas, program.globalReplicas));
+        fmt::format(
+            "a global replication factor of {} over {} local replica(s) needs the other instances, but "
+            "the device has no communicator; create it with makeSimDevice(spec, mode, "
+            "dist::instanceCommunicator()) and start the instances with `tessera launch`, or use one "
+            "instance with replicatedGraphCount {}",
+            program.globalReplicas, program.localReplicas, program.globalReplicas));
   }
   // Everything but this instance's own offset must be the same everywhere.
   // One check each, in this order, so that the first difference named is
@@ -241,8 +262,8 @@ void SessionRuntime::run(std::span<const StepInput> inputs) {
   for (const Stream& s : streams_) {
     if (!s.fed) {
       throw GraphError(ErrorCode::HostShapeMismatch, program().graph.tensor(s.tensor).name,
-                       fmt::format("the stream was not given; expected host shape {} ({})", shapeStr(s.hostShape),
-                                   s.derivation));
+                       fmt::format("the stream was not given; expected host shape {} ({})",
+                                   shapeStr(s.hostShape), s.derivation));
     }
     feeds.push_back({s.tensor, s.device});
   }
@@ -258,8 +279,9 @@ void SessionRuntime::readOutputs() {
     executable_->read(out.tensor, out.groups);
     const int64_t elements = numElements(node.shape);
     const int64_t lead = out.microBatchLeading && !node.shape.empty() ? node.shape.front() : 1;
-    const Shape rest = out.microBatchLeading && !node.shape.empty() ? Shape(node.shape.begin() + 1, node.shape.end())
-                                                                     : node.shape;
+    const Shape rest = out.microBatchLeading && !node.shape.empty()
+                           ? Shape(node.shape.begin() + 1, node.shape.end())
+                           : node.shape;
     out.host.shape = hostLeadingShape(lead, replicas, rest);
     out.host.data.resize(static_cast<size_t>(replicas * elements));
     const int64_t block = elements / lead;
@@ -276,7 +298,8 @@ TensorId SessionRuntime::variable(std::string_view name) const {
   const auto id = program().graph.tryFind(name);
   if (!id || program().graph.tensor(*id).producer == kNoOp ||
       program().graph.op(program().graph.tensor(*id).producer).kind != OpKind::Variable) {
-    throw GraphError(ErrorCode::UnknownTensor, std::string(name), "no variable of that name in the session's graph");
+    throw GraphError(ErrorCode::UnknownTensor, std::string(name),
+                     "no variable of that name in the session's graph");
   }
   return *id;
 }
@@ -309,32 +332,26 @@ void SessionRuntime::replicaValue(const TensorNode& node, std::span<const float>
   layout.hostToShard(slice, shardIndexAt(node, program().globalReplicas, global), out);
 }
 
-void SessionRuntime::writeInitialValues() {
-  const Graph& g = program().graph;
-  for (const OpNode& op : g.ops()) {
-    if (op.kind != OpKind::Variable) continue;
-    const TensorNode& node = g.tensor(op.outputs.front());
-    writeVariable(node.name, node.data, variableHostShape(node, RetrievalMode::OnePerGroup));
-  }
-}
-
-void SessionRuntime::writeVariable(std::string_view name, std::span<const float> hostData, const Shape& hostShape) {
+void SessionRuntime::writeVariable(std::string_view name, std::span<const float> hostData,
+                                   const Shape& hostShape) {
   const TensorId t = variable(name);
   const TensorNode& node = program().graph.tensor(t);
   const Shape expected = variableHostShape(node, RetrievalMode::OnePerGroup);
   if (hostShape != expected || hostData.size() != static_cast<size_t>(numElements(expected))) {
     const ReplicaGrouping grouping = groupingOf(node, program().globalReplicas);
-    throw GraphError(ErrorCode::HostShapeMismatch, node.name,
-                     fmt::format("expected host shape {} ({} group(s) of {} x {}{}); received {} with {} values",
-                                 shapeStr(expected), grouping.numGroups(), grouping.str(),
-                                 shapeStr(hostValueShape(node)), node.metaShape.empty() ? "" : ", reassembled from shards",
-                                 shapeStr(hostShape), hostData.size()));
+    throw GraphError(
+        ErrorCode::HostShapeMismatch, node.name,
+        fmt::format("expected host shape {} ({} group(s) of {} x {}{}); received {} with {} values",
+                    shapeStr(expected), grouping.numGroups(), grouping.str(), shapeStr(hostValueShape(node)),
+                    node.metaShape.empty() ? "" : ", reassembled from shards", shapeStr(hostShape),
+                    hostData.size()));
   }
   const auto elements = static_cast<size_t>(numElements(node.shape));
   if (node.remoteBuffer >= 0) {
     std::vector<float> replicas(static_cast<size_t>(program().localReplicas) * elements);
     for (int64_t r = 0; r < program().localReplicas; ++r) {
-      replicaValue(node, hostData, r, std::span<float>(replicas).subspan(static_cast<size_t>(r) * elements, elements));
+      replicaValue(node, hostData, r,
+                   std::span<float>(replicas).subspan(static_cast<size_t>(r) * elements, elements));
     }
     executable_->writeRemote(node.remoteBuffer, node.remoteEntry, replicas);
     return;
@@ -409,7 +426,8 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
   for (int64_t first = 0; first < program().globalReplicas && replicas < program().globalReplicas && !gather;
        first += replicas) {
     for (int64_t group = 0; group < grouping.numGroups() && !gather; ++group) {
-      for (int64_t replica : holders(group, first)) gather = gather || replica < first || replica >= first + replicas;
+      for (int64_t replica : holders(group, first))
+        gather = gather || replica < first || replica >= first + replicas;
     }
   }
   if (gather) {
@@ -417,9 +435,11 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
     device_->communicator()->allGather(values, everyReplica);
   }
   const auto valueOf = [&](int64_t globalReplica) {
-    if (gather) return std::span<const float>(everyReplica).subspan(static_cast<size_t>(globalReplica) * elements, elements);
-    return std::span<const float>(values).subspan(static_cast<size_t>(globalReplica - program().replicaOffset) * elements,
-                                                  elements);
+    if (gather)
+      return std::span<const float>(everyReplica)
+          .subspan(static_cast<size_t>(globalReplica) * elements, elements);
+    return std::span<const float>(values).subspan(
+        static_cast<size_t>(globalReplica - program().replicaOffset) * elements, elements);
   };
 
   // The full value of group `group`, reassembled from its members' shards
@@ -436,7 +456,8 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
     // Every shard index occurs in the group.
     for (int64_t s = 0; s < shards; ++s) {
       const auto v = valueOf(from[static_cast<size_t>(s)]);
-      std::copy(v.begin(), v.end(), shardValues.begin() + static_cast<std::ptrdiff_t>(s * layout.shardElements()));
+      std::copy(v.begin(), v.end(),
+                shardValues.begin() + static_cast<std::ptrdiff_t>(s * layout.shardElements()));
     }
     layout.shardsToHost(shardValues, out);
   };

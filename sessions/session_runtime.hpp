@@ -77,7 +77,6 @@ class SessionRuntime {
   // one-per-group host shape.
   void replicaValue(const TensorNode& node, std::span<const float> host, int64_t localReplica,
                     std::span<float> out) const;
-  void writeInitialValues();
   void readOutputs();
   Stream& stream(std::string_view name);
   const Stream& stream(std::string_view name) const;

@@ -21,6 +21,7 @@
 #include "tessera/mlp.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/output_check.hpp"
+#include "tessera/placement.hpp"
 #include "tessera/profile.hpp"
 #include "tessera/session.hpp"
 
@@ -31,11 +32,12 @@ using Clock = std::chrono::steady_clock;
 
 void checkInputWidth(const ModelConfig& model, const DatasetSplit& split) {
   if (model.layers.front() != split.sampleElements()) {
-    throw ConfigError(ErrorCode::InvalidModel, "/model/layers/0",
-                      fmt::format("the model takes {} inputs but the dataset's samples have {} ({} x {}); set "
-                                  "/model/layers/0 to {}",
-                                  model.layers.front(), split.sampleElements(), split.rows, split.cols,
-                                  split.sampleElements()));
+    throw ConfigError(
+        ErrorCode::InvalidModel, "/model/layers/0",
+        fmt::format("the model takes {} inputs but the dataset's samples have {} ({} x {}); set "
+                    "/model/layers/0 to {}",
+                    model.layers.front(), split.sampleElements(), split.rows, split.cols,
+                    split.sampleElements()));
   }
 }
 
@@ -191,18 +193,20 @@ class Instances {
     if (!env_.set && options.getGlobalReplicationFactor() != options.getLocalReplicationFactor()) {
       const int64_t global = options.getGlobalReplicationFactor();
       const int64_t local = options.getLocalReplicationFactor();
-      throw ConfigError(ErrorCode::UnsupportedCombination, "/sessionOptions/enableDistributedReplicatedGraphs",
-                        fmt::format("the config spreads {} replicas over instances of {}, but this process was "
-                                    "not started as one of them; run `tessera launch --num-replicas {} "
-                                    "--num-instances {} -- tessera train ...`",
-                                    global, local, global, global / local));
+      throw ConfigError(
+          ErrorCode::UnsupportedCombination, "/sessionOptions/enableDistributedReplicatedGraphs",
+          fmt::format("the config spreads {} replicas over instances of {}, but this process was "
+                      "not started as one of them; run `tessera launch --num-replicas {} "
+                      "--num-instances {} -- tessera train ...`",
+                      global, local, global, global / local));
     }
     dist::configureSessionOptions(options, env_);
     const int64_t asked = config.sessionOptions.getGlobalReplicationFactor();
     if (env_.set && options.getGlobalReplicationFactor() != asked) {
-      notes.push_back(fmt::format("the launcher sets the replication: {} replica(s) in total, {} per "
-                                  "instance on {} instance(s) (the config asks for {})",
-                                  env_.numTotalReplicas, env_.numLocalReplicas, env_.numInstances, asked));
+      notes.push_back(
+          fmt::format("the launcher sets the replication: {} replica(s) in total, {} per "
+                      "instance on {} instance(s) (the config asks for {})",
+                      env_.numTotalReplicas, env_.numLocalReplicas, env_.numInstances, asked));
     }
     if (env_.numInstances > 1) communicator_ = dist::instanceCommunicator();
   }
@@ -348,7 +352,8 @@ TestResult evaluate(const RunConfig& config, const SessionOptions& trainingOptio
     }
     const std::vector<int32_t>& labelData = buffers.ints(static_cast<std::size_t>(labels));
     for (int64_t i = 0; i < real; ++i) {
-      if (static_cast<int32_t>(out.data[static_cast<size_t>(i)]) == labelData[static_cast<size_t>(i)]) ++correct;
+      if (static_cast<int32_t>(out.data[static_cast<size_t>(i)]) == labelData[static_cast<size_t>(i)])
+        ++correct;
     }
   }
   if (accuracy) {
@@ -437,6 +442,9 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   if (instances.writesOutput()) checkOutputs(config.output);
   const int64_t batch = config.data.batchSize;
   RunModel model = buildRunModel(config, batch, options.getGlobalReplicationFactor());
+  // Planning makes no values: a model too large for the device is refused
+  // here, at once, before the dataset is read or any weight is made.
+  requireTrainingFits(model.graph, model.loss, *makeOptimizer(config.optimizer), options, config.device);
   std::string dataNotice;
   const TensorDataset data = loadRunData(config, model, dataNotice);
   instances.checkAgree(config, data);
@@ -446,10 +454,11 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   const int64_t globalBatch = batch * options.getGlobalReplicationFactor() * af;
   const int64_t stepsPerEpoch = data.train.count / globalBatch;
   if (stepsPerEpoch == 0) {
-    throw ConfigError(ErrorCode::InvalidData, "/data/batchSize",
-                      fmt::format("a global batch of batchSize {} x replicas {} x accumulationFactor {} = {} samples "
-                                  "is larger than the {} training samples",
-                                  batch, options.getGlobalReplicationFactor(), af, globalBatch, data.train.count));
+    throw ConfigError(
+        ErrorCode::InvalidData, "/data/batchSize",
+        fmt::format("a global batch of batchSize {} x replicas {} x accumulationFactor {} = {} samples "
+                    "is larger than the {} training samples",
+                    batch, options.getGlobalReplicationFactor(), af, globalBatch, data.train.count));
   }
 
   const std::vector<std::string> inputs = model.inputs;
@@ -574,7 +583,8 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
     checkpointNow();
   }
   summary.finalLoss = summary.losses.empty() ? 0.0 : summary.losses.back();
-  summary.samplesPerSecond = trainSeconds > 0 ? static_cast<double>(summary.steps * globalBatch) / trainSeconds : 0.0;
+  summary.samplesPerSecond =
+      trainSeconds > 0 ? static_cast<double>(summary.steps * globalBatch) / trainSeconds : 0.0;
   // The last epoch's evaluation is of the final weights (a run resumed after
   // its last step runs no epoch and is evaluated here).
   if (!summary.interrupted) {

@@ -280,7 +280,8 @@ bool SimExecutable::scatteredInPlace(const ReplicaGrouping& grouping, const Repl
   // Without the other instances, members they hold cannot be read; planning
   // the unfused collective names them.
   if (crossesInstances(topology_, grouping) && communicator_ == nullptr) return false;
-  if (!consecutiveGroups(topology_, grouping) || scattered.numGroups() != topology_.localReplicas) return false;
+  if (!consecutiveGroups(topology_, grouping) || scattered.numGroups() != topology_.localReplicas)
+    return false;
   for (int64_t r = 0; r < topology_.localReplicas; ++r)
     if (scattered.groupAt(r) != r) return false;
   return true;
@@ -402,6 +403,14 @@ void SimExecutable::initialiseValues() {
     const ReplicaGrouping& layout = layouts_[at(t)];
     const int64_t n = numElements(node.shape);
     float* base = arena_.data() + offset_[at(t)];
+    // A variable's host values are made here, once, and only while it is
+    // written to the arena.
+    std::vector<float> made;
+    if (op.kind == OpKind::Variable && node.initial.explicitValues() == nullptr) made = node.initial.values();
+    const std::vector<float>& hostData = op.kind != OpKind::Variable ? node.data
+                                         : node.initial.explicitValues() != nullptr
+                                             ? *node.initial.explicitValues()
+                                             : made;
     for (int64_t j = 0; j < layout.numGroups(); ++j) {
       float* value = base + j * n;
       if (op.kind == OpKind::Constant) {
@@ -413,7 +422,7 @@ void SimExecutable::initialiseValues() {
       const int64_t group = grouping.numGroups() > 1 ? grouping.groupAt(global) : 0;
       const bool sharded = !node.metaShape.empty();
       const int64_t hostElements = sharded ? numElements(node.metaShape) : n;
-      const std::span<const float> host(node.data.data() + group * hostElements, at(hostElements));
+      const std::span<const float> host(hostData.data() + group * hostElements, at(hostElements));
       if (sharded) {
         const ShardLayout shards(hostElements, node.shardCount);
         shards.hostToShard(host, shardIndexAt(node, program_.globalReplicas, global),
@@ -459,12 +468,13 @@ void SimExecutable::planSteps() {
   int64_t rhs = 0;
   int64_t product = 0;
   for (Step& step : steps_) {
-    if (step.kernel != matmulKernel() && step.kernel != matmulSlicesKernel() &&
-        step.kernel != batchedMatmulKernel())
-      continue;
-    const auto [a, b] = planGemm(step);
-    lhs = std::max(lhs, alignUp(a));
-    rhs = std::max(rhs, alignUp(b));
+    // Other kernels with GEMMs (convolutions) planned theirs with the step.
+    if (step.kernel == matmulKernel() || step.kernel == matmulSlicesKernel() ||
+        step.kernel == batchedMatmulKernel())
+      planGemm(step);
+    lhs = std::max(lhs, alignUp(step.gemmPlan.lhsFloats));
+    rhs = std::max(rhs, alignUp(step.gemmPlan.rhsFloats));
+    product = std::max(product, alignUp(step.workFloats));
     if (step.kernel == matmulSlicesKernel()) product = std::max(product, alignUp(step.rows * step.cols));
   }
   // Packed blocks are read with aligned loads.
@@ -520,12 +530,14 @@ void SimExecutable::fuseChains() {
     // capped: longer chains would make planning quadratic and gain nothing
     // once a tile's operands stay in cache.
     constexpr std::size_t kMaxChainSteps = 32;
-    if (!chain.empty() && (n != chainElements || chain.size() >= kMaxChainSteps || !sliceable(accesses, own))) {
+    if (!chain.empty() &&
+        (n != chainElements || chain.size() >= kMaxChainSteps || !sliceable(accesses, own))) {
       flush();
     }
     step.tile = tileKernel(step.kind);
     const StridedLoop& loop = step.runs.front().loop;
-    for (std::size_t i = 0; i < step.tileStride.size(); ++i) step.tileStride[i] = loop.rank == 0 ? 0 : loop.stride[i + 1][0];
+    for (std::size_t i = 0; i < step.tileStride.size(); ++i)
+      step.tileStride[i] = loop.rank == 0 ? 0 : loop.stride[i + 1][0];
     chainElements = n;
     chain.push_back(std::move(step));
     accesses.push_back(std::move(own));

@@ -21,6 +21,8 @@ KernelTable& kernelTable() {
     addShapeKernels(t);
     addSoftmaxKernels(t);
     addGatherKernels(t);
+    addConvKernels(t);
+    addPoolingKernels(t);
     addCollectiveKernels(t);
     addRemoteKernels(t);
     return t;

@@ -106,6 +106,8 @@ void addReductionKernels(KernelTable& table);
 void addShapeKernels(KernelTable& table);
 void addSoftmaxKernels(KernelTable& table);
 void addGatherKernels(KernelTable& table);
+void addConvKernels(KernelTable& table);
+void addPoolingKernels(KernelTable& table);
 void addCollectiveKernels(KernelTable& table);
 void addRemoteKernels(KernelTable& table);
 

@@ -114,6 +114,9 @@ struct Step {
   // The product's kernel and cache blocking, chosen at load time.
   GemmPlan gemmPlan;
   const GemmScratch* scratch = nullptr;
+  // Floats of GemmScratch::product the step uses as its workspace (the
+  // column matrices of convolutions); their kernels plan their own GEMMs.
+  int64_t workFloats = 0;
 
   // Softmax-like kernels: `cols` classes per row. Collectives and remote
   // transfers: tables of offsets (see collectives.hpp).

@@ -26,6 +26,9 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -80,9 +83,9 @@ enum class OpKind : uint16_t {
   Variable,  // persistent state initialised from host data
   Constant,  // value baked into the program
   // Dense math.
-  MatMul,  // [.., M, K] x [K, N] -> [.., M, N]; batched left operand allowed
+  MatMul,       // [.., M, K] x [K, N] -> [.., M, N]; batched left operand allowed
   BatchMatMul,  // [B.., M, K] x [B.., K, N] -> [B.., M, N]: one product per batch index
-  Add,     // numpy broadcasting for Add, Sub, Mul, Div
+  Add,          // numpy broadcasting for Add, Sub, Mul, Div
   Sub,
   Mul,
   Div,
@@ -95,15 +98,15 @@ enum class OpKind : uint16_t {
   Log,
   Sqrt,
   Abs,
-  Sign,        // -1, 0 or 1; zero gradient
+  Sign,  // -1, 0 or 1; zero gradient
   Erf,
-  Reciprocal,  // 1 / x
-  Softplus,    // log(1 + exp(x))
-  LeakyRelu,   // x > 0 ? x : a x
-  Elu,         // x > 0 ? x : a (exp(x) - 1)
-  Selu,        // b (x > 0 ? x : a (exp(x) - 1))
-  Clip,        // min(max(x, a), b)
-  Pow,         // a ^ b, numpy broadcasting
+  Reciprocal,           // 1 / x
+  Softplus,             // log(1 + exp(x))
+  LeakyRelu,            // x > 0 ? x : a x
+  Elu,                  // x > 0 ? x : a (exp(x) - 1)
+  Selu,                 // b (x > 0 ? x : a (exp(x) - 1))
+  Clip,                 // min(max(x, a), b)
+  Pow,                  // a ^ b, numpy broadcasting
   Softmax,              // along the last axis
   LogSoftmax,           // along the last axis
   SoftmaxCrossEntropy,  // logits [N, C] float, labels [N] int32 -> scalar (`reduction` Sum or Mean)
@@ -119,6 +122,12 @@ enum class OpKind : uint16_t {
   CopyInplace,       // (dst, src): dst = src; the output aliases dst
   ArgMax,            // along the last axis, int32 output, no gradient
   Gather,            // (data [V, D...], indices int32 [I...]) -> rows [I..., D...]
+  // Convolution and pooling over NC[D]HW tensors (1-3 spatial axes): `strides`, `pads` (every axis's
+  // begin, then every axis's end), `dilations`, `group`; pools take `kernel`.
+  Conv,           // (x [N, C, D..], w [M, C/group, K..]) -> [N, M, O..]
+  ConvTranspose,  // (x [N, C, D..], w [C, M/group, K..]) -> [N, M, O..], `outputPadding`
+  MaxPool,        // x [N, C, D..] -> [N, C, O..], `ceilMode`
+  AveragePool,    // x [N, C, D..] -> [N, C, O..], `ceilMode`, `countIncludePad`
   // Gradient helpers, produced by autodiff (also usable directly).
   ReluGrad,                 // (dy, x) -> dy * (x > 0)
   GeluGrad,                 // (dy, x) -> dy * gelu'(x)
@@ -130,6 +139,9 @@ enum class OpKind : uint16_t {
   ReduceToShape,            // sum a broadcast value back to `shape`
   SlicePad,                 // zeros of `shape` with [starts, ends) filled from the input
   GatherGrad,               // (dy, indices) -> zeros of `shape` with dy's rows added at the indices
+  ConvGradWeight,           // (dy [N, M, O..], x [N, C, D..]) -> the gradient of Conv's weight, `shape`
+  MaxPoolGrad,              // (dy, x) -> dy routed to the first maximum of each window
+  AveragePoolGrad,          // dy -> dx of `shape`: each window's dy spread over the window
   // Collectives over a ReplicaGrouping of the replicas (`grouping`; nullopt =
   // all replicas). Sharded values use ShardLayout(n, groupSize).
   ReplicatedAllReduce,      // Sum or Mean over each group; same shape
@@ -189,6 +201,10 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::CopyInplace, std::string_view{"CopyInplace"}},
       std::pair{OpKind::ArgMax, std::string_view{"ArgMax"}},
       std::pair{OpKind::Gather, std::string_view{"Gather"}},
+      std::pair{OpKind::Conv, std::string_view{"Conv"}},
+      std::pair{OpKind::ConvTranspose, std::string_view{"ConvTranspose"}},
+      std::pair{OpKind::MaxPool, std::string_view{"MaxPool"}},
+      std::pair{OpKind::AveragePool, std::string_view{"AveragePool"}},
       std::pair{OpKind::ReluGrad, std::string_view{"ReluGrad"}},
       std::pair{OpKind::GeluGrad, std::string_view{"GeluGrad"}},
       std::pair{OpKind::LeakyReluGrad, std::string_view{"LeakyReluGrad"}},
@@ -199,6 +215,9 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::ReduceToShape, std::string_view{"ReduceToShape"}},
       std::pair{OpKind::SlicePad, std::string_view{"SlicePad"}},
       std::pair{OpKind::GatherGrad, std::string_view{"GatherGrad"}},
+      std::pair{OpKind::ConvGradWeight, std::string_view{"ConvGradWeight"}},
+      std::pair{OpKind::MaxPoolGrad, std::string_view{"MaxPoolGrad"}},
+      std::pair{OpKind::AveragePoolGrad, std::string_view{"AveragePoolGrad"}},
       std::pair{OpKind::ReplicatedAllReduce, std::string_view{"ReplicatedAllReduce"}},
       std::pair{OpKind::ReplicatedReduceScatter, std::string_view{"ReplicatedReduceScatter"}},
       std::pair{OpKind::ReplicatedAllGather, std::string_view{"ReplicatedAllGather"}},
@@ -227,8 +246,8 @@ std::string_view opName(OpKind kind) noexcept;
 struct OpAttributes {
   std::vector<int64_t> axes{};  // ReduceSum/Mean, Transpose (permutation)
   bool keepDims = false;        // ReduceSum/Mean
-  Shape shape{};                // Reshape, BroadcastTo, ReduceToShape, SlicePad, ReplicaShardedPad, AllGather,
-                                // GatherGrad
+  Shape shape{};  // Reshape, BroadcastTo, ReduceToShape, SlicePad, ReplicaShardedPad, AllGather,
+                  // GatherGrad
   std::vector<int64_t> starts{};  // Slice, SlicePad
   std::vector<int64_t> ends{};    // Slice, SlicePad
   int64_t axis = 0;               // Concat
@@ -238,6 +257,15 @@ struct OpAttributes {
   std::optional<ReplicaGrouping> grouping{};     // collectives: the groups; nullopt = all replicas
   int64_t remoteBuffer = -1;                     // RemoteLoad/Store: buffer id
   int64_t entry = 0;                             // RemoteLoad/Store: entry index
+  // Convolutions and pools (one entry per spatial axis; the shape rule fills the defaults).
+  std::vector<int64_t> kernel{};         // pools: the window
+  std::vector<int64_t> strides{};        // default 1
+  std::vector<int64_t> pads{};           // begin of every axis, then end of every axis; default 0
+  std::vector<int64_t> dilations{};      // default 1
+  std::vector<int64_t> outputPadding{};  // ConvTranspose: added at the end of each output axis; default 0
+  int64_t group = 1;                     // Conv, ConvTranspose, ConvGradWeight: channel groups
+  bool ceilMode = false;                 // pools: the last partial window counts
+  bool countIncludePad = false;          // AveragePool: pads count in the divisor
   bool operator==(const OpAttributes&) const = default;
 };
 
@@ -245,6 +273,44 @@ using TensorId = int32_t;
 using OpId = int32_t;
 inline constexpr TensorId kNoTensor = -1;
 inline constexpr OpId kNoOp = -1;
+
+// The initial host values of a Variable: explicit values (shared, so that
+// copies of a graph share them), or values made on demand by a generator
+// (zeros, a seeded distribution). Planning (validate, explain, the memory
+// plan and its suggestions) reads only the count; a session makes the values
+// when it loads the variable onto the device, so a model far larger than the
+// host can be planned. Converts implicitly from a vector of values.
+class InitialValues {
+ public:
+  using Generator = std::function<void(std::span<float>)>;
+
+  InitialValues() = default;
+  InitialValues(
+      std::vector<float> values);  // NOLINT(google-explicit-constructor): values are the common case
+  InitialValues(std::initializer_list<float> values) : InitialValues(std::vector<float>(values)) {}
+  // `elements` copies of `value`.
+  static InitialValues filled(int64_t elements, float value);
+  // `elements` values written by `generate` (into a span of exactly that
+  // size) each time they are needed; `identity` names the values (the
+  // generator and its seed), for fingerprints.
+  static InitialValues generated(int64_t elements, std::string identity, Generator generate);
+
+  int64_t elements() const noexcept { return elements_; }
+  // Every value, made now when generated.
+  std::vector<float> values() const;
+  // Writes every value into `out` (out.size() == elements()).
+  void fill(std::span<float> out) const;
+  // The explicit values, or null when they are generated.
+  const std::vector<float>* explicitValues() const noexcept { return values_.get(); }
+  // What generates them ("zeros", "normal(seed 7, stddev 0.05)"); empty for explicit values.
+  const std::string& identity() const noexcept { return identity_; }
+
+ private:
+  std::shared_ptr<const std::vector<float>> values_;
+  std::shared_ptr<const Generator> generate_;
+  int64_t elements_ = 0;
+  std::string identity_;
+};
 
 struct TensorNode {
   std::string name;
@@ -257,11 +323,13 @@ struct TensorNode {
   // aliases its first input's storage); kNoTensor when it owns its storage.
   TensorId aliasOf = kNoTensor;
   // Variables: grouping over replicas (nullopt: one group of all replicas),
-  // retrieval mode, and host initial data [numGroups, ...hostShape] (group dim
-  // omitted for one group; hostShape is metaShape when sharded, else shape).
-  // Constants: their value. Int32 values are stored exactly as floats.
+  // retrieval mode, and host initial values [numGroups, ...hostShape] (group
+  // dim omitted for one group; hostShape is metaShape when sharded, else
+  // shape), made on demand (InitialValues).
   std::optional<ReplicaGrouping> grouping;
   RetrievalMode retrievalMode = RetrievalMode::OnePerGroup;
+  InitialValues initial;
+  // Constants: their value. Int32 values are stored exactly as floats.
   std::vector<float> data;
   // Sharded tensors: the full (unsharded) shape; shape is then [ceil(n/k)].
   // Empty when not sharded. Collectives set it on their sharded outputs.

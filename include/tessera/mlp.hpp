@@ -39,5 +39,8 @@ MlpGraph buildMlp(const ModelConfig& model, int64_t batchSize, int64_t replicati
 // Deterministic standard normal samples (Box-Muller over a 64-bit
 // splitmix/xorshift stream): the same numbers on every platform.
 std::vector<float> normalSamples(int64_t count, uint64_t seed, double stddev);
+// The same values, made on demand (when a session loads the variable), so
+// that planning a model never makes them.
+InitialValues normalValues(int64_t count, uint64_t seed, double stddev);
 
 }  // namespace tessera

@@ -93,8 +93,9 @@ namespace ops {
 // --- Sources ---
 Tensor input(Graph& graph, std::string name, Shape shape, DType dtype = DType::Float32);
 // A persistent tensor initialised from `hostData` (see the host shape rule
-// above). `category` lets optimizers create OptimizerState / Accumulator state.
-Tensor variable(Graph& graph, std::string name, std::vector<float> hostData, Shape shape,
+// above): a vector of values, or values made on demand (InitialValues).
+// `category` lets optimizers create OptimizerState / Accumulator state.
+Tensor variable(Graph& graph, std::string name, InitialValues hostData, Shape shape,
                 std::optional<ReplicaGrouping> grouping = std::nullopt,
                 RetrievalMode retrievalMode = RetrievalMode::OnePerGroup,
                 TensorCategory category = TensorCategory::Weight, DType dtype = DType::Float32);
@@ -108,7 +109,7 @@ Tensor matmul(Tensor a, Tensor b);  // [.., M, K] x [K, N] -> [.., M, N]
 // [B.., M, K] x [B.., K, N] -> [B.., M, N] with the same batch dimensions B..
 // (rank >= 3): one product per batch index, as attention's scores.
 Tensor batchMatmul(Tensor a, Tensor b);
-Tensor add(Tensor a, Tensor b);     // numpy broadcasting for add, sub, mul, div
+Tensor add(Tensor a, Tensor b);  // numpy broadcasting for add, sub, mul, div
 Tensor sub(Tensor a, Tensor b);
 Tensor mul(Tensor a, Tensor b);
 Tensor div(Tensor a, Tensor b);
@@ -141,6 +142,36 @@ Tensor pow(Tensor a, Tensor b);
 // negative counts from the end): [I..., D...], an embedding lookup. The
 // gradient adds dy's rows into the rows the indices name.
 Tensor gather(Tensor data, Tensor indices);
+// --- Convolution and pooling over NC[D]HW tensors (1 to 3 spatial axes) ---
+// Each vector has one value per spatial axis (pads: every axis's begin, then
+// every axis's end); empty means the default (strides and dilations 1, pads 0).
+struct ConvParams {
+  std::vector<int64_t> strides{};
+  std::vector<int64_t> pads{};
+  std::vector<int64_t> dilations{};
+  int64_t group = 1;
+  std::vector<int64_t> outputPadding{};  // convTranspose: added at the end of each axis, below the stride
+};
+struct PoolParams {
+  std::vector<int64_t> kernel{};  // the window (required)
+  std::vector<int64_t> strides{};
+  std::vector<int64_t> pads{};  // each below the window's extent
+  std::vector<int64_t> dilations{};
+  bool ceilMode = false;  // a last partial window counts (if it starts inside the input or its begin pad)
+  bool countIncludePad = false;  // averagePool: pads count in the divisor
+};
+// x [N, C, D..] * w [M, C/group, K..] -> [N, M, O..], O = (D + pads - dilation (K - 1) - 1) / stride + 1.
+Tensor conv(Tensor x, Tensor w, const ConvParams& params = {});
+// Conv's transpose (its gradient with respect to its input): x [N, C, D..], w [C, M/group, K..] ->
+// [N, M, O..], O = (D - 1) stride - pads + dilation (K - 1) + 1 + outputPadding.
+Tensor convTranspose(Tensor x, Tensor w, const ConvParams& params = {});
+// The maximum of each window (pads never win); the gradient goes to the first maximum in scan order.
+Tensor maxPool(Tensor x, const PoolParams& params);
+// The mean of each window over its taps inside the input (and the pads with countIncludePad).
+Tensor averagePool(Tensor x, const PoolParams& params);
+// Over all spatial axes, keeping them as 1s: [N, C, D..] -> [N, C, 1..] (a ReduceMean, a MaxPool).
+Tensor globalAveragePool(Tensor x);
+Tensor globalMaxPool(Tensor x);
 Tensor softmax(Tensor x);     // along the last axis
 Tensor logSoftmax(Tensor x);  // along the last axis
 // logits [N, C], labels [N] int32 -> scalar: -sum_n log softmax(logits)[n, label_n],
@@ -185,21 +216,21 @@ Tensor remoteLoad(Graph& graph, RemoteBuffer buffer, int64_t entry = 0);
 void remoteStore(Graph& graph, RemoteBuffer buffer, int64_t entry, Tensor t);
 // A variable kept in buffer[entry] (shape and dtype of the buffer); the host
 // data has the group dimension when the grouping has more than one group.
-Tensor remoteVariable(Graph& graph, std::string name, std::vector<float> hostData, RemoteBuffer buffer,
+Tensor remoteVariable(Graph& graph, std::string name, InitialValues hostData, RemoteBuffer buffer,
                       int64_t entry = 0, std::optional<ReplicaGrouping> grouping = std::nullopt,
                       RetrievalMode retrievalMode = RetrievalMode::OnePerGroup);
 // A variable of `shape` sharded over `shardOver` members (default: the group
 // size) of each group of `grouping`: member m holds shard m mod shardOver.
 // Throws GraphError(InvalidCollective) when shardOver does not divide the
 // group size.
-ShardedVariable replicaShardedVariable(Graph& graph, std::string name, std::vector<float> hostData,
-                                       Shape shape, std::optional<ReplicaGrouping> grouping = std::nullopt,
+ShardedVariable replicaShardedVariable(Graph& graph, std::string name, InitialValues hostData, Shape shape,
+                                       std::optional<ReplicaGrouping> grouping = std::nullopt,
                                        std::optional<int64_t> shardOver = std::nullopt,
                                        TensorCategory category = TensorCategory::Weight);
 // A variable of `shape` sharded over all replicas and kept in buffer[entry];
 // the buffer must have shape [ceil(n/R)] (its metaShape is set to `shape`).
 // Needs a replication factor > 1 (GraphError(InvalidCollective)).
-Tensor remoteReplicaShardedVariable(Graph& graph, std::string name, std::vector<float> hostData, Shape shape,
+Tensor remoteReplicaShardedVariable(Graph& graph, std::string name, InitialValues hostData, Shape shape,
                                     RemoteBuffer buffer, int64_t entry = 0);
 
 }  // namespace ops

@@ -32,11 +32,12 @@ void checkDomainFits(const ReplicaGrouping& variableGroups, const ReplicaGroupin
   for (int64_t r = 0; r < domain.numReplicas(); ++r) {
     const int64_t first = domain.replicaAt(domain.groupAt(r), 0);
     if (variableGroups.groupAt(r) != variableGroups.groupAt(first)) {
-      throw ConfigError(ErrorCode::UnsupportedCombination, resolved.decidedBy + "/shardingDomain",
-                        fmt::format("{}: the sharding domain {} puts replicas {} and {} in one group, but they hold "
-                                    "different values of the variable (its grouping is {}); choose a domain whose "
-                                    "groups lie within the variable's groups",
-                                    name, domain.str(), first, r, variableGroups.str()));
+      throw ConfigError(
+          ErrorCode::UnsupportedCombination, resolved.decidedBy + "/shardingDomain",
+          fmt::format("{}: the sharding domain {} puts replicas {} and {} in one group, but they hold "
+                      "different values of the variable (its grouping is {}); choose a domain whose "
+                      "groups lie within the variable's groups",
+                      name, domain.str(), first, r, variableGroups.str()));
     }
   }
 }
@@ -97,8 +98,8 @@ bool sameHolding(const Value& a, const Value& b) {
 // in-place update.
 struct Home {
   enum class Kind { Remote, IoTiles } kind = Kind::Remote;
-  bool viaIoTiles = false;  // Remote: loads and stores are staged on the IO tiles
-  int64_t buffer = -1;      // Remote
+  bool viaIoTiles = false;        // Remote: loads and stores are staged on the IO tiles
+  int64_t buffer = -1;            // Remote
   TensorId variable = kNoTensor;  // the variable in the rebuilt graph
   bool loaded = false;
 };
@@ -106,10 +107,10 @@ struct Home {
 // A forward activation that the backward pass reads, held between the two
 // passes in streaming memory (OffChip) or, on chip, on the IO tiles.
 struct OffChipActivation {
-  bool viaIoTiles = false;     // streaming memory: transfers staged on the IO tiles
-  bool onIoTiles = false;      // on chip: kept on the IO tiles instead of streaming memory
-  int64_t buffer = -1;         // streaming memory
-  TensorId kept = kNoTensor;   // on IO tiles: the copy held there
+  bool viaIoTiles = false;      // streaming memory: transfers staged on the IO tiles
+  bool onIoTiles = false;       // on chip: kept on the IO tiles instead of streaming memory
+  int64_t buffer = -1;          // streaming memory
+  TensorId kept = kNoTensor;    // on IO tiles: the copy held there
   TensorId loaded = kNoTensor;  // back on the compute tiles for the backward pass
 };
 
@@ -121,7 +122,8 @@ class Relocator {
     if (loss != kNoTensor) markForward(loss);
     for (std::size_t id = 0; id < in.ops().size(); ++id) {
       const OpNode& op = in.ops()[id];
-      if (isInplace(op.kind)) lastWrite_[static_cast<std::size_t>(in.storageOf(op.inputs[0]))] = static_cast<OpId>(id);
+      if (isInplace(op.kind))
+        lastWrite_[static_cast<std::size_t>(in.storageOf(op.inputs[0]))] = static_cast<OpId>(id);
     }
     planActivations();
   }
@@ -133,10 +135,12 @@ class Relocator {
     for (const OpNode& op : in_.ops()) {
       if (op.kind != OpKind::Variable) continue;
       const TensorNode& node = in_.tensor(op.outputs[0]);
-      if (node.dtype != DType::Float32 || node.remoteBuffer >= 0 || (sharded(node) && !node.shardDomain)) continue;
+      if (node.dtype != DType::Float32 || node.remoteBuffer >= 0 || (sharded(node) && !node.shardDomain))
+        continue;
       const ResolvedLocation resolved =
           resolveTensorLocation(options_, {node.name, node.category, logicalElements(node)});
-      if (resolved.location.storage == TensorStorage::OffChip || resolved.location.storageTileSet == TileSet::IO) {
+      if (resolved.location.storage == TensorStorage::OffChip ||
+          resolved.location.storageTileSet == TileSet::IO) {
         return true;
       }
       if (node.category == TensorCategory::Weight) continue;
@@ -229,7 +233,8 @@ class Relocator {
       values_[index(t)] = {v, sharded(node), inDomain(t)};
       return;
     }
-    const ResolvedLocation resolved = resolveTensorLocation(options_, {node.name, node.category, logicalElements(node)});
+    const ResolvedLocation resolved =
+        resolveTensorLocation(options_, {node.name, node.category, logicalElements(node)});
     TensorNode placed = node;
     // Weights were sharded before autodiff by the same rule; their gradients
     // and updates are built for that.
@@ -361,11 +366,12 @@ class Relocator {
   }
 
   [[noreturn]] void unknownSharding(TensorId original, std::string_view what) const {
-    throw GraphError(ErrorCode::InvalidCollective, in_.tensor(original).name,
-                     fmt::format("{} would be needed, but the tensor was sharded by hand and its sharding domain is "
-                                 "not known; give it a domain (replicaShardedVariable with a grouping) or keep the "
-                                 "tensors it is combined with where the graph put them",
-                                 what));
+    throw GraphError(
+        ErrorCode::InvalidCollective, in_.tensor(original).name,
+        fmt::format("{} would be needed, but the tensor was sharded by hand and its sharding domain is "
+                    "not known; give it a domain (replicaShardedVariable with a grouping) or keep the "
+                    "tensors it is combined with where the graph put them",
+                    what));
   }
 
   // The full value of `v` (the value of input tensor `original`).
@@ -433,20 +439,21 @@ class Relocator {
 
     if (unchanged || !shardable(op)) {
       if (!unchanged && isInplace(op.kind) && !sameHolding(inputs[0], inValue(op.inputs[0]))) {
-        throw GraphError(ErrorCode::InvalidOperand, op.name,
-                         fmt::format("{} modifies {} in place, which its location holds {}, with operands of "
-                                     "other shapes; only elementwise updates can be rewritten for a tensor held "
-                                     "differently from the graph. Change the tensor's replicatedTensorSharding "
-                                     "setting to {}",
-                                     op.name, in_.tensor(op.inputs[0]).name,
-                                     inputs[0].sharded ? "as shards" : "whole",
-                                     inputs[0].sharded ? "Off" : "On"));
+        throw GraphError(
+            ErrorCode::InvalidOperand, op.name,
+            fmt::format("{} modifies {} in place, which its location holds {}, with operands of "
+                        "other shapes; only elementwise updates can be rewritten for a tensor held "
+                        "differently from the graph. Change the tensor's replicatedTensorSharding "
+                        "setting to {}",
+                        op.name, in_.tensor(op.inputs[0]).name, inputs[0].sharded ? "as shards" : "whole",
+                        inputs[0].sharded ? "Off" : "On"));
       }
       std::vector<TensorId> operands;
       operands.reserve(inputs.size());
       for (std::size_t i = 0; i < inputs.size(); ++i) operands.push_back(asInInput(inputs[i], op.inputs[i]));
       copy_.copyOp(id, std::move(operands));
-      for (TensorId t : op.outputs) values_[index(t)] = {copy_.mapped(t), sharded(in_.tensor(t)), inValue(t).domain};
+      for (TensorId t : op.outputs)
+        values_[index(t)] = {copy_.mapped(t), sharded(in_.tensor(t)), inValue(t).domain};
       return;
     }
 
@@ -473,7 +480,7 @@ class Relocator {
       }
     }
     const Shape full = in_.tensor(op.outputs[0]).metaShape.empty() ? in_.tensor(op.outputs[0]).shape
-                                                                      : in_.tensor(op.outputs[0]).metaShape;
+                                                                   : in_.tensor(op.outputs[0]).metaShape;
     copy_.copyOp(id, std::move(operands));
     const TensorId y = copy_.mapped(op.outputs[0]);
     out().tensor(y).metaShape = target ? full : Shape{};
@@ -560,17 +567,18 @@ ReplicaGrouping shardHolders(const ReplicaGrouping& variableGroups, const Replic
     if (matches) return candidate;
     if (holders == 1) break;
   }
-  throw GraphError(ErrorCode::InvalidCollective, std::string(tensor),
-                   fmt::format("the replicas holding the same shard over {} within {} do not form a replica "
-                               "grouping, so its gradient cannot be reduced over them; choose an All, Consecutive "
-                               "or Orthogonal sharding domain that divides the variable's groups evenly",
-                               domain.str(), variableGroups.str()));
+  throw GraphError(
+      ErrorCode::InvalidCollective, std::string(tensor),
+      fmt::format("the replicas holding the same shard over {} within {} do not form a replica "
+                  "grouping, so its gradient cannot be reduced over them; choose an All, Consecutive "
+                  "or Orthogonal sharding domain that divides the variable's groups evenly",
+                  domain.str(), variableGroups.str()));
 }
 
-std::optional<ReplicaGrouping> accumulatorShardingDomain(const SessionOptions& options, const TensorNode& weight,
-                                                         const std::string& name) {
-  const int64_t replicas = weight.grouping ? weight.grouping->numReplicas()
-                                           : options.getGlobalReplicationFactor();
+std::optional<ReplicaGrouping> accumulatorShardingDomain(const SessionOptions& options,
+                                                         const TensorNode& weight, const std::string& name) {
+  const int64_t replicas =
+      weight.grouping ? weight.grouping->numReplicas() : options.getGlobalReplicationFactor();
   const ResolvedLocation resolved =
       resolveTensorLocation(options, {name, TensorCategory::Accumulator, logicalElements(weight)});
   TensorNode like = asFull(weight);
@@ -578,12 +586,13 @@ std::optional<ReplicaGrouping> accumulatorShardingDomain(const SessionOptions& o
   const std::optional<ReplicaGrouping> domain = shardingDomainOf(resolved, like, replicas);
   if (!domain || !sharded(weight)) return sharded(weight) ? std::nullopt : domain;
   if (weight.shardDomain != domain) {
-    throw ConfigError(ErrorCode::UnsupportedCombination, resolved.decidedBy + "/shardingDomain",
-                      fmt::format("{}: the accumulator asks to be sharded over {} but its weight {} is sharded over "
-                                  "{}; give the accumulator and the weight the same sharding domain, or set the "
-                                  "accumulator's replicatedTensorSharding to Off",
-                                  name, domain->str(), weight.name,
-                                  weight.shardDomain ? weight.shardDomain->str() : std::string("its own groups")));
+    throw ConfigError(
+        ErrorCode::UnsupportedCombination, resolved.decidedBy + "/shardingDomain",
+        fmt::format("{}: the accumulator asks to be sharded over {} but its weight {} is sharded over "
+                    "{}; give the accumulator and the weight the same sharding domain, or set the "
+                    "accumulator's replicatedTensorSharding to Off",
+                    name, domain->str(), weight.name,
+                    weight.shardDomain ? weight.shardDomain->str() : std::string("its own groups")));
   }
   return std::nullopt;
 }
@@ -594,7 +603,7 @@ Tensor shardedZeroVariable(Tensor weight, std::string name, const ReplicaGroupin
   TensorNode state = asShard(node, domain);
   state.name = std::move(name);
   state.category = TensorCategory::Accumulator;
-  state.data.assign(static_cast<std::size_t>(groups * numElements(state.metaShape)), 0.0F);
+  state.initial = InitialValues::filled(groups * numElements(state.metaShape), 0.0F);
   state.producer = kNoOp;
   state.consumers.clear();
   state.aliasOf = kNoTensor;

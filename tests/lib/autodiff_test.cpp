@@ -281,6 +281,116 @@ TEST_CASE("gradient check of gather: repeated and negative indices add up") {
   checkGradients(g, {table}, ops::gather(table, indices), -1, 1);
 }
 
+TEST_CASE("gradient check of convolutions: 1-D, 2-D with groups, strides, pads and dilations, 3-D") {
+  std::mt19937 rng(5);
+  SUBCASE("1-D with a stride and uneven pads") {
+    Graph g(2);
+    const Tensor x = ops::input(g, "x", {2, 3, 8});
+    const Tensor w = ops::variable(g, "w", randomFloats(rng, 4 * 3 * 3, -1, 1), {4, 3, 3});
+    checkGradients(g, {x, w}, ops::conv(x, w, {.strides = {2}, .pads = {1, 2}}), -1, 1);
+  }
+  SUBCASE("2-D with groups, strides, pads and dilations") {
+    Graph g;
+    const Tensor x = ops::input(g, "x", {2, 4, 6, 5});
+    const Tensor w = ops::variable(g, "w", randomFloats(rng, 6 * 2 * 3 * 2, -1, 1), {6, 2, 3, 2});
+    checkGradients(
+        g, {x, w},
+        ops::conv(x, w, {.strides = {2, 1}, .pads = {1, 0, 1, 1}, .dilations = {1, 2}, .group = 2}), -1, 1);
+  }
+  SUBCASE("3-D") {
+    Graph g;
+    const Tensor x = ops::input(g, "x", {1, 2, 3, 4, 3});
+    const Tensor w = ops::variable(g, "w", randomFloats(rng, 2 * 2 * 8, -1, 1), {2, 2, 2, 2, 2});
+    checkGradients(g, {x, w}, ops::conv(x, w, {.strides = {1, 2, 1}, .pads = {1, 0, 0, 0, 1, 1}}), -1, 1);
+  }
+  SUBCASE("ConvTranspose with groups, output padding and dilations") {
+    Graph g;
+    const Tensor x = ops::input(g, "x", {2, 4, 3, 3});
+    const Tensor w = ops::variable(g, "w", randomFloats(rng, 4 * 3 * 3 * 2, -1, 1), {4, 3, 3, 2});
+    const Tensor y = ops::convTranspose(
+        x, w,
+        {.strides = {2, 3}, .pads = {1, 0, 0, 1}, .dilations = {1, 2}, .group = 2, .outputPadding = {1, 2}});
+    CHECK(y.shape() == Shape{2, 6, 7, 10});
+    checkGradients(g, {x, w}, y, -1, 1);
+  }
+  SUBCASE("ConvGradWeight, the weight's gradient, has gradients of its own") {
+    Graph g;
+    const Tensor dy = ops::input(g, "dy", {2, 4, 3, 3});
+    const Tensor x = ops::input(g, "x", {2, 2, 5, 5});
+    OpAttributes a;
+    a.strides = {2, 2};
+    a.pads = {1, 1, 1, 1};
+    a.group = 2;
+    a.shape = {4, 1, 3, 3};
+    const Tensor dw = Tensor{&g, g.op(g.addOp(OpKind::ConvGradWeight, {dy.id(), x.id()}, a)).outputs[0]};
+    checkGradients(g, {dy, x}, dw, -1, 1);
+  }
+}
+
+TEST_CASE("gradient check of pools: max (first maximum wins), average with and without pads counted") {
+  SUBCASE("MaxPool 2-D with strides, pads, dilations and ceil mode") {
+    Graph g(2);
+    const Tensor x = ops::input(g, "x", {2, 2, 7, 6});
+    checkGradients(g, {x},
+                   ops::maxPool(x, {.kernel = {3, 2},
+                                    .strides = {2, 2},
+                                    .pads = {1, 0, 1, 1},
+                                    .dilations = {1, 2},
+                                    .ceilMode = true}),
+                   -1, 1);
+  }
+  SUBCASE("MaxPool 1-D and 3-D, global max pool") {
+    Graph g;
+    const Tensor x1 = ops::input(g, "x1", {2, 3, 9});
+    const Tensor x3 = ops::input(g, "x3", {1, 2, 4, 3, 4});
+    const Tensor y =
+        ops::concat({ops::reshape(ops::maxPool(x1, {.kernel = {3}, .strides = {2}}), {-1}),
+                     ops::reshape(ops::maxPool(x3, {.kernel = {2, 2, 2}, .strides = {2, 1, 2}}), {-1}),
+                     ops::reshape(ops::globalMaxPool(x1), {-1})},
+                    0);
+    checkGradients(g, {x1, x3}, y, -1, 1);
+  }
+  for (bool countIncludePad : {false, true}) {
+    SUBCASE(countIncludePad ? "AveragePool counting pads" : "AveragePool not counting pads") {
+      Graph g;
+      const Tensor x = ops::input(g, "x", {2, 3, 6, 5});
+      const Tensor y = ops::averagePool(x, {.kernel = {3, 3},
+                                            .strides = {2, 2},
+                                            .pads = {1, 1, 2, 1},
+                                            .ceilMode = true,
+                                            .countIncludePad = countIncludePad});
+      checkGradients(g, {x}, y, -1, 1);
+      // Its gradient is linear in dy; the gradient of that is the pool again.
+      Graph h;
+      const Tensor dy = ops::input(h, "dy", y.shape());
+      OpAttributes a = g.op(y.node().producer).attributes;
+      a.shape = x.shape();
+      checkGradients(h, {dy}, Tensor{&h, h.op(h.addOp(OpKind::AveragePoolGrad, {dy.id()}, a)).outputs[0]}, -1,
+                     1);
+    }
+  }
+  SUBCASE("global average pool") {
+    Graph g;
+    const Tensor x = ops::input(g, "x", {2, 3, 4, 2});
+    const Tensor y = ops::globalAveragePool(x);
+    CHECK(y.shape() == Shape{2, 3, 1, 1});
+    checkGradients(g, {x}, y, -1, 1);
+  }
+}
+
+TEST_CASE("MaxPoolGrad routes each window's gradient to its first maximum in scan order") {
+  Graph g;
+  const Tensor x = ops::input(g, "x", {1, 1, 4});
+  const Tensor y = ops::maxPool(x, {.kernel = {2}, .strides = {1}});
+  const Tensor loss = ops::reduceSum(y);
+  const std::vector<Tensor> grads = autodiff(g, loss, {x});
+  ReferenceEvaluator ev(g);
+  ev.feed(x.id(), 0, {2.0, 2.0, 1.0, 3.0});
+  ev.run();
+  // Windows [2, 2] (the first 2 wins; the last would give {0, 2, 0, 1}), [2, 1], [1, 3].
+  CHECK(ev.value(grads[0].id(), 0) == std::vector<double>{1.0, 1.0, 0.0, 1.0});
+}
+
 TEST_CASE("gradient check of softmax cross-entropy with Sum and Mean") {
   for (ReductionType reduction : {ReductionType::Sum, ReductionType::Mean}) {
     SUBCASE(std::string(toString(reduction)).c_str()) {

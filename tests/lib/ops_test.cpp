@@ -56,6 +56,42 @@ TEST_CASE("shape inference of every op") {
          return ops::matmul(ops::input(f.g, "x", {5, 2, 3}), f.b);
        },
        {5, 2, 4}},
+      {"conv 2-D with groups, strides, pads and dilations",
+       [](Fixture& f) {
+         return ops::conv(ops::input(f.g, "img", {2, 4, 9, 8}), ops::input(f.g, "k", {6, 2, 3, 2}),
+                          {.strides = {2, 3}, .pads = {1, 0, 1, 2}, .dilations = {1, 2}, .group = 2});
+       },
+       {2, 6, 5, 3}},
+      {"conv 1-D and 3-D",
+       [](Fixture& f) {
+         ops::conv(ops::input(f.g, "seq", {3, 2, 10}), ops::input(f.g, "k1", {4, 2, 3}));
+         return ops::conv(ops::input(f.g, "vol", {1, 2, 4, 5, 6}), ops::input(f.g, "k3", {3, 2, 2, 2, 2}));
+       },
+       {1, 3, 3, 4, 5}},
+      {"convTranspose with output padding",
+       [](Fixture& f) {
+         return ops::convTranspose(
+             ops::input(f.g, "img", {2, 4, 3, 3}), ops::input(f.g, "k", {4, 3, 3, 3}),
+             {.strides = {2, 2}, .pads = {1, 1, 1, 1}, .group = 2, .outputPadding = {1, 0}});
+       },
+       {2, 6, 6, 5}},
+      {"maxPool with ceil mode",
+       [](Fixture& f) {
+         return ops::maxPool(ops::input(f.g, "img", {2, 3, 5, 5}),
+                             {.kernel = {2, 2}, .strides = {2, 2}, .ceilMode = true});
+       },
+       {2, 3, 3, 3}},
+      {"averagePool with pads",
+       [](Fixture& f) {
+         return ops::averagePool(ops::input(f.g, "img", {2, 3, 5}), {.kernel = {3}, .pads = {1, 1}});
+       },
+       {2, 3, 5}},
+      {"global pools keep the spatial axes as ones",
+       [](Fixture& f) {
+         ops::globalMaxPool(ops::input(f.g, "vol", {2, 3, 4, 5, 6}));
+         return ops::globalAveragePool(ops::input(f.g, "img", {2, 3, 4, 5}));
+       },
+       {2, 3, 1, 1}},
       {"add a row", [](Fixture& f) { return ops::add(f.a, f.v); }, {2, 3}},
       {"sub a scalar", [](Fixture& f) { return ops::sub(f.s, f.a); }, {2, 3}},
       {"mul outer",
@@ -174,6 +210,78 @@ TEST_CASE("every misuse is a GraphError naming the op or tensor") {
       {"gather by float indices", [](Fixture& f) { ops::gather(f.a, f.v); }, ErrorCode::InvalidOperand, "Gather"},
       {"gather from a scalar", [](Fixture& f) { ops::gather(f.s, f.labels); }, ErrorCode::ShapeMismatch,
        "Gather"},
+      {"conv with a rank mismatch",
+       [](Fixture& f) {
+         ops::conv(ops::input(f.g, "img", {2, 4, 9, 8}), ops::input(f.g, "k", {6, 4, 3}));
+       },
+       ErrorCode::ShapeMismatch, "Conv"},
+      {"conv of a matrix", [](Fixture& f) { ops::conv(f.a, f.b); }, ErrorCode::ShapeMismatch, "Conv"},
+      {"conv channels not divisible by groups",
+       [](Fixture& f) {
+         ops::conv(ops::input(f.g, "img", {2, 3, 9, 8}), ops::input(f.g, "k", {6, 1, 3, 3}), {.group = 2});
+       },
+       ErrorCode::InvalidOperand, "Conv"},
+      {"conv weight of other channels",
+       [](Fixture& f) {
+         ops::conv(ops::input(f.g, "img", {2, 4, 9, 8}), ops::input(f.g, "k", {6, 3, 3, 3}));
+       },
+       ErrorCode::ShapeMismatch, "Conv"},
+      {"conv kernel larger than the padded input",
+       [](Fixture& f) {
+         ops::conv(ops::input(f.g, "img", {2, 4, 4, 4}), ops::input(f.g, "k", {6, 4, 5, 3}),
+                   {.pads = {0, 0, 0, 0}});
+       },
+       ErrorCode::ShapeMismatch, "Conv"},
+      {"conv with pads for the wrong number of axes",
+       [](Fixture& f) {
+         ops::conv(ops::input(f.g, "img", {2, 4, 9, 8}), ops::input(f.g, "k", {6, 4, 3, 3}),
+                   {.pads = {1, 1}});
+       },
+       ErrorCode::InvalidOperand, "Conv"},
+      {"conv with a zero stride",
+       [](Fixture& f) {
+         ops::conv(ops::input(f.g, "img", {2, 4, 9, 8}), ops::input(f.g, "k", {6, 4, 3, 3}),
+                   {.strides = {1, 0}});
+       },
+       ErrorCode::InvalidOperand, "Conv"},
+      {"conv with output padding",
+       [](Fixture& f) {
+         ops::conv(ops::input(f.g, "img", {2, 4, 9, 8}), ops::input(f.g, "k", {6, 4, 3, 3}),
+                   {.outputPadding = {1, 1}});
+       },
+       ErrorCode::InvalidOperand, "Conv"},
+      {"convTranspose output padding not below the stride",
+       [](Fixture& f) {
+         ops::convTranspose(ops::input(f.g, "img", {2, 4, 3, 3}), ops::input(f.g, "k", {4, 3, 3, 3}),
+                            {.strides = {2, 2}, .outputPadding = {2, 0}});
+       },
+       ErrorCode::InvalidOperand, "ConvTranspose"},
+      {"convTranspose pads larger than the output",
+       [](Fixture& f) {
+         ops::convTranspose(ops::input(f.g, "img", {2, 4, 1, 1}), ops::input(f.g, "k", {4, 3, 1, 1}),
+                            {.pads = {1, 0, 0, 0}});
+       },
+       ErrorCode::ShapeMismatch, "ConvTranspose"},
+      {"maxPool without a kernel",
+       [](Fixture& f) {
+         ops::maxPool(ops::input(f.g, "img", {2, 3, 5, 5}), {});
+       },
+       ErrorCode::InvalidOperand, "MaxPool"},
+      {"maxPool pads as large as the window",
+       [](Fixture& f) {
+         ops::maxPool(ops::input(f.g, "img", {2, 3, 5, 5}), {.kernel = {2, 2}, .pads = {2, 0, 0, 0}});
+       },
+       ErrorCode::InvalidOperand, "MaxPool"},
+      {"averagePool window larger than the input",
+       [](Fixture& f) {
+         ops::averagePool(ops::input(f.g, "img", {2, 3, 5}), {.kernel = {6}});
+       },
+       ErrorCode::ShapeMismatch, "AveragePool"},
+      {"pool of a rank-6 tensor",
+       [](Fixture& f) {
+         ops::averagePool(ops::input(f.g, "img", {1, 1, 2, 2, 2, 2}), {.kernel = {1, 1, 1, 1}});
+       },
+       ErrorCode::ShapeMismatch, "AveragePool"},
       {"clip with empty bounds", [](Fixture& f) { ops::clip(f.a, 1.0, -1.0); }, ErrorCode::InvalidOperand,
        "Clip"},
       {"pow not broadcastable", [](Fixture& f) { ops::pow(f.a, f.b); }, ErrorCode::ShapeMismatch, "Pow"},
@@ -278,6 +386,34 @@ TEST_CASE("error messages name the tensors, their shapes and what is allowed") {
         "[tessera.graph.201] MatMul: MatMul: \"b\" [3, 4] float32 x \"a\" [2, 3] float32: the right operand "
         "must be "
         "[K, N] with K equal to the left operand's last dimension");
+}
+
+TEST_CASE("convolution and pooling errors name the op, the tensors and the allowed values") {
+  Fixture f;
+  const Tensor img = ops::input(f.g, "img", {2, 3, 9, 8});
+  auto e = test::catchError<GraphError>([&] {
+    ops::conv(img, ops::input(f.g, "k", {6, 1, 3, 3}), {.group = 2});
+  });
+  REQUIRE(e);
+  CHECK(std::string(e->what()) ==
+        "[tessera.graph.202] Conv: Conv: `group` 2 must be >= 1 and divide both channel counts 3 and 6");
+  e = test::catchError<GraphError>([&] { ops::conv(img, ops::input(f.g, "k2", {6, 3, 10, 3})); });
+  REQUIRE(e);
+  CHECK(
+      std::string(e->what()) ==
+      "[tessera.graph.201] Conv: Conv: the window [10, 3] (dilations [1, 1]) does not fit into input \"img\" "
+      "[2, 3, 9, 8] float32 padded by [0, 0, 0, 0] on spatial axis 0");
+  e = test::catchError<GraphError>([&] { ops::conv(img, ops::input(f.g, "k3", {6, 3, 3})); });
+  REQUIRE(e);
+  CHECK(
+      std::string(e->what()) ==
+      "[tessera.graph.201] Conv: Conv: inputs \"img\" [2, 3, 9, 8] float32 and \"k3\" [6, 3, 3] float32 must "
+      "have the same rank (2 spatial axes)");
+  e = test::catchError<GraphError>([&] { ops::maxPool(img, {.kernel = {2, 2}, .pads = {0, 2, 0, 0}}); });
+  REQUIRE(e);
+  CHECK(std::string(e->what()) ==
+        "[tessera.graph.202] MaxPool: MaxPool: `pads` [0, 2, 0, 0] must be smaller than the window [2, 2] "
+        "(dilations [1, 1]) on every axis");
 }
 
 TEST_CASE("variable host data has the group dimension when there is more than one group") {

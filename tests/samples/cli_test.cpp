@@ -435,9 +435,9 @@ TEST_CASE("explain --json gives the provenance of values and the sharding domain
 
 TEST_CASE("explain --json places every tensor, and --what-if shows the change beside it") {
   const std::string path = tessera::test::sourcePath("samples/configs/mnist_rts.json");
-  const json report = parseJson(runCli(
-      {"explain", path, "--json", "--what-if",
-       "/sessionOptions/optimizerStateTensorLocationSettings/location/storage=OffChip"}));
+  const json report =
+      parseJson(runCli({"explain", path, "--json", "--what-if",
+                        "/sessionOptions/optimizerStateTensorLocationSettings/location/storage=OffChip"}));
   const auto find = [](const json& tensors, const std::string& name) {
     for (const json& t : tensors)
       if (t["name"] == name) return t;
@@ -464,7 +464,8 @@ TEST_CASE("explain --json places every tensor, and --what-if shows the change be
   CHECK(find(after["tensors"], "W0.momentum")["storage"] == "OffChip");
   int64_t momentumBytes = 0;
   for (const json& t : after["tensors"]) {
-    if (t["name"].get<std::string>().ends_with(".momentum")) momentumBytes += t["bytesPerReplica"].get<int64_t>();
+    if (t["name"].get<std::string>().ends_with(".momentum"))
+      momentumBytes += t["bytesPerReplica"].get<int64_t>();
   }
   CHECK(after["memory"]["perReplica"][0]["streamingBytes"] == momentumBytes);
   CHECK(after["memory"]["perReplica"][0]["computeTilesBytes"].get<int64_t>() <
@@ -544,6 +545,25 @@ TEST_CASE("explain prints aligned values with their provenance and the domain ta
   CHECK(result.out.find("  group  replicas\n  0      0 1\n  1      2 3\n") != std::string::npos);
   CHECK(result.out.find("  replica  group  shard\n  0        0      0\n  1        0      1\n") !=
         std::string::npos);
+}
+
+TEST_CASE(
+    "a model far too large for the device is planned, not made: explained, and refused before any data") {
+  // 785 million weights (3.1 GB of float32, with momentum 6.3 GB): planning
+  // makes none of them, so explain answers and train refuses at once, before
+  // it reads the dataset (which is not there).
+  const std::string path = tessera::test::sourcePath("samples/configs/mnist_rts.json");
+  const tessera::test::TempDir dir;
+  const std::string huge = "/model/layers=[784,1000000,10]";
+  const auto explained = runCli({"explain", path, "--set", huge, "--json"});
+  CHECK(explained.exitCode == 0);
+  const json plan = json::parse(explained.out);
+  CHECK(plan.at("memory").at("perReplica").at(0).at("computeTilesBytes").get<int64_t>() > 3'000'000'000);
+  const auto trained = runCli(
+      {"train", path, "--set", huge, "--set", "/data/path=\"" + (dir.path() / "absent").string() + "\""});
+  CHECK(trained.exitCode == 1);
+  CHECK(trained.err.find("[tessera.device.401]") != std::string::npos);
+  CHECK(trained.err.find("absent") == std::string::npos);
 }
 
 TEST_CASE("explain validates first") {

@@ -7,10 +7,13 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "support/toy_data.hpp"
 #include "tessera/mlp.hpp"
 #include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
-#include "support/toy_data.hpp"
+#include "tessera/placement.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;
@@ -102,15 +105,16 @@ TEST_CASE("replicas and accumulation give the run of one replica with the whole 
   SUBCASE("R = 4 x batch 2") { checkClose(trainToy(4, 1, 2, 5), reference, 1e-5); }
   SUBCASE("accumulation 2 x R = 2 x batch 2, Post") { checkClose(trainToy(2, 2, 2, 5), reference, 1e-5); }
   SUBCASE("accumulation 2 x R = 2 x batch 2, Running") {
-    checkClose(trainToy(2, 2, 2, 5, ExecutionMode::Vectorized, MeanReductionStrategy::Running), reference, 1e-5);
+    checkClose(trainToy(2, 2, 2, 5, ExecutionMode::Vectorized, MeanReductionStrategy::Running), reference,
+               1e-5);
   }
   // The loss goes down on this learnable problem.
   CHECK(reference.losses.back() < reference.losses.front());
 }
 
 TEST_CASE("vectorized and per-replica reference execution agree") {
-  checkClose(trainToy(4, 1, 2, 4, ExecutionMode::Vectorized), trainToy(4, 1, 2, 4, ExecutionMode::PerReplicaReference),
-             1e-6);
+  checkClose(trainToy(4, 1, 2, 4, ExecutionMode::Vectorized),
+             trainToy(4, 1, 2, 4, ExecutionMode::PerReplicaReference), 1e-6);
   checkClose(trainToy(2, 2, 2, 3, ExecutionMode::Vectorized),
              trainToy(2, 2, 2, 3, ExecutionMode::PerReplicaReference), 1e-6);
 }
@@ -134,8 +138,9 @@ TEST_CASE("wrong host data names the stream, the expected shape and its derivati
                           makeSimDevice());
   const std::vector<float> images(4 * 12);  // one replica's worth only
   const std::vector<int32_t> labels(8);
-  const auto error = test::catchError<GraphError>(
-      [&] { session.run({StepInput("input", images), StepInput("labels", labels)}); });
+  const auto error = test::catchError<GraphError>([&] {
+    session.run({StepInput("input", images), StepInput("labels", labels)});
+  });
   REQUIRE(error);
   CHECK(error->code() == ErrorCode::HostShapeMismatch);
   CHECK(error->subject() == "input");
@@ -143,8 +148,9 @@ TEST_CASE("wrong host data names the stream, the expected shape and its derivati
   CHECK(error->detail().find("localReplicas=2") != std::string::npos);
 
   const std::vector<float> all(2 * 4 * 12);
-  const auto unknown = test::catchError<GraphError>(
-      [&] { session.run({StepInput("inputs", all), StepInput("labels", labels)}); });
+  const auto unknown = test::catchError<GraphError>([&] {
+    session.run({StepInput("inputs", all), StepInput("labels", labels)});
+  });
   REQUIRE(unknown);
   CHECK(unknown->code() == ErrorCode::UnknownStream);
   const auto missing = test::catchError<GraphError>([&] { session.run({StepInput("input", all)}); });
@@ -155,7 +161,8 @@ TEST_CASE("wrong host data names the stream, the expected shape and its derivati
 TEST_CASE("a graph built for another replication factor is rejected") {
   MlpGraph mlp = buildMlp(toyModel(), 4, 1, 0);
   const auto error = test::catchError<GraphError>([&] {
-    TrainingSession(std::move(mlp.graph), mlp.loss, makeOptimizer(sgdMomentum()), replicated(2), makeSimDevice());
+    TrainingSession(std::move(mlp.graph), mlp.loss, makeOptimizer(sgdMomentum()), replicated(2),
+                    makeSimDevice());
   });
   REQUIRE(error);
   CHECK(error->code() == ErrorCode::ReplicationFactorMismatch);
@@ -220,7 +227,9 @@ TEST_CASE("grouped variables are read and written in host shape [numGroups, ...]
 
   session.writeVariable("w", HostTensor{{2, 3}, {0, 0, 0, 1, 1, 1}});
   CHECK(session.readVariable("w").data == std::vector<float>{0, 0, 0, 1, 1, 1});
-  const auto error = test::catchError<GraphError>([&] { session.writeVariable("w", HostTensor{{3}, {0, 0, 0}}); });
+  const auto error = test::catchError<GraphError>([&] {
+    session.writeVariable("w", HostTensor{{3}, {0, 0, 0}});
+  });
   REQUIRE(error);
   CHECK(error->code() == ErrorCode::HostShapeMismatch);
   CHECK(error->subject() == "w");
@@ -253,8 +262,8 @@ TEST_CASE("inference sessions reject gradient accumulation") {
   SessionOptions options;
   options.enableGradientAccumulation = true;
   options.accumulationFactor = 2;
-  const auto error = test::catchError<ConfigError>(
-      [&] { InferenceSession(std::move(g), {y}, options, makeSimDevice()); });
+  const auto error =
+      test::catchError<ConfigError>([&] { InferenceSession(std::move(g), {y}, options, makeSimDevice()); });
   REQUIRE(error);
   CHECK(error->code() == ErrorCode::UnsupportedCombination);
 }
@@ -263,7 +272,8 @@ TEST_CASE("replica-sharded weights and optimizer state train like replicated one
   const ToyData data = toyData(8 * 4, 12);
   const auto run = [&](int64_t replicas, const SessionOptions& options, OptimizerConfig optimizer) {
     MlpGraph mlp = buildMlp(toyModel(), 8 / replicas, replicas, 3);
-    TrainingSession session(std::move(mlp.graph), mlp.loss, makeOptimizer(optimizer), options, makeSimDevice());
+    TrainingSession session(std::move(mlp.graph), mlp.loss, makeOptimizer(optimizer), options,
+                            makeSimDevice());
     RunResult result;
     for (int s = 0; s < 4; ++s) {
       session.run({StepInput("input", std::span<const float>(data.images).subspan(s * 8 * 12, 8 * 12)),
@@ -295,3 +305,56 @@ TEST_CASE("replica-sharded weights and optimizer state train like replicated one
   }
 }
 
+TEST_CASE("planning makes no initial values; a session makes each once, with the values it names") {
+  // A model whose weights are generated on demand, counting each time they are made.
+  int made = 0;
+  const auto counted = [&made](int64_t elements, float value) {
+    return InitialValues::generated(elements, fmt::format("counted {}", value),
+                                    [&made, value](std::span<float> out) {
+                                      ++made;
+                                      std::fill(out.begin(), out.end(), value);
+                                    });
+  };
+  Graph g(2);
+  const Tensor x = ops::input(g, "x", {4, 12});
+  const Tensor labels = ops::input(g, "labels", {4}, DType::Int32);
+  const Tensor w = ops::variable(g, "w", counted(12 * 4, 0.25F), {12, 4});
+  const Tensor b = ops::variable(g, "b", counted(4, -0.5F), {4});
+  const Tensor loss = ops::softmaxCrossEntropy(ops::add(ops::matmul(x, w), b), labels, ReductionType::Mean);
+  const Graph copy = g;  // copies share the generator: nothing is made
+  CHECK(made == 0);
+
+  const std::unique_ptr<Optimizer> sgd = makeOptimizer(sgdMomentum());
+  SessionOptions options = replicated(2);
+  options.weightTensorLocationSettings.location.replicatedTensorSharding = ReplicatedTensorSharding::On;
+  options.weightTensorLocationSettings.minElementsForReplicatedTensorSharding = 1;
+  const RunPlan plan = planTraining(g, loss.id(), *sgd, options, DeviceSpec{});
+  CHECK(plan.memory.perReplica.size() == 2);
+  requireTrainingFits(g, loss.id(), *sgd, options, DeviceSpec{});
+  CHECK(made == 0);
+
+  TrainingSession session(std::move(g), loss.id(), makeOptimizer(sgdMomentum()), options, makeSimDevice());
+  CHECK(made == 2);
+  for (const auto& [name, value] : session.readWeights()) {
+    CAPTURE(name);
+    const float expected = name == "w" ? 0.25F : -0.5F;
+    for (float v : value.data) CHECK(v == expected);
+  }
+  CHECK(copy.tensor(copy.find("w")).initial.elements() == 48);
+}
+
+TEST_CASE("initial values: explicit ones are shared by copies, generated ones are checked for size") {
+  const InitialValues values(std::vector<float>{1, 2, 3});
+  const InitialValues copy = values;
+  CHECK(copy.explicitValues() == values.explicitValues());
+  CHECK(values.values() == std::vector<float>{1, 2, 3});
+  const InitialValues zeros = InitialValues::filled(5, 0.0F);
+  CHECK(zeros.explicitValues() == nullptr);
+  CHECK(zeros.identity() == "zeros");
+  CHECK(zeros.values() == std::vector<float>(5, 0.0F));
+  std::vector<float> wrong(4);
+  CHECK_THROWS_AS(zeros.fill(wrong), InternalError);
+  CHECK(normalValues(7, 3, 0.5).values() == normalSamples(7, 3, 0.5));
+  Graph g(1);
+  CHECK_THROWS_AS(ops::variable(g, "v", InitialValues::filled(5, 1.0F), {2, 3}), GraphError);
+}

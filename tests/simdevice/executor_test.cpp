@@ -187,6 +187,56 @@ const std::vector<Case>& cases() {
          make(g, OpKind::GatherGrad, {s.x, s.labels}, table);
          make(g, OpKind::GatherGrad, {ops::gather(s.wT, fixed), fixed}, table);
        }},
+      {"convolutions in 1, 2 and 3 dimensions and their gradients",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const Tensor x1 = ops::input(g, "x1", {2, 3, 9});
+         const Tensor w1 = ops::variable(g, "w1", test::pseudoRandom(36, 21), {4, 3, 3});
+         ops::conv(x1, w1, {.strides = {2}, .pads = {1, 2}});
+         const Tensor x2 = ops::input(g, "x2", {2, 4, 7, 6});
+         const auto g1 = groupingOrAll(s.replicas, 1, 2);
+         const Tensor w2 = ops::variable(g, "w2", hostData(g1, 6 * 2 * 3 * 2, 22), {6, 2, 3, 2}, g1);
+         const ops::ConvParams p2{.strides = {2, 1}, .pads = {1, 0, 2, 1}, .dilations = {1, 2}, .group = 2};
+         const Tensor y2 = ops::conv(x2, w2, p2);
+         const Tensor dy2 = ops::input(g, "dy2", y2.shape());
+         OpAttributes weight;
+         weight.strides = p2.strides;
+         weight.pads = p2.pads;
+         weight.dilations = p2.dilations;
+         weight.group = 2;
+         weight.shape = {6, 2, 3, 2};
+         make(g, OpKind::ConvGradWeight, {dy2, x2}, weight);
+         ops::convTranspose(dy2, w2,
+                            {.strides = {2, 1},
+                             .pads = {1, 0, 2, 1},
+                             .dilations = {1, 2},
+                             .group = 2,
+                             .outputPadding = {1, 0}});
+         const Tensor w1x1 = ops::variable(g, "w1x1", test::pseudoRandom(20, 23), {5, 4, 1, 1});
+         const Tensor pointwise = ops::conv(x2, w1x1);
+         ops::convTranspose(pointwise, w1x1);
+         const Tensor x3 = ops::input(g, "x3d", {1, 2, 4, 3, 3});
+         const Tensor w3 = ops::variable(g, "w3", test::pseudoRandom(2 * 2 * 8, 24), {2, 2, 2, 2, 2});
+         ops::conv(x3, w3, {.pads = {1, 0, 1, 0, 1, 0}});
+       }},
+      {"max and average pools and their gradients",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const Tensor x2 = ops::input(g, "p2", {2, 3, 7, 6});
+         const ops::PoolParams p{.kernel = {3, 2}, .strides = {2, 2}, .pads = {1, 0, 1, 1}, .ceilMode = true};
+         const Tensor m = ops::maxPool(x2, p);
+         make(g, OpKind::MaxPoolGrad, {ops::input(g, "dm", m.shape()), x2},
+              g.op(m.node().producer).attributes);
+         ops::maxPool(ops::input(g, "p1", {2, 2, 8}), {.kernel = {3}, .strides = {2}, .dilations = {2}});
+         ops::maxPool(ops::input(g, "p3", {1, 2, 4, 4, 3}), {.kernel = {2, 2, 2}, .strides = {2, 2, 1}});
+         const Tensor a = ops::averagePool(x2, p);
+         ops::averagePool(x2, {.kernel = {3, 3}, .pads = {1, 1, 1, 1}, .countIncludePad = true});
+         OpAttributes back = g.op(a.node().producer).attributes;
+         back.shape = x2.shape();
+         make(g, OpKind::AveragePoolGrad, {ops::input(g, "da", a.shape())}, back);
+         ops::globalAveragePool(x2);
+         ops::globalMaxPool(s.x3);
+       }},
       {"softmax, cross entropy and argmax",
        [](Sources& s) {
          Graph& g = *s.graph;
@@ -863,5 +913,42 @@ TEST_CASE("a gather index outside the table is a device error naming the op and 
     CHECK(e.code() == ErrorCode::InvalidProgram);
     CHECK(e.subject() == "Gather");
     CHECK(std::string(e.what()).find("Gather: index 5 (element 1) is outside [-5, 5)") != std::string::npos);
+  }
+}
+
+TEST_CASE("convolutions and pools give every replica the same bits whatever the number of replicas") {
+  // Replica r of an R-replica run gets the data of the one-replica run, so
+  // each of its values must equal that run's bit for bit.
+  auto build = [](Graph& g) {
+    const Tensor x = ops::input(g, "x", {3, 4, 9, 8});
+    const Tensor w = ops::variable(g, "w", test::pseudoRandom(6 * 2 * 3 * 3, 31), {6, 2, 3, 3});
+    const Tensor y = ops::conv(x, w, {.strides = {2, 1}, .pads = {1, 1, 0, 1}, .group = 2});
+    const Tensor p = ops::maxPool(ops::relu(y), {.kernel = {2, 2}, .strides = {2, 2}, .ceilMode = true});
+    const Tensor a = ops::averagePool(p, {.kernel = {2, 2}, .pads = {1, 1, 0, 0}});
+    const Tensor loss = ops::reduceSum(ops::mul(a, a));
+    const std::vector<Tensor> grads = autodiff(g, loss, {x, w});
+    return std::vector<TensorId>{y.id(), a.id(), grads[0].id(), grads[1].id()};
+  };
+  Graph one(1);
+  const std::vector<TensorId> tensors = build(one);
+  const auto feeds = test::makeFeeds(one, 5, 3);
+  test::DeviceRun single = test::loadOnDevice(one, ExecutionMode::Vectorized);
+  test::runDevice(*single.executable, feeds);
+  Graph four(4);
+  build(four);
+  std::map<TensorId, std::vector<float>> repeated;
+  for (const auto& [t, data] : feeds) {
+    for (int r = 0; r < 4; ++r) repeated[t].insert(repeated[t].end(), data.begin(), data.end());
+  }
+  test::DeviceRun many = test::loadOnDevice(four, ExecutionMode::Vectorized);
+  test::runDevice(*many.executable, repeated);
+  for (TensorId t : tensors) {
+    const std::vector<float> want = test::deviceValue(*single.executable, one, t, 0);
+    REQUIRE(!want.empty());
+    for (int64_t r = 0; r < 4; ++r) {
+      CAPTURE(one.tensor(t).name);
+      CAPTURE(r);
+      CHECK(test::deviceValue(*many.executable, four, t, r) == want);
+    }
   }
 }

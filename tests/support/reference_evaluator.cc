@@ -45,9 +45,10 @@ void ReferenceEvaluator::initialiseVariable(TensorId t) {
   const Shape& hostShape = sharded ? node.metaShape : node.shape;
   const std::size_t n = count(hostShape);
   const ReplicaGrouping grouping = node.grouping.value_or(ReplicaGrouping(replicas_));
+  const std::vector<float> data = node.initial.values();
   for (int64_t r = 0; r < replicas_; ++r) {
     const int64_t group = grouping.numGroups() > 1 ? grouping.groupAt(r) : 0;
-    const auto first = node.data.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(group) * n);
+    const auto first = data.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(group) * n);
     Values host(first, first + static_cast<std::ptrdiff_t>(n));
     Values value =
         sharded ? reference::shardOf(host, node.shardCount, shardIndexAt(node, replicas_, r)) : host;
@@ -107,7 +108,8 @@ void ReferenceEvaluator::feedAll(TensorId input, const std::vector<double>& valu
 // the op has run on every replica it runs on.
 class ReferenceEvaluator::Op final : public ReferenceOp {
  public:
-  Op(ReferenceEvaluator& evaluator, const OpNode& op) : ReferenceOp(evaluator.graph_, op), evaluator_(evaluator) {
+  Op(ReferenceEvaluator& evaluator, const OpNode& op)
+      : ReferenceOp(evaluator.graph_, op), evaluator_(evaluator) {
     if (!op.outputs.empty()) {
       outputs_.assign(static_cast<std::size_t>(evaluator.replicas_),
                       Values(count(evaluator.graph_.tensor(op.outputs[0]).shape), 0.0));
@@ -132,7 +134,8 @@ class ReferenceEvaluator::Op final : public ReferenceOp {
   // Stores the outputs computed on `replicas`.
   void commit(std::span<const int64_t> replicas) {
     if (outputs_.empty()) return;
-    for (int64_t r : replicas) evaluator_.slot(op().outputs[0], r) = std::move(outputs_[static_cast<std::size_t>(r)]);
+    for (int64_t r : replicas)
+      evaluator_.slot(op().outputs[0], r) = std::move(outputs_[static_cast<std::size_t>(r)]);
   }
 
  private:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Writes the ONNX fixtures of tests/onnx: a small MLP classifier exported by
-PyTorch with its loss inside the graph and a symbolic batch axis, and
-PyTorch's outputs for fixed inputs at several batch sizes; and the bad models
+"""Writes the ONNX fixtures of tests/onnx: a small MLP classifier and a LeNet
+CNN exported by PyTorch with their losses inside the graph and a symbolic
+batch axis, and PyTorch's outputs for fixed inputs at several batch sizes;
+and the bad models
 of the bad-input corpus (tests/data/bad/onnx, expected ids in
 tests/data/bad/expected.json); and, for training the MLP export from its
 initializers, a tensors dataset (mlp_train.safetensors, mlp_test.safetensors)
@@ -66,6 +67,67 @@ def main():
     with open(os.path.join(HERE, "mlp_reference.json"), "w") as out:
         json.dump({"inputShape": [2, 3], "classes": 4, "weights": weights, "cases": cases}, out, indent=1)
         out.write("\n")
+    write_lenet()
+
+
+class LeNet(torch.nn.Module):
+    """LeNet-5 for 28x28 images: two convolutions with max pools, three
+    linear layers, the cross-entropy loss inside the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 6, 5, padding=2)
+        self.conv2 = torch.nn.Conv2d(6, 16, 5)
+        self.fc1 = torch.nn.Linear(400, 120)
+        self.fc2 = torch.nn.Linear(120, 84)
+        self.fc3 = torch.nn.Linear(84, 10)
+
+    def forward(self, image, labels):
+        h = F.max_pool2d(F.relu(self.conv1(image)), 2)
+        h = F.max_pool2d(F.relu(self.conv2(h)), 2)
+        h = torch.flatten(h, 1)
+        h = F.relu(self.fc1(h))
+        h = F.relu(self.fc2(h))
+        logits = self.fc3(h)
+        return F.cross_entropy(logits, labels), logits
+
+
+def write_lenet():
+    """lenet.onnx and PyTorch's loss and logits for fixed images at several
+    batch sizes (lenet_reference.json; the weights are in the model)."""
+    torch.manual_seed(17)
+    model = LeNet()
+    image = torch.randn(2, 1, 28, 28)
+    labels = torch.tensor([0, 9], dtype=torch.int64)
+    path = os.path.join(HERE, "lenet.onnx")
+    torch.onnx.export(model, (image, labels), path, input_names=["image", "labels"],
+                      output_names=["loss", "logits"], opset_version=14,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      dynamic_axes={"image": {0: "batch"}, "labels": {0: "batch"}, "logits": {0: "batch"}})
+    onnx.checker.check_model(onnx.load(path))
+
+    cases = []
+    generator = torch.Generator().manual_seed(19)
+    for batch in BATCHES:
+        # 8-bit pixels as in MNIST: the image is pixels / 255 in float32.
+        pixels = torch.randint(0, 256, (batch, 1, 28, 28), generator=generator)
+        lb = torch.randint(0, 10, (batch,), generator=generator)
+        with torch.no_grad():
+            loss, logits = model(pixels.to(torch.float32) / 255.0, lb)
+        cases.append({"batch": batch, "pixels": pixels.flatten().tolist(), "labels": lb.tolist(),
+                      "loss": float(loss), "logits": logits.flatten().tolist()})
+    # One SGD step (learning rate 0.1) on the last case: the parameters it
+    # changes first and last in the network (every gradient op lies between).
+    last = cases[-1]
+    images = torch.tensor(last["pixels"], dtype=torch.float32).reshape(-1, 1, 28, 28) / 255.0
+    loss, _ = model(images, torch.tensor(last["labels"]))
+    loss.backward()
+    with torch.no_grad():
+        step = {name: (p - 0.1 * p.grad).flatten().tolist() for name, p in model.named_parameters()
+                if name in ("conv1.weight", "conv1.bias", "conv2.bias", "fc3.bias")}
+    with open(os.path.join(HERE, "lenet_reference.json"), "w") as out:
+        json.dump({"imageShape": [1, 28, 28], "classes": 10, "cases": cases, "sgdStep": step}, out)
+        out.write("\n")
 
 
 def model(nodes, inputs, outputs, initializers=(), opset=14, domain=""):
@@ -123,8 +185,7 @@ def write_bad_models():
                                       opset=9),
         "other-domain.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu", domain="com.example")],
                                    [x], [y]),
-        "unsupported-op.onnx": model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv1")], [x], [y],
-                                     [helper.make_tensor("w", TensorProto.FLOAT, [1, 1], [1.0])]),
+        "unsupported-op.onnx": model([helper.make_node("LRN", ["x"], ["y"], name="lrn1", size=3)], [x], [y]),
         "cycle.onnx": model([helper.make_node("Relu", ["b"], ["a"], name="first"),
                              helper.make_node("Neg", ["a"], ["b"], name="second"),
                              helper.make_node("Add", ["x", "b"], ["y"], name="sum")], [x], [y]),

@@ -1,0 +1,265 @@
+// The convolution family's kernels (lib/ops/conv.cc defines the ops): GEMMs
+// of gemm.hpp on columns of the windows' taps (im2col), in the convolution's
+// terms of lib/ops/conv.cc (conv input [N, Ci, I..], conv output
+// [N, Co, P..], weight [Co, Ci/group, K..]); per sample and channel group:
+//   Conv            out = W · cols(in)                    [Co/g, P]
+//   ConvTranspose   cols = W^T · out, scattered to in     (col2im)
+//   ConvGradWeight  W = out · cols(in)^T over all samples [Co/g, Ci/g K]
+// The tap table (lib/ops/window.hpp) is built at load time. Every sum runs
+// in an order fixed by the shapes, so results do not depend on how many
+// replicas a run stacks.
+#include <algorithm>
+
+#include "kernel_table.hpp"
+#include "ops/window.hpp"
+
+namespace tessera::sim {
+namespace {
+
+// The weight gradient's columns of several samples go to scratch at once,
+// up to this many floats: few enough that they are still in cache when
+// the GEMM reads them.
+constexpr int64_t kWeightColumnsFloats = int64_t{1} << 16;
+
+// Step::table2 holds the convolution's sizes: `width` output positions per
+// row of the last spatial axis, `step` input positions between two of them.
+// Step::table holds, for each tap k and output row, the row's positions
+// that read the input: [lo, hi) of the row, from input position `at` on.
+struct ConvSizes {
+  int64_t batch, cIn, cOut, group, inPositions, taps, outPositions, chunk, direct, width, step;
+
+  int64_t cInGroup() const { return cIn / group; }
+  int64_t cOutGroup() const { return cOut / group; }
+  int64_t columnRows() const { return cInGroup() * taps; }
+};
+
+ConvSizes sizesOf(const Step& s) {
+  const int64_t* t = s.table2.data();
+  return {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10]};
+}
+
+void gemm(const Step& s, const GemmShape& shape, const float* a, const float* b, float* c) {
+  sim::gemm(s.gemmPlan, shape, a, b, c, 1.0f, s.scratch->lhs, s.scratch->rhs);
+}
+
+// The segments of each tap's column row (Step::table) from the tap table
+// (lib/ops/window.hpp): along a row of the last axis the taps inside the
+// input are consecutive and `step` apart.
+std::vector<int64_t> segmentsOf(const std::vector<int64_t>& taps, int64_t kernelTaps, int64_t positions,
+                                int64_t width) {
+  std::vector<int64_t> segments;
+  const int64_t rows = width == 0 ? 0 : positions / width;
+  for (int64_t k = 0; k < kernelTaps; ++k) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t* tap = taps.data() + k * positions + r * width;
+      int64_t lo = 0;
+      while (lo < width && tap[lo] < 0) ++lo;
+      int64_t hi = lo;
+      while (hi < width && tap[hi] >= 0) ++hi;
+      segments.insert(segments.end(), {lo, hi, lo < hi ? tap[lo] : 0});
+    }
+  }
+  return segments;
+}
+
+// cols[(c K + k) stride + p] = in[c, tap k of window p] (0 in the pads) for
+// the Ci/g channels at `in`.
+void im2col(const ConvSizes& z, const int64_t* segments, const float* in, float* cols, int64_t stride) {
+  const int64_t rows = z.width == 0 ? 0 : z.outPositions / z.width;
+  for (int64_t c = 0; c < z.cInGroup(); ++c) {
+    const float* plane = in + c * z.inPositions;
+    for (int64_t k = 0; k < z.taps; ++k) {
+      float* row = cols + (c * z.taps + k) * stride;
+      const int64_t* segment = segments + k * rows * 3;
+      for (int64_t r = 0; r < rows; ++r, segment += 3, row += z.width) {
+        const int64_t lo = segment[0];
+        const int64_t hi = segment[1];
+        const float* from = plane + segment[2];
+        std::fill(row, row + lo, 0.0f);
+        if (z.step == 1) {
+          std::copy(from, from + (hi - lo), row + lo);
+        } else {
+          for (int64_t p = lo; p < hi; ++p) row[p] = from[(p - lo) * z.step];
+        }
+        std::fill(row + hi, row + z.width, 0.0f);
+      }
+    }
+  }
+}
+
+// in[c, tap k of window p] += cols[(c K + k) P + p], in that order.
+void col2im(const ConvSizes& z, const int64_t* segments, const float* cols, float* in) {
+  const int64_t rows = z.width == 0 ? 0 : z.outPositions / z.width;
+  std::fill_n(in, z.cInGroup() * z.inPositions, 0.0f);
+  for (int64_t c = 0; c < z.cInGroup(); ++c) {
+    float* plane = in + c * z.inPositions;
+    for (int64_t k = 0; k < z.taps; ++k) {
+      const float* row = cols + (c * z.taps + k) * z.outPositions;
+      const int64_t* segment = segments + k * rows * 3;
+      for (int64_t r = 0; r < rows; ++r, segment += 3, row += z.width) {
+        float* to = plane + segment[2];
+        for (int64_t p = segment[0]; p < segment[1]; ++p) to[(p - segment[0]) * z.step] += row[p];
+      }
+    }
+  }
+}
+
+// Operands of group g of a run.
+const float* operand(const Step& s, const Run& run, std::size_t i, int64_t g) {
+  return inOf(s, run, i) + (run.advance[i] ? g * s.inElements[i] : 0);
+}
+
+// Conv: operand 0 the conv input, 1 the weight; the output the conv output.
+void convForward(const Step& s) {
+  const ConvSizes z = sizesOf(s);
+  const int64_t rows = z.columnRows();
+  float* cols = s.scratch->product;
+  for (const Run& run : s.runs) {
+    for (int64_t g = 0; g < run.count; ++g) {
+      const float* x = operand(s, run, 0, g);
+      const float* w = operand(s, run, 1, g);
+      float* y = outOf(s, run) + g * s.outElements;
+      for (int64_t n = 0; n < z.batch; ++n) {
+        for (int64_t gi = 0; gi < z.group; ++gi) {
+          const float* in = x + (n * z.cIn + gi * z.cInGroup()) * z.inPositions;
+          if (z.direct == 0) im2col(z, s.table.data(), in, cols, z.outPositions);
+          gemm(s, {z.cOutGroup(), z.outPositions, rows, false, false}, w + gi * z.cOutGroup() * rows,
+               z.direct != 0 ? in : cols, y + (n * z.cOut + gi * z.cOutGroup()) * z.outPositions);
+        }
+      }
+    }
+  }
+}
+
+// ConvTranspose: operand 0 the conv output, 1 the weight; the output the
+// conv input.
+void convBackwardData(const Step& s) {
+  const ConvSizes z = sizesOf(s);
+  const int64_t rows = z.columnRows();
+  float* cols = s.scratch->product;
+  for (const Run& run : s.runs) {
+    for (int64_t g = 0; g < run.count; ++g) {
+      const float* dy = operand(s, run, 0, g);
+      const float* w = operand(s, run, 1, g);
+      float* dx = outOf(s, run) + g * s.outElements;
+      for (int64_t n = 0; n < z.batch; ++n) {
+        for (int64_t gi = 0; gi < z.group; ++gi) {
+          float* in = dx + (n * z.cIn + gi * z.cInGroup()) * z.inPositions;
+          gemm(s, {rows, z.outPositions, z.cOutGroup(), true, false}, w + gi * z.cOutGroup() * rows,
+               dy + (n * z.cOut + gi * z.cOutGroup()) * z.outPositions, z.direct != 0 ? in : cols);
+          if (z.direct == 0) col2im(z, s.table.data(), cols, in);
+        }
+      }
+    }
+  }
+}
+
+// ConvGradWeight: operand 0 the conv output's gradient, 1 the conv input;
+// the output the weight's gradient. Per channel group, the samples go in
+// chunks of `chunk`: dy packed [Co/g, chunk P], columns [Ci/g K, chunk P],
+// one GEMM over the chunk; chunks after the first add their product.
+void convBackwardWeight(const Step& s) {
+  const ConvSizes z = sizesOf(s);
+  const int64_t rows = z.columnRows();
+  const int64_t width = z.chunk * z.outPositions;
+  float* cols = s.scratch->product;
+  float* packed = cols + rows * width;
+  float* partial = packed + z.cOutGroup() * width;
+  for (const Run& run : s.runs) {
+    for (int64_t g = 0; g < run.count; ++g) {
+      const float* dy = operand(s, run, 0, g);
+      const float* x = operand(s, run, 1, g);
+      float* dw = outOf(s, run) + g * s.outElements;
+      for (int64_t gi = 0; gi < z.group; ++gi) {
+        float* dwGroup = dw + gi * z.cOutGroup() * rows;
+        for (int64_t n0 = 0; n0 < z.batch; n0 += z.chunk) {
+          const int64_t count = std::min(z.chunk, z.batch - n0);
+          const int64_t depth = count * z.outPositions;
+          for (int64_t j = 0; j < count; ++j) {
+            const int64_t n = n0 + j;
+            im2col(z, s.table.data(), x + (n * z.cIn + gi * z.cInGroup()) * z.inPositions,
+                   cols + j * z.outPositions, depth);
+            for (int64_t m = 0; m < z.cOutGroup(); ++m) {
+              std::copy_n(dy + (n * z.cOut + gi * z.cOutGroup() + m) * z.outPositions, z.outPositions,
+                          packed + m * depth + j * z.outPositions);
+            }
+          }
+          float* target = n0 == 0 ? dwGroup : partial;
+          gemm(s, {z.cOutGroup(), rows, depth, false, true}, packed, cols, target);
+          if (n0 != 0) {
+            for (int64_t i = 0; i < z.cOutGroup() * rows; ++i) dwGroup[i] += partial[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+enum class Way { Forward, BackwardData, BackwardWeight };
+
+// The tensors of the op in the convolution's terms: conv input, conv
+// output, weight.
+template <Way kWay>
+void planConv(StepPlanner& planner, Step& step) {
+  const OpNode& op = planner.op();
+  const TensorId y = op.outputs[0];
+  const TensorId a = op.inputs[0];
+  const TensorId b = op.inputs[1];
+  const Shape& convIn = planner.shape(kWay == Way::Forward ? a : kWay == Way::BackwardData ? y : b);
+  const Shape& convOut = planner.shape(kWay == Way::Forward ? y : a);
+  const Shape& weight = planner.shape(kWay == Way::BackwardWeight ? y : b);
+  const WindowGeometry window =
+      windowOf(spatialOf(convIn), spatialOf(weight), spatialOf(convOut), op.attributes);
+  const std::vector<int64_t> taps = windowTaps(window);
+  ConvSizes z{convIn[0],
+              convIn[1],
+              convOut[1],
+              op.attributes.group,
+              window.inPositions(),
+              window.taps(),
+              window.outPositions(),
+              1,
+              0,
+              window.out.back(),
+              window.strides.back()};
+  step.table = segmentsOf(taps, z.taps, z.outPositions, z.width);
+  // A window that reads each input position once, in order (1x1, stride 1,
+  // no pads): the input is its own column matrix.
+  bool identity = z.taps == 1 && z.inPositions == z.outPositions;
+  for (int64_t p = 0; identity && p < z.outPositions; ++p) identity = taps[static_cast<std::size_t>(p)] == p;
+  z.direct = identity && kWay != Way::BackwardWeight ? 1 : 0;
+  const int64_t rows = z.columnRows();
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  if constexpr (kWay == Way::Forward) {
+    m = z.cOutGroup(), n = z.outPositions, k = rows;
+    step.workFloats = z.direct != 0 ? 0 : rows * z.outPositions;
+    step.kernel = convForward;
+  } else if constexpr (kWay == Way::BackwardData) {
+    m = rows, n = z.outPositions, k = z.cOutGroup();
+    step.workFloats = z.direct != 0 ? 0 : rows * z.outPositions;
+    step.kernel = convBackwardData;
+  } else {
+    const int64_t perSample = std::max<int64_t>((rows + z.cOutGroup()) * z.outPositions, 1);
+    z.chunk = std::clamp<int64_t>(kWeightColumnsFloats / perSample, 1, std::max<int64_t>(z.batch, 1));
+    m = z.cOutGroup(), n = rows, k = z.chunk * z.outPositions;
+    step.workFloats = (rows + z.cOutGroup()) * k + z.cOutGroup() * rows;
+    step.kernel = convBackwardWeight;
+  }
+  step.table2 = {z.batch,        z.cIn,   z.cOut,   z.group, z.inPositions, z.taps,
+                 z.outPositions, z.chunk, z.direct, z.width, z.step};
+  step.gemmPlan = sim::planGemm(bestGemmIsa(), m, n, k);
+  planner.runsOver(step, {{a, 0}, {b, 0}});
+  planner.emit(std::move(step));
+}
+
+}  // namespace
+
+void addConvKernels(KernelTable& table) {
+  table.add({.kind = OpKind::Conv, .plan = planConv<Way::Forward>});
+  table.add({.kind = OpKind::ConvTranspose, .plan = planConv<Way::BackwardData>});
+  table.add({.kind = OpKind::ConvGradWeight, .plan = planConv<Way::BackwardWeight>});
+}
+
+}  // namespace tessera::sim
