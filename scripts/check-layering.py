@@ -11,7 +11,7 @@ that the including file's folder may depend on:
     optimizers  lib, optimizers
     simdevice   lib, simdevice
     onnx        lib, onnx
-    sessions    lib, popdist, optimizers, simdevice, sessions
+    sessions    lib, popdist, optimizers, simdevice, onnx, sessions
 
 A file of a folder (lib/, sessions/transforms/, ...) belongs to that folder.
 A public header (include/tessera/NAME.hpp) belongs to the folder whose .cc

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,10 +16,13 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 // zlib then declares its input pointers const, so a buffer in memory needs no cast.
 #define ZLIB_CONST
 #include <zlib.h>
 
+#include "json_reader.hpp"
+#include "safetensors.hpp"
 #include "tessera/error.hpp"
 
 namespace tessera {
@@ -633,6 +637,10 @@ Dataset loadDataset(const DataConfig& config, std::string_view defaultFolder) {
       dataset.source = fmt::format("mnist from {}", config.path);
       break;
     }
+    case DatasetKind::Tensors:
+      throw ConfigError(ErrorCode::InvalidData, "/data/dataset",
+                        "the tensors dataset is read with loadTensorDataset, which checks it against the "
+                        "inputs of the graph it feeds");
     case DatasetKind::FashionMnist: {
       const bool useDefault = config.path.empty();
       const std::string folder = useDefault ? std::string(defaultFolder) : config.path;
@@ -754,6 +762,243 @@ void fillBatch(const DatasetSplit& split, std::span<const int64_t> order, int64_
                 images.data() + i * sampleElements);
     labels[static_cast<std::size_t>(i)] = split.labels[static_cast<std::size_t>(sample)];
   }
+}
+
+// --- Tensor datasets ---------------------------------------------------------------
+
+namespace {
+
+std::string tensorSubject(const std::string& file, std::string_view tensor) {
+  return fmt::format("{}: tensor {}", file, tensor);
+}
+
+std::string shapeText(std::span<const int64_t> shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+std::vector<unsigned char> readWholeFile(const std::string& path) {
+  errno = 0;
+  const std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
+  if (!file) throwUnreadable(path, errno);
+  std::vector<unsigned char> bytes;
+  std::vector<unsigned char> chunk(kChunkBytes);
+  while (const std::size_t n = std::fread(chunk.data(), 1, chunk.size(), file.get())) {
+    bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+  if (std::ferror(file.get())) throwUnreadable(path, errno);
+  return bytes;
+}
+
+// The dtypes a graph input of `dtype` can be fed from.
+bool fits(DType dtype, std::string_view stored) {
+  return dtype == DType::Float32 ? stored == "F32" : stored == "I32" || stored == "I64";
+}
+
+// Reads the little-endian bytes of `view` into `tensor` (dtype set).
+void convert(const safetensors::TensorView& view, std::span<const uint8_t> data, const std::string& file,
+             DataTensor& tensor) {
+  const std::span<const uint8_t> bytes = data.subspan(view.begin, view.end - view.begin);
+  const auto load = [&bytes](std::size_t index, std::size_t size) {
+    uint64_t value = 0;
+    for (std::size_t b = 0; b < size; ++b) value |= uint64_t{bytes[index * size + b]} << (8 * b);
+    return value;
+  };
+  if (view.dtype == "F32") {
+    tensor.floats.resize(bytes.size() / 4);
+    for (std::size_t i = 0; i < tensor.floats.size(); ++i) {
+      tensor.floats[i] = std::bit_cast<float>(static_cast<uint32_t>(load(i, 4)));
+    }
+    return;
+  }
+  const std::size_t size = view.dtype == "I64" ? 8 : 4;
+  tensor.ints.resize(bytes.size() / size);
+  for (std::size_t i = 0; i < tensor.ints.size(); ++i) {
+    if (size == 4) {
+      tensor.ints[i] = std::bit_cast<int32_t>(static_cast<uint32_t>(load(i, 4)));
+      continue;
+    }
+    const auto value = std::bit_cast<int64_t>(load(i, 8));
+    if (value < std::numeric_limits<int32_t>::min() || value > std::numeric_limits<int32_t>::max()) {
+      const int64_t perSample = std::max<int64_t>(tensor.sampleElements(), 1);
+      throw IoError(ErrorCode::DatasetTensorMismatch, tensorSubject(file, tensor.name),
+                    fmt::format("value {} of sample {} does not fit in 32 bits; tessera's integer inputs are "
+                                "int32, so int64 values must lie in [-2147483648, 2147483647]",
+                                value, static_cast<int64_t>(i) / perSample));
+    }
+    tensor.ints[i] = static_cast<int32_t>(value);
+  }
+}
+
+template <class T>
+void fillSamples(const DataTensor& tensor, const std::vector<T>& values, std::span<const int64_t> order,
+                 int64_t first, std::span<T> out) {
+  const int64_t elements = tensor.sampleElements();
+  if (elements < 1 || static_cast<int64_t>(out.size()) % elements != 0 ||
+      values.size() != static_cast<std::size_t>(tensor.shape.empty() ? 0 : tensor.shape[0] * elements)) {
+    throw GraphError(ErrorCode::HostShapeMismatch, tensor.name,
+                     fmt::format("the buffer of {} values is not a whole number of samples of {} {} values "
+                                 "(tensor shape {})",
+                                 out.size(), elements, toString(tensor.dtype), shapeText(tensor.shape)));
+  }
+  const int64_t n = static_cast<int64_t>(out.size()) / elements;
+  const auto positions = static_cast<int64_t>(order.size());
+  if (first < 0 || first > positions || n > positions - first) {
+    throw ConfigError(
+        ErrorCode::OutOfRange, "fillTensorBatch",
+        fmt::format("positions {}..{} are outside the order of {} samples", first, first + n, positions));
+  }
+  const int64_t count = tensor.shape[0];
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t sample = order[static_cast<std::size_t>(first + i)];
+    if (sample < 0 || sample >= count) {
+      throw ConfigError(
+          ErrorCode::OutOfRange, "fillTensorBatch",
+          fmt::format("order[{}] is {} but tensor {} has {} samples", first + i, sample, tensor.name, count));
+    }
+    std::copy_n(values.data() + sample * elements, elements, out.data() + i * elements);
+  }
+}
+
+void keepFirstSamples(TensorSplit& split, int64_t limit) {
+  if (limit <= 0 || limit >= split.count) return;
+  split.count = limit;
+  for (DataTensor& tensor : split.tensors) {
+    tensor.shape[0] = limit;
+    const auto keep = static_cast<std::size_t>(limit * tensor.sampleElements());
+    if (tensor.dtype == DType::Float32)
+      tensor.floats.resize(keep);
+    else
+      tensor.ints.resize(keep);
+  }
+}
+
+}  // namespace
+
+int64_t DataTensor::sampleElements() const noexcept {
+  int64_t elements = 1;
+  for (std::size_t axis = 1; axis < shape.size(); ++axis) elements *= shape[axis];
+  return elements;
+}
+
+const DataTensor* TensorSplit::find(std::string_view name) const noexcept {
+  for (const DataTensor& tensor : tensors)
+    if (tensor.name == name) return &tensor;
+  return nullptr;
+}
+
+std::vector<DataInput> graphDataInputs(const Graph& graph, std::span<const std::string> names) {
+  std::vector<DataInput> inputs;
+  for (const std::string& name : names) {
+    const TensorNode& node = graph.tensor(graph.find(name));
+    inputs.push_back({name, node.dtype, node.shape});
+  }
+  return inputs;
+}
+
+TensorSplit parseTensorSplit(std::span<const unsigned char> bytes, const std::string& name,
+                             std::span<const DataInput> inputs) {
+  safetensors::FileView file;
+  try {
+    file = safetensors::parse(std::span<const uint8_t>(bytes.data(), bytes.size()), name);
+  } catch (const IoError& error) {
+    if (error.code() != ErrorCode::CorruptCheckpoint) throw;
+    throw IoError(ErrorCode::CorruptDataset, name, error.detail());
+  }
+  TensorSplit split;
+  split.source = name;
+  const std::string* firstName = nullptr;
+  for (const DataInput& input : inputs) {
+    const auto view =
+        std::find_if(file.tensors.begin(), file.tensors.end(),
+                     [&input](const safetensors::TensorView& t) { return t.name == input.name; });
+    const std::string subject = tensorSubject(name, input.name);
+    if (view == file.tensors.end()) {
+      std::vector<std::string_view> names;
+      for (const safetensors::TensorView& t : file.tensors) names.push_back(t.name);
+      std::sort(names.begin(), names.end());
+      const auto closest = jsonio::closestMatch(input.name, names);
+      throw IoError(ErrorCode::DatasetTensorMissing, subject,
+                    fmt::format("the file has no tensor \"{}\" for the graph input of that name ({} {}); it "
+                                "holds {}{}",
+                                input.name, toString(input.dtype), shapeText(input.shape),
+                                names.empty() ? std::string("no tensors") : jsonio::quotedList(names),
+                                closest ? fmt::format(" (did you mean \"{}\"?)", *closest) : std::string()));
+    }
+    if (!fits(input.dtype, view->dtype)) {
+      throw IoError(
+          ErrorCode::DatasetTensorMismatch, subject,
+          fmt::format("the tensor is {} but graph input {} is {}; store it as {}", view->dtype, input.name,
+                      toString(input.dtype), input.dtype == DType::Float32 ? "F32" : "I32 or I64"));
+    }
+    DataTensor tensor;
+    tensor.name = input.name;
+    tensor.dtype = input.dtype;
+    tensor.shape.assign(view->shape.begin(), view->shape.end());
+    const bool rankFits = !input.shape.empty() && tensor.shape.size() == input.shape.size();
+    if (!rankFits || !std::equal(input.shape.begin() + 1, input.shape.end(), tensor.shape.begin() + 1)) {
+      Shape sample(input.shape.empty() ? input.shape.begin() : input.shape.begin() + 1, input.shape.end());
+      throw IoError(
+          ErrorCode::DatasetTensorMismatch, subject,
+          input.shape.empty()
+              ? fmt::format("graph input {} is a scalar; a tensors dataset feeds inputs whose first "
+                            "axis is the batch",
+                            input.name)
+              : fmt::format("the tensor has shape {} but graph input {} takes samples of shape {} "
+                            "(its shape {} without the batch axis); store [N, {}]",
+                            shapeText(tensor.shape), input.name, shapeText(sample), shapeText(input.shape),
+                            fmt::join(sample, ", ")));
+    }
+    if (firstName == nullptr) {
+      split.count = tensor.shape[0];
+      firstName = &input.name;
+    } else if (tensor.shape[0] != split.count) {
+      throw IoError(ErrorCode::DatasetLengthMismatch, subject,
+                    fmt::format("the tensor has {} samples but tensor {} has {}; every input's tensor must "
+                                "hold the same samples",
+                                tensor.shape[0], *firstName, split.count));
+    }
+    convert(*view, file.data, name, tensor);
+    split.tensors.push_back(std::move(tensor));
+  }
+  return split;
+}
+
+TensorSplit readTensorSplit(const std::string& path, std::span<const DataInput> inputs) {
+  const std::vector<unsigned char> bytes = readWholeFile(path);
+  return parseTensorSplit(bytes, path, inputs);
+}
+
+TensorDataset loadTensorDataset(const DataConfig& config, std::span<const DataInput> inputs) {
+  if (config.path.empty()) {
+    throw ConfigError(ErrorCode::InvalidData, "/data/path",
+                      "the tensors dataset needs the path of its training .safetensors file");
+  }
+  TensorDataset dataset;
+  dataset.train = readTensorSplit(config.path, inputs);
+  keepFirstSamples(dataset.train, config.limitTrainSamples);
+  dataset.source = fmt::format("tensors from {}", config.path);
+  if (!config.test.empty()) {
+    dataset.test = readTensorSplit(config.test, inputs);
+    keepFirstSamples(dataset.test, config.limitTestSamples);
+    dataset.source += fmt::format(" (test {})", config.test);
+  }
+  return dataset;
+}
+
+void fillTensorBatch(const DataTensor& tensor, std::span<const int64_t> order, int64_t first,
+                     std::span<float> out) {
+  if (tensor.dtype != DType::Float32) {
+    throw GraphError(ErrorCode::HostShapeMismatch, tensor.name,
+                     "the tensor holds int32 values; fill an int32 buffer");
+  }
+  fillSamples(tensor, tensor.floats, order, first, out);
+}
+
+void fillTensorBatch(const DataTensor& tensor, std::span<const int64_t> order, int64_t first,
+                     std::span<int32_t> out) {
+  if (tensor.dtype != DType::Int32) {
+    throw GraphError(ErrorCode::HostShapeMismatch, tensor.name,
+                     "the tensor holds float32 values; fill a float buffer");
+  }
+  fillSamples(tensor, tensor.ints, order, first, out);
 }
 
 }  // namespace tessera

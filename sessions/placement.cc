@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "run_model.hpp"
 #include "tessera/error.hpp"
 #include "tessera/mlp.hpp"
 #include "tessera/shard_layout.hpp"
@@ -181,9 +182,9 @@ RunPlan planTraining(Graph graph, TensorId loss, const Optimizer& optimizer, con
 
 RunPlan planRun(const RunConfig& config) {
   const SessionOptions& options = config.sessionOptions;
-  MlpGraph mlp = buildMlp(config.model, config.data.batchSize, options.getGlobalReplicationFactor(), config.data.seed);
+  RunModel model = buildRunModel(config, config.data.batchSize, options.getGlobalReplicationFactor());
   const std::unique_ptr<Optimizer> optimizer = makeOptimizer(config.optimizer);
-  return planTraining(std::move(mlp.graph), mlp.loss, *optimizer, options, config.device);
+  return planTraining(std::move(model.graph), model.loss, *optimizer, options, config.device);
 }
 
 std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId loss, const Optimizer& optimizer,

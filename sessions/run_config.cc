@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <initializer_list>
 #include <memory>
 #include <numbers>
@@ -29,24 +30,119 @@ namespace tessera {
 
 // --- Field tables ----------------------------------------------------------------
 
+constexpr std::array<std::string_view, 2> kModelTypes = {kMlpModel, kOnnxModel};
+
+constexpr jsonio::FieldSpec kModelTypeSpec{
+    .doc =
+        "The model: \"mlp\" (fully connected layers with `activation` between them and softmax "
+        "cross-entropy on the last) or \"onnx\" (the ONNX model in `path`, trained from its initializers). "
+        "The other keys of the section are the options of that type."};
+
+// The fields of one model type; `type` itself is visited by the caller.
 template <class V>
-void visitFields(V& v, ModelConfig& value) {
-  v.field("type", value.type,
-          {.doc = "The model family. Only \"mlp\": fully connected layers with `activation` between them and "
-                  "softmax cross-entropy on the last."});
+void visitModelTypeFields(V& v, ModelConfig& value, std::string_view type) {
+  if (type == kOnnxModel) {
+    v.field("path", value.path,
+            {.doc = "The .onnx file, relative to the folder of the config file. Required."});
+    v.field("loss", value.loss,
+            {.doc = "The name of the graph's scalar loss tensor; empty: the graph's only output."});
+    v.field("dimensions", value.dimensions,
+            {.doc = "Values of the model's symbolic dimensions by name: \"batchSize\" (the per-replica batch "
+                    "size) or a positive integer as a string (\"128\"). By default the first axis of every "
+                    "input is the per-replica batch size."});
+    return;
+  }
   v.field("layers", value.layers,
           {.min = 1,
            .minItems = 2,
            .rangeCode = ErrorCode::InvalidModel,
            .doc = "Layer widths from input to output: at least two, each >= 1."});
   v.field("activation", value.activation, {.doc = "The activation between layers."});
-  v.rule([&value](const jsonio::RuleSite& site) {
-    if (value.type == "mlp") return;
+}
+
+// A value of ModelConfig::dimensions: "batchSize" or a positive count.
+bool isDimensionValue(std::string_view text) {
+  if (text == kBatchSizeDimension) return true;
+  if (text.empty() || text.size() > 18 || text[0] == '0') return false;
+  return std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// The rules of a model section: a known type, and for onnx a path and
+// dimension values that mean something.
+void checkModel(const ModelConfig& value, const jsonio::RuleSite& site) {
+  if (std::find(kModelTypes.begin(), kModelTypes.end(), value.type) == kModelTypes.end()) {
     const std::string path = site.path("type");
+    const auto closest = jsonio::closestMatch(value.type, kModelTypes);
     throw ConfigError(ErrorCode::InvalidModel, path,
-                      fmt::format("model type \"{}\" is not supported; the only type is \"mlp\"{}",
-                                  value.type, site.origin(path)));
-  });
+                      fmt::format("model type \"{}\" is not supported; expected one of {}{}{}", value.type,
+                                  jsonio::quotedList(kModelTypes),
+                                  closest ? fmt::format(" (did you mean \"{}\"?)", *closest) : std::string(),
+                                  site.origin(path)));
+  }
+  if (value.type != kOnnxModel) return;
+  if (value.path.empty()) {
+    const std::string path = site.path("path");
+    throw ConfigError(
+        ErrorCode::InvalidModel, path,
+        fmt::format("model type \"onnx\" needs the path of its .onnx file{}", site.origin(path)));
+  }
+  for (const auto& [name, dimension] : value.dimensions) {
+    if (isDimensionValue(dimension)) continue;
+    const std::string path = jsonio::childPath(site.path("dimensions"), name);
+    const std::array<std::string_view, 1> names = {kBatchSizeDimension};
+    const auto closest = jsonio::closestMatch(dimension, names);
+    throw ConfigError(
+        ErrorCode::InvalidModel, path,
+        fmt::format("dimension \"{}\" is \"{}\"; expected \"batchSize\" (the per-replica batch size) "
+                    "or a positive integer as a string such as \"128\"{}{}",
+                    jsonio::printable(name), jsonio::printable(dimension),
+                    closest ? fmt::format(" (did you mean \"{}\"?)", *closest) : std::string(),
+                    site.origin(path)));
+  }
+}
+
+// The model section is flat: "type" and the fields of that type, as the
+// optimizer section is. The reader explains the keys of the other type.
+template <class V>
+void visitFields(V& v, ModelConfig& value) {
+  v.field("type", value.type, kModelTypeSpec);
+  if constexpr (std::is_same_v<V, jsonio::JsonReader>) {
+    v.setKeyContext(fmt::format("for model type \"{}\"", jsonio::printable(value.type)));
+    const bool onnx = value.type == kOnnxModel;
+    static constexpr std::array<const char*, 2> kMlpKeys = {"layers", "activation"};
+    static constexpr std::array<const char*, 3> kOnnxKeys = {"path", "loss", "dimensions"};
+    if (onnx) {
+      for (const char* key : kMlpKeys) v.explainKey(key, "it is an option of model type \"mlp\"");
+    } else {
+      for (const char* key : kOnnxKeys) v.explainKey(key, "it is an option of model type \"onnx\"");
+    }
+  }
+  visitModelTypeFields(v, value, value.type);
+  v.rule([&value](const jsonio::RuleSite& site) { checkModel(value, site); });
+}
+
+// One closed alternative per model type ("oneOf"), so that a schema
+// validator rejects the options of another type as the reader does.
+void visitFields(jsonio::SchemaBuilder& v, ModelConfig&) {
+  nlohmann::json& schema = v.schema();
+  schema.erase("properties");
+  schema.erase("additionalProperties");
+  nlohmann::json alternatives = nlohmann::json::array();
+  for (const std::string_view type : kModelTypes) {
+    ModelConfig defaults;
+    nlohmann::json alternative;
+    jsonio::SchemaBuilder builder(alternative);
+    visitModelTypeFields(builder, defaults, type);
+    alternative["title"] = type;
+    alternative["properties"]["type"] = {{"const", type}, {"description", kModelTypeSpec.doc}};
+    if (type == kMlpModel) {
+      alternative["properties"]["type"]["default"] = type;
+    } else {
+      alternative["required"] = {"type", "path"};
+    }
+    alternatives.push_back(std::move(alternative));
+  }
+  schema["oneOf"] = std::move(alternatives);
 }
 
 template <class V>
@@ -55,7 +151,13 @@ void visitFields(V& v, DataConfig& value) {
   v.field(
       "path", value.path,
       {.doc = "Folder holding the IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte, optionally .gz). "
-              "Empty: the dataset-fashion-mnist package's location (fashion-mnist only)."});
+              "Empty: the dataset-fashion-mnist package's location (fashion-mnist only). For tensors: the "
+              "training set's .safetensors file, relative to the folder of the config file, whose tensor of "
+              "each graph input's name feeds that input, split along axis 0."});
+  v.field(
+      "test", value.test,
+      {.doc = "tensors only: the test set's .safetensors file, relative to the folder of the config file; "
+              "empty: no test set."});
   v.field("batchSize", value.batchSize, {.min = 1, .doc = "Samples per replica per micro-batch. >= 1."});
   v.field("testBatchSize", value.testBatchSize,
           {.min = 1, .doc = "Test samples per replica per step. >= 1."});
@@ -67,12 +169,29 @@ void visitFields(V& v, DataConfig& value) {
           {.min = 0, .doc = "Use only the first N test samples (0: all). >= 0."});
   v.field("shuffle", value.shuffle, {.doc = "Shuffle the training samples before every epoch."});
   v.rule([&value](const jsonio::RuleSite& site) {
-    if (value.dataset != DatasetKind::Mnist || !value.path.empty()) return;
-    const std::string path = site.path("path");
-    throw ConfigError(ErrorCode::InvalidData, path,
-                      fmt::format("the mnist dataset needs a path to its IDX files; only fashion-mnist has a "
-                                  "default location{}",
-                                  site.origin(path)));
+    if (value.dataset == DatasetKind::Mnist && value.path.empty()) {
+      const std::string path = site.path("path");
+      throw ConfigError(
+          ErrorCode::InvalidData, path,
+          fmt::format("the mnist dataset needs a path to its IDX files; only fashion-mnist has a "
+                      "default location{}",
+                      site.origin(path)));
+    }
+    if (value.dataset == DatasetKind::Tensors && value.path.empty()) {
+      const std::string path = site.path("path");
+      throw ConfigError(ErrorCode::InvalidData, path,
+                        fmt::format("the tensors dataset needs the path of its training .safetensors file{}",
+                                    site.origin(path)));
+    }
+    if (value.dataset != DatasetKind::Tensors && !value.test.empty()) {
+      const std::string path = site.path("test");
+      throw ConfigError(
+          ErrorCode::InvalidData, path,
+          fmt::format("test names a .safetensors test set, which only the tensors dataset reads "
+                      "({} has its own test split); remove it or set /data/dataset to "
+                      "\"tensors\"{}",
+                      toString(value.dataset), site.origin(path)));
+    }
   });
 }
 
@@ -412,6 +531,19 @@ void checkSizes(const RunConfig& config) {
   const int64_t global = config.sessionOptions.getGlobalReplicationFactor();
   const int64_t factor = config.sessionOptions.getAccumulationFactor();
   const DataConfig& data = config.data;
+  // The global batch is a count, never one buffer, but the step loop computes it.
+  const auto checkGlobalBatch = [&] {
+    if (product({data.batchSize, global, factor})) return;
+    throw ConfigError(ErrorCode::ShapeTooLarge, "/data/batchSize",
+                      fmt::format("a global batch of batchSize {} x {} replicas x accumulationFactor {} "
+                                  "samples does not fit in a 64-bit count; lower /data/batchSize",
+                                  data.batchSize, global, factor));
+  };
+  // An ONNX model's sizes come with the model: the import checks them.
+  if (config.model.type != kMlpModel) {
+    checkGlobalBatch();
+    return;
+  }
 
   std::optional<int64_t> total = 0;
   std::size_t widest = 0;
@@ -446,13 +578,7 @@ void checkSizes(const RunConfig& config) {
             fmt::format("the host buffer of one test step's inputs (testBatchSize {} x {} local replicas x "
                         "{} inputs, float32)",
                         data.testBatchSize, local, layers.front()));
-  // The global batch is a count, never one buffer, but the step loop computes it.
-  if (!product({data.batchSize, global, factor})) {
-    throw ConfigError(ErrorCode::ShapeTooLarge, "/data/batchSize",
-                      fmt::format("a global batch of batchSize {} x {} replicas x accumulationFactor {} "
-                                  "samples does not fit in a 64-bit count; lower /data/batchSize",
-                                  data.batchSize, global, factor));
-  }
+  checkGlobalBatch();
 }
 
 }  // namespace
@@ -480,7 +606,21 @@ LoadedRunConfig parseRunConfig(std::string_view text, std::string_view source,
 }
 
 LoadedRunConfig loadRunConfig(const std::string& path, const std::vector<std::string>& overrides) {
-  return parseRunConfig(readFile(path), path, overrides);
+  LoadedRunConfig loaded = parseRunConfig(readFile(path), path, overrides);
+  // The files an ONNX model and a tensors dataset name travel with the
+  // config: relative paths are relative to its folder.
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  const auto besideConfig = [&folder](std::string& file) {
+    if (file.empty() || std::filesystem::path(file).is_absolute()) return;
+    file = (folder / file).lexically_normal().generic_string();
+  };
+  RunConfig& config = loaded.config;
+  if (config.model.type == kOnnxModel) besideConfig(config.model.path);
+  if (config.data.dataset == DatasetKind::Tensors) {
+    besideConfig(config.data.path);
+    besideConfig(config.data.test);
+  }
+  return loaded;
 }
 
 void validate(const RunConfig& config) {
@@ -495,7 +635,9 @@ void validate(const RunConfig& config) {
   // Sizes first: a width beyond the limits is reported as such whatever the
   // dataset.
   checkSizes(config);
-  checkModelFitsData(config);
+  // A tensors dataset is checked against the graph's inputs when it is loaded.
+  if (config.model.type == kMlpModel && config.data.dataset != DatasetKind::Tensors)
+    checkModelFitsData(config);
   checkStepFitsSubset(config);
 }
 
@@ -505,8 +647,6 @@ nlohmann::json runConfigSchema() {
       "section and key is optional; missing keys take their defaults.");
   schema["$schema"] = "https://json-schema.org/draft/2020-12/schema";
   schema["title"] = "tessera run config";
-  // The reader accepts this one value (InvalidModel otherwise).
-  schema["properties"]["model"]["properties"]["type"]["enum"] = {"mlp"};
   return schema;
 }
 

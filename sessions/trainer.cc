@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "run_model.hpp"
 #include "tessera/checkpoint.hpp"
 #include "tessera/communicator.hpp"
 #include "tessera/dataset.hpp"
@@ -39,6 +40,95 @@ void checkInputWidth(const ModelConfig& model, const DatasetSplit& split) {
                     split.sampleElements()));
   }
 }
+
+// An IDX split as the tensors of the MLP's inputs ("input" [N, pixels],
+// "labels" [N]); the vectors are moved, not copied.
+TensorSplit asTensors(DatasetSplit&& split, const RunModel& model, std::string source) {
+  TensorSplit tensors;
+  tensors.source = std::move(source);
+  tensors.count = split.count;
+  DataTensor images;
+  images.name = model.inputs.at(0);
+  images.shape = {split.count, split.sampleElements()};
+  images.floats = std::move(split.images);
+  DataTensor labels;
+  labels.name = model.inputs.at(1);
+  labels.dtype = DType::Int32;
+  labels.shape = {split.count};
+  labels.ints = std::move(split.labels);
+  tensors.tensors.push_back(std::move(images));
+  tensors.tensors.push_back(std::move(labels));
+  return tensors;
+}
+
+// The data of the run as tensors named after the model's inputs: a tensors
+// dataset checked against them, or an IDX dataset (or its synthetic
+// stand-in) for the MLP.
+TensorDataset loadRunData(const RunConfig& config, const RunModel& model, std::string& notice) {
+  if (config.data.dataset == DatasetKind::Tensors) {
+    return loadTensorDataset(config.data, graphDataInputs(model.graph, model.inputs));
+  }
+  if (config.model.type != kMlpModel) {
+    throw ConfigError(
+        ErrorCode::InvalidData, "/data/dataset",
+        fmt::format("the {} dataset feeds the mlp model's images and labels; an {} model is fed "
+                    "by the tensors dataset (a .safetensors file with a tensor per graph input)",
+                    toString(config.data.dataset), config.model.type));
+  }
+  Dataset data = loadDataset(config.data);
+  checkInputWidth(config.model, data.train);
+  TensorDataset tensors;
+  tensors.source = data.source;
+  notice = data.notice;
+  tensors.train = asTensors(std::move(data.train), model, data.source);
+  tensors.test = asTensors(std::move(data.test), model, data.source);
+  return tensors;
+}
+
+// Host buffers for `samples` samples of each model input, and the step
+// inputs that point at them.
+class StepBuffers {
+ public:
+  StepBuffers(const std::vector<std::string>& inputs, const TensorSplit& split, int64_t samples) {
+    floats_.resize(inputs.size());
+    ints_.resize(inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const DataTensor* tensor = split.find(inputs[i]);
+      if (tensor == nullptr) {
+        throw InternalError(ErrorCode::Internal, inputs[i], "the dataset has no tensor for this model input");
+      }
+      tensors_.push_back(tensor);
+      const auto size = static_cast<std::size_t>(samples * tensor->sampleElements());
+      if (tensor->dtype == DType::Float32) {
+        floats_[i].resize(size);
+        steps_.emplace_back(inputs[i], std::span<const float>(floats_[i]));
+      } else {
+        ints_[i].resize(size);
+        steps_.emplace_back(inputs[i], std::span<const int32_t>(ints_[i]));
+      }
+    }
+  }
+
+  // Copies the samples at positions first .. of `order` into the buffers.
+  void fill(std::span<const int64_t> order, int64_t first) {
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      if (tensors_[i]->dtype == DType::Float32) {
+        fillTensorBatch(*tensors_[i], order, first, floats_[i]);
+      } else {
+        fillTensorBatch(*tensors_[i], order, first, ints_[i]);
+      }
+    }
+  }
+
+  std::span<const StepInput> inputs() const noexcept { return steps_; }
+  const std::vector<int32_t>& ints(std::size_t input) const noexcept { return ints_[input]; }
+
+ private:
+  std::vector<const DataTensor*> tensors_;
+  std::vector<std::vector<float>> floats_;
+  std::vector<std::vector<int32_t>> ints_;
+  std::vector<StepInput> steps_;
+};
 
 // Why `control` asks to stop now: 0 when it does not, else its stopReason
 // (at least 1).
@@ -133,7 +223,7 @@ class Instances {
 
   // Fails on every instance when they were started with different configs
   // or loaded different datasets.
-  void checkAgree(const RunConfig& config, const Dataset& data) const {
+  void checkAgree(const RunConfig& config, const TensorDataset& data) const {
     if (!communicator_) return;
     const nlohmann::json settings{
         {"runConfig", nlohmann::json(config)},
@@ -187,6 +277,14 @@ class Instances {
     return static_cast<int>(*std::max_element(all.begin(), all.end()));
   }
 
+  // The sum of `value` over the instances (as float).
+  double sum(double value) {
+    if (!communicator_) return value;
+    float total = static_cast<float>(value);
+    communicator_->allReduceSum(std::span<float>(&total, 1));
+    return total;
+  }
+
   // The sum of `value` over the instances.
   int64_t sum(int64_t value) {
     if (!communicator_) return value;
@@ -205,43 +303,66 @@ class Instances {
   int stopGathered_ = 0;
 };
 
-// Test accuracy with the weights of `session`, batch after batch; the last
-// batch is padded with sample 0 and its padding ignored. With several
-// instances, each evaluates its part of every global test batch.
-double evaluate(const RunConfig& config, const SessionOptions& trainingOptions, Instances& instances,
-                const TrainingSession& training, const DatasetSplit& test) {
-  if (test.count == 0) return 0.0;
+struct TestResult {
+  double accuracy = 0.0;
+  double loss = 0.0;
+};
+
+// The test set with the weights of `session`. A model with predictions (the
+// MLP) gives its accuracy, batch after batch; the last batch is padded with
+// sample 0 and its padding ignored. Another gives the mean of its loss over
+// the whole global batches of the test set. With several instances, each
+// evaluates its part of every global test batch.
+TestResult evaluate(const RunConfig& config, const SessionOptions& trainingOptions, Instances& instances,
+                    const TrainingSession& training, const TensorSplit& test) {
+  TestResult result;
+  if (test.count == 0) return result;
   SessionOptions options = trainingOptions;
   options.enableGradientAccumulation = false;
   options.accumulationFactor = 1;
   const int64_t replicas = options.getLocalReplicationFactor();
   const int64_t batch = config.data.testBatchSize;
-  MlpGraph mlp = buildMlp(config.model, batch, options.getGlobalReplicationFactor(), config.data.seed);
-  const std::string predictions = mlp.graph.tensor(mlp.predictions).name;
-  const std::string input = mlp.graph.tensor(mlp.input).name;
-  const std::string labels = mlp.graph.tensor(mlp.labels).name;
-  InferenceSession inference(std::move(mlp.graph), {predictions}, options, instances.device(config.device));
+  RunModel model = buildRunModel(config, batch, options.getGlobalReplicationFactor());
+  const bool accuracy = !model.predictions.empty();
+  const std::string output = accuracy ? model.predictions : model.graph.tensor(model.loss).name;
+  const std::vector<std::string> inputs = model.inputs;
+  InferenceSession inference(std::move(model.graph), {output}, options, instances.device(config.device));
   inference.writeWeights(training.readWeights());
 
   const int64_t perStep = batch * replicas;
   const int64_t globalPerStep = perStep * instances.count();
+  // Without predictions only whole batches count: a padded batch's mean loss would include the padding.
+  const int64_t end = accuracy ? test.count : test.count / globalPerStep * globalPerStep;
+  if (end == 0) return result;
+  StepBuffers buffers(inputs, test, perStep);
+  const auto labels = std::find(inputs.begin(), inputs.end(), "labels") - inputs.begin();
   std::vector<int64_t> order(static_cast<size_t>(perStep));
-  std::vector<float> images(static_cast<size_t>(perStep * test.sampleElements()));
-  std::vector<int32_t> labelData(static_cast<size_t>(perStep));
   int64_t correct = 0;
-  for (int64_t globalFirst = 0; globalFirst < test.count; globalFirst += globalPerStep) {
+  double lossSum = 0.0;
+  for (int64_t globalFirst = 0; globalFirst < end; globalFirst += globalPerStep) {
     const int64_t first = globalFirst + instances.index() * perStep;
     const int64_t real = std::clamp<int64_t>(test.count - first, 0, perStep);
     for (int64_t i = 0; i < perStep; ++i) order[static_cast<size_t>(i)] = i < real ? first + i : 0;
-    fillBatch(test, order, 0, images, labelData);
-    inference.run({StepInput(input, images), StepInput(labels, labelData)});
-    const HostTensor& out = inference.output(predictions);
+    buffers.fill(order, 0);
+    inference.run(buffers.inputs());
+    const HostTensor& out = inference.output(output);
+    if (!accuracy) {
+      for (const float loss : out.data) lossSum += loss;
+      continue;
+    }
+    const std::vector<int32_t>& labelData = buffers.ints(static_cast<std::size_t>(labels));
     for (int64_t i = 0; i < real; ++i) {
       if (static_cast<int32_t>(out.data[static_cast<size_t>(i)]) == labelData[static_cast<size_t>(i)])
         ++correct;
     }
   }
-  return static_cast<double>(instances.sum(correct)) / static_cast<double>(test.count);
+  if (accuracy) {
+    result.accuracy = static_cast<double>(instances.sum(correct)) / static_cast<double>(test.count);
+  } else {
+    // Every replica's loss is the mean over an equal micro-batch.
+    result.loss = instances.sum(lossSum) / static_cast<double>(end / batch);
+  }
+  return result;
 }
 
 // Extra checkpoint metadata the trainer writes and compares when resuming.
@@ -319,21 +440,17 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   // Before anything long runs: a path that cannot be written would otherwise
   // fail only after training, losing its result.
   if (instances.writesOutput()) checkOutputs(config.output);
+  const int64_t batch = config.data.batchSize;
+  RunModel model = buildRunModel(config, batch, options.getGlobalReplicationFactor());
   // Planning makes no values: a model too large for the device is refused
   // here, at once, before the dataset is read or any weight is made.
-  {
-    const MlpGraph planned =
-        buildMlp(config.model, config.data.batchSize, options.getGlobalReplicationFactor(), config.data.seed);
-    requireTrainingFits(planned.graph, planned.loss, *makeOptimizer(config.optimizer), options,
-                        config.device);
-  }
-  const Dataset data = loadDataset(config.data);
+  requireTrainingFits(model.graph, model.loss, *makeOptimizer(config.optimizer), options, config.device);
+  std::string dataNotice;
+  const TensorDataset data = loadRunData(config, model, dataNotice);
   instances.checkAgree(config, data);
-  checkInputWidth(config.model, data.train);
 
   const int64_t replicas = options.getLocalReplicationFactor();
   const int64_t af = options.getAccumulationFactor();
-  const int64_t batch = config.data.batchSize;
   const int64_t globalBatch = batch * options.getGlobalReplicationFactor() * af;
   const int64_t stepsPerEpoch = data.train.count / globalBatch;
   if (stepsPerEpoch == 0) {
@@ -344,10 +461,8 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
                     batch, options.getGlobalReplicationFactor(), af, globalBatch, data.train.count));
   }
 
-  MlpGraph mlp = buildMlp(config.model, batch, options.getGlobalReplicationFactor(), config.data.seed);
-  const std::string input = mlp.graph.tensor(mlp.input).name;
-  const std::string labels = mlp.graph.tensor(mlp.labels).name;
-  TrainingSession session(std::move(mlp.graph), mlp.loss, makeOptimizer(config.optimizer), options,
+  const std::vector<std::string> inputs = model.inputs;
+  TrainingSession session(std::move(model.graph), model.loss, makeOptimizer(config.optimizer), options,
                           instances.device(config.device));
   int64_t totalSteps = 0;
   if (__builtin_mul_overflow(stepsPerEpoch, config.data.epochs, &totalSteps)) {
@@ -381,7 +496,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   summary.trainSamples = data.train.count;
   summary.testSamples = data.test.count;
   summary.dataset = data.source;
-  summary.notice = data.notice;
+  summary.notice = dataNotice;
   // epochs is user input: reserve for a run of sensible length only; the losses grow past it anyway.
   summary.losses.reserve(
       static_cast<size_t>(std::clamp<int64_t>(totalSteps - firstStep, 0, int64_t{1} << 20)));
@@ -412,8 +527,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
                           globalBatch, stepsPerEpoch * globalBatch, data.train.count % globalBatch)));
   }
   std::vector<int64_t> order(static_cast<size_t>(data.train.count));
-  std::vector<float> images(static_cast<size_t>(stepSamples * data.train.sampleElements()));
-  std::vector<int32_t> labelData(static_cast<size_t>(stepSamples));
+  StepBuffers buffers(inputs, data.train, stepSamples);
   double trainSeconds = 0.0;
   // The schedule scales the config's rate (not the session's, which a
   // checkpoint may have left scaled), from the absolute step, so a resumed
@@ -438,8 +552,8 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       }
       const auto start = Clock::now();
       const int64_t first = instanceStepOffset(step, stepSamples, instances.count(), instances.index());
-      fillBatch(data.train, order, first, images, labelData);
-      session.run({StepInput(input, images), StepInput(labels, labelData)});
+      buffers.fill(order, first);
+      session.run(buffers.inputs());
       const double loss = instances.meanLoss(session, control);
       trainSeconds += std::chrono::duration<double>(Clock::now() - start).count();
       summary.losses.push_back(loss);
@@ -459,7 +573,9 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       if (every > 0 && session.step() % every == 0) checkpointNow();
     }
     if (!summary.interrupted) {
-      summary.epochTestAccuracies.push_back(evaluate(config, options, instances, session, data.test));
+      const TestResult test = evaluate(config, options, instances, session, data.test);
+      summary.epochTestAccuracies.push_back(test.accuracy);
+      summary.epochTestLosses.push_back(test.loss);
     }
   }
   if (!config.output.checkpoint.empty() &&
@@ -472,9 +588,12 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   // The last epoch's evaluation is of the final weights (a run resumed after
   // its last step runs no epoch and is evaluated here).
   if (!summary.interrupted) {
-    summary.testAccuracy = summary.epochTestAccuracies.empty()
-                               ? evaluate(config, options, instances, session, data.test)
-                               : summary.epochTestAccuracies.back();
+    const TestResult test =
+        summary.epochTestAccuracies.empty()
+            ? evaluate(config, options, instances, session, data.test)
+            : TestResult{summary.epochTestAccuracies.back(), summary.epochTestLosses.back()};
+    summary.testAccuracy = test.accuracy;
+    summary.testLoss = test.loss;
   }
   summary.memory = session.memory();
   if (instances.writesOutput()) writeTrainingProfiles(config.output, session, summary.steps);
@@ -489,6 +608,8 @@ nlohmann::json summaryJson(const TrainSummary& summary) {
                         {"finalLoss", summary.finalLoss},
                         {"testAccuracy", summary.testAccuracy},
                         {"epochTestAccuracies", summary.epochTestAccuracies},
+                        {"testLoss", summary.testLoss},
+                        {"epochTestLosses", summary.epochTestLosses},
                         {"samplesPerSecond", summary.samplesPerSecond},
                         {"globalBatch", summary.globalBatch},
                         {"trainSamples", summary.trainSamples},

@@ -28,6 +28,14 @@
 // global batch are not used in that epoch (drop_last), and since the order is
 // reshuffled every epoch, a different remainder is left out each time.
 //
+// Tensor datasets: readTensorSplit reads a .safetensors file whose tensor of
+// each graph input's name feeds that input, samples along axis 0 in file
+// order (a PyTorch or NumPy program writes one with safetensors' save_file).
+// F32 tensors feed float32 inputs, I32 and I64 tensors int32 inputs (int64
+// values must fit in 32 bits). The epoch order and the instance split are
+// those of the IDX datasets; fillTensorBatch copies a run of positions of a
+// tensor into a host buffer as fillBatch does.
+//
 // instanceRange gives PopTorch's split instead, one contiguous block of the
 // epoch per instance, for applications that want it; it allows the same
 // number of steps per epoch.
@@ -39,6 +47,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tessera/graph.hpp"
 #include "tessera/run_config.hpp"
 
 namespace tessera {
@@ -176,5 +185,76 @@ SampleRange instanceRange(int64_t numSamples, int64_t stepSamples, int64_t numIn
 // an index in `order` is not a sample of `split`.
 void fillBatch(const DatasetSplit& split, std::span<const int64_t> order, int64_t first,
                std::span<float> images, std::span<int32_t> labels);
+
+// --- Tensor datasets ---------------------------------------------------------------
+
+// A graph input that a tensor dataset feeds: its name, dtype and
+// per-replica micro-batch shape [batch, ...sample shape].
+struct DataInput {
+  std::string name;
+  DType dtype = DType::Float32;
+  Shape shape;
+};
+
+// The inputs of `graph` named `names`, with their dtypes and shapes.
+// GraphError(UnknownTensor) for a name the graph does not have.
+std::vector<DataInput> graphDataInputs(const Graph& graph, std::span<const std::string> names);
+
+// The samples of one graph input: shape [count, ...sample shape].
+struct DataTensor {
+  std::string name;
+  DType dtype = DType::Float32;
+  Shape shape;
+  std::vector<float> floats;  // Float32 tensors
+  std::vector<int32_t> ints;  // Int32 tensors
+  // Elements of one sample: the product of shape[1..].
+  int64_t sampleElements() const noexcept;
+};
+
+// One split (train or test) of a tensor dataset: a tensor per graph input,
+// in the order of the inputs, all with `count` samples.
+struct TensorSplit {
+  std::string source;  // the file
+  int64_t count = 0;
+  std::vector<DataTensor> tensors;
+  // The tensor feeding input `name`; nullptr when there is none.
+  const DataTensor* find(std::string_view name) const noexcept;
+};
+
+// Reads the tensors of a .safetensors file that feed `inputs`; the file's
+// other tensors are not read. Errors name the file and the tensor:
+// IoError(FileUnreadable) for a file that cannot be read,
+// IoError(CorruptDataset) for one that is not a well-formed safetensors
+// file, IoError(DatasetTensorMissing) for an input without a tensor of its
+// name, IoError(DatasetTensorMismatch) for a tensor whose dtype or sample
+// shape does not fit its input or whose int64 values do not fit in 32
+// bits, IoError(DatasetLengthMismatch) for tensors with different numbers
+// of samples.
+TensorSplit readTensorSplit(const std::string& path, std::span<const DataInput> inputs);
+// The same over the bytes of a file in memory; `name` stands for the file.
+TensorSplit parseTensorSplit(std::span<const unsigned char> bytes, const std::string& name,
+                             std::span<const DataInput> inputs);
+
+struct TensorDataset {
+  TensorSplit train;
+  TensorSplit test;  // count 0 when there is no test set
+  std::string source;
+};
+
+// The tensors dataset of `config` (dataset "tensors"): config.path for
+// training, config.test for testing when set, each checked against
+// `inputs` (only their sample shapes matter, not their batch size), then the
+// first config.limitTrainSamples / limitTestSamples samples kept.
+TensorDataset loadTensorDataset(const DataConfig& config, std::span<const DataInput> inputs);
+
+// Copies the samples of `tensor` at positions first .. first + n of `order`
+// into `out` (n x sampleElements() values, n = out.size() / sampleElements()).
+// Allocates nothing. GraphError(HostShapeMismatch) when `out` is not a whole
+// number of samples or the dtype differs; ConfigError(OutOfRange) when the
+// positions run past `order` or an index is not a sample of the tensor.
+void fillTensorBatch(const DataTensor& tensor, std::span<const int64_t> order, int64_t first,
+                     std::span<float> out);
+void fillTensorBatch(const DataTensor& tensor, std::span<const int64_t> order, int64_t first,
+                     std::span<int32_t> out);
 
 }  // namespace tessera

@@ -104,6 +104,9 @@ enum class ErrorCode : int {
   CorruptDataset = 605,
   UnsupportedCheckpoint = 606,  // a well-formed file this tessera cannot use
   OutputUnwritable = 607,       // an output path where no file can be created, found before the run
+  DatasetTensorMissing = 608,   // a graph input that the tensors dataset has no tensor for
+  DatasetTensorMismatch = 609,  // a dataset tensor whose dtype, shape or values do not fit its graph input
+  DatasetLengthMismatch = 610,  // dataset tensors with different numbers of samples
   // --- ONNX import (7xx) ---
   OnnxUnavailable = 701,         // this build has no ONNX support
   OnnxMalformed = 702,           // not a ModelProto / TensorProto, truncated, inconsistent tensor data

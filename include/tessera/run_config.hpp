@@ -42,31 +42,69 @@ struct EnumNames<Activation> {
                                         std::pair{Activation::Sigmoid, std::string_view{"sigmoid"}}};
 };
 
+// The model types of ModelConfig::type.
+inline constexpr std::string_view kMlpModel = "mlp";
+inline constexpr std::string_view kOnnxModel = "onnx";
+
+// The value of ModelConfig::dimensions that binds a symbolic dimension to the
+// per-replica batch size of the session being built (DataConfig::batchSize
+// for training, testBatchSize for the test set).
+inline constexpr std::string_view kBatchSizeDimension = "batchSize";
+
 struct ModelConfig {
-  // Only "mlp" so far: fully connected layers with `activation` between
-  // them and softmax cross-entropy on the last.
-  std::string type = "mlp";
+  // "mlp": fully connected layers with `activation` between them and softmax
+  // cross-entropy on the last. "onnx": the ONNX model in `path`, trained
+  // from its initializers (not re-drawn).
+  std::string type = std::string(kMlpModel);
+
+  // ----- type "mlp" -----
+
   // Layer widths from input to output: at least two, each >= 1.
   std::vector<int64_t> layers{784, 256, 128, 10};
   Activation activation = Activation::Relu;
+
+  // ----- type "onnx" -----
+
+  // The .onnx file. loadRunConfig() takes a relative path relative to the
+  // folder of the config file; a config parsed from text keeps it as given
+  // (relative to the working directory).
+  std::string path{};
+  // The name of the graph's scalar loss tensor; empty: the graph's only
+  // output.
+  std::string loss{};
+  // Values of symbolic dimensions (ONNX dim_param) by name: "batchSize" (the
+  // per-replica batch of the session: batchSize for training, testBatchSize
+  // for testing) or a positive integer written as a string ("128"). By
+  // default the first axis of every input is the per-replica batch size;
+  // entries here take precedence.
+  std::map<std::string, std::string> dimensions{};
+
   bool operator==(const ModelConfig&) const = default;
 };
 
-enum class DatasetKind { FashionMnist, Mnist, Synthetic };
+enum class DatasetKind { FashionMnist, Mnist, Synthetic, Tensors };
 
 template <>
 struct EnumNames<DatasetKind> {
   static constexpr std::string_view kTypeName = "DatasetKind";
-  static constexpr std::array kNames = {std::pair{DatasetKind::FashionMnist, std::string_view{"fashion-mnist"}},
-                                        std::pair{DatasetKind::Mnist, std::string_view{"mnist"}},
-                                        std::pair{DatasetKind::Synthetic, std::string_view{"synthetic"}}};
+  static constexpr std::array kNames = {
+      std::pair{DatasetKind::FashionMnist, std::string_view{"fashion-mnist"}},
+      std::pair{DatasetKind::Mnist, std::string_view{"mnist"}},
+      std::pair{DatasetKind::Synthetic, std::string_view{"synthetic"}},
+      std::pair{DatasetKind::Tensors, std::string_view{"tensors"}}};
 };
 
 struct DataConfig {
   DatasetKind dataset = DatasetKind::FashionMnist;
   // Folder holding the IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte,
   // optionally .gz). Empty: the dataset-fashion-mnist package's location.
+  // For "tensors": the training set's .safetensors file (required), whose
+  // tensor of each graph input's name feeds that input, split along axis 0;
+  // loadRunConfig() takes it relative to the config file's folder.
   std::string path{};
+  // "tensors" only: the test set's .safetensors file, relative like `path`;
+  // empty: no test set.
+  std::string test{};
   // Samples per replica per micro-batch. >= 1.
   int64_t batchSize = 64;
   // Test samples per replica per step. >= 1.

@@ -29,10 +29,17 @@ struct TrainSummary {
   int64_t steps = 0;
   std::vector<double> losses;  // per step, mean over the global batch
   double finalLoss = 0.0;
+  // The mlp model's accuracy on the test set (0 for other models).
   double testAccuracy = 0.0;
   // Test accuracy after each epoch this run completed, in order (the last is
   // testAccuracy).
   std::vector<double> epochTestAccuracies;
+  // Models without an accuracy (onnx): the mean loss over the test set's
+  // whole global batches of testBatchSize x replicas samples (0 without a
+  // test set or for the mlp model).
+  double testLoss = 0.0;
+  // Test loss after each epoch this run completed, in order.
+  std::vector<double> epochTestLosses;
   double samplesPerSecond = 0.0;  // training samples per second of wall time
   // Samples per weight update: batchSize x replicas x accumulationFactor.
   int64_t globalBatch = 0;
@@ -94,9 +101,9 @@ struct TrainControl {
 TrainSummary train(const RunConfig& config, const std::function<void(const TrainProgress&)>& onStep = {},
                    const TrainControl& control = {});
 
-// {"steps", "losses", "finalLoss", "testAccuracy", "epochTestAccuracies",
-//  "samplesPerSecond", "globalBatch", "trainSamples", "testSamples", "dataset", "firstStep",
-//  "interrupted", "stopReason", "checkpoint", "checkpointStep"}
+// {"steps", "losses", "finalLoss", "testAccuracy", "epochTestAccuracies", "testLoss",
+//  "epochTestLosses", "samplesPerSecond", "globalBatch", "trainSamples", "testSamples", "dataset",
+//  "firstStep", "interrupted", "stopReason", "checkpoint", "checkpointStep"}
 nlohmann::json summaryJson(const TrainSummary& summary);
 
 }  // namespace tessera

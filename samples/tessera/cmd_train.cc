@@ -154,7 +154,7 @@ Action attachTrain(CLI::App& command) {
                      "Continue from this checkpoint: its weights, optimizer state, learning rate and step")
       ->type_name("FILE");
   command.add_option("--json-summary", args->summaryPath,
-                     "Write {steps, losses, finalLoss, testAccuracy, samplesPerSecond, ...} to this file");
+                     "Write {steps, losses, finalLoss, testAccuracy, testLoss, ...} to this file");
   command.add_option("--dump-weights", args->weightsPath,
                      "Write the final weights to this file as JSON: {NAME: [values in host order], ...}")
       ->type_name("FILE");
@@ -188,10 +188,15 @@ Action attachTrain(CLI::App& command) {
     if (!args->resume.empty()) fmt::print("resumed: {} at step {}\n", args->resume, summary.firstStep);
     fmt::print("steps: {} (global batch {})\n", summary.steps, summary.globalBatch);
     fmt::print("final loss: {:.4f}\n", summary.finalLoss);
-    if (!summary.interrupted) {
+    if (!summary.interrupted && loaded.config.model.type == kMlpModel) {
       fmt::print("test accuracy: {:.4f} ({} samples)\n", summary.testAccuracy, summary.testSamples);
       if (summary.epochTestAccuracies.size() > 1)
         fmt::print("test accuracy per epoch: {:.4f}\n", fmt::join(summary.epochTestAccuracies, " "));
+    } else if (!summary.interrupted && summary.testSamples > 0) {
+      // A model without an accuracy (onnx) reports its mean loss on the test set.
+      fmt::print("test loss: {:.4f} ({} samples)\n", summary.testLoss, summary.testSamples);
+      if (summary.epochTestLosses.size() > 1)
+        fmt::print("test loss per epoch: {:.4f}\n", fmt::join(summary.epochTestLosses, " "));
     }
     fmt::print("throughput: {:.0f} samples/s\n", summary.samplesPerSecond);
     if (!summary.checkpoint.empty())

@@ -15,6 +15,8 @@
 //   checkpoint/ readCheckpoint(file)
 //   onnx/     importOnnx(file) with the symbolic dimension "batch" bound to 2
 //             (in a build without ONNX every file gives tessera.onnx.701)
+//   tensors/  readTensorSplit(file) for the inputs of the MLP export of
+//             tests/data/onnx: x float32 [2, 2, 3] and labels int32 [2]
 // A new kind of input is a folder and a row of kReaders.
 #include <doctest/doctest.h>
 
@@ -102,6 +104,12 @@ const std::map<std::string, std::function<void(const std::string&, const json&)>
        options.dimensions = {{"batch", 2}};
        (void)importOnnx(path, options);
      }},
+    {"tensors",
+     [](const std::string& path, const json&) {
+       const std::vector<DataInput> inputs = {{"x", DType::Float32, {2, 2, 3}},
+                                              {"labels", DType::Int32, {2}}};
+       (void)readTensorSplit(path, inputs);
+     }},
 };
 
 struct Outcome {
@@ -185,6 +193,7 @@ TEST_CASE("every file of the bad-input corpus is rejected with its expected erro
   CHECK(perFolder["dataset"] >= 30);
   CHECK(perFolder["checkpoint"] >= 25);
   CHECK(perFolder["onnx"] >= 15);
+  CHECK(perFolder["tensors"] >= 10);
 }
 
 TEST_CASE("the corpus names every error id it expects correctly") {

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/process.hpp"
+#include "tessera/onnx.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -114,6 +115,30 @@ const std::vector<std::string> kConsecutive2 =
     shardingDomain(R"({"type":"Consecutive","replicaGroupSize":2})");
 
 }  // namespace
+
+// The MLP export of samples/configs/mlp_onnx.json on its tensors dataset
+// (192 samples: 3 steps of 64), its weights and momentum sharded: every
+// instance reads its part of each global batch of the .safetensors file.
+TEST_CASE("tessera launch: an ONNX model on a tensors dataset trains like 1 x 4 replicas") {
+  if (!tessera::onnxSupported()) {
+    MESSAGE("this build has no ONNX support; nothing to run");
+    return;
+  }
+  for (const std::vector<std::string>& domain : {std::vector<std::string>{}, kConsecutive2}) {
+    std::vector<std::string> sets = domain;
+    sets.push_back("/data/testBatchSize=2");
+    const Run one = train("samples/configs/mlp_onnx.json", sets, 0);
+    CHECK(one.summary["steps"] == 3);
+    for (const int64_t instances : {2, 4}) {
+      CAPTURE(instances);
+      const Run split = train("samples/configs/mlp_onnx.json", sets, instances);
+      checkSameTraining(split, one);
+      CHECK(one.summary["testLoss"].get<double>() > 0.0);
+      CHECK(std::abs(split.summary["testLoss"].get<double>() - one.summary["testLoss"].get<double>()) <=
+            1e-6);
+    }
+  }
+}
 
 TEST_CASE("tessera launch: 2 x 2 and 4 x 1 instances train like 1 x 4 replicas") {
   SUBCASE("plain replication") {

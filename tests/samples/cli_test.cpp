@@ -2,6 +2,7 @@
 // output and exit codes.
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/process.hpp"
+#include "tessera/onnx.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -55,6 +57,39 @@ TEST_CASE("validate accepts every sample run config") {
     INFO("explain stderr: ", explained.err);
     CHECK(parseJson(explained).contains("provenance"));
   }
+}
+
+TEST_CASE("explain on an ONNX config lists every initializer with its category, location and shards") {
+  const std::string path = tessera::test::sourcePath("samples/configs/mlp_onnx.json");
+  const CliResult valid = runCli({"validate", path});
+  CHECK(valid.exitCode == 0);
+  const CliResult explained = runCli({"explain", path, "--json"});
+  INFO("explain stderr: ", explained.err);
+  if (!tessera::onnxSupported()) {
+    CHECK(explained.err.find("tessera.onnx.701") != std::string::npos);
+    return;
+  }
+  const json report = parseJson(explained);
+  std::map<std::string, json> tensors;
+  for (const json& tensor : report.at("tensors")) tensors[tensor.at("name").get<std::string>()] = tensor;
+  for (const char* name : {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}) {
+    CAPTURE(name);
+    REQUIRE(tensors.contains(name));
+    const json& weight = tensors[name];
+    CHECK(weight["category"] == "Weight");
+    CHECK(weight["storage"] == "OnChip");
+    CHECK(weight["replicatedTensorSharding"] == "On");
+    CHECK(weight["shardElements"].get<int64_t>() * 2 >= weight["elements"].get<int64_t>());
+    CHECK(weight["reason"].get<std::string>().starts_with("/sessionOptions/weightTensorLocationSettings"));
+    REQUIRE(tensors.contains(std::string(name) + ".momentum"));
+    CHECK(tensors[std::string(name) + ".momentum"]["category"] == "OptimizerState");
+  }
+  CHECK(tensors["fc1.weight"]["elements"] == 48);
+  CHECK(tensors["fc1.weight"]["shardElements"] == 24);
+  // The text form names them too.
+  const CliResult text = runCli({"explain", path});
+  CHECK(text.exitCode == 0);
+  CHECK(text.out.find("fc2.weight") != std::string::npos);
 }
 
 TEST_CASE("validate reports the first broken rule with its id and JSON path") {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/process.hpp"
+#include "tessera/onnx.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -85,6 +86,38 @@ TEST_CASE("the summary has the test accuracy after every epoch, the last one the
     CHECK(accuracy.get<double>() <= 1.0);
   }
   CHECK(epochs.back().get<double>() == summary["testAccuracy"].get<double>());
+}
+
+// The ONNX sample: the MLP export on its tensors dataset, whose files the
+// config names relative to its own folder; two replicas with RTS train the
+// losses of one replica with the whole batch.
+TEST_CASE("tessera train trains the ONNX sample config like one replica with the whole batch") {
+  if (!tessera::onnxSupported()) {
+    MESSAGE("this build has no ONNX support; nothing to run");
+    return;
+  }
+  const json sharded = train("samples/configs/mlp_onnx.json", {"/data/epochs=2"});
+  CHECK(sharded["steps"] == 2 * 192 / 8);
+  CHECK(sharded["globalBatch"] == 8);
+  CHECK(sharded["trainSamples"] == 192);
+  CHECK(sharded["testSamples"] == 40);
+  CHECK(sharded["testLoss"].get<double>() > 0.0);
+  CHECK(sharded["testLoss"].get<double>() < sharded["losses"][0].get<double>());
+  REQUIRE(sharded["epochTestLosses"].size() == 2);
+  const json single =
+      train("samples/configs/mlp_onnx.json",
+            {"/data/epochs=2", "/sessionOptions/enableReplicatedGraphs=false",
+             "/sessionOptions/replicatedGraphCount=1", "/data/batchSize=8", "/data/testBatchSize=8"});
+  checkSameTraining(sharded, single, 1e-5);
+  CHECK(std::abs(sharded["testLoss"].get<double>() - single["testLoss"].get<double>()) <= 1e-5);
+
+  const ProcessResult printed = tessera::test::runProgram(
+      program("TESSERA_CLI"), {"train", tessera::test::sourcePath("samples/configs/mlp_onnx.json"), "--quiet",
+                               "--set", "/data/epochs=1"});
+  INFO("stderr: " << printed.err);
+  CHECK(printed.exitCode == 0);
+  CHECK(printed.out.find("test loss: ") != std::string::npos);
+  CHECK(printed.out.find("test accuracy") == std::string::npos);
 }
 
 TEST_CASE("replicated configs train like one replica with the whole batch") {

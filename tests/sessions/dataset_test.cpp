@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -16,6 +17,8 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
+#include "safetensors.hpp"
+#include "support/process.hpp"
 #include "tessera/error.hpp"
 #include "test_support.hpp"
 
@@ -670,4 +673,155 @@ TEST_CASE("a header that claims more data than the file holds fails without trus
   expectIoError([&] { parseIdxImages(liar, "liar"); }, ErrorCode::CorruptDataset, "liar",
                 "the header declares 47040000 bytes of data after the 16-byte header, but the data ends at "
                 "byte offset 116 after 100 of them");
+}
+
+// --- Tensor datasets -------------------------------------------------------------------
+
+namespace {
+
+template <class T>
+std::vector<uint8_t> bytesOf(const std::vector<T>& values) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(T));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+struct FileTensor {
+  std::string name;
+  std::string dtype;
+  std::vector<uint64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+Bytes tensorFile(const std::vector<FileTensor>& tensors) {
+  std::vector<safetensors::TensorBytes> views;
+  for (const FileTensor& t : tensors) views.push_back({t.name, t.dtype, t.shape, t.bytes});
+  const std::vector<uint8_t> encoded = safetensors::encode(views, {});
+  return Bytes(encoded.begin(), encoded.end());
+}
+
+// The MLP export's inputs: x [batch, 2, 3] float, labels [batch] int.
+const std::vector<DataInput> kInputs = {{"x", DType::Float32, {4, 2, 3}}, {"labels", DType::Int32, {4}}};
+
+std::vector<float> iotaFloats(std::size_t n) {
+  std::vector<float> v(n);
+  std::iota(v.begin(), v.end(), 0.0f);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("a tensors file feeds each input from its tensor, int64 narrowed exactly") {
+  const Bytes file =
+      tensorFile({{"labels", "I64", {5}, bytesOf(std::vector<int64_t>{3, 1, -2, 0, 2147483647})},
+                  {"unused", "F64", {1}, bytesOf(std::vector<double>{1.0})},
+                  {"x", "F32", {5, 2, 3}, bytesOf(iotaFloats(30))}});
+  const TensorSplit split = parseTensorSplit(file, "train.safetensors", kInputs);
+  CHECK(split.count == 5);
+  REQUIRE(split.tensors.size() == 2);
+  const DataTensor& x = *split.find("x");
+  CHECK(x.shape == Shape{5, 2, 3});
+  CHECK(x.sampleElements() == 6);
+  CHECK(x.floats == iotaFloats(30));
+  const DataTensor& labels = *split.find("labels");
+  CHECK(labels.dtype == DType::Int32);
+  CHECK(labels.ints == std::vector<int32_t>{3, 1, -2, 0, 2147483647});
+  CHECK(split.find("unused") == nullptr);
+
+  // Batches follow the order's positions, as fillBatch does.
+  const std::vector<int64_t> order = {4, 2, 0, 1, 3};
+  std::vector<float> xs(12);
+  std::vector<int32_t> ls(2);
+  fillTensorBatch(x, order, 1, xs);
+  fillTensorBatch(labels, order, 1, ls);
+  CHECK(std::vector<float>(xs.begin(), xs.begin() + 6) == std::vector<float>{12, 13, 14, 15, 16, 17});
+  CHECK(std::vector<float>(xs.begin() + 6, xs.end()) == std::vector<float>{0, 1, 2, 3, 4, 5});
+  CHECK(ls == std::vector<int32_t>{-2, 3});
+  TESSERA_CHECK_ERROR(fillTensorBatch(x, order, 4, xs), ConfigError, ErrorCode::OutOfRange);
+  std::vector<float> partial(7);
+  TESSERA_CHECK_ERROR(fillTensorBatch(x, order, 0, partial), GraphError, ErrorCode::HostShapeMismatch);
+  TESSERA_CHECK_ERROR(fillTensorBatch(x, order, 0, ls), GraphError, ErrorCode::HostShapeMismatch);
+
+  // I32 feeds int inputs as they are.
+  const Bytes ints = tensorFile({{"labels", "I32", {2}, bytesOf(std::vector<int32_t>{7, -1})},
+                                 {"x", "F32", {2, 2, 3}, bytesOf(iotaFloats(12))}});
+  CHECK(parseTensorSplit(ints, "f", kInputs).find("labels")->ints == std::vector<int32_t>{7, -1});
+}
+
+TEST_CASE("a tensors file that does not fit the inputs names the file and the tensor") {
+  const auto x = [](std::vector<uint64_t> shape, std::string dtype = "F32") {
+    uint64_t n = 1;
+    for (uint64_t d : shape) n *= d;
+    return FileTensor{"x", dtype, shape, std::vector<uint8_t>(n * (dtype == "F64" ? 8 : 4), 0)};
+  };
+  const auto labels = [](uint64_t n, std::string dtype = "I64", int64_t value = 1) {
+    return FileTensor{
+        "labels",
+        dtype,
+        {n},
+        dtype == "I64" ? bytesOf(std::vector<int64_t>(n, value)) : std::vector<uint8_t>(n * 4, 0)};
+  };
+  struct Case {
+    std::string name;
+    Bytes file;
+    ErrorCode code;
+    std::string subject;
+    std::string fragment;
+  };
+  const std::vector<Case> cases = {
+      {"a missing input",
+       tensorFile({x({4, 2, 3}), {"label", "I64", {4}, bytesOf(std::vector<int64_t>(4, 0))}}),
+       ErrorCode::DatasetTensorMissing, "d.safetensors: tensor labels", "did you mean \"label\"?"},
+      {"float64 for float32", tensorFile({x({4, 2, 3}, "F64"), labels(4)}), ErrorCode::DatasetTensorMismatch,
+       "d.safetensors: tensor x", "the tensor is F64 but graph input x is float32; store it as F32"},
+      {"floats for ints", tensorFile({x({4, 2, 3}), labels(4, "F32")}), ErrorCode::DatasetTensorMismatch,
+       "d.safetensors: tensor labels", "store it as I32 or I64"},
+      {"another sample shape", tensorFile({x({4, 3, 2}), labels(4)}), ErrorCode::DatasetTensorMismatch,
+       "d.safetensors: tensor x", "takes samples of shape [2, 3]"},
+      {"another rank", tensorFile({x({4, 6}), labels(4)}), ErrorCode::DatasetTensorMismatch,
+       "d.safetensors: tensor x", "store [N, 2, 3]"},
+      {"an int64 beyond 32 bits", tensorFile({x({4, 2, 3}), labels(4, "I64", int64_t{1} << 31)}),
+       ErrorCode::DatasetTensorMismatch, "d.safetensors: tensor labels", "does not fit in 32 bits"},
+      {"different lengths", tensorFile({x({4, 2, 3}), labels(3)}), ErrorCode::DatasetLengthMismatch,
+       "d.safetensors: tensor labels", "the tensor has 3 samples but tensor x has 4"},
+      {"not safetensors", Bytes{'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'},
+       ErrorCode::CorruptDataset, "d.safetensors", "header length"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const auto error =
+        test::catchError<IoError>([&] { (void)parseTensorSplit(c.file, "d.safetensors", kInputs); });
+    REQUIRE(error.has_value());
+    INFO(error->what());
+    CHECK(error->code() == c.code);
+    CHECK(error->subject() == c.subject);
+    CHECK(error->detail().find(c.fragment) != std::string::npos);
+  }
+  const auto missing =
+      test::catchError<IoError>([] { (void)readTensorSplit("no/such/file.safetensors", kInputs); });
+  REQUIRE(missing.has_value());
+  CHECK(missing->code() == ErrorCode::FileUnreadable);
+}
+
+TEST_CASE("loadTensorDataset reads the train and test files and keeps the first samples") {
+  const test::TempDir dir;
+  const Bytes train = tensorFile({{"labels", "I32", {6}, bytesOf(std::vector<int32_t>{0, 1, 2, 3, 0, 1})},
+                                  {"x", "F32", {6, 2, 3}, bytesOf(iotaFloats(36))}});
+  const Bytes test = tensorFile({{"labels", "I32", {2}, bytesOf(std::vector<int32_t>{3, 2})},
+                                 {"x", "F32", {2, 2, 3}, bytesOf(iotaFloats(12))}});
+  DataConfig config;
+  config.dataset = DatasetKind::Tensors;
+  config.path = dir.write("train.safetensors", std::string(train.begin(), train.end()));
+  config.test = dir.write("test.safetensors", std::string(test.begin(), test.end()));
+  config.limitTrainSamples = 4;
+  const TensorDataset dataset = loadTensorDataset(config, kInputs);
+  CHECK(dataset.train.count == 4);
+  CHECK(dataset.train.find("x")->floats == iotaFloats(24));
+  CHECK(dataset.train.find("labels")->ints == std::vector<int32_t>{0, 1, 2, 3});
+  CHECK(dataset.test.count == 2);
+  CHECK(dataset.source.find("train.safetensors") != std::string::npos);
+  config.test.clear();
+  CHECK(loadTensorDataset(config, kInputs).test.count == 0);
+  // loadDataset reads the IDX kinds only.
+  TESSERA_CHECK_ERROR(loadDataset(config), ConfigError, ErrorCode::InvalidData);
 }

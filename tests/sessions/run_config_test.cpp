@@ -237,7 +237,27 @@ TEST_CASE("parseRunConfig rejects bad input at the JSON pointer of the value, na
       {"nesterov without momentum", R"({"optimizer": {"nesterov": true}})", ErrorCode::InvalidOptimizer,
        "/optimizer/nesterov", "nesterov needs momentum > 0"},
       {"unknown model type", R"({"model": {"type": "cnn"}})", ErrorCode::InvalidModel, "/model/type",
-       "model type \"cnn\" is not supported; the only type is \"mlp\""},
+       "model type \"cnn\" is not supported; expected one of \"mlp\", \"onnx\""},
+      {"misspelled model type", R"({"model": {"type": "onx"}})", ErrorCode::InvalidModel, "/model/type",
+       "(did you mean \"onnx\"?)"},
+      {"onnx model without a path", R"({"model": {"type": "onnx"}})", ErrorCode::InvalidModel, "/model/path",
+       "model type \"onnx\" needs the path of its .onnx file"},
+      {"mlp key under onnx", R"({"model": {"type": "onnx", "path": "m.onnx", "layers": [784, 10]}})",
+       ErrorCode::UnknownKey, "/model/layers", "it is an option of model type \"mlp\""},
+      {"onnx key under mlp", R"({"model": {"loss": "loss"}})", ErrorCode::UnknownKey, "/model/loss",
+       "it is an option of model type \"onnx\""},
+      {"typo in an onnx key", R"({"model": {"type": "onnx", "path": "m.onnx", "los": "loss"}})",
+       ErrorCode::UnknownKey, "/model/los", "(did you mean \"loss\"?)"},
+      {"a dimension that is no count",
+       R"({"model": {"type": "onnx", "path": "m.onnx", "dimensions": {"batch": "batchsize"}}})",
+       ErrorCode::InvalidModel, "/model/dimensions/batch", "(did you mean \"batchSize\"?)"},
+      {"a dimension as a number",
+       R"({"model": {"type": "onnx", "path": "m.onnx", "dimensions": {"batch": 8}}})", ErrorCode::WrongType,
+       "/model/dimensions/batch", ""},
+      {"tensors without a path", R"({"data": {"dataset": "tensors"}})", ErrorCode::InvalidData, "/data/path",
+       "the tensors dataset needs the path of its training .safetensors file"},
+      {"a test file for an IDX dataset", R"({"data": {"dataset": "synthetic", "test": "test.safetensors"}})",
+       ErrorCode::InvalidData, "/data/test", "only the tensors dataset reads"},
       {"one layer", R"({"model": {"layers": [784]}})", ErrorCode::InvalidModel, "/model/layers",
        "layers has 1 entry; it needs at least 2"},
       {"empty layer", R"({"model": {"layers": [784, 0, 10]}})", ErrorCode::InvalidModel, "/model/layers/1",
@@ -643,6 +663,30 @@ TEST_CASE("loadRunConfig names the file in IO and syntax errors") {
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("the files of an ONNX model and a tensors dataset are relative to the config file") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("tessera_run_config_test_" + std::to_string(std::random_device{}()));
+  std::filesystem::create_directories(dir / "configs");
+  const std::filesystem::path file = dir / "configs" / "run.json";
+  {
+    std::ofstream out(file);
+    out << R"({"model": {"type": "onnx", "path": "models/mlp.onnx"},
+               "data": {"dataset": "tensors", "path": "../data/train.safetensors", "test": "/abs/test.safetensors"}})";
+  }
+  const RunConfig config = loadRunConfig(file.string()).config;
+  CHECK(config.model.path == (dir / "configs/models/mlp.onnx").generic_string());
+  CHECK(config.data.path == (dir / "data/train.safetensors").generic_string());
+  CHECK(config.data.test == "/abs/test.safetensors");
+  // Parsed from text, the paths stay as given; an IDX folder is not moved.
+  CHECK(parse(R"({"model": {"type": "onnx", "path": "m.onnx"}})").config.model.path == "m.onnx");
+  {
+    std::ofstream out(file);
+    out << R"({"data": {"dataset": "mnist", "path": "idx"}})";
+  }
+  CHECK(loadRunConfig(file.string()).config.data.path == "idx");
+  std::filesystem::remove_all(dir);
+}
+
 // --- Schema -----------------------------------------------------------------------------------
 
 // Checks that `node` describes exactly the keys of `value` (a dump), closed,
@@ -717,11 +761,29 @@ TEST_CASE("the run config schema is generated from the field tables") {
   const std::set<std::vector<std::string>> expected = {
       names<TensorStorage>(), names<TileSet>(),       names<ReplicatedTensorSharding>(),
       names<CommGroupType>(), names<ReductionType>(), names<MeanReductionStrategy>(),
-      names<Activation>(),    names<DatasetKind>(),   names<ScheduleType>(), {"mlp"},
+      names<Activation>(),    names<DatasetKind>(),   names<ScheduleType>(),
   };
   CHECK(enums == expected);
 
-  const json& layers = schema["properties"]["model"]["properties"]["layers"];
+  // The model: one closed alternative per type, each with the keys of that
+  // type's dump; onnx requires its path.
+  const json& model = schema["properties"]["model"];
+  REQUIRE(model.contains("oneOf"));
+  CHECK_FALSE(model["description"].get<std::string>().empty());
+  std::vector<std::string> modelTypes;
+  for (const json& alternative : model["oneOf"]) {
+    const std::string type = alternative["properties"]["type"]["const"];
+    modelTypes.push_back(type);
+    ModelConfig config;
+    config.type = type;
+    checkSchemaCovers(alternative, json(config), "/model(" + type + ")");
+  }
+  CHECK(modelTypes == std::vector<std::string>{"mlp", "onnx"});
+  CHECK(model["oneOf"][1]["required"] == json{"type", "path"});
+  CHECK(model["oneOf"][1]["properties"]["dimensions"]["additionalProperties"]["type"] == "string");
+  CHECK(schema["properties"]["data"]["properties"].contains("test"));
+
+  const json& layers = schema["properties"]["model"]["oneOf"][0]["properties"]["layers"];
   CHECK(layers["minItems"] == 2);
   CHECK(layers["items"]["minimum"] == 1);
   CHECK(schema["properties"]["sessionOptions"]["properties"]["weightTensorLocationSettings"]["properties"]

@@ -4,7 +4,11 @@ CNN exported by PyTorch with their losses inside the graph and a symbolic
 batch axis, and PyTorch's outputs for fixed inputs at several batch sizes;
 and the bad models
 of the bad-input corpus (tests/data/bad/onnx, expected ids in
-tests/data/bad/expected.json).
+tests/data/bad/expected.json); and, for training the MLP export from its
+initializers, a tensors dataset (mlp_train.safetensors, mlp_test.safetensors)
+with PyTorch's per-step losses under tessera's SGD, SGD-with-momentum and Adam
+updates (mlp_training_reference.json), plus the copy the sample config
+samples/configs/mlp_onnx.json trains.
 
 Run from the checkout with Debian's python3-torch and python3-onnx:
     /usr/bin/python3 tests/data/onnx/generate.py
@@ -12,6 +16,8 @@ The files are committed; the tests only read them.
 """
 import json
 import os
+import shutil
+import struct
 
 import onnx
 from onnx import TensorProto, helper
@@ -212,7 +218,162 @@ def write_bad_models():
             out.write(data)
 
 
+# --- Training the MLP export (tests/sessions/onnx_training_test.cpp) ---------------------------------
+
+TRAIN_SAMPLES = 192   # 24 steps of a global batch of 8, in file order
+TEST_SAMPLES = 40
+TRAIN_STEPS = 24
+GLOBAL_BATCH = 8
+SAMPLE_FOLDER = os.path.join(HERE, "..", "..", "..", "samples", "configs", "mlp_onnx")
+
+# The optimizers of the reference, as tessera's run config writes them.
+OPTIMIZERS = {
+    "sgd": {"type": "sgd", "learningRate": 0.1},
+    "sgd-momentum": {"type": "sgd", "learningRate": 0.05, "momentum": 0.9, "dampening": 0.1,
+                     "weightDecay": 0.01},
+    "adam": {"type": "adam", "learningRate": 0.01, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8},
+}
+
+
+def write_safetensors(path, tensors):
+    """The safetensors format (8-byte header length, JSON header, little-endian data), written by hand
+    so that the generator needs no safetensors package."""
+    header, blobs, offset = {}, [], 0
+    for name, tensor in tensors.items():
+        dtype = {torch.float32: "F32", torch.float64: "F64", torch.int64: "I64", torch.int32: "I32"}[tensor.dtype]
+        data = tensor.contiguous().numpy().astype(tensor.numpy().dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":"))
+    text += " " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(text)))
+        out.write(text.encode())
+        for blob in blobs:
+            out.write(blob)
+
+
+def mlp_from_onnx(path):
+    """The Mlp module with the ONNX file's initializers: the weights tessera starts from."""
+    from onnx import numpy_helper
+    model = Mlp()
+    values = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in onnx.load(path).graph.initializer}
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.copy_(values[name])
+    return model
+
+
+def tessera_update(options, parameters, state, step):
+    """One update of tessera's optimizers (optimizers/sgd.cc, optimizers/adam.cc), in float32:
+    SGD (PyTorch semantics): g' = g + weightDecay w; v = g' at the first step, else
+    momentum v + (1 - dampening) g'; w -= learningRate v (g' without momentum).
+    Adam: m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; w -= learningRate m c1 / (sqrt(v) c2 + eps)
+    with c1 = 1 / (1 - b1^t) and c2 = 1 / sqrt(1 - b2^t), t = step + 1."""
+    lr = options["learningRate"]
+    with torch.no_grad():
+        for name, w in parameters:
+            g = w.grad.clone()
+            if options["type"] == "sgd":
+                wd, momentum = options.get("weightDecay", 0.0), options.get("momentum", 0.0)
+                if wd > 0:
+                    g = g + w * wd
+                if momentum > 0:
+                    if step == 0:
+                        state[name] = g.clone()
+                    else:
+                        state[name] = state[name] * momentum + g * (1.0 - options.get("dampening", 0.0))
+                    g = state[name]
+                w.sub_(g * lr)
+            else:
+                b1, b2, eps = options["beta1"], options["beta2"], options["eps"]
+                m, v = state.get(name, (torch.zeros_like(w), torch.zeros_like(w)))
+                m = m * b1 + g * (1.0 - b1)
+                v = v * b2 + (g * g) * (1.0 - b2)
+                state[name] = (m, v)
+                t = step + 1
+                c1 = 1.0 / (1.0 - b1 ** t)
+                c2 = 1.0 / (1.0 - b2 ** t) ** 0.5
+                w.sub_((m * c1 / (v.sqrt() * c2 + eps)) * lr)
+            w.grad = None
+
+
+def write_training_reference():
+    generator = torch.Generator().manual_seed(2024)
+    # A learnable task: the class is the argmax of a fixed linear map of the sample.
+    teacher = torch.randn(6, 4, generator=generator)
+    x = torch.randn(TRAIN_SAMPLES + TEST_SAMPLES, 2, 3, generator=generator)
+    labels = (x.reshape(-1, 6) @ teacher).argmax(dim=1).to(torch.int64)
+    train = {"x": x[:TRAIN_SAMPLES], "labels": labels[:TRAIN_SAMPLES]}
+    test = {"x": x[TRAIN_SAMPLES:], "labels": labels[TRAIN_SAMPLES:]}
+    write_safetensors(os.path.join(HERE, "mlp_train.safetensors"), train)
+    write_safetensors(os.path.join(HERE, "mlp_test.safetensors"), test)
+
+    runs = {}
+    for key, options in OPTIMIZERS.items():
+        model = mlp_from_onnx(os.path.join(HERE, "mlp.onnx"))
+        parameters = list(model.named_parameters())
+        state, losses = {}, []
+        for step in range(TRAIN_STEPS):
+            batch = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
+            loss, _ = model(train["x"][batch], train["labels"][batch])
+            loss.backward()
+            losses.append(float(loss))
+            tessera_update(options, parameters, state, step)
+        with torch.no_grad():
+            test_loss, _ = model(test["x"], test["labels"])
+        runs[key] = {"optimizer": options, "losses": losses, "testLoss": float(test_loss),
+                     "weights": {name: p.detach().flatten().tolist() for name, p in parameters}}
+    with open(os.path.join(HERE, "mlp_training_reference.json"), "w") as out:
+        json.dump({"globalBatch": GLOBAL_BATCH, "steps": TRAIN_STEPS, "trainSamples": TRAIN_SAMPLES,
+                   "testSamples": TEST_SAMPLES, "runs": runs}, out, indent=1)
+        out.write("\n")
+
+    # The sample config's copy of the model and its data.
+    os.makedirs(SAMPLE_FOLDER, exist_ok=True)
+    shutil.copyfile(os.path.join(HERE, "mlp.onnx"), os.path.join(SAMPLE_FOLDER, "mlp.onnx"))
+    write_safetensors(os.path.join(SAMPLE_FOLDER, "train.safetensors"), train)
+    write_safetensors(os.path.join(SAMPLE_FOLDER, "test.safetensors"), test)
+
+
+def write_bad_tensor_files():
+    """Tensors datasets that do not fit the MLP export's inputs (x [batch, 2, 3] float, labels [batch] int64)
+    or are not safetensors files: the bad-input corpus's tensors/ folder (expected ids in
+    tests/data/bad/expected.json)."""
+    folder = os.path.join(HERE, "..", "bad", "tensors")
+    os.makedirs(folder, exist_ok=True)
+    x = torch.zeros(4, 2, 3)
+    labels = torch.tensor([0, 1, 2, 3], dtype=torch.int64)
+    files = {
+        "missing-labels.safetensors": {"x": x},
+        "misspelled-input.safetensors": {"x": x, "label": labels},
+        "x-float64.safetensors": {"x": x.to(torch.float64), "labels": labels},
+        "labels-float.safetensors": {"x": x, "labels": labels.to(torch.float32)},
+        "x-sample-shape.safetensors": {"x": torch.zeros(4, 3, 2), "labels": labels},
+        "x-flattened.safetensors": {"x": torch.zeros(4, 6), "labels": labels},
+        "labels-beyond-int32.safetensors": {"x": x, "labels": torch.tensor([0, 1, 2**31, 3], dtype=torch.int64)},
+        "lengths-differ.safetensors": {"x": x, "labels": labels[:3]},
+    }
+    for name, tensors in files.items():
+        write_safetensors(os.path.join(folder, name), tensors)
+    good = os.path.join(folder, "missing-labels.safetensors")
+    with open(good, "rb") as source:
+        raw = source.read()
+    raw_files = {
+        "empty.safetensors": b"",
+        "not-safetensors.safetensors": b"x,labels\n0.5,1\n",
+        "truncated.safetensors": raw[: len(raw) - 5],
+        "header-length-huge.safetensors": struct.pack("<Q", 1 << 40) + raw[8:],
+    }
+    for name, data in raw_files.items():
+        with open(os.path.join(folder, name), "wb") as out:
+            out.write(data)
+
+
 if __name__ == "__main__":
     main()
     write_old_opset_model()
     write_bad_models()
+    write_training_reference()
+    write_bad_tensor_files()
