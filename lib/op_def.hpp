@@ -34,6 +34,7 @@ enum class OpFamily {
   ShapeOp,
   Softmax,
   Gather,
+  Mask,
   Collective,
   Remote,
   Extension
@@ -221,6 +222,7 @@ void addReductionOps(OpTable& table);
 void addShapeOps(OpTable& table);
 void addSoftmaxOps(OpTable& table);
 void addGatherOps(OpTable& table);
+void addMaskOps(OpTable& table);
 void addCollectiveOps(OpTable& table);
 void addRemoteOps(OpTable& table);
 

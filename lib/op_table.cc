@@ -24,6 +24,7 @@ OpTable& opTable() {
     addShapeOps(t);
     addSoftmaxOps(t);
     addGatherOps(t);
+    addMaskOps(t);
     addCollectiveOps(t);
     addRemoteOps(t);
     return t;

@@ -167,6 +167,16 @@ Tensor pow(Tensor a, Tensor b) { return binary(OpKind::Pow, a, b); }
 Tensor batchMatmul(Tensor a, Tensor b) { return binary(OpKind::BatchMatMul, a, b); }
 Tensor gather(Tensor data, Tensor indices) { return binary(OpKind::Gather, data, indices); }
 Tensor softmax(Tensor x) { return unary(OpKind::Softmax, x); }
+Tensor equal(Tensor a, Tensor b) { return binary(OpKind::Equal, a, b); }
+Tensor less(Tensor a, Tensor b) { return binary(OpKind::Less, a, b); }
+Tensor greater(Tensor a, Tensor b) { return binary(OpKind::Greater, a, b); }
+Tensor logicalNot(Tensor x) { return unary(OpKind::Not, x); }
+Tensor logicalAnd(Tensor a, Tensor b) { return binary(OpKind::And, a, b); }
+Tensor logicalOr(Tensor a, Tensor b) { return binary(OpKind::Or, a, b); }
+Tensor where(Tensor cond, Tensor x, Tensor y) {
+  Graph& graph = graphOf(opName(OpKind::Where), {cond, x, y});
+  return single(graph, graph.addOp(OpKind::Where, {cond.id(), x.id(), y.id()}));
+}
 Tensor logSoftmax(Tensor x) { return unary(OpKind::LogSoftmax, x); }
 
 Tensor softmaxCrossEntropy(Tensor logits, Tensor labels, ReductionType reduction) {

@@ -15,13 +15,12 @@ namespace tessera::onnx_import {
 namespace {
 
 // Ops evaluated only when their inputs are known at import (shape arithmetic).
-const std::vector<std::string> kFoldOnlyOps = {
-    "ConstantOfShape", "Equal", "Gather", "Greater", "GreaterOrEqual", "Less",
-    "LessOrEqual",     "And",   "Or",     "Not",     "Range",          "Where"};
+const std::vector<std::string> kFoldOnlyOps = {"ConstantOfShape", "Gather", "Range"};
 
 const std::vector<std::string> kMappedOps = {
     "Abs",
     "Add",
+    "And",
     "Cast",
     "Clip",
     "Concat",
@@ -29,20 +28,28 @@ const std::vector<std::string> kMappedOps = {
     "Div",
     "Dropout",
     "Elu",
+    "Equal",
     "Erf",
     "Exp",
     "Expand",
     "Flatten",
     "Gather",
     "Gemm",
+    "Greater",
+    "GreaterOrEqual",
     "Identity",
     "LayerNormalization",
     "LeakyRelu",
+    "Less",
+    "LessOrEqual",
     "Log",
     "LogSoftmax",
     "MatMul",
     "Mul",
     "Neg",
+    "NegativeLogLikelihoodLoss",
+    "Not",
+    "Or",
     "Pow",
     "Reciprocal",
     "ReduceMean",
@@ -66,6 +73,7 @@ const std::vector<std::string> kMappedOps = {
     "Tile",
     "Transpose",
     "Unsqueeze",
+    "Where",
 };
 
 // One-input elementwise ops with a tessera op of their own (attributes, if
@@ -98,8 +106,8 @@ void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& s
     required = 1;
   } else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" || op == "MatMul" ||
              op == "Gemm" || op == "Reshape" || op == "Expand" || op == "SoftmaxCrossEntropyLoss" ||
-             op == "Gather" || op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" ||
-             op == "GreaterOrEqual" || op == "And" || op == "Or") {
+             op == "NegativeLogLikelihoodLoss" || op == "Gather" || op == "Equal" || op == "Less" ||
+             op == "Greater" || op == "LessOrEqual" || op == "GreaterOrEqual" || op == "And" || op == "Or") {
     required = 2;
   } else if (op == "Unsqueeze") {
     required = opset >= 13 ? 2 : 1;
@@ -133,7 +141,7 @@ std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
       op == "Log" || op == "Sqrt" || op == "Identity" || op == "Dropout" || op == "Softmax" ||
       op == "LogSoftmax" || op == "ReduceSum" || op == "ReduceMean" || op == "Reshape" || op == "Flatten" ||
       op == "Transpose" || op == "Slice" || op == "Expand" || op == "Unsqueeze" || op == "Squeeze" ||
-      op == "Cast" || op == "SoftmaxCrossEntropyLoss")
+      op == "Cast" || op == "SoftmaxCrossEntropyLoss" || op == "NegativeLogLikelihoodLoss")
     return {0};
   return {};
 }
@@ -243,6 +251,51 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
                           op, fmt::join(kMappedOps, ", "), fmt::join(kFoldOnlyOps, ", ")));
   }
 
+  if (op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" || op == "GreaterOrEqual") {
+    // Masks are float32 0/1 (tessera's mask ops). a <= b is (a < b) or
+    // (a == b), exact for NaN too.
+    Tensor a = operand(node, 0, subject);
+    Tensor b = operand(node, 1, subject);
+    if (a.dtype() != b.dtype())
+      unsupported(fmt::format("inputs of types {} and {}: {} compares two float or two integer values",
+                              typeName(values_.at(node.input(0)).type),
+                              typeName(values_.at(node.input(1)).type), op));
+    Tensor y = op == "Equal"         ? ops::equal(a, b)
+               : op == "Less"        ? ops::less(a, b)
+               : op == "Greater"     ? ops::greater(a, b)
+               : op == "LessOrEqual" ? ops::logicalOr(ops::less(a, b), ops::equal(a, b))
+                                     : ops::logicalOr(ops::greater(a, b), ops::equal(a, b));
+    setOutput(node, 0, y, onnx::TensorProto::BOOL);
+    return;
+  }
+  if (op == "Not" || op == "And" || op == "Or") {
+    std::vector<Tensor> in;
+    for (int k = 0; k < (op == "Not" ? 1 : 2); ++k) {
+      if (values_.at(node.input(k)).type != onnx::TensorProto::BOOL)
+        unsupported(fmt::format("input {} (\"{}\") is {}; {} takes bool values", k, node.input(k),
+                                typeName(values_.at(node.input(k)).type), op));
+      in.push_back(operand(node, k, subject));
+    }
+    Tensor y = op == "Not"   ? ops::logicalNot(in[0])
+               : op == "And" ? ops::logicalAnd(in[0], in[1])
+                             : ops::logicalOr(in[0], in[1]);
+    setOutput(node, 0, y, onnx::TensorProto::BOOL);
+    return;
+  }
+  if (op == "Where") {
+    if (values_.at(node.input(0)).type != onnx::TensorProto::BOOL)
+      unsupported(fmt::format("the condition \"{}\" is {}; bool expected", node.input(0),
+                              typeName(values_.at(node.input(0)).type)));
+    Tensor cond = operand(node, 0, subject);
+    Tensor x = operand(node, 1, subject);
+    Tensor y = operand(node, 2, subject);
+    const int32_t type = values_.at(node.input(1)).type;
+    if (x.dtype() != y.dtype())
+      unsupported(fmt::format("x is {} and y {}: Where selects between values of one type", typeName(type),
+                              typeName(values_.at(node.input(2)).type)));
+    setOutput(node, 0, ops::where(cond, x, y), type);
+    return;
+  }
   if (op == "Identity") {
     values_[node.output(0)] = values_.at(node.input(0));
     return;
@@ -599,13 +652,33 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
   if (op == "Cast") {
     const int64_t to = intAttribute(node, "to", -1, subject);
     const Value& in = values_.at(node.input(0));
+    if (in.type == onnx::TensorProto::BOOL &&
+        (to == onnx::TensorProto::FLOAT || to == onnx::TensorProto::BOOL)) {
+      // A mask is float32 0/1 already.
+      Value out = in;
+      out.type = static_cast<int32_t>(to);
+      values_[node.output(0)] = out;
+      return;
+    }
+    if (to == onnx::TensorProto::BOOL &&
+        (in.type == onnx::TensorProto::FLOAT || in.type == onnx::TensorProto::INT64 ||
+         in.type == onnx::TensorProto::INT32)) {
+      // Anything not zero is true (NaN too, as numpy casts it).
+      Tensor x = operand(node, 0, subject);
+      const Tensor zero = x.dtype() == DType::Float32
+                              ? scalar(0.0)
+                              : ops::constant(graph_, graph_.uniqueName("zero"), {0.0F}, {}, DType::Int32);
+      setOutput(node, 0, ops::logicalNot(ops::equal(x, zero)), onnx::TensorProto::BOOL);
+      return;
+    }
     const bool floatToFloat = in.type == onnx::TensorProto::FLOAT && to == onnx::TensorProto::FLOAT;
     const bool intToInt = (in.type == onnx::TensorProto::INT64 || in.type == onnx::TensorProto::INT32) &&
                           (to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32);
     if (!floatToFloat && !intToInt)
       unsupported(
           fmt::format("cast from {} to {} of a computed value: the device has no conversion op (float to "
-                      "float and between int32/int64 pass through)",
+                      "float and between int32/int64 pass through; bool to float and any to bool are "
+                      "masks)",
                       typeName(in.type), typeName(static_cast<int32_t>(to))));
     Value out = in;
     out.type = static_cast<int32_t>(to);
@@ -677,35 +750,88 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     setOutput(node, 0, y);
     return;
   }
-  if (op == "SoftmaxCrossEntropyLoss") {
+  if (op == "SoftmaxCrossEntropyLoss" || op == "NegativeLogLikelihoodLoss") {
+    // Scores [N, C, d1...] and labels [N, d1...]. [N, C] scores with reduction
+    // mean or sum, no weights and no ignored class run tessera's fused
+    // SoftmaxCrossEntropy (which refuses labels outside [0, C)). Everything
+    // else is composed exactly: log-probabilities with the class axis last,
+    // a one-hot mask of the labels (Equal against the class indices), the
+    // picked values summed, ignored labels masked out; mean divides by the
+    // summed weights of the labels kept (their count without weights), as
+    // ONNX and PyTorch do. A label outside [0, C) that is not ignore_index
+    // selects no class there (loss 0) where PyTorch raises.
+    const bool softmax = op == "SoftmaxCrossEntropyLoss";
     Tensor scores = operand(node, 0, subject);
     requireFloat(scores, node, 0, subject);
-    if (scores.shape().size() != 2)
-      unsupported(fmt::format("scores {} have rank {}; only [N, C] is supported", shapeStr(scores.shape()),
-                              scores.shape().size()));
-    if (node.input_size() > 2 && !node.input(2).empty()) unsupported("class weights are not supported");
+    const Shape shape = scores.shape();
+    const auto rank = static_cast<int64_t>(shape.size());
+    if (rank < 2) unsupported(fmt::format("scores {} need a class axis: [N, C, d1...]", shapeStr(shape)));
     const std::string reduction = stringAttribute(node, "reduction", "mean", subject);
-    if (reduction != "mean" && reduction != "sum")
-      unsupported(fmt::format("reduction \"{}\": only \"mean\" and \"sum\" are supported", reduction));
-    // Labels are class indices in [0, C) (the device refuses others), so an
-    // ignore_index outside that range never matches one: torch always
-    // writes ignore_index (-100 by default).
-    const int64_t classes = scores.shape()[1];
-    if (const auto* ignore = findAttribute(node, "ignore_index")) {
-      const int64_t index = intAttribute(node, "ignore_index", 0, subject);
-      if (index >= 0 && index < classes)
-        unsupported(
-            fmt::format("ignore_index {} is a class index (of {} classes); ignoring labels is not supported",
-                        ignore->i(), classes));
-    }
+    if (reduction != "mean" && reduction != "sum" && reduction != "none")
+      unsupported(fmt::format("reduction \"{}\": only \"mean\", \"sum\" and \"none\" exist", reduction));
     Tensor labels = operand(node, 1, subject);
     if (labels.dtype() != DType::Int32)
       unsupported(fmt::format("labels \"{}\" are {}; int64 or int32 class indices are supported",
                               node.input(1), typeName(values_.at(node.input(1)).type)));
-    setOutput(node, 0,
-              ops::softmaxCrossEntropy(scores, labels,
-                                       reduction == "mean" ? ReductionType::Mean : ReductionType::Sum));
-    if (node.output_size() > 1) setOutput(node, 1, ops::logSoftmax(scores));
+    Shape labelShape = shape;
+    labelShape.erase(labelShape.begin() + 1);
+    if (labels.shape() != labelShape)
+      throwOnnx(ErrorCode::OnnxNodeShape, subject,
+                fmt::format("labels {} do not fit scores {}: expected {}", shapeStr(labels.shape()),
+                            shapeStr(shape), shapeStr(labelShape)));
+    const int64_t classes = shape[1];
+    const bool hasWeights = node.input_size() > 2 && !node.input(2).empty();
+    const bool hasIgnore = findAttribute(node, "ignore_index") != nullptr;
+    const int64_t ignore = intAttribute(node, "ignore_index", 0, subject);
+    const bool ignoresAClass = hasIgnore && ignore >= 0 && ignore < classes;
+    if (softmax && rank == 2 && reduction != "none" && !hasWeights && !ignoresAClass) {
+      setOutput(node, 0,
+                ops::softmaxCrossEntropy(scores, labels,
+                                         reduction == "mean" ? ReductionType::Mean : ReductionType::Sum));
+      if (node.output_size() > 1) setOutput(node, 1, ops::logSoftmax(scores));
+      return;
+    }
+    // The class axis last: [N, d1..., C].
+    std::vector<int64_t> perm{0};
+    for (int64_t a = 2; a < rank; ++a) perm.push_back(a);
+    perm.push_back(1);
+    std::vector<int64_t> back(perm.size());
+    for (std::size_t a = 0; a < perm.size(); ++a)
+      back[static_cast<std::size_t>(perm[a])] = static_cast<int64_t>(a);
+    Tensor logp = rank == 2 ? scores : ops::transpose(scores, perm);
+    if (softmax) logp = ops::logSoftmax(logp);
+    if (softmax && node.output_size() > 1 && !node.output(1).empty())
+      setOutput(node, 1, rank == 2 ? logp : ops::transpose(logp, back));
+    std::vector<float> indices(static_cast<std::size_t>(classes));
+    for (std::size_t c = 0; c < indices.size(); ++c) indices[c] = static_cast<float>(c);
+    const Tensor classIndex = ops::constant(graph_, graph_.uniqueName(node.output(0) + ".classes"),
+                                            std::move(indices), {classes}, DType::Int32);
+    Shape column = labelShape;
+    column.push_back(1);
+    Tensor picked = ops::equal(ops::reshape(labels, column), classIndex);  // [N, d..., C] one-hot
+    if (hasWeights) {
+      Tensor weights = operand(node, 2, subject);
+      requireFloat(weights, node, 2, subject);
+      if (weights.shape() != Shape{classes})
+        throwOnnx(ErrorCode::OnnxNodeShape, subject,
+                  fmt::format("weights {} must be [C] = [{}]", shapeStr(weights.shape()), classes));
+      picked = ops::mul(picked, weights);
+    }
+    if (hasIgnore) {
+      if (ignore < -(int64_t{1} << 24) || ignore > (int64_t{1} << 24))
+        unsupported(fmt::format("ignore_index {} does not fit the device's integers (|v| <= 2^24)", ignore));
+      const Tensor ignored = ops::constant(graph_, graph_.uniqueName(node.output(0) + ".ignore_index"),
+                                           {static_cast<float>(ignore)}, {}, DType::Int32);
+      picked = ops::mul(picked, ops::reshape(ops::logicalNot(ops::equal(labels, ignored)), column));
+    }
+    const Tensor losses = ops::neg(ops::reduceSum(ops::mul(picked, logp), {-1}));  // [N, d...]
+    Tensor loss = losses;
+    if (reduction == "sum") {
+      loss = ops::reduceSum(losses);
+    } else if (reduction == "mean") {
+      loss = ops::div(ops::reduceSum(losses), ops::reduceSum(picked));
+    }
+    setOutput(node, 0, loss);
     return;
   }
   throwOnnx(ErrorCode::OnnxUnsupportedOp, subject, fmt::format("op type {} is not supported", op));

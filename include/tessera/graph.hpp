@@ -80,9 +80,9 @@ enum class OpKind : uint16_t {
   Variable,  // persistent state initialised from host data
   Constant,  // value baked into the program
   // Dense math.
-  MatMul,  // [.., M, K] x [K, N] -> [.., M, N]; batched left operand allowed
+  MatMul,       // [.., M, K] x [K, N] -> [.., M, N]; batched left operand allowed
   BatchMatMul,  // [B.., M, K] x [B.., K, N] -> [B.., M, N]: one product per batch index
-  Add,     // numpy broadcasting for Add, Sub, Mul, Div
+  Add,          // numpy broadcasting for Add, Sub, Mul, Div
   Sub,
   Mul,
   Div,
@@ -95,15 +95,15 @@ enum class OpKind : uint16_t {
   Log,
   Sqrt,
   Abs,
-  Sign,        // -1, 0 or 1; zero gradient
+  Sign,  // -1, 0 or 1; zero gradient
   Erf,
-  Reciprocal,  // 1 / x
-  Softplus,    // log(1 + exp(x))
-  LeakyRelu,   // x > 0 ? x : a x
-  Elu,         // x > 0 ? x : a (exp(x) - 1)
-  Selu,        // b (x > 0 ? x : a (exp(x) - 1))
-  Clip,        // min(max(x, a), b)
-  Pow,         // a ^ b, numpy broadcasting
+  Reciprocal,           // 1 / x
+  Softplus,             // log(1 + exp(x))
+  LeakyRelu,            // x > 0 ? x : a x
+  Elu,                  // x > 0 ? x : a (exp(x) - 1)
+  Selu,                 // b (x > 0 ? x : a (exp(x) - 1))
+  Clip,                 // min(max(x, a), b)
+  Pow,                  // a ^ b, numpy broadcasting
   Softmax,              // along the last axis
   LogSoftmax,           // along the last axis
   SoftmaxCrossEntropy,  // logits [N, C] float, labels [N] int32 -> scalar (`reduction` Sum or Mean)
@@ -119,6 +119,15 @@ enum class OpKind : uint16_t {
   CopyInplace,       // (dst, src): dst = src; the output aliases dst
   ArgMax,            // along the last axis, int32 output, no gradient
   Gather,            // (data [V, D...], indices int32 [I...]) -> rows [I..., D...]
+  // Masks: float32 tensors of 0 and 1 (1 = true); every input non-zero counts
+  // as true. Comparisons and logic broadcast (numpy rules) and have no gradient.
+  Equal,    // (a, b) -> a == b, of two float32 or two int32 values
+  Less,     // a < b
+  Greater,  // a > b
+  Not,      // x == 0
+  And,      // a != 0 && b != 0
+  Or,       // a != 0 || b != 0
+  Where,    // (cond, x, y) -> cond != 0 ? x : y, the three broadcast; a select, so -inf in y is kept
   // Gradient helpers, produced by autodiff (also usable directly).
   ReluGrad,                 // (dy, x) -> dy * (x > 0)
   GeluGrad,                 // (dy, x) -> dy * gelu'(x)
@@ -189,6 +198,13 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::CopyInplace, std::string_view{"CopyInplace"}},
       std::pair{OpKind::ArgMax, std::string_view{"ArgMax"}},
       std::pair{OpKind::Gather, std::string_view{"Gather"}},
+      std::pair{OpKind::Equal, std::string_view{"Equal"}},
+      std::pair{OpKind::Less, std::string_view{"Less"}},
+      std::pair{OpKind::Greater, std::string_view{"Greater"}},
+      std::pair{OpKind::Not, std::string_view{"Not"}},
+      std::pair{OpKind::And, std::string_view{"And"}},
+      std::pair{OpKind::Or, std::string_view{"Or"}},
+      std::pair{OpKind::Where, std::string_view{"Where"}},
       std::pair{OpKind::ReluGrad, std::string_view{"ReluGrad"}},
       std::pair{OpKind::GeluGrad, std::string_view{"GeluGrad"}},
       std::pair{OpKind::LeakyReluGrad, std::string_view{"LeakyReluGrad"}},
@@ -227,8 +243,8 @@ std::string_view opName(OpKind kind) noexcept;
 struct OpAttributes {
   std::vector<int64_t> axes{};  // ReduceSum/Mean, Transpose (permutation)
   bool keepDims = false;        // ReduceSum/Mean
-  Shape shape{};                // Reshape, BroadcastTo, ReduceToShape, SlicePad, ReplicaShardedPad, AllGather,
-                                // GatherGrad
+  Shape shape{};  // Reshape, BroadcastTo, ReduceToShape, SlicePad, ReplicaShardedPad, AllGather,
+                  // GatherGrad
   std::vector<int64_t> starts{};  // Slice, SlicePad
   std::vector<int64_t> ends{};    // Slice, SlicePad
   int64_t axis = 0;               // Concat

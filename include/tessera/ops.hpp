@@ -108,7 +108,7 @@ Tensor matmul(Tensor a, Tensor b);  // [.., M, K] x [K, N] -> [.., M, N]
 // [B.., M, K] x [B.., K, N] -> [B.., M, N] with the same batch dimensions B..
 // (rank >= 3): one product per batch index, as attention's scores.
 Tensor batchMatmul(Tensor a, Tensor b);
-Tensor add(Tensor a, Tensor b);     // numpy broadcasting for add, sub, mul, div
+Tensor add(Tensor a, Tensor b);  // numpy broadcasting for add, sub, mul, div
 Tensor sub(Tensor a, Tensor b);
 Tensor mul(Tensor a, Tensor b);
 Tensor div(Tensor a, Tensor b);
@@ -141,6 +141,19 @@ Tensor pow(Tensor a, Tensor b);
 // negative counts from the end): [I..., D...], an embedding lookup. The
 // gradient adds dy's rows into the rows the indices name.
 Tensor gather(Tensor data, Tensor indices);
+// Masks are float32 0/1 tensors (1 = true; any non-zero input counts as
+// true). Comparisons take two float32 or two int32 values; all broadcast
+// (numpy rules) and have no gradient.
+Tensor equal(Tensor a, Tensor b);
+Tensor less(Tensor a, Tensor b);
+Tensor greater(Tensor a, Tensor b);
+Tensor logicalNot(Tensor x);
+Tensor logicalAnd(Tensor a, Tensor b);
+Tensor logicalOr(Tensor a, Tensor b);
+// cond != 0 ? x : y per element, the three broadcast (numpy rules); a select,
+// so a -inf in the value not taken never turns into NaN. The gradient goes
+// to x where cond holds and to y elsewhere.
+Tensor where(Tensor cond, Tensor x, Tensor y);
 Tensor softmax(Tensor x);     // along the last axis
 Tensor logSoftmax(Tensor x);  // along the last axis
 // logits [N, C], labels [N] int32 -> scalar: -sum_n log softmax(logits)[n, label_n],

@@ -210,7 +210,9 @@ TEST_CASE("bad models are refused with their id and a message that names the nod
        "it known "
        "at import (a constant, or shape arithmetic on constants)"},
       {"double-input.onnx", ErrorCode::OnnxUnsupportedFeature,
-       ": input x: element type double is not supported; graph inputs may be float, int64 or int32"},
+       ": input x: element type double is not supported; graph inputs may be float, bool (a float32 0/1 "
+       "mask), "
+       "int64 or int32"},
   };
   OnnxImportOptions options;
   options.dimensions = {{"batch", 2}};
@@ -233,7 +235,7 @@ TEST_CASE("an unsupported op names the node, its op type, the opset and the supp
   CHECK(error->code() == ErrorCode::OnnxUnsupportedOp);
   CHECK(error->subject() == path + ": node conv1 (Conv, opset 14)");
   CHECK(error->detail().starts_with(
-      "op type Conv is not supported; supported: Abs, Add, Cast, Clip, Concat, Constant, Div,"));
+      "op type Conv is not supported; supported: Abs, Add, And, Cast, Clip, Concat, Constant, Div,"));
   CHECK(error->detail().find("SoftmaxCrossEntropyLoss") != std::string::npos);
   CHECK(error->detail().find("on values known at import also: ConstantOfShape") != std::string::npos);
 }

@@ -98,7 +98,23 @@ const std::vector<std::string> kClaimed = {"test_add",
                                            "test_split_variable_parts_2d",
                                            "test_split_equal_parts_default_axis",
                                            "test_tile",
-                                           "test_tile_precomputed"};
+                                           "test_tile_precomputed",
+                                           "test_where_example",
+                                           "test_where_long_example",
+                                           "test_greater_bcast",
+                                           "test_less",
+                                           "test_greater_equal_bcast",
+                                           "test_less_equal",
+                                           "test_sce_none",
+                                           "test_sce_none_weights_log_prob",
+                                           "test_sce_mean_weight_ii_3d",
+                                           "test_sce_mean_no_weight_ii_4d_log_prob",
+                                           "test_sce_NCd1d2d3_sum_weight_high_ii_log_prob",
+                                           "test_sce_NCd1d2d3d4d5_none_no_weight_expanded",
+                                           "test_nllloss_NC",
+                                           "test_nllloss_NCd1_mean_weight_negative_ii",
+                                           "test_nllloss_NCd1d2_with_weight_reduction_mean",
+                                           "test_nllloss_NCd1d2d3d4d5_none_no_weight"};
 
 TEST_CASE("every node test of a claimed op passes") {
   REQUIRE_MESSAGE(fs::is_directory(kNodeTests), "install libonnx-testdata (scripts/setup.sh does)");

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <map>
 #include <new>
 #include <set>
@@ -186,6 +187,25 @@ const std::vector<Case>& cases() {
          table.shape = {5, 4};
          make(g, OpKind::GatherGrad, {s.x, s.labels}, table);
          make(g, OpKind::GatherGrad, {ops::gather(s.wT, fixed), fixed}, table);
+       }},
+      {"comparisons, logic on masks and where with broadcasting",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const Tensor h = ops::matmul(s.x, s.wg1);
+         const Tensor positive = ops::greater(h, ops::scalar(g, 0.0));
+         const Tensor below = ops::less(s.x, s.vg2);
+         ops::equal(s.labels, ops::constant(g, "two", {2}, {}, DType::Int32));
+         ops::equal(ops::relu(s.x), s.vg1);
+         const Tensor either = ops::logicalOr(below, ops::logicalNot(ops::less(s.vg1, ops::scalar(g, 0.0))));
+         ops::logicalAnd(either, ops::reshape(ops::greater(s.vg2, ops::scalar(g, 0.0)), {4}));
+         // masked_fill with -inf: a select keeps -inf, and softmax of the row gives 0 there.
+         const Tensor causal = ops::constant(g, "causal", {1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0}, {3, 4});
+         const Tensor masked = ops::where(ops::logicalNot(causal),
+                                          ops::scalar(g, -std::numeric_limits<double>::infinity()), s.x);
+         ops::softmax(masked);
+         ops::where(positive, h, ops::reshape(s.bias, {1, 5}));
+         ops::where(ops::reshape(below, {3, 4, 1}), ops::reshape(s.vg1, {4, 1}), s.bias);
+         ops::where(ops::scalar(g, 1.0), s.labels, ops::constant(g, "seven", {7}, {}, DType::Int32));
        }},
       {"softmax, cross entropy and argmax",
        [](Sources& s) {
@@ -796,7 +816,8 @@ TEST_CASE("a chain keeps values that only its later steps read in scratch when t
   const auto& feeds = m.feeds;
   const ReferenceEvaluator& oracle = m.oracle;
 
-  SUBCASE("decayed, scaledGrad and step live in scratch, updated is written straight into v; none is stored") {
+  SUBCASE(
+      "decayed, scaledGrad and step live in scratch, updated is written straight into v; none is stored") {
     Program program{g};
     program.hostReads = std::vector<TensorId>{result.id()};
     auto executable = makeSimDevice()->load(std::move(program));
@@ -828,7 +849,8 @@ TEST_CASE("a chain keeps values that only its later steps read in scratch when t
     test::runDevice(*executable, feeds);
     const std::vector<float> got = test::deviceValue(*executable, g, updated.id(), 0);
     REQUIRE(got.size() == 40 * 30);
-    for (std::size_t k = 0; k < got.size(); ++k) CHECK(test::close(got[k], oracle.value(updated.id(), 0)[k], 1e-6));
+    for (std::size_t k = 0; k < got.size(); ++k)
+      CHECK(test::close(got[k], oracle.value(updated.id(), 0)[k], 1e-6));
   }
   SUBCASE("without the list every value stays readable, and the reference plan keeps them all") {
     for (ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {

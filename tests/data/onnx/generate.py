@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Writes the ONNX fixtures of tests/onnx: a small MLP classifier exported by
 PyTorch with its loss inside the graph and a symbolic batch axis, and
-PyTorch's outputs for fixed inputs at several batch sizes; and the bad models
+PyTorch's outputs for fixed inputs at several batch sizes; a GPT-style decoder
+block (gpt_block.onnx, gpt_block_reference.json) with its next-token loss
+inside the graph; and the bad models
 of the bad-input corpus (tests/data/bad/onnx, expected ids in
 tests/data/bad/expected.json).
 
@@ -59,6 +61,80 @@ def main():
     weights = {name: p.detach().flatten().tolist() for name, p in model.named_parameters()}
     with open(os.path.join(HERE, "mlp_reference.json"), "w") as out:
         json.dump({"inputShape": [2, 3], "classes": 4, "weights": weights, "cases": cases}, out, indent=1)
+        out.write("\n")
+
+
+class GptBlock(torch.nn.Module):
+    """Token and learned position embeddings, one pre-LayerNorm decoder block
+    (causal self-attention of 2 heads written out with matmuls and a
+    registered causal mask filled with -inf; a GELU MLP of 4x), a final
+    LayerNorm and a linear head; the next-token cross-entropy is computed
+    inside the graph."""
+
+    VOCAB, DIM, SEQUENCE, HEADS = 32, 16, 8, 2
+
+    def __init__(self):
+        super().__init__()
+        d = self.DIM
+        self.tokens = torch.nn.Embedding(self.VOCAB, d)
+        self.positions = torch.nn.Embedding(self.SEQUENCE, d)
+        self.ln1 = torch.nn.LayerNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.ln2 = torch.nn.LayerNorm(d)
+        self.fc1 = torch.nn.Linear(d, 4 * d)
+        self.fc2 = torch.nn.Linear(4 * d, d)
+        self.lnf = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, self.VOCAB)
+        self.dropout = torch.nn.Dropout(0.0)
+        self.register_buffer("causal", torch.tril(torch.ones(self.SEQUENCE, self.SEQUENCE))
+                             .view(1, 1, self.SEQUENCE, self.SEQUENCE))
+        self.register_buffer("index", torch.arange(self.SEQUENCE))
+
+    def forward(self, tokens, targets):
+        n, t = tokens.shape
+        d, h = self.DIM, self.HEADS
+        x = self.tokens(tokens) + self.positions(self.index[:t])
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q = q.view(n, t, h, d // h).transpose(1, 2)
+        k = k.view(n, t, h, d // h).transpose(1, 2)
+        v = v.view(n, t, h, d // h).transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / (d // h) ** 0.5)
+        scores = scores.masked_fill(self.causal[:, :, :t, :t] == 0, float("-inf"))
+        attention = self.dropout(F.softmax(scores, dim=-1))
+        y = (attention @ v).transpose(1, 2).reshape(n, t, d)
+        x = x + self.proj(y)
+        x = x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        logits = self.head(self.lnf(x))
+        loss = F.cross_entropy(logits.reshape(-1, self.VOCAB), targets.reshape(-1))
+        return loss, logits
+
+
+def gpt_block():
+    torch.manual_seed(17)
+    model = GptBlock()
+    model.train()
+    s = GptBlock.SEQUENCE
+    tokens = torch.randint(0, GptBlock.VOCAB, (2, s))
+    path = os.path.join(HERE, "gpt_block.onnx")
+    torch.onnx.export(model, (tokens, tokens), path, input_names=["tokens", "targets"],
+                      output_names=["loss", "logits"], opset_version=14,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      dynamic_axes={"tokens": {0: "batch"}, "targets": {0: "batch"}, "logits": {0: "batch"}})
+    onnx.checker.check_model(onnx.load(path))
+
+    cases = []
+    generator = torch.Generator().manual_seed(5)
+    for batch in [1, 2, 4]:
+        # Next-token targets: the sequence shifted by one.
+        sequence = torch.randint(0, GptBlock.VOCAB, (batch, s + 1), generator=generator)
+        tokens, targets = sequence[:, :-1], sequence[:, 1:]
+        with torch.no_grad():
+            loss, logits = model(tokens, targets)
+        cases.append({"batch": batch, "tokens": tokens.flatten().tolist(), "targets": targets.flatten().tolist(),
+                      "loss": float(loss), "logits": logits.flatten().tolist()})
+    with open(os.path.join(HERE, "gpt_block_reference.json"), "w") as out:
+        json.dump({"sequence": s, "vocabulary": GptBlock.VOCAB, "cases": cases}, out, indent=1)
         out.write("\n")
 
 
@@ -128,4 +204,5 @@ def write_bad_models():
 
 if __name__ == "__main__":
     main()
+    gpt_block()
     write_bad_models()
