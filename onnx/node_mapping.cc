@@ -21,6 +21,7 @@ const std::vector<std::string> kMappedOps = {
     "Abs",
     "Add",
     "And",
+    "BatchNormalization",
     "Cast",
     "Clip",
     "Concat",
@@ -38,6 +39,7 @@ const std::vector<std::string> kMappedOps = {
     "Greater",
     "GreaterOrEqual",
     "Identity",
+    "InstanceNormalization",
     "LayerNormalization",
     "LeakyRelu",
     "Less",
@@ -45,11 +47,15 @@ const std::vector<std::string> kMappedOps = {
     "Log",
     "LogSoftmax",
     "MatMul",
+    "Max",
+    "Mean",
+    "Min",
     "Mul",
     "Neg",
     "NegativeLogLikelihoodLoss",
     "Not",
     "Or",
+    "PRelu",
     "Pow",
     "Reciprocal",
     "ReduceMean",
@@ -69,6 +75,7 @@ const std::vector<std::string> kMappedOps = {
     "Sqrt",
     "Squeeze",
     "Sub",
+    "Sum",
     "Tanh",
     "Tile",
     "Transpose",
@@ -111,8 +118,14 @@ void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& s
     required = 2;
   } else if (op == "Unsqueeze") {
     required = opset >= 13 ? 2 : 1;
-  } else if (op == "Slice" || op == "Range" || op == "Where") {
+  } else if (op == "Slice" || op == "Range" || op == "Where" || op == "InstanceNormalization") {
     required = 3;
+  } else if (op == "BatchNormalization") {
+    required = 5;
+  } else if (op == "PRelu") {
+    required = 2;
+  } else if (op == "Sum" || op == "Mean" || op == "Max" || op == "Min") {
+    required = 1;
   }
   if (required < 0) return;
   if (node.input_size() < required)
@@ -134,6 +147,12 @@ std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
     return all;
   }
   if (op == "Where") return {1, 2};
+  if (op == "BatchNormalization" || op == "InstanceNormalization") return {0, 1, 2};
+  if (op == "PRelu" || op == "Sum" || op == "Mean" || op == "Max" || op == "Min") {
+    std::vector<int> all(static_cast<std::size_t>(node.input_size()));
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
   if (isOneOf(op, kElementwiseOps) || op == "Clip" || op == "Gather") return {0};
   if (op == "LayerNormalization") return {0, 1, 2};
   if (op == "Split" || op == "Tile") return {0};
@@ -294,6 +313,116 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       unsupported(fmt::format("x is {} and y {}: Where selects between values of one type", typeName(type),
                               typeName(values_.at(node.input(2)).type)));
     setOutput(node, 0, ops::where(cond, x, y), type);
+    return;
+  }
+  if (op == "Sum" || op == "Mean" || op == "Max" || op == "Min") {
+    // Variadic, with numpy broadcasting: a chain of Adds (Mean divides by
+    // the count); Max and Min select with Where (a tie takes the later
+    // operand, and its gradient goes there).
+    std::vector<Tensor> in;
+    for (int k = 0; k < node.input_size(); ++k)
+      if (!node.input(k).empty()) in.push_back(operand(node, k, subject));
+    if (in.empty()) throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("{} without inputs", op));
+    const int32_t type = values_.at(node.input(0)).type;
+    for (std::size_t k = 0; k < in.size(); ++k)
+      if (in[k].dtype() != in[0].dtype() || (op == "Mean" && in[k].dtype() != DType::Float32))
+        unsupported(
+            fmt::format("inputs of different types (or a Mean of integers): {} needs float32 operands, "
+                        "or int32 ones for Sum, Max and Min",
+                        op));
+    Tensor y = in[0];
+    for (std::size_t k = 1; k < in.size(); ++k) {
+      if (op == "Sum" || op == "Mean") {
+        y = ops::add(y, in[k]);
+      } else {
+        y = ops::where(op == "Max" ? ops::greater(y, in[k]) : ops::less(y, in[k]), y, in[k]);
+      }
+    }
+    if (op == "Mean" && in.size() > 1) y = ops::div(y, scalar(static_cast<double>(in.size())));
+    if (in.size() == 1) {
+      values_[node.output(0)] = values_.at(node.input(0));
+      return;
+    }
+    setOutput(node, 0, y, type);
+    return;
+  }
+  if (op == "PRelu") {
+    // x < 0 ? slope * x : x, the slope broadcast to x: a select, so the
+    // slope's gradient is the sum of dy * x where x < 0.
+    Tensor x = operand(node, 0, subject);
+    requireFloat(x, node, 0, subject);
+    Tensor slope = operand(node, 1, subject);
+    requireFloat(slope, node, 1, subject);
+    setOutput(node, 0, ops::where(ops::less(x, scalar(0.0)), ops::mul(slope, x), x));
+    return;
+  }
+  if (op == "BatchNormalization" || op == "InstanceNormalization") {
+    // Composed of reductions and elementwise ops over the channel axis 1:
+    // statistics over N and the spatial axes (BatchNormalization in training
+    // mode), over the spatial axes of each (n, c) (InstanceNormalization), or
+    // the running statistics given (inference).
+    Tensor x = operand(node, 0, subject);
+    requireFloat(x, node, 0, subject);
+    const Shape shape = x.shape();
+    const auto rank = static_cast<int64_t>(shape.size());
+    if (rank < 2)
+      unsupported(fmt::format("input {} has no channel axis: [N, C, ...] expected", shapeStr(shape)));
+    const double epsilon = floatAttribute(node, "epsilon", 1e-5F, subject);
+    Shape channel(static_cast<std::size_t>(rank), 1);
+    channel[1] = shape[1];
+    auto perChannel = [&](int k, std::string_view what) {
+      Tensor t = operand(node, k, subject);
+      requireFloat(t, node, k, subject);
+      if (t.shape() != Shape{shape[1]})
+        throwOnnx(ErrorCode::OnnxNodeShape, subject,
+                  fmt::format("{} {} must be [C] = [{}]", what, shapeStr(t.shape()), shape[1]));
+      return ops::reshape(t, channel);
+    };
+    const Tensor scale = perChannel(1, "scale");
+    const Tensor bias = perChannel(2, "bias");
+    const bool instance = op == "InstanceNormalization";
+    const bool training = !instance && opset_ >= 14 && intAttribute(node, "training_mode", 0, subject) != 0;
+    int outputs = 0;
+    for (int k = 0; k < node.output_size(); ++k) outputs = node.output(k).empty() ? outputs : k + 1;
+    if (!instance && !training && outputs > 1)
+      unsupported(
+          fmt::format("{} outputs: before opset 14 the running statistics are outputs of training, "
+                      "which this importer computes from opset 14 on (training_mode = 1)",
+                      outputs));
+    Tensor y;
+    if (instance || training) {
+      std::vector<int64_t> axes;
+      for (int64_t a = instance ? 2 : 0; a < rank; ++a)
+        if (a != 1) axes.push_back(a);
+      if (axes.empty()) unsupported("InstanceNormalization of an input without spatial axes");
+      const Tensor mean = ops::reduceMean(x, axes, true);
+      const Tensor centred = ops::sub(x, mean);
+      const Tensor variance = ops::reduceMean(ops::mul(centred, centred), axes, true);
+      y = ops::add(ops::mul(ops::div(centred, ops::sqrt(ops::add(variance, scalar(epsilon)))), scale), bias);
+      if (training && outputs > 1) {
+        // ONNX's running statistics: input * momentum + batch * (1 - momentum),
+        // the batch variance the population one (as the spec's reference).
+        if (knownInput(node, 3) != nullptr || knownInput(node, 4) != nullptr)
+          unsupported(
+              "the running mean and variance are initializers (model state) in training mode; updating them "
+              "in place every step is not supported: export the model in inference mode (model.eval())");
+        const double momentum = floatAttribute(node, "momentum", 0.9F, subject);
+        auto running = [&](int k, const Tensor& batch) {
+          const Tensor input = operand(node, k, subject);
+          requireFloat(input, node, k, subject);
+          return ops::add(ops::mul(input, scalar(momentum)),
+                          ops::mul(ops::reshape(batch, {shape[1]}), scalar(1.0 - momentum)));
+        };
+        if (!node.output(1).empty()) setOutput(node, 1, running(3, mean));
+        if (outputs > 2 && !node.output(2).empty()) setOutput(node, 2, running(4, variance));
+      }
+    } else {
+      const Tensor mean = perChannel(3, "mean");
+      const Tensor variance = perChannel(4, "var");
+      y = ops::add(
+          ops::mul(ops::div(ops::sub(x, mean), ops::sqrt(ops::add(variance, scalar(epsilon)))), scale), bias);
+    }
+    setOutput(node, 0, y);
     return;
   }
   if (op == "Identity") {

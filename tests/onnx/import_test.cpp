@@ -209,6 +209,13 @@ TEST_CASE("bad models are refused with their id and a message that names the nod
        ": node reshape (Reshape, opset 14): input 1 (shape, \"s\") is computed by the model; tessera needs "
        "it known "
        "at import (a constant, or shape arithmetic on constants)"},
+      {"batchnorm-training-state.onnx", ErrorCode::OnnxUnsupportedFeature,
+       ": node bn (BatchNormalization, opset 14): the running mean and variance are initializers (model "
+       "state) "
+       "in training mode; updating them in place every step is not supported: export the model in inference "
+       "mode (model.eval())"},
+      {"where-float-condition.onnx", ErrorCode::OnnxUnsupportedFeature,
+       ": node where (Where, opset 14): the condition \"x\" is float; bool expected"},
       {"double-input.onnx", ErrorCode::OnnxUnsupportedFeature,
        ": input x: element type double is not supported; graph inputs may be float, bool (a float32 0/1 "
        "mask), "
@@ -235,7 +242,8 @@ TEST_CASE("an unsupported op names the node, its op type, the opset and the supp
   CHECK(error->code() == ErrorCode::OnnxUnsupportedOp);
   CHECK(error->subject() == path + ": node conv1 (Conv, opset 14)");
   CHECK(error->detail().starts_with(
-      "op type Conv is not supported; supported: Abs, Add, And, Cast, Clip, Concat, Constant, Div,"));
+      "op type Conv is not supported; supported: Abs, Add, And, BatchNormalization, Cast, Clip, Concat, "
+      "Constant, Div,"));
   CHECK(error->detail().find("SoftmaxCrossEntropyLoss") != std::string::npos);
   CHECK(error->detail().find("on values known at import also: ConstantOfShape") != std::string::npos);
 }

@@ -193,6 +193,13 @@ def write_bad_models():
         "node-without-input.onnx": model([helper.make_node("Relu", [], ["y"], name="relu")], [x], [y]),
         "dropout-empty-ratio.onnx": model([helper.make_node("Dropout", ["x", "ratio"], ["y"], name="dropout")],
                                           [x], [y], [helper.make_tensor("ratio", TensorProto.FLOAT, [0], [])]),
+        "batchnorm-training-state.onnx": model(
+            [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y", "rm", "rv"],
+                              name="bn", training_mode=1)],
+            [tensor("x", ["batch", 2, 3])], [tensor("y", ["batch", 2, 3])],
+            [helper.make_tensor(name, TensorProto.FLOAT, [2], [1.0, 1.0]) for name in ["scale", "bias", "mean", "var"]]),
+        "where-float-condition.onnx": model([helper.make_node("Where", ["x", "x", "x"], ["y"], name="where")],
+                                            [x], [y]),
         "double-input.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
                                    [tensor("x", [2, 4], TensorProto.DOUBLE)], [tensor("y", [2, 4], TensorProto.DOUBLE)]),
     }
