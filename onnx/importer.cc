@@ -110,7 +110,7 @@ OnnxModel Importer::run() {
   opset_ = defaultOpset(model_, source_);
   const auto& g = model_.graph();
 
-  OnnxModel result{Graph(options_.replicationFactor), {}, {}, {}, {}, opset_};
+  OnnxModel result{Graph(options_.replicationFactor), {}, {}, {}, {}, opset_, {}};
   std::unordered_set<std::string> initializerNames;
   for (const auto& init : g.initializer()) {
     if (!initializerNames.insert(init.name()).second)
@@ -158,6 +158,7 @@ OnnxModel Importer::run() {
     bindOutput(output.name());
     result.outputs.push_back(output.name());
   }
+  result.state = state_;
   result.graph = std::move(graph_);
   return result;
 }

@@ -210,6 +210,23 @@ void Importer::setOutput(const onnx::NodeProto& node, int k, Tensor t, int32_t t
 
 Tensor Importer::scalar(double value) { return ops::scalar(graph_, value); }
 
+Tensor Importer::stateVariable(const onnx::NodeProto& node, int k, const std::string& subject) {
+  const std::string& name = node.input(k);
+  Value& value = values_.at(name);
+  if (value.id != kNoTensor || !value.known || value.type != onnx::TensorProto::FLOAT)
+    throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,
+              fmt::format("input {} (\"{}\") holds state that the node updates in place; it must be a float "
+                          "initializer that no other node has used before",
+                          k, name));
+  const Known known = *value.known;
+  const TensorId id = addSource(OpKind::Variable, name, DType::Float32, known.shape,
+                                std::vector<float>(known.f.begin(), known.f.end()), subject);
+  graph_.tensor(id).category = TensorCategory::OptimizerState;
+  values_[name] = Value{std::nullopt, id, onnx::TensorProto::FLOAT};
+  state_.push_back(name);
+  return {&graph_, id};
+}
+
 void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) {
   const std::string& op = node.op_type();
   firstNewTensor_ = static_cast<TensorId>(graph_.tensors().size());
@@ -400,21 +417,39 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       const Tensor variance = ops::reduceMean(ops::mul(centred, centred), axes, true);
       y = ops::add(ops::mul(ops::div(centred, ops::sqrt(ops::add(variance, scalar(epsilon)))), scale), bias);
       if (training && outputs > 1) {
-        // ONNX's running statistics: input * momentum + batch * (1 - momentum),
-        // the batch variance the population one (as the spec's reference).
-        if (knownInput(node, 3) != nullptr || knownInput(node, 4) != nullptr)
-          unsupported(
-              "the running mean and variance are initializers (model state) in training mode; updating them "
-              "in place every step is not supported: export the model in inference mode (model.eval())");
+        // ONNX's running statistics: input * momentum + batch * (1 - momentum).
         const double momentum = floatAttribute(node, "momentum", 0.9F, subject);
-        auto running = [&](int k, const Tensor& batch) {
-          const Tensor input = operand(node, k, subject);
-          requireFloat(input, node, k, subject);
-          return ops::add(ops::mul(input, scalar(momentum)),
-                          ops::mul(ops::reshape(batch, {shape[1]}), scalar(1.0 - momentum)));
-        };
-        if (!node.output(1).empty()) setOutput(node, 1, running(3, mean));
-        if (outputs > 2 && !node.output(2).empty()) setOutput(node, 2, running(4, variance));
+        const Tensor batchMean = ops::reshape(mean, {shape[1]});
+        const Tensor batchVariance = ops::reshape(variance, {shape[1]});
+        if (knownInput(node, 3) != nullptr || knownInput(node, 4) != nullptr) {
+          // Initializers (a PyTorch export in training mode): the model's
+          // state, updated in place every step as PyTorch updates its
+          // buffers, with the unbiased batch variance. The outputs are the
+          // updated values.
+          const int64_t count = numElements(shape) / shape[1];
+          if (count < 2)
+            unsupported(
+                fmt::format("{} values per channel: the unbiased variance of the running statistics "
+                            "needs at least 2",
+                            count));
+          const Tensor runningMean = stateVariable(node, 3, subject);
+          const Tensor runningVariance = stateVariable(node, 4, subject);
+          const Tensor unbiased =
+              ops::mul(batchVariance, scalar(static_cast<double>(count) / static_cast<double>(count - 1)));
+          setOutput(node, 1, ops::scaledAddInplace(runningMean, batchMean, momentum, 1.0 - momentum));
+          if (outputs > 2)
+            setOutput(node, 2, ops::scaledAddInplace(runningVariance, unbiased, momentum, 1.0 - momentum));
+        } else {
+          // Computed inputs (ONNX's node tests): the spec's formula with the
+          // population variance.
+          auto running = [&](int k, const Tensor& batch) {
+            const Tensor input = operand(node, k, subject);
+            requireFloat(input, node, k, subject);
+            return ops::add(ops::mul(input, scalar(momentum)), ops::mul(batch, scalar(1.0 - momentum)));
+          };
+          if (!node.output(1).empty()) setOutput(node, 1, running(3, batchMean));
+          if (outputs > 2 && !node.output(2).empty()) setOutput(node, 2, running(4, batchVariance));
+        }
       }
     } else {
       const Tensor mean = perChannel(3, "mean");

@@ -86,6 +86,11 @@ struct OnnxModel {
   std::vector<std::string> weights;
   // The opset of the default domain the model was written for.
   int64_t opset = 0;
+  // The initializers that became Variables of category OptimizerState: state
+  // that ops update in place every step and no optimizer trains (the running
+  // mean and variance of BatchNormalization in training mode). Checkpoints
+  // hold them with the optimizer state.
+  std::vector<std::string> state;
 };
 
 // True when this build can read ONNX models.

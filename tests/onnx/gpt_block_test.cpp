@@ -17,6 +17,8 @@
 
 #include "tessera/device.hpp"
 #include "tessera/onnx.hpp"
+#include "tessera/ops.hpp"
+#include "tessera/optimizer.hpp"
 #include "tessera/session.hpp"
 #include "test_support.hpp"
 
@@ -92,6 +94,74 @@ TEST_CASE("the GPT block's loss and logits equal PyTorch's at every batch size a
       CHECK(worst <= 1e-5);
     }
   }
+}
+
+TEST_CASE(
+    "BatchNormalization in training mode: batch statistics, running statistics updated in place as PyTorch") {
+  std::ifstream in(test::sourcePath("tests/data/onnx/batchnorm_train_reference.json"), std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  const json reference = json::parse(text.str());
+  const auto batch = reference.at("batch").get<int64_t>();
+  OnnxImportOptions importOptions;
+  importOptions.dimensions = {{"batch", batch}};
+  OnnxModel model = importOnnx(test::sourcePath("tests/data/onnx/batchnorm_train.onnx"), importOptions);
+  CHECK(model.weights == std::vector<std::string>{"bn.weight", "bn.bias"});
+  CHECK(model.state == std::vector<std::string>{"bn.running_mean", "bn.running_var"});
+  const Graph& g = model.graph;
+  CHECK(g.tensor(g.find("bn.running_mean")).category == TensorCategory::OptimizerState);
+  // Nothing reads the updates: the session runs them for their effect on the state.
+  std::vector<std::string> outputs = model.outputs;
+  for (const OpNode& op : g.ops())
+    if (op.kind == OpKind::ScaledAddInplace) outputs.push_back(g.tensor(op.outputs[0]).name);
+  REQUIRE(outputs.size() == 3);
+  InferenceSession session(std::move(model.graph), outputs, SessionOptions{}, makeSimDevice());
+  for (const json& step : reference.at("steps")) {
+    const std::vector<float> x = step.at("x").get<std::vector<float>>();
+    session.run({StepInput("x", x)});
+    auto close = [](const std::vector<float>& got, const std::vector<float>& want) {
+      REQUIRE(got.size() == want.size());
+      for (std::size_t k = 0; k < want.size(); ++k)
+        CHECK(std::fabs(got[k] - want[k]) <= 1e-5 * std::max(1.0f, std::fabs(want[k])));
+    };
+    close(session.output("y").data, step.at("y").get<std::vector<float>>());
+    close(session.output(outputs[1]).data, step.at("runningMean").get<std::vector<float>>());
+    close(session.output(outputs[2]).data, step.at("runningVar").get<std::vector<float>>());
+  }
+}
+
+TEST_CASE("a training step keeps the running-statistic updates and does not train the state") {
+  std::ifstream in(test::sourcePath("tests/data/onnx/batchnorm_train_reference.json"), std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  const json reference = json::parse(text.str());
+  OnnxImportOptions importOptions;
+  importOptions.dimensions = {{"batch", reference.at("batch").get<int64_t>()}};
+  OnnxModel model = importOnnx(test::sourcePath("tests/data/onnx/batchnorm_train.onnx"), importOptions);
+  Graph& g = model.graph;
+  const Tensor y{&g, g.find("y")};
+  const Tensor loss = ops::reduceMean(ops::mul(y, y));
+  std::vector<std::string> outputs;
+  for (const OpNode& op : g.ops())
+    if (op.kind == OpKind::ScaledAddInplace) outputs.push_back(g.tensor(op.outputs[0]).name);
+  REQUIRE(outputs.size() == 2);
+  OptimizerConfig sgd;
+  sgd.sgd.learningRate = 0.1;
+  TrainingSession session(std::move(model.graph), loss.id(), makeOptimizer(sgd), SessionOptions{},
+                          makeSimDevice(), outputs);
+  const json& first = reference.at("steps").at(0);
+  const std::vector<float> x = first.at("x").get<std::vector<float>>();
+  session.run({StepInput("x", x)});
+  const std::vector<float> mean = first.at("runningMean").get<std::vector<float>>();
+  const std::vector<float> variance = first.at("runningVar").get<std::vector<float>>();
+  for (std::size_t c = 0; c < 3; ++c) {
+    CHECK(std::fabs(session.output(outputs[0]).data.at(c) - mean[c]) <= 1e-5);
+    CHECK(std::fabs(session.output(outputs[1]).data.at(c) - variance[c]) <= 1e-5 * std::fabs(variance[c]));
+  }
+  // Only the weights are trained (and read back as weights).
+  std::set<std::string> names;
+  for (const auto& [name, value] : session.readWeights()) names.insert(name);
+  CHECK(names == std::set<std::string>{"bn.weight", "bn.bias"});
 }
 
 }  // namespace

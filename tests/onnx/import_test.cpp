@@ -209,11 +209,6 @@ TEST_CASE("bad models are refused with their id and a message that names the nod
        ": node reshape (Reshape, opset 14): input 1 (shape, \"s\") is computed by the model; tessera needs "
        "it known "
        "at import (a constant, or shape arithmetic on constants)"},
-      {"batchnorm-training-state.onnx", ErrorCode::OnnxUnsupportedFeature,
-       ": node bn (BatchNormalization, opset 14): the running mean and variance are initializers (model "
-       "state) "
-       "in training mode; updating them in place every step is not supported: export the model in inference "
-       "mode (model.eval())"},
       {"where-float-condition.onnx", ErrorCode::OnnxUnsupportedFeature,
        ": node where (Where, opset 14): the condition \"x\" is float; bool expected"},
       {"double-input.onnx", ErrorCode::OnnxUnsupportedFeature,

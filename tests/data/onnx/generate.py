@@ -15,6 +15,7 @@ import json
 import os
 
 import onnx
+import onnx.numpy_helper
 from onnx import TensorProto, helper
 import torch
 import torch.nn.functional as F
@@ -138,6 +139,53 @@ def gpt_block():
         out.write("\n")
 
 
+class BatchNormTrain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm1d(3, momentum=0.2)
+        with torch.no_grad():
+            self.bn.weight.copy_(torch.tensor([1.0, 0.5, 2.0]))
+            self.bn.bias.copy_(torch.tensor([0.0, 0.1, -0.3]))
+
+    def forward(self, x):
+        return self.bn(x)
+
+
+def batchnorm_train():
+    """BatchNorm1d exported in training mode: its running statistics are
+    initializers that a training step updates in place (PyTorch's running
+    variance is the unbiased one); PyTorch's outputs and running statistics
+    after each of two steps."""
+    torch.manual_seed(3)
+    model = BatchNormTrain()
+    model.train()
+    path = os.path.join(HERE, "batchnorm_train.onnx")
+    torch.onnx.export(model, (torch.randn(2, 3, 4),), path, input_names=["x"], output_names=["y"], opset_version=14,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    exported = onnx.load(path)
+    onnx.checker.check_model(exported)
+    # Tracing ran the module once in training mode: start the reference from
+    # the running statistics the file holds.
+    model = BatchNormTrain()
+    model.train()
+    with torch.no_grad():
+        for init in exported.graph.initializer:
+            if init.name in ("bn.running_mean", "bn.running_var"):
+                getattr(model.bn, init.name.split(".")[1]).copy_(torch.tensor(onnx.numpy_helper.to_array(init)))
+    generator = torch.Generator().manual_seed(11)
+    steps = []
+    for _ in range(2):
+        x = torch.randn(4, 3, 4, generator=generator) * 2 + 1
+        with torch.no_grad():
+            y = model(x)
+        steps.append({"x": x.flatten().tolist(), "y": y.flatten().tolist(),
+                      "runningMean": model.bn.running_mean.tolist(), "runningVar": model.bn.running_var.tolist()})
+    with open(os.path.join(HERE, "batchnorm_train_reference.json"), "w") as out:
+        json.dump({"batch": 4, "steps": steps}, out, indent=1)
+        out.write("\n")
+
+
 def model(nodes, inputs, outputs, initializers=(), opset=14, domain=""):
     graph = helper.make_graph(nodes, "bad", inputs, outputs, initializer=list(initializers))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid(domain, opset)], producer_name="tessera-tests")
@@ -193,11 +241,6 @@ def write_bad_models():
         "node-without-input.onnx": model([helper.make_node("Relu", [], ["y"], name="relu")], [x], [y]),
         "dropout-empty-ratio.onnx": model([helper.make_node("Dropout", ["x", "ratio"], ["y"], name="dropout")],
                                           [x], [y], [helper.make_tensor("ratio", TensorProto.FLOAT, [0], [])]),
-        "batchnorm-training-state.onnx": model(
-            [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y", "rm", "rv"],
-                              name="bn", training_mode=1)],
-            [tensor("x", ["batch", 2, 3])], [tensor("y", ["batch", 2, 3])],
-            [helper.make_tensor(name, TensorProto.FLOAT, [2], [1.0, 1.0]) for name in ["scale", "bias", "mean", "var"]]),
         "where-float-condition.onnx": model([helper.make_node("Where", ["x", "x", "x"], ["y"], name="where")],
                                             [x], [y]),
         "double-input.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
@@ -212,4 +255,5 @@ def write_bad_models():
 if __name__ == "__main__":
     main()
     gpt_block()
+    batchnorm_train()
     write_bad_models()
