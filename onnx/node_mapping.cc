@@ -56,6 +56,7 @@ const std::vector<std::string> kMappedOps = {
     "Not",
     "Or",
     "PRelu",
+    "Pad",
     "Pow",
     "Reciprocal",
     "ReduceMean",
@@ -122,7 +123,7 @@ void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& s
     required = 3;
   } else if (op == "BatchNormalization") {
     required = 5;
-  } else if (op == "PRelu") {
+  } else if (op == "PRelu" || op == "Pad") {
     required = 2;
   } else if (op == "Sum" || op == "Mean" || op == "Max" || op == "Min") {
     required = 1;
@@ -147,6 +148,7 @@ std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
     return all;
   }
   if (op == "Where") return {1, 2};
+  if (op == "Pad") return {0};
   if (op == "BatchNormalization" || op == "InstanceNormalization") return {0, 1, 2};
   if (op == "PRelu" || op == "Sum" || op == "Mean" || op == "Max" || op == "Min") {
     std::vector<int> all(static_cast<std::size_t>(node.input_size()));
@@ -361,6 +363,99 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       return;
     }
     setOutput(node, 0, y, type);
+    return;
+  }
+  if (op == "Pad") {
+    // pads [b1.., e1..] known at import. constant: SlicePad places the input
+    // into zeros (a non-zero value is selected where the padding is); edge and
+    // reflect: slices of the border concatenated on each side, axis by axis.
+    Tensor x = operand(node, 0, subject);
+    const Shape shape = x.shape();
+    const std::size_t rank = shape.size();
+    const std::vector<int64_t> pads = intList(requireKnown(node, 1, subject, "pads"), subject, "pads");
+    if (pads.size() != 2 * rank)
+      throwOnnx(
+          ErrorCode::OnnxNodeShape, subject,
+          fmt::format("pads [{}] need 2 x {} entries for {}", fmt::join(pads, ", "), rank, shapeStr(shape)));
+    for (int64_t p : pads)
+      if (p < 0)
+        unsupported(
+            fmt::format("pads [{}]: negative pads (cropping) are not supported", fmt::join(pads, ", ")));
+    const std::string mode = stringAttribute(node, "mode", "constant", subject);
+    const int32_t type = values_.at(node.input(0)).type;
+    Shape out = shape;
+    for (std::size_t d = 0; d < rank; ++d) out[d] += pads[d] + pads[rank + d];
+    if (mode == "constant") {
+      // The value: known at import, or a computed scalar.
+      double value = 0.0;
+      Tensor computedValue;
+      if (node.input_size() > 2 && !node.input(2).empty()) {
+        if (const Known* v = knownInput(node, 2)) {
+          if (v->size() != 1) unsupported("constant_value must be one value");
+          value = v->at(0);
+        } else {
+          computedValue = operand(node, 2, subject);
+          if (numElements(computedValue.shape()) != 1 || computedValue.dtype() != x.dtype())
+            unsupported("constant_value must be one value of the input's type");
+          computedValue = ops::reshape(computedValue, {});
+        }
+      }
+      OpAttributes attributes;
+      attributes.shape = out;
+      for (std::size_t d = 0; d < rank; ++d) {
+        attributes.starts.push_back(pads[d]);
+        attributes.ends.push_back(pads[d] + shape[d]);
+      }
+      Tensor y{&graph_, graph_.op(graph_.addOp(OpKind::SlicePad, {x.id()}, attributes)).outputs.at(0)};
+      if (value != 0.0 || computedValue.valid()) {
+        // A select (not an add), so that an infinite value stays out of the input's place.
+        std::vector<float> padding(static_cast<std::size_t>(numElements(out)), 1.0F);
+        for (std::size_t i = 0; i < padding.size(); ++i) {
+          bool inside = true;
+          std::size_t rest = i;
+          for (std::size_t d = rank; d-- > 0;) {
+            const auto index = static_cast<int64_t>(rest % static_cast<std::size_t>(out[d]));
+            rest /= static_cast<std::size_t>(out[d]);
+            inside = inside && index >= pads[d] && index < pads[d] + shape[d];
+          }
+          if (inside) padding[i] = 0.0F;
+        }
+        const Tensor mask =
+            ops::constant(graph_, graph_.uniqueName(node.output(0) + ".padding"), std::move(padding), out);
+        const Tensor fill = computedValue.valid()
+                                ? computedValue
+                                : ops::constant(graph_, graph_.uniqueName(node.output(0) + ".value"),
+                                                {static_cast<float>(value)}, {}, x.dtype());
+        y = ops::where(mask, fill, y);
+      }
+      setOutput(node, 0, y, type);
+      return;
+    }
+    if (mode != "edge" && mode != "reflect")
+      unsupported(fmt::format("mode \"{}\": constant, edge and reflect are supported", mode));
+    for (std::size_t d = 0; d < rank; ++d) {
+      const int64_t before = pads[d];
+      const int64_t after = pads[rank + d];
+      if (before == 0 && after == 0) continue;
+      const int64_t n = x.shape()[d];
+      if (mode == "reflect" && (before >= n || after >= n))
+        unsupported(
+            fmt::format("reflect pads of {} and {} on axis {} of size {}: each must be below the size",
+                        before, after, d, n));
+      auto at = [&](int64_t i) {
+        std::vector<int64_t> starts(rank, 0);
+        std::vector<int64_t> ends = x.shape();
+        starts[d] = i;
+        ends[d] = i + 1;
+        return ops::slice(x, starts, ends);
+      };
+      std::vector<Tensor> parts;
+      for (int64_t k = before; k >= 1; --k) parts.push_back(mode == "edge" ? at(0) : at(k));
+      parts.push_back(x);
+      for (int64_t k = 1; k <= after; ++k) parts.push_back(mode == "edge" ? at(n - 1) : at(n - 1 - k));
+      x = ops::concat(parts, static_cast<int64_t>(d));
+    }
+    setOutput(node, 0, x, type);
     return;
   }
   if (op == "PRelu") {
