@@ -73,6 +73,8 @@ class Importer {
   TensorId firstNewTensor_ = 0;  // the first tensor the node being mapped created
   std::unordered_map<std::string, Value> values_;
   std::vector<std::string> state_;  // initializers made state Variables (OnnxModel::state)
+  Tensor dropoutStep_;              // this step's value of the dropout counter, once a node needs it
+  int64_t dropoutNodes_ = 0;
 };
 
 }  // namespace tessera::onnx_import

@@ -751,11 +751,44 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       if (node.input_size() > 2 && !node.input(2).empty())
         training = scalarOf(requireKnown(node, 2, subject, "training_mode"), "training_mode") != 0;
     }
-    if (training && ratio != 0.0F)
-      unsupported(
-          fmt::format("training mode with ratio {} draws random masks; only inference (or ratio 0) is "
-                      "supported, where Dropout passes its input through",
-                      ratio));
+    if (training && ratio != 0.0F) {
+      if (!options_.randomDropout)
+        unsupported(fmt::format(
+            "training mode with ratio {} draws random masks; set OnnxImportOptions::randomDropout for "
+            "tessera's seeded masks (not onnxruntime's), or use inference mode or ratio 0, where "
+            "Dropout passes its input through",
+            ratio));
+      if (!(ratio > 0.0F && ratio < 1.0F)) unsupported(fmt::format("ratio {} is outside [0, 1)", ratio));
+      Tensor x = operand(node, 0, subject);
+      requireFloat(x, node, 0, subject);
+      if (!dropoutStep_.valid()) {
+        // One counter for the model: read once per run (a snapshot that the
+        // gradient reads too), then advanced in place.
+        const Tensor counter =
+            ops::variable(graph_, graph_.uniqueName("dropout.step"), {0.0F}, {}, std::nullopt,
+                          RetrievalMode::OnePerGroup, TensorCategory::OptimizerState, DType::Int32);
+        state_.push_back(counter.name());
+        dropoutStep_ = ops::copy(counter);
+        ops::scaledAddInplace(
+            counter, ops::constant(graph_, graph_.uniqueName("dropout.one"), {1.0F}, {}, DType::Int32), 1.0,
+            1.0);
+      }
+      const auto* seedAttribute = findAttribute(node, "seed");
+      const uint64_t seed =
+          seedAttribute != nullptr ? static_cast<uint64_t>(seedAttribute->i()) : options_.dropoutSeed;
+      // Seeds stay below 2^53 (they travel as a double attribute).
+      const uint64_t mixed =
+          (seed * 1000003 + static_cast<uint64_t>(dropoutNodes_++)) & ((uint64_t{1} << 53) - 1);
+      const Tensor y = ops::dropout(x, dropoutStep_, ratio, mixed);
+      setOutput(node, 0, y);
+      if (node.output_size() > 1 && !node.output(1).empty())
+        setOutput(node, 1,
+                  ops::logicalNot(ops::equal(ops::dropout(ops::add(ops::mul(x, scalar(0.0)), scalar(1.0)),
+                                                          dropoutStep_, ratio, mixed),
+                                             scalar(0.0))),
+                  onnx::TensorProto::BOOL);
+      return;
+    }
     values_[node.output(0)] = input;
     if (node.output_size() > 1 && !node.output(1).empty()) {
       const Shape shape = input.id != kNoTensor ? graph_.tensor(input.id).shape : input.known->shape;

@@ -70,6 +70,20 @@ struct OnnxImportOptions {
   // The global replication factor of the graph (Graph's constructor
   // argument; SessionOptions::getGlobalReplicationFactor()). Must be >= 1.
   int64_t replicationFactor = 1;
+
+  // ----- Training -----
+
+  // Dropout in training mode with a ratio above 0 (a PyTorch export in
+  // training mode): when true, each such node runs tessera's Dropout, whose
+  // masks come from the seed, a step counter (state, OnnxModel::state
+  // "dropout.step", advanced every run) and each element's index in the
+  // global batch, so they do not depend on the replica count; they are not
+  // onnxruntime's or PyTorch's masks. When false, such a node is refused
+  // (tessera.onnx.705). Inference and ratio 0 pass the input through either way.
+  bool randomDropout = false;
+  // The seed of Dropout nodes without a `seed` attribute; each node mixes in
+  // its own position so that two nodes draw different masks.
+  uint64_t dropoutSeed = 0;
 };
 
 struct OnnxModel {

@@ -154,6 +154,12 @@ Tensor logicalOr(Tensor a, Tensor b);
 // so a -inf in the value not taken never turns into NaN. The gradient goes
 // to x where cond holds and to y elsewhere.
 Tensor where(Tensor cond, Tensor x, Tensor y);
+// x * mask / (1 - ratio): element i of replica r's x (element r * n + i of
+// the global batch) is kept when a hash of (seed, step, r * n + i) drawn
+// uniform in [0, 1) is >= ratio, so the masks do not depend on the replica
+// count. `step` is an int32 scalar (a counter the caller advances). The
+// gradient is dy through the same mask.
+Tensor dropout(Tensor x, Tensor step, double ratio, uint64_t seed = 0);
 Tensor softmax(Tensor x);     // along the last axis
 Tensor logSoftmax(Tensor x);  // along the last axis
 // logits [N, C], labels [N] int32 -> scalar: -sum_n log softmax(logits)[n, label_n],

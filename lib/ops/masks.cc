@@ -6,8 +6,13 @@
 // logic are piecewise constant: no gradient flows through them. Where is a
 // real select: cond ? x : y never touches the element it does not pick, so
 // a -inf in y (masked_fill in causal attention) stays -inf and NaN never
-// appears where x * m + y * (1 - m) would make one.
+// appears where x * m + y * (1 - m) would make one. Dropout draws its mask
+// from (seed, step, element of the global batch): the same on any number of
+// replicas.
+#include "ops/masks.hpp"
+
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -135,6 +140,44 @@ void addMaskOps(OpTable& table) {
                    }
                  },
              .cost = perElement});
+
+  // (x, step int32 []) -> x * mask / (1 - a), seed b. Element i of replica
+  // r's value is element r * n + i of the global batch (host data [R, B, ...]
+  // is the batch in order). The gradient is the same op on dy with the same
+  // step, hence the same mask.
+  table.add(
+      {.kind = OpKind::Dropout,
+       .family = OpFamily::Mask,
+       .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
+         c.arity(2);
+         c.dtype(0, DType::Float32);
+         c.dtype(1, DType::Int32);
+         if (c.rank(1) != 0)
+           c.fail(ErrorCode::ShapeMismatch, fmt::format("the step {} must be a scalar", c.desc(1)));
+         if (!(attributes.a >= 0.0 && attributes.a < 1.0))
+           c.fail(ErrorCode::InvalidOperand, fmt::format("ratio {} is outside [0, 1)", attributes.a));
+         if (!(attributes.b >= 0.0 && attributes.b == std::floor(attributes.b)))
+           c.fail(ErrorCode::InvalidOperand,
+                  fmt::format("seed {} must be a non-negative integer", attributes.b));
+         return {{c.shape(0), DType::Float32, {}}};
+       },
+       .gradient = [](const GradientContext& g) -> R {
+         return {g.make(OpKind::Dropout, {g.dy.id(), g.in(1).id()}, g.attributes()), Tensor{}};
+       },
+       .reference =
+           [](ReferenceOp& r, int64_t replica) {
+             const Values& x = r.in(0, replica);
+             const auto step = static_cast<uint64_t>(r.in(1, replica)[0]);
+             const auto seed = static_cast<uint64_t>(r.attributes().b);
+             const double ratio = r.attributes().a;
+             const uint64_t threshold = dropoutThreshold(ratio);
+             Values& out = r.out(replica);
+             const auto base = static_cast<uint64_t>(replica) * out.size();
+             for (std::size_t i = 0; i < out.size(); ++i)
+               out[i] = dropoutKeeps(seed, step, base + i, threshold) ? x[i] / (1.0 - ratio) : 0.0;
+           },
+       .cost = [](const Graph& graph,
+                  const OpNode& op) { return OpCost{.flops = 8.0 * elementsOf(graph, op.outputs[0])}; }});
 }
 
 }  // namespace tessera

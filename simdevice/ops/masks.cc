@@ -1,6 +1,7 @@
 // The mask family's kernels (lib/ops/masks.cc defines the ops): comparisons
 // and logic write 0 or 1, Where selects; all run over broadcast loops and in
 // fused chains.
+#include "ops/masks.hpp"
 #include "kernel_table.hpp"
 
 namespace tessera::sim {
@@ -55,6 +56,40 @@ void whereTile(const Step& s, const TileOperands& t, int64_t n) {
   for (int64_t i = 0; i < n; ++i) t.out[i] = t.in[0][i * sc] != 0.0f ? t.in[1][i * sx] : t.in[2][i * sy];
 }
 
+// Per output group g: table[g] the global replica whose value the group
+// holds (its first replica: a value that replicas share has one mask);
+// cols the threshold of the draws, scale 1 / (1 - ratio), groupSize the seed.
+void dropoutKernel(const Step& s) {
+  const auto seed = static_cast<uint64_t>(s.groupSize);
+  const auto threshold = static_cast<uint64_t>(s.cols);
+  const float scale = s.scale;
+  for (const Run& run : s.runs) {
+    const int64_t firstGroup = (run.out) / s.outElements;
+    for (int64_t g = 0; g < run.count; ++g) {
+      const float* x = inOf(s, run, 0) + (run.advance[0] ? g * s.inElements[0] : 0);
+      const auto step = static_cast<uint64_t>(*inOf(s, run, 1));
+      float* out = outOf(s, run) + g * s.outElements;
+      const auto base =
+          static_cast<uint64_t>(s.table[static_cast<std::size_t>(firstGroup + g)] * s.outElements);
+      for (int64_t i = 0; i < s.outElements; ++i)
+        out[i] = dropoutKeeps(seed, step, base + static_cast<uint64_t>(i), threshold) ? x[i] * scale : 0.0f;
+    }
+  }
+}
+
+void planDropout(StepPlanner& planner, Step& step) {
+  const OpNode& op = planner.op();
+  planner.runsOver(step, {{op.inputs[0], 0}, {op.inputs[1], 0}});
+  const ReplicaGrouping& layout = planner.layout(op.outputs[0]);
+  for (int64_t g = 0; g < layout.numGroups(); ++g)
+    step.table.push_back(planner.topology().replicaOffset + layout.replicaAt(g, 0));
+  step.cols = static_cast<int64_t>(dropoutThreshold(op.attributes.a));
+  step.scale = static_cast<float>(1.0 / (1.0 - op.attributes.a));
+  step.groupSize = static_cast<int64_t>(op.attributes.b);
+  step.kernel = dropoutKernel;
+  planner.emit(std::move(step));
+}
+
 }  // namespace
 
 void addMaskKernels(KernelTable& table) {
@@ -65,6 +100,7 @@ void addMaskKernels(KernelTable& table) {
   table.add(binaryMaskKernels<OrF>(OpKind::Or));
   table.add(unaryKernels<NotF>(OpKind::Not));
   table.add({.kind = OpKind::Where, .plan = planLoops<whereKernel>, .tile = whereTile});
+  table.add({.kind = OpKind::Dropout, .plan = planDropout});
 }
 
 }  // namespace tessera::sim

@@ -296,6 +296,13 @@ TEST_CASE("gradient check of where: x and y, each broadcast, summed back to thei
   }
 }
 
+TEST_CASE("gradient check of dropout: dy through the same mask, on every replica") {
+  Graph g(2);
+  const Tensor x = ops::input(g, "x", {4, 6});
+  const Tensor step = ops::constant(g, "step", {5}, {}, DType::Int32);
+  checkGradients(g, {x}, ops::dropout(x, step, 0.35, 9), -1, 1);
+}
+
 TEST_CASE("comparisons and logic have no gradient: autodiff goes around them") {
   Graph g;
   const Tensor a = ops::input(g, "a", {3});

@@ -164,5 +164,51 @@ TEST_CASE("a training step keeps the running-statistic updates and does not trai
   CHECK(names == std::set<std::string>{"bn.weight", "bn.bias"});
 }
 
+TEST_CASE(
+    "Dropout in training mode: refused by default; with randomDropout the same masks on 1, 2 and 4 "
+    "replicas") {
+  const std::string path = test::sourcePath("tests/data/onnx/dropout_train.onnx");
+  OnnxImportOptions options;
+  options.dimensions = {{"batch", 8}};
+  const auto error = test::catchError<OnnxError>([&] { (void)importOnnx(path, options); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::OnnxUnsupportedFeature);
+  CHECK(error->detail().find("randomDropout") != std::string::npos);
+
+  std::vector<float> x(8 * 6);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  std::vector<float> expected;
+  for (int64_t replicas : {1, 2, 4}) {
+    CAPTURE(replicas);
+    options.randomDropout = true;
+    options.dimensions = {{"batch", 8 / replicas}};
+    options.replicationFactor = replicas;
+    OnnxModel model = importOnnx(path, options);
+    CHECK(model.state == std::vector<std::string>{"dropout.step"});
+    SessionOptions sessionOptions;
+    sessionOptions.enableReplicatedGraphs = replicas > 1;
+    sessionOptions.replicatedGraphCount = replicas;
+    InferenceSession session(std::move(model.graph), model.outputs, sessionOptions, makeSimDevice());
+    std::vector<float> got;
+    for (int step = 0; step < 2; ++step) {
+      session.run({StepInput("x", x)});
+      const std::vector<float>& y = session.output("y").data;
+      const std::vector<float>& mask = session.output("mask").data;
+      REQUIRE(y.size() == x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        CHECK((mask[i] == 1.0f || mask[i] == 0.0f));
+        CHECK(y[i] == (mask[i] != 0.0f ? 2.0f * x[i] : 0.0f));
+      }
+      got.insert(got.end(), y.begin(), y.end());
+    }
+    if (expected.empty()) {
+      expected = got;
+      // The step advances: the two runs draw different masks.
+      CHECK_FALSE(std::equal(got.begin(), got.begin() + 48, got.begin() + 48));
+    }
+    CHECK(got == expected);
+  }
+}
+
 }  // namespace
 }  // namespace tessera

@@ -207,6 +207,15 @@ const std::vector<Case>& cases() {
          ops::where(ops::reshape(below, {3, 4, 1}), ops::reshape(s.vg1, {4, 1}), s.bias);
          ops::where(ops::scalar(g, 1.0), s.labels, ops::constant(g, "seven", {7}, {}, DType::Int32));
        }},
+      {"dropout of per-replica values at two steps, and its gradient",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const Tensor step = ops::constant(g, "step", {3}, {}, DType::Int32);
+         const Tensor y = ops::dropout(ops::matmul(s.x3, s.wg1), step, 0.3, 7);
+         ops::dropout(s.x, ops::constant(g, "step2", {4}, {}, DType::Int32), 0.5);
+         const Tensor loss = ops::reduceSum(ops::mul(y, y));
+         autodiff(g, loss, {s.wg1});
+       }},
       {"softmax, cross entropy and argmax",
        [](Sources& s) {
          Graph& g = *s.graph;
@@ -678,6 +687,47 @@ TEST_CASE("an MLP training step on 2 replicas x batch 4 equals 1 replica x batch
   }
   // And the weights did move.
   CHECK_FALSE(readShared(*onOne.executable, one.weights[0]) == test::pseudoRandom(6 * 8, 21));
+}
+
+TEST_CASE(
+    "dropout masks depend on the seed, the step and the element of the global batch, not the replicas") {
+  // Global batch of 8 rows: 1 x 8, 2 x 4 and 4 x 2 replicas draw the same mask.
+  const std::vector<float> data = test::pseudoRandom(8 * 5, 31);
+  std::vector<float> expected;
+  for (int64_t replicas : {1, 2, 4}) {
+    CAPTURE(replicas);
+    Graph g(replicas);
+    const Tensor x = ops::input(g, "x", {8 / replicas, 5});
+    const Tensor counter = ops::variable(g, "counter", {0}, {}, std::nullopt, RetrievalMode::OnePerGroup,
+                                         TensorCategory::OptimizerState, DType::Int32);
+    const Tensor now = ops::copy(counter);
+    const Tensor y = ops::dropout(x, now, 0.4, 123);
+    ops::scaledAddInplace(counter, ops::constant(g, "one", {1}, {}, DType::Int32), 1.0, 1.0);
+    test::DeviceRun run = test::loadOnDevice(g, ExecutionMode::Vectorized);
+    std::vector<float> outputs;
+    for (int step = 0; step < 2; ++step) {
+      test::runDevice(*run.executable, {{x.id(), data}});
+      std::vector<float> out(data.size());
+      run.executable->read(y.id(), out);
+      outputs.insert(outputs.end(), out.begin(), out.end());
+    }
+    if (expected.empty()) {
+      expected = outputs;
+      // Some elements dropped, some kept and scaled, and the two steps differ.
+      int dropped = 0;
+      for (std::size_t i = 0; i < data.size(); ++i) {
+        if (outputs[i] == 0.0f) {
+          ++dropped;
+        } else {
+          CHECK(outputs[i] == doctest::Approx(data[i] / 0.6f));
+        }
+      }
+      CHECK(dropped > 5);
+      CHECK(dropped < 30);
+      CHECK_FALSE(std::equal(outputs.begin(), outputs.begin() + 40, outputs.begin() + 40));
+    }
+    CHECK(outputs == expected);
+  }
 }
 
 TEST_CASE("running a loaded program allocates nothing") {

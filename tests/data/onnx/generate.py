@@ -186,6 +186,17 @@ def batchnorm_train():
         out.write("\n")
 
 
+def dropout_train():
+    """Dropout in training mode with ratio 0.5 (as inputs) and a seed, with its mask output."""
+    nodes = [helper.make_node("Dropout", ["x", "ratio", "training"], ["y", "mask"], name="dropout", seed=5)]
+    inits = [helper.make_tensor("ratio", TensorProto.FLOAT, [], [0.5]),
+             helper.make_tensor("training", TensorProto.BOOL, [], [True])]
+    m = model(nodes, [tensor("x", ["batch", 6])], [tensor("y", ["batch", 6]), tensor("mask", ["batch", 6], TensorProto.BOOL)],
+              inits)
+    onnx.checker.check_model(m)
+    onnx.save(m, os.path.join(HERE, "dropout_train.onnx"))
+
+
 def model(nodes, inputs, outputs, initializers=(), opset=14, domain=""):
     graph = helper.make_graph(nodes, "bad", inputs, outputs, initializer=list(initializers))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid(domain, opset)], producer_name="tessera-tests")
@@ -256,4 +267,5 @@ if __name__ == "__main__":
     main()
     gpt_block()
     batchnorm_train()
+    dropout_train()
     write_bad_models()
