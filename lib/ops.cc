@@ -179,6 +179,8 @@ Tensor dropout(Tensor x, Tensor step, double ratio, uint64_t seed) {
   attributes.b = static_cast<double>(seed);
   return binary(OpKind::Dropout, x, step, std::move(attributes));
 }
+Tensor castToInt32(Tensor x) { return unary(OpKind::CastToInt32, x); }
+Tensor castToFloat32(Tensor x) { return unary(OpKind::CastToFloat32, x); }
 Tensor where(Tensor cond, Tensor x, Tensor y) {
   Graph& graph = graphOf(opName(OpKind::Where), {cond, x, y});
   return single(graph, graph.addOp(OpKind::Where, {cond.id(), x.id(), y.id()}));

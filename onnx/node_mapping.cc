@@ -963,14 +963,24 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       setOutput(node, 0, ops::logicalNot(ops::equal(x, zero)), onnx::TensorProto::BOOL);
       return;
     }
+    const bool fromInt = in.type == onnx::TensorProto::INT64 || in.type == onnx::TensorProto::INT32;
+    const bool toInt = to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32;
+    if ((in.type == onnx::TensorProto::FLOAT || in.type == onnx::TensorProto::BOOL) && toInt) {
+      // Truncated toward zero, as numpy's astype (a mask gives 0 and 1).
+      setOutput(node, 0, ops::castToInt32(operand(node, 0, subject)), static_cast<int32_t>(to));
+      return;
+    }
+    if (fromInt && to == onnx::TensorProto::FLOAT) {
+      setOutput(node, 0, ops::castToFloat32(operand(node, 0, subject)), onnx::TensorProto::FLOAT);
+      return;
+    }
     const bool floatToFloat = in.type == onnx::TensorProto::FLOAT && to == onnx::TensorProto::FLOAT;
     const bool intToInt = (in.type == onnx::TensorProto::INT64 || in.type == onnx::TensorProto::INT32) &&
                           (to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32);
     if (!floatToFloat && !intToInt)
       unsupported(
-          fmt::format("cast from {} to {} of a computed value: the device has no conversion op (float to "
-                      "float and between int32/int64 pass through; bool to float and any to bool are "
-                      "masks)",
+          fmt::format("cast from {} to {} of a computed value: the device casts between float32, int32/int64 "
+                      "and bool only",
                       typeName(in.type), typeName(static_cast<int32_t>(to))));
     Value out = in;
     out.type = static_cast<int32_t>(to);

@@ -160,6 +160,10 @@ Tensor where(Tensor cond, Tensor x, Tensor y);
 // count. `step` is an int32 scalar (a counter the caller advances). The
 // gradient is dy through the same mask.
 Tensor dropout(Tensor x, Tensor step, double ratio, uint64_t seed = 0);
+// float32 -> int32 truncated toward zero (values beyond 2^24 are not held
+// exactly), and int32 -> float32; neither has a gradient.
+Tensor castToInt32(Tensor x);
+Tensor castToFloat32(Tensor x);
 Tensor softmax(Tensor x);     // along the last axis
 Tensor logSoftmax(Tensor x);  // along the last axis
 // logits [N, C], labels [N] int32 -> scalar: -sum_n log softmax(logits)[n, label_n],

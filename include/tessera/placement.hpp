@@ -72,11 +72,12 @@ RunPlan planRun(const RunConfig& config);
 
 // A setting that lowers the peak of a memory space that is over capacity.
 struct MemorySuggestion {
-  std::string setting;       // JSON path, e.g. "/sessionOptions/optimizerStateTensorLocationSettings/location/storage"
-  std::string value;         // the value to set, as JSON ("\"OffChip\"")
-  int64_t neededBytes = 0;   // the space's peak on that replica with the change
-  int64_t savingBytes = 0;   // how much lower than now
-  bool fits = false;         // the whole program then fits the device
+  std::string
+      setting;  // JSON path, e.g. "/sessionOptions/optimizerStateTensorLocationSettings/location/storage"
+  std::string value;        // the value to set, as JSON ("\"OffChip\"")
+  int64_t neededBytes = 0;  // the space's peak on that replica with the change
+  int64_t savingBytes = 0;  // how much lower than now
+  bool fits = false;        // the whole program then fits the device
 };
 
 // The settings that lower the peak of `shortfall`'s space, each planned with
@@ -84,8 +85,8 @@ struct MemorySuggestion {
 // RTS over all replicas instead of a smaller domain. Settings that make the
 // program fit come first, then by saving; changes that save nothing are left
 // out.
-std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId loss, const Optimizer& optimizer,
-                                                    const SessionOptions& options, const DeviceSpec& spec,
-                                                    const MemoryShortfall& shortfall);
+std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId loss,
+                                                    const Optimizer& optimizer, const SessionOptions& options,
+                                                    const DeviceSpec& spec, const MemoryShortfall& shortfall);
 
 }  // namespace tessera

@@ -57,9 +57,10 @@ enum class DatasetKind { FashionMnist, Mnist, Synthetic };
 template <>
 struct EnumNames<DatasetKind> {
   static constexpr std::string_view kTypeName = "DatasetKind";
-  static constexpr std::array kNames = {std::pair{DatasetKind::FashionMnist, std::string_view{"fashion-mnist"}},
-                                        std::pair{DatasetKind::Mnist, std::string_view{"mnist"}},
-                                        std::pair{DatasetKind::Synthetic, std::string_view{"synthetic"}}};
+  static constexpr std::array kNames = {
+      std::pair{DatasetKind::FashionMnist, std::string_view{"fashion-mnist"}},
+      std::pair{DatasetKind::Mnist, std::string_view{"mnist"}},
+      std::pair{DatasetKind::Synthetic, std::string_view{"synthetic"}}};
 };
 
 struct DataConfig {
@@ -111,7 +112,8 @@ struct ScheduleConfig {
 
 // The factor of the learning rate at global step `step` (0-based) of a run of
 // `epochs` epochs of `stepsPerEpoch` steps.
-double learningRateFactor(const ScheduleConfig& schedule, int64_t step, int64_t stepsPerEpoch, int64_t epochs);
+double learningRateFactor(const ScheduleConfig& schedule, int64_t step, int64_t stepsPerEpoch,
+                          int64_t epochs);
 
 struct OutputConfig {
   // Paths to write; empty: not written.

@@ -8,7 +8,8 @@
 // a -inf in y (masked_fill in causal attention) stays -inf and NaN never
 // appears where x * m + y * (1 - m) would make one. Dropout draws its mask
 // from (seed, step, element of the global batch): the same on any number of
-// replicas.
+// replicas. The casts between float32 and int32 live here too: a mask
+// becomes an integer or a count the same way.
 #include "ops/masks.hpp"
 
 #include <algorithm>
@@ -139,6 +140,35 @@ void addMaskOps(OpTable& table) {
                                   : y[reference::broadcastSource(i, shape, r.inShape(2))];
                    }
                  },
+             .cost = perElement});
+
+  // Casts: one element from one element; no gradient flows through them.
+  table.add({.kind = OpKind::CastToInt32,
+             .family = OpFamily::Mask,
+             .elementwise = true,
+             .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
+               c.arity(1);
+               c.dtype(0, DType::Float32);
+               return {{c.shape(0), DType::Int32, {}}};
+             },
+             .gradient = noGradient,
+             .reference =
+                 [](ReferenceOp& r, int64_t replica) {
+                   const Values& x = r.in(0, replica);
+                   Values& out = r.out(replica);
+                   for (std::size_t i = 0; i < out.size(); ++i) out[i] = std::trunc(x[i]);
+                 },
+             .cost = perElement});
+  table.add({.kind = OpKind::CastToFloat32,
+             .family = OpFamily::Mask,
+             .elementwise = true,
+             .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
+               c.arity(1);
+               c.dtype(0, DType::Int32);
+               return {{c.shape(0), DType::Float32, {}}};
+             },
+             .gradient = noGradient,
+             .reference = [](ReferenceOp& r, int64_t replica) { r.out(replica) = r.in(0, replica); },
              .cost = perElement});
 
   // (x, step int32 []) -> x * mask / (1 - a), seed b. Element i of replica

@@ -2,6 +2,8 @@
 // and logic write 0 or 1, Where selects; all run over broadcast loops and in
 // fused chains.
 #include "ops/masks.hpp"
+#include <cmath>
+
 #include "kernel_table.hpp"
 
 namespace tessera::sim {
@@ -21,6 +23,9 @@ struct AndF {
 };
 struct OrF {
   float operator()(float a, float b) const { return a != 0.0f || b != 0.0f ? 1.0f : 0.0f; }
+};
+struct TruncF {
+  float operator()(float x) const { return std::trunc(x); }
 };
 struct NotF {
   float operator()(float x) const { return x == 0.0f ? 1.0f : 0.0f; }
@@ -101,6 +106,8 @@ void addMaskKernels(KernelTable& table) {
   table.add(unaryKernels<NotF>(OpKind::Not));
   table.add({.kind = OpKind::Where, .plan = planLoops<whereKernel>, .tile = whereTile});
   table.add({.kind = OpKind::Dropout, .plan = planDropout});
+  table.add(unaryKernels<TruncF>(OpKind::CastToInt32));
+  table.add(unaryKernels<IdentityF>(OpKind::CastToFloat32));
 }
 
 }  // namespace tessera::sim

@@ -206,6 +206,8 @@ const std::vector<Case>& cases() {
          ops::where(positive, h, ops::reshape(s.bias, {1, 5}));
          ops::where(ops::reshape(below, {3, 4, 1}), ops::reshape(s.vg1, {4, 1}), s.bias);
          ops::where(ops::scalar(g, 1.0), s.labels, ops::constant(g, "seven", {7}, {}, DType::Int32));
+         const Tensor counts = ops::castToInt32(ops::mul(s.x, ops::scalar(g, 7.0)));
+         ops::castToFloat32(ops::add(counts, ops::reshape(s.labels, {3, 1})));
        }},
       {"dropout of per-replica values at two steps, and its gradient",
        [](Sources& s) {
