@@ -36,6 +36,7 @@ enum class OpFamily {
   Gather,
   Conv,
   Pooling,
+  Mask,
   Collective,
   Remote,
   Extension
@@ -225,6 +226,7 @@ void addSoftmaxOps(OpTable& table);
 void addGatherOps(OpTable& table);
 void addConvOps(OpTable& table);
 void addPoolingOps(OpTable& table);
+void addMaskOps(OpTable& table);
 void addCollectiveOps(OpTable& table);
 void addRemoteOps(OpTable& table);
 

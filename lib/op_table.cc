@@ -26,6 +26,7 @@ OpTable& opTable() {
     addGatherOps(t);
     addConvOps(t);
     addPoolingOps(t);
+    addMaskOps(t);
     addCollectiveOps(t);
     addRemoteOps(t);
     return t;

@@ -225,6 +225,24 @@ Tensor globalMaxPool(Tensor x) {
 }
 
 Tensor softmax(Tensor x) { return unary(OpKind::Softmax, x); }
+Tensor equal(Tensor a, Tensor b) { return binary(OpKind::Equal, a, b); }
+Tensor less(Tensor a, Tensor b) { return binary(OpKind::Less, a, b); }
+Tensor greater(Tensor a, Tensor b) { return binary(OpKind::Greater, a, b); }
+Tensor logicalNot(Tensor x) { return unary(OpKind::Not, x); }
+Tensor logicalAnd(Tensor a, Tensor b) { return binary(OpKind::And, a, b); }
+Tensor logicalOr(Tensor a, Tensor b) { return binary(OpKind::Or, a, b); }
+Tensor dropout(Tensor x, Tensor step, double ratio, uint64_t seed) {
+  OpAttributes attributes;
+  attributes.a = ratio;
+  attributes.b = static_cast<double>(seed);
+  return binary(OpKind::Dropout, x, step, std::move(attributes));
+}
+Tensor castToInt32(Tensor x) { return unary(OpKind::CastToInt32, x); }
+Tensor castToFloat32(Tensor x) { return unary(OpKind::CastToFloat32, x); }
+Tensor where(Tensor cond, Tensor x, Tensor y) {
+  Graph& graph = graphOf(opName(OpKind::Where), {cond, x, y});
+  return single(graph, graph.addOp(OpKind::Where, {cond.id(), x.id(), y.id()}));
+}
 Tensor logSoftmax(Tensor x) { return unary(OpKind::LogSoftmax, x); }
 
 Tensor softmaxCrossEntropy(Tensor logits, Tensor labels, ReductionType reduction) {

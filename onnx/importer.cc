@@ -214,7 +214,7 @@ OnnxModel Importer::run() {
   opset_ = defaultOpset(model_, source_);
   const auto& g = model_.graph();
 
-  OnnxModel result{Graph(options_.replicationFactor), {}, {}, {}, {}, opset_};
+  OnnxModel result{Graph(options_.replicationFactor), {}, {}, {}, {}, opset_, {}};
   std::unordered_set<std::string> initializerNames;
   for (const auto& init : g.initializer()) {
     if (!initializerNames.insert(init.name()).second)
@@ -262,6 +262,7 @@ OnnxModel Importer::run() {
     bindOutput(output.name());
     result.outputs.push_back(output.name());
   }
+  result.state = state_;
   result.graph = std::move(graph_);
   return result;
 }
@@ -388,9 +389,10 @@ bool Importer::addInput(const onnx::ValueInfoProto& input) {
   DType dtype = DType::Float32;
   if (type.elem_type() == onnx::TensorProto::INT64 || type.elem_type() == onnx::TensorProto::INT32) {
     dtype = DType::Int32;
-  } else if (type.elem_type() != onnx::TensorProto::FLOAT) {
+  } else if (type.elem_type() != onnx::TensorProto::FLOAT && type.elem_type() != onnx::TensorProto::BOOL) {
     throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,
-              fmt::format("element type {} is not supported; graph inputs may be float, int64 or int32",
+              fmt::format("element type {} is not supported; graph inputs may be float, bool (a float32 0/1 "
+                          "mask), int64 or int32",
                           typeName(type.elem_type())));
   }
   const auto frozen = options_.constantInputs.find(input.name());
@@ -486,7 +488,11 @@ TensorId Importer::materialize(const std::string& name, const std::string& subje
   const Known& known = *value.known;
   std::vector<float> data;
   DType dtype = DType::Float32;
-  if (known.isFloat()) {
+  if (known.type == onnx::TensorProto::BOOL) {
+    // Masks are float32 0/1 (the mask ops of lib/ops/masks.cc).
+    data.reserve(known.i.size());
+    for (int64_t v : known.i) data.push_back(v != 0 ? 1.0F : 0.0F);
+  } else if (known.isFloat()) {
     if (known.type != onnx::TensorProto::FLOAT)
       throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,
                 fmt::format("value \"{}\" has element type {}; the device computes in float (float32)", name,

@@ -62,6 +62,9 @@ class Importer {
   void requireFloat(const Tensor& t, const onnx::NodeProto& node, int k, const std::string& subject) const;
   void setOutput(const onnx::NodeProto& node, int k, Tensor t, int32_t type = onnx::TensorProto::FLOAT);
   Tensor scalar(double value);
+  // Input k, an initializer, made a Variable of category OptimizerState that
+  // the node updates in place (OnnxModel::state).
+  Tensor stateVariable(const onnx::NodeProto& node, int k, const std::string& subject);
 
   const onnx::ModelProto& model_;
   const OnnxImportOptions& options_;
@@ -71,6 +74,9 @@ class Importer {
   int64_t nodeIndex_ = 0;
   TensorId firstNewTensor_ = 0;  // the first tensor the node being mapped created
   std::unordered_map<std::string, Value> values_;
+  std::vector<std::string> state_;  // initializers made state Variables (OnnxModel::state)
+  Tensor dropoutStep_;              // this step's value of the dropout counter, once a node needs it
+  int64_t dropoutNodes_ = 0;
 };
 
 }  // namespace tessera::onnx_import

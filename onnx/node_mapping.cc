@@ -15,14 +15,14 @@ namespace tessera::onnx_import {
 namespace {
 
 // Ops evaluated only when their inputs are known at import (shape arithmetic).
-const std::vector<std::string> kFoldOnlyOps = {
-    "ConstantOfShape", "Equal", "Gather", "Greater", "GreaterOrEqual", "Less",
-    "LessOrEqual",     "And",   "Or",     "Not",     "Range",          "Where"};
+const std::vector<std::string> kFoldOnlyOps = {"ConstantOfShape", "Gather", "Range"};
 
 const std::vector<std::string> kMappedOps = {
     "Abs",
     "Add",
+    "And",
     "AveragePool",
+    "BatchNormalization",
     "Cast",
     "Clip",
     "Concat",
@@ -32,6 +32,7 @@ const std::vector<std::string> kMappedOps = {
     "Div",
     "Dropout",
     "Elu",
+    "Equal",
     "Erf",
     "Exp",
     "Expand",
@@ -40,15 +41,28 @@ const std::vector<std::string> kMappedOps = {
     "Gemm",
     "GlobalAveragePool",
     "GlobalMaxPool",
+    "Greater",
+    "GreaterOrEqual",
     "Identity",
+    "InstanceNormalization",
     "LayerNormalization",
     "LeakyRelu",
+    "Less",
+    "LessOrEqual",
     "Log",
     "LogSoftmax",
     "MatMul",
+    "Max",
     "MaxPool",
+    "Mean",
+    "Min",
     "Mul",
     "Neg",
+    "NegativeLogLikelihoodLoss",
+    "Not",
+    "Or",
+    "PRelu",
+    "Pad",
     "Pow",
     "Reciprocal",
     "ReduceMean",
@@ -68,10 +82,12 @@ const std::vector<std::string> kMappedOps = {
     "Sqrt",
     "Squeeze",
     "Sub",
+    "Sum",
     "Tanh",
     "Tile",
     "Transpose",
     "Unsqueeze",
+    "Where",
 };
 
 // One-input elementwise ops with a tessera op of their own (attributes, if
@@ -105,13 +121,19 @@ void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& s
     required = 1;
   } else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" || op == "MatMul" ||
              op == "Gemm" || op == "Reshape" || op == "Expand" || op == "SoftmaxCrossEntropyLoss" ||
-             op == "Gather" || op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" ||
-             op == "GreaterOrEqual" || op == "And" || op == "Or") {
+             op == "NegativeLogLikelihoodLoss" || op == "Gather" || op == "Equal" || op == "Less" ||
+             op == "Greater" || op == "LessOrEqual" || op == "GreaterOrEqual" || op == "And" || op == "Or") {
     required = 2;
   } else if (op == "Unsqueeze") {
     required = opset >= 13 ? 2 : 1;
-  } else if (op == "Slice" || op == "Range" || op == "Where") {
+  } else if (op == "Slice" || op == "Range" || op == "Where" || op == "InstanceNormalization") {
     required = 3;
+  } else if (op == "BatchNormalization") {
+    required = 5;
+  } else if (op == "PRelu" || op == "Pad") {
+    required = 2;
+  } else if (op == "Sum" || op == "Mean" || op == "Max" || op == "Min") {
+    required = 1;
   }
   if (required < 0) return;
   if (node.input_size() < required)
@@ -133,6 +155,13 @@ std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
     return all;
   }
   if (op == "Where") return {1, 2};
+  if (op == "Pad") return {0};
+  if (op == "BatchNormalization" || op == "InstanceNormalization") return {0, 1, 2};
+  if (op == "PRelu" || op == "Sum" || op == "Mean" || op == "Max" || op == "Min") {
+    std::vector<int> all(static_cast<std::size_t>(node.input_size()));
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
   if (isOneOf(op, kElementwiseOps) || op == "Clip" || op == "Gather") return {0};
   if (op == "LayerNormalization" || op == "Conv" || op == "ConvTranspose") return {0, 1, 2};
   if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool")
@@ -142,7 +171,7 @@ std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
       op == "Log" || op == "Sqrt" || op == "Identity" || op == "Dropout" || op == "Softmax" ||
       op == "LogSoftmax" || op == "ReduceSum" || op == "ReduceMean" || op == "Reshape" || op == "Flatten" ||
       op == "Transpose" || op == "Slice" || op == "Expand" || op == "Unsqueeze" || op == "Squeeze" ||
-      op == "Cast" || op == "SoftmaxCrossEntropyLoss")
+      op == "Cast" || op == "SoftmaxCrossEntropyLoss" || op == "NegativeLogLikelihoodLoss")
     return {0};
   return {};
 }
@@ -191,6 +220,23 @@ void Importer::setOutput(const onnx::NodeProto& node, int k, Tensor t, int32_t t
 }
 
 Tensor Importer::scalar(double value) { return ops::scalar(graph_, value); }
+
+Tensor Importer::stateVariable(const onnx::NodeProto& node, int k, const std::string& subject) {
+  const std::string& name = node.input(k);
+  Value& value = values_.at(name);
+  if (value.id != kNoTensor || !value.known || value.type != onnx::TensorProto::FLOAT)
+    throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,
+              fmt::format("input {} (\"{}\") holds state that the node updates in place; it must be a float "
+                          "initializer that no other node has used before",
+                          k, name));
+  const Known known = *value.known;
+  const TensorId id = addSource(OpKind::Variable, name, DType::Float32, known.shape,
+                                std::vector<float>(known.f.begin(), known.f.end()), subject);
+  graph_.tensor(id).category = TensorCategory::OptimizerState;
+  values_[name] = Value{std::nullopt, id, onnx::TensorProto::FLOAT};
+  state_.push_back(name);
+  return {&graph_, id};
+}
 
 void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) {
   const std::string& op = node.op_type();
@@ -252,6 +298,272 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
                           op, fmt::join(kMappedOps, ", "), fmt::join(kFoldOnlyOps, ", ")));
   }
 
+  if (op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" || op == "GreaterOrEqual") {
+    // Masks are float32 0/1 (tessera's mask ops). a <= b is (a < b) or
+    // (a == b), exact for NaN too.
+    Tensor a = operand(node, 0, subject);
+    Tensor b = operand(node, 1, subject);
+    if (a.dtype() != b.dtype())
+      unsupported(fmt::format("inputs of types {} and {}: {} compares two float or two integer values",
+                              typeName(values_.at(node.input(0)).type),
+                              typeName(values_.at(node.input(1)).type), op));
+    Tensor y = op == "Equal"         ? ops::equal(a, b)
+               : op == "Less"        ? ops::less(a, b)
+               : op == "Greater"     ? ops::greater(a, b)
+               : op == "LessOrEqual" ? ops::logicalOr(ops::less(a, b), ops::equal(a, b))
+                                     : ops::logicalOr(ops::greater(a, b), ops::equal(a, b));
+    setOutput(node, 0, y, onnx::TensorProto::BOOL);
+    return;
+  }
+  if (op == "Not" || op == "And" || op == "Or") {
+    std::vector<Tensor> in;
+    for (int k = 0; k < (op == "Not" ? 1 : 2); ++k) {
+      if (values_.at(node.input(k)).type != onnx::TensorProto::BOOL)
+        unsupported(fmt::format("input {} (\"{}\") is {}; {} takes bool values", k, node.input(k),
+                                typeName(values_.at(node.input(k)).type), op));
+      in.push_back(operand(node, k, subject));
+    }
+    Tensor y = op == "Not"   ? ops::logicalNot(in[0])
+               : op == "And" ? ops::logicalAnd(in[0], in[1])
+                             : ops::logicalOr(in[0], in[1]);
+    setOutput(node, 0, y, onnx::TensorProto::BOOL);
+    return;
+  }
+  if (op == "Where") {
+    if (values_.at(node.input(0)).type != onnx::TensorProto::BOOL)
+      unsupported(fmt::format("the condition \"{}\" is {}; bool expected", node.input(0),
+                              typeName(values_.at(node.input(0)).type)));
+    Tensor cond = operand(node, 0, subject);
+    Tensor x = operand(node, 1, subject);
+    Tensor y = operand(node, 2, subject);
+    const int32_t type = values_.at(node.input(1)).type;
+    if (x.dtype() != y.dtype())
+      unsupported(fmt::format("x is {} and y {}: Where selects between values of one type", typeName(type),
+                              typeName(values_.at(node.input(2)).type)));
+    setOutput(node, 0, ops::where(cond, x, y), type);
+    return;
+  }
+  if (op == "Sum" || op == "Mean" || op == "Max" || op == "Min") {
+    // Variadic, with numpy broadcasting: a chain of Adds (Mean divides by
+    // the count); Max and Min select with Where (a tie takes the later
+    // operand, and its gradient goes there).
+    std::vector<Tensor> in;
+    for (int k = 0; k < node.input_size(); ++k)
+      if (!node.input(k).empty()) in.push_back(operand(node, k, subject));
+    if (in.empty()) throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("{} without inputs", op));
+    const int32_t type = values_.at(node.input(0)).type;
+    for (std::size_t k = 0; k < in.size(); ++k)
+      if (in[k].dtype() != in[0].dtype() || (op == "Mean" && in[k].dtype() != DType::Float32))
+        unsupported(
+            fmt::format("inputs of different types (or a Mean of integers): {} needs float32 operands, "
+                        "or int32 ones for Sum, Max and Min",
+                        op));
+    Tensor y = in[0];
+    for (std::size_t k = 1; k < in.size(); ++k) {
+      if (op == "Sum" || op == "Mean") {
+        y = ops::add(y, in[k]);
+      } else {
+        y = ops::where(op == "Max" ? ops::greater(y, in[k]) : ops::less(y, in[k]), y, in[k]);
+      }
+    }
+    if (op == "Mean" && in.size() > 1) y = ops::div(y, scalar(static_cast<double>(in.size())));
+    if (in.size() == 1) {
+      values_[node.output(0)] = values_.at(node.input(0));
+      return;
+    }
+    setOutput(node, 0, y, type);
+    return;
+  }
+  if (op == "Pad") {
+    // pads [b1.., e1..] known at import. constant: SlicePad places the input
+    // into zeros (a non-zero value is selected where the padding is); edge and
+    // reflect: slices of the border concatenated on each side, axis by axis.
+    Tensor x = operand(node, 0, subject);
+    const Shape shape = x.shape();
+    const std::size_t rank = shape.size();
+    const std::vector<int64_t> pads = intList(requireKnown(node, 1, subject, "pads"), subject, "pads");
+    if (pads.size() != 2 * rank)
+      throwOnnx(
+          ErrorCode::OnnxNodeShape, subject,
+          fmt::format("pads [{}] need 2 x {} entries for {}", fmt::join(pads, ", "), rank, shapeStr(shape)));
+    for (int64_t p : pads)
+      if (p < 0)
+        unsupported(
+            fmt::format("pads [{}]: negative pads (cropping) are not supported", fmt::join(pads, ", ")));
+    const std::string mode = stringAttribute(node, "mode", "constant", subject);
+    const int32_t type = values_.at(node.input(0)).type;
+    Shape out = shape;
+    for (std::size_t d = 0; d < rank; ++d) out[d] += pads[d] + pads[rank + d];
+    if (mode == "constant") {
+      // The value: known at import, or a computed scalar.
+      double value = 0.0;
+      Tensor computedValue;
+      if (node.input_size() > 2 && !node.input(2).empty()) {
+        if (const Known* v = knownInput(node, 2)) {
+          if (v->size() != 1) unsupported("constant_value must be one value");
+          value = v->at(0);
+        } else {
+          computedValue = operand(node, 2, subject);
+          if (numElements(computedValue.shape()) != 1 || computedValue.dtype() != x.dtype())
+            unsupported("constant_value must be one value of the input's type");
+          computedValue = ops::reshape(computedValue, {});
+        }
+      }
+      OpAttributes attributes;
+      attributes.shape = out;
+      for (std::size_t d = 0; d < rank; ++d) {
+        attributes.starts.push_back(pads[d]);
+        attributes.ends.push_back(pads[d] + shape[d]);
+      }
+      Tensor y{&graph_, graph_.op(graph_.addOp(OpKind::SlicePad, {x.id()}, attributes)).outputs.at(0)};
+      if (value != 0.0 || computedValue.valid()) {
+        // A select (not an add), so that an infinite value stays out of the input's place.
+        std::vector<float> padding(static_cast<std::size_t>(numElements(out)), 1.0F);
+        for (std::size_t i = 0; i < padding.size(); ++i) {
+          bool inside = true;
+          std::size_t rest = i;
+          for (std::size_t d = rank; d-- > 0;) {
+            const auto index = static_cast<int64_t>(rest % static_cast<std::size_t>(out[d]));
+            rest /= static_cast<std::size_t>(out[d]);
+            inside = inside && index >= pads[d] && index < pads[d] + shape[d];
+          }
+          if (inside) padding[i] = 0.0F;
+        }
+        const Tensor mask =
+            ops::constant(graph_, graph_.uniqueName(node.output(0) + ".padding"), std::move(padding), out);
+        const Tensor fill = computedValue.valid()
+                                ? computedValue
+                                : ops::constant(graph_, graph_.uniqueName(node.output(0) + ".value"),
+                                                {static_cast<float>(value)}, {}, x.dtype());
+        y = ops::where(mask, fill, y);
+      }
+      setOutput(node, 0, y, type);
+      return;
+    }
+    if (mode != "edge" && mode != "reflect")
+      unsupported(fmt::format("mode \"{}\": constant, edge and reflect are supported", mode));
+    for (std::size_t d = 0; d < rank; ++d) {
+      const int64_t before = pads[d];
+      const int64_t after = pads[rank + d];
+      if (before == 0 && after == 0) continue;
+      const int64_t n = x.shape()[d];
+      if (mode == "reflect" && (before >= n || after >= n))
+        unsupported(
+            fmt::format("reflect pads of {} and {} on axis {} of size {}: each must be below the size",
+                        before, after, d, n));
+      auto at = [&](int64_t i) {
+        std::vector<int64_t> starts(rank, 0);
+        std::vector<int64_t> ends = x.shape();
+        starts[d] = i;
+        ends[d] = i + 1;
+        return ops::slice(x, starts, ends);
+      };
+      std::vector<Tensor> parts;
+      for (int64_t k = before; k >= 1; --k) parts.push_back(mode == "edge" ? at(0) : at(k));
+      parts.push_back(x);
+      for (int64_t k = 1; k <= after; ++k) parts.push_back(mode == "edge" ? at(n - 1) : at(n - 1 - k));
+      x = ops::concat(parts, static_cast<int64_t>(d));
+    }
+    setOutput(node, 0, x, type);
+    return;
+  }
+  if (op == "PRelu") {
+    // x < 0 ? slope * x : x, the slope broadcast to x: a select, so the
+    // slope's gradient is the sum of dy * x where x < 0.
+    Tensor x = operand(node, 0, subject);
+    requireFloat(x, node, 0, subject);
+    Tensor slope = operand(node, 1, subject);
+    requireFloat(slope, node, 1, subject);
+    setOutput(node, 0, ops::where(ops::less(x, scalar(0.0)), ops::mul(slope, x), x));
+    return;
+  }
+  if (op == "BatchNormalization" || op == "InstanceNormalization") {
+    // Composed of reductions and elementwise ops over the channel axis 1:
+    // statistics over N and the spatial axes (BatchNormalization in training
+    // mode), over the spatial axes of each (n, c) (InstanceNormalization), or
+    // the running statistics given (inference).
+    Tensor x = operand(node, 0, subject);
+    requireFloat(x, node, 0, subject);
+    const Shape shape = x.shape();
+    const auto rank = static_cast<int64_t>(shape.size());
+    if (rank < 2)
+      unsupported(fmt::format("input {} has no channel axis: [N, C, ...] expected", shapeStr(shape)));
+    const double epsilon = floatAttribute(node, "epsilon", 1e-5F, subject);
+    Shape channel(static_cast<std::size_t>(rank), 1);
+    channel[1] = shape[1];
+    auto perChannel = [&](int k, std::string_view what) {
+      Tensor t = operand(node, k, subject);
+      requireFloat(t, node, k, subject);
+      if (t.shape() != Shape{shape[1]})
+        throwOnnx(ErrorCode::OnnxNodeShape, subject,
+                  fmt::format("{} {} must be [C] = [{}]", what, shapeStr(t.shape()), shape[1]));
+      return ops::reshape(t, channel);
+    };
+    const Tensor scale = perChannel(1, "scale");
+    const Tensor bias = perChannel(2, "bias");
+    const bool instance = op == "InstanceNormalization";
+    const bool training = !instance && opset_ >= 14 && intAttribute(node, "training_mode", 0, subject) != 0;
+    int outputs = 0;
+    for (int k = 0; k < node.output_size(); ++k) outputs = node.output(k).empty() ? outputs : k + 1;
+    if (!instance && !training && outputs > 1)
+      unsupported(
+          fmt::format("{} outputs: before opset 14 the running statistics are outputs of training, "
+                      "which this importer computes from opset 14 on (training_mode = 1)",
+                      outputs));
+    Tensor y;
+    if (instance || training) {
+      std::vector<int64_t> axes;
+      for (int64_t a = instance ? 2 : 0; a < rank; ++a)
+        if (a != 1) axes.push_back(a);
+      if (axes.empty()) unsupported("InstanceNormalization of an input without spatial axes");
+      const Tensor mean = ops::reduceMean(x, axes, true);
+      const Tensor centred = ops::sub(x, mean);
+      const Tensor variance = ops::reduceMean(ops::mul(centred, centred), axes, true);
+      y = ops::add(ops::mul(ops::div(centred, ops::sqrt(ops::add(variance, scalar(epsilon)))), scale), bias);
+      if (training && outputs > 1) {
+        // ONNX's running statistics: input * momentum + batch * (1 - momentum).
+        const double momentum = floatAttribute(node, "momentum", 0.9F, subject);
+        const Tensor batchMean = ops::reshape(mean, {shape[1]});
+        const Tensor batchVariance = ops::reshape(variance, {shape[1]});
+        if (knownInput(node, 3) != nullptr || knownInput(node, 4) != nullptr) {
+          // Initializers (a PyTorch export in training mode): the model's
+          // state, updated in place every step as PyTorch updates its
+          // buffers, with the unbiased batch variance. The outputs are the
+          // updated values.
+          const int64_t count = numElements(shape) / shape[1];
+          if (count < 2)
+            unsupported(
+                fmt::format("{} values per channel: the unbiased variance of the running statistics "
+                            "needs at least 2",
+                            count));
+          const Tensor runningMean = stateVariable(node, 3, subject);
+          const Tensor runningVariance = stateVariable(node, 4, subject);
+          const Tensor unbiased =
+              ops::mul(batchVariance, scalar(static_cast<double>(count) / static_cast<double>(count - 1)));
+          setOutput(node, 1, ops::scaledAddInplace(runningMean, batchMean, momentum, 1.0 - momentum));
+          if (outputs > 2)
+            setOutput(node, 2, ops::scaledAddInplace(runningVariance, unbiased, momentum, 1.0 - momentum));
+        } else {
+          // Computed inputs (ONNX's node tests): the spec's formula with the
+          // population variance.
+          auto running = [&](int k, const Tensor& batch) {
+            const Tensor input = operand(node, k, subject);
+            requireFloat(input, node, k, subject);
+            return ops::add(ops::mul(input, scalar(momentum)), ops::mul(batch, scalar(1.0 - momentum)));
+          };
+          if (!node.output(1).empty()) setOutput(node, 1, running(3, batchMean));
+          if (outputs > 2 && !node.output(2).empty()) setOutput(node, 2, running(4, batchVariance));
+        }
+      }
+    } else {
+      const Tensor mean = perChannel(3, "mean");
+      const Tensor variance = perChannel(4, "var");
+      y = ops::add(
+          ops::mul(ops::div(ops::sub(x, mean), ops::sqrt(ops::add(variance, scalar(epsilon)))), scale), bias);
+    }
+    setOutput(node, 0, y);
+    return;
+  }
   if (op == "Identity") {
     values_[node.output(0)] = values_.at(node.input(0));
     return;
@@ -448,11 +760,44 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       if (node.input_size() > 2 && !node.input(2).empty())
         training = scalarOf(requireKnown(node, 2, subject, "training_mode"), "training_mode") != 0;
     }
-    if (training && ratio != 0.0F)
-      unsupported(
-          fmt::format("training mode with ratio {} draws random masks; only inference (or ratio 0) is "
-                      "supported, where Dropout passes its input through",
-                      ratio));
+    if (training && ratio != 0.0F) {
+      if (!options_.randomDropout)
+        unsupported(fmt::format(
+            "training mode with ratio {} draws random masks; set OnnxImportOptions::randomDropout for "
+            "tessera's seeded masks (not onnxruntime's), or use inference mode or ratio 0, where "
+            "Dropout passes its input through",
+            ratio));
+      if (!(ratio > 0.0F && ratio < 1.0F)) unsupported(fmt::format("ratio {} is outside [0, 1)", ratio));
+      Tensor x = operand(node, 0, subject);
+      requireFloat(x, node, 0, subject);
+      if (!dropoutStep_.valid()) {
+        // One counter for the model: read once per run (a snapshot that the
+        // gradient reads too), then advanced in place.
+        const Tensor counter =
+            ops::variable(graph_, graph_.uniqueName("dropout.step"), {0.0F}, {}, std::nullopt,
+                          RetrievalMode::OnePerGroup, TensorCategory::OptimizerState, DType::Int32);
+        state_.push_back(counter.name());
+        dropoutStep_ = ops::copy(counter);
+        ops::scaledAddInplace(
+            counter, ops::constant(graph_, graph_.uniqueName("dropout.one"), {1.0F}, {}, DType::Int32), 1.0,
+            1.0);
+      }
+      const auto* seedAttribute = findAttribute(node, "seed");
+      const uint64_t seed =
+          seedAttribute != nullptr ? static_cast<uint64_t>(seedAttribute->i()) : options_.dropoutSeed;
+      // Seeds stay below 2^53 (they travel as a double attribute).
+      const uint64_t mixed =
+          (seed * 1000003 + static_cast<uint64_t>(dropoutNodes_++)) & ((uint64_t{1} << 53) - 1);
+      const Tensor y = ops::dropout(x, dropoutStep_, ratio, mixed);
+      setOutput(node, 0, y);
+      if (node.output_size() > 1 && !node.output(1).empty())
+        setOutput(node, 1,
+                  ops::logicalNot(ops::equal(ops::dropout(ops::add(ops::mul(x, scalar(0.0)), scalar(1.0)),
+                                                          dropoutStep_, ratio, mixed),
+                                             scalar(0.0))),
+                  onnx::TensorProto::BOOL);
+      return;
+    }
     values_[node.output(0)] = input;
     if (node.output_size() > 1 && !node.output(1).empty()) {
       const Shape shape = input.id != kNoTensor ? graph_.tensor(input.id).shape : input.known->shape;
@@ -608,13 +953,43 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
   if (op == "Cast") {
     const int64_t to = intAttribute(node, "to", -1, subject);
     const Value& in = values_.at(node.input(0));
+    if (in.type == onnx::TensorProto::BOOL &&
+        (to == onnx::TensorProto::FLOAT || to == onnx::TensorProto::BOOL)) {
+      // A mask is float32 0/1 already.
+      Value out = in;
+      out.type = static_cast<int32_t>(to);
+      values_[node.output(0)] = out;
+      return;
+    }
+    if (to == onnx::TensorProto::BOOL &&
+        (in.type == onnx::TensorProto::FLOAT || in.type == onnx::TensorProto::INT64 ||
+         in.type == onnx::TensorProto::INT32)) {
+      // Anything not zero is true (NaN too, as numpy casts it).
+      Tensor x = operand(node, 0, subject);
+      const Tensor zero = x.dtype() == DType::Float32
+                              ? scalar(0.0)
+                              : ops::constant(graph_, graph_.uniqueName("zero"), {0.0F}, {}, DType::Int32);
+      setOutput(node, 0, ops::logicalNot(ops::equal(x, zero)), onnx::TensorProto::BOOL);
+      return;
+    }
+    const bool fromInt = in.type == onnx::TensorProto::INT64 || in.type == onnx::TensorProto::INT32;
+    const bool toInt = to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32;
+    if ((in.type == onnx::TensorProto::FLOAT || in.type == onnx::TensorProto::BOOL) && toInt) {
+      // Truncated toward zero, as numpy's astype (a mask gives 0 and 1).
+      setOutput(node, 0, ops::castToInt32(operand(node, 0, subject)), static_cast<int32_t>(to));
+      return;
+    }
+    if (fromInt && to == onnx::TensorProto::FLOAT) {
+      setOutput(node, 0, ops::castToFloat32(operand(node, 0, subject)), onnx::TensorProto::FLOAT);
+      return;
+    }
     const bool floatToFloat = in.type == onnx::TensorProto::FLOAT && to == onnx::TensorProto::FLOAT;
     const bool intToInt = (in.type == onnx::TensorProto::INT64 || in.type == onnx::TensorProto::INT32) &&
                           (to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32);
     if (!floatToFloat && !intToInt)
       unsupported(
-          fmt::format("cast from {} to {} of a computed value: the device has no conversion op (float to "
-                      "float and between int32/int64 pass through)",
+          fmt::format("cast from {} to {} of a computed value: the device casts between float32, int32/int64 "
+                      "and bool only",
                       typeName(in.type), typeName(static_cast<int32_t>(to))));
     Value out = in;
     out.type = static_cast<int32_t>(to);
@@ -699,35 +1074,88 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     setOutput(node, 0, op == "GlobalAveragePool" ? ops::globalAveragePool(x) : ops::globalMaxPool(x));
     return;
   }
-  if (op == "SoftmaxCrossEntropyLoss") {
+  if (op == "SoftmaxCrossEntropyLoss" || op == "NegativeLogLikelihoodLoss") {
+    // Scores [N, C, d1...] and labels [N, d1...]. [N, C] scores with reduction
+    // mean or sum, no weights and no ignored class run tessera's fused
+    // SoftmaxCrossEntropy (which refuses labels outside [0, C)). Everything
+    // else is composed exactly: log-probabilities with the class axis last,
+    // a one-hot mask of the labels (Equal against the class indices), the
+    // picked values summed, ignored labels masked out; mean divides by the
+    // summed weights of the labels kept (their count without weights), as
+    // ONNX and PyTorch do. A label outside [0, C) that is not ignore_index
+    // selects no class there (loss 0) where PyTorch raises.
+    const bool softmax = op == "SoftmaxCrossEntropyLoss";
     Tensor scores = operand(node, 0, subject);
     requireFloat(scores, node, 0, subject);
-    if (scores.shape().size() != 2)
-      unsupported(fmt::format("scores {} have rank {}; only [N, C] is supported", shapeStr(scores.shape()),
-                              scores.shape().size()));
-    if (node.input_size() > 2 && !node.input(2).empty()) unsupported("class weights are not supported");
+    const Shape shape = scores.shape();
+    const auto rank = static_cast<int64_t>(shape.size());
+    if (rank < 2) unsupported(fmt::format("scores {} need a class axis: [N, C, d1...]", shapeStr(shape)));
     const std::string reduction = stringAttribute(node, "reduction", "mean", subject);
-    if (reduction != "mean" && reduction != "sum")
-      unsupported(fmt::format("reduction \"{}\": only \"mean\" and \"sum\" are supported", reduction));
-    // Labels are class indices in [0, C) (the device refuses others), so an
-    // ignore_index outside that range never matches one: torch always
-    // writes ignore_index (-100 by default).
-    const int64_t classes = scores.shape()[1];
-    if (const auto* ignore = findAttribute(node, "ignore_index")) {
-      const int64_t index = intAttribute(node, "ignore_index", 0, subject);
-      if (index >= 0 && index < classes)
-        unsupported(
-            fmt::format("ignore_index {} is a class index (of {} classes); ignoring labels is not supported",
-                        ignore->i(), classes));
-    }
+    if (reduction != "mean" && reduction != "sum" && reduction != "none")
+      unsupported(fmt::format("reduction \"{}\": only \"mean\", \"sum\" and \"none\" exist", reduction));
     Tensor labels = operand(node, 1, subject);
     if (labels.dtype() != DType::Int32)
       unsupported(fmt::format("labels \"{}\" are {}; int64 or int32 class indices are supported",
                               node.input(1), typeName(values_.at(node.input(1)).type)));
-    setOutput(node, 0,
-              ops::softmaxCrossEntropy(scores, labels,
-                                       reduction == "mean" ? ReductionType::Mean : ReductionType::Sum));
-    if (node.output_size() > 1) setOutput(node, 1, ops::logSoftmax(scores));
+    Shape labelShape = shape;
+    labelShape.erase(labelShape.begin() + 1);
+    if (labels.shape() != labelShape)
+      throwOnnx(ErrorCode::OnnxNodeShape, subject,
+                fmt::format("labels {} do not fit scores {}: expected {}", shapeStr(labels.shape()),
+                            shapeStr(shape), shapeStr(labelShape)));
+    const int64_t classes = shape[1];
+    const bool hasWeights = node.input_size() > 2 && !node.input(2).empty();
+    const bool hasIgnore = findAttribute(node, "ignore_index") != nullptr;
+    const int64_t ignore = intAttribute(node, "ignore_index", 0, subject);
+    const bool ignoresAClass = hasIgnore && ignore >= 0 && ignore < classes;
+    if (softmax && rank == 2 && reduction != "none" && !hasWeights && !ignoresAClass) {
+      setOutput(node, 0,
+                ops::softmaxCrossEntropy(scores, labels,
+                                         reduction == "mean" ? ReductionType::Mean : ReductionType::Sum));
+      if (node.output_size() > 1) setOutput(node, 1, ops::logSoftmax(scores));
+      return;
+    }
+    // The class axis last: [N, d1..., C].
+    std::vector<int64_t> perm{0};
+    for (int64_t a = 2; a < rank; ++a) perm.push_back(a);
+    perm.push_back(1);
+    std::vector<int64_t> back(perm.size());
+    for (std::size_t a = 0; a < perm.size(); ++a)
+      back[static_cast<std::size_t>(perm[a])] = static_cast<int64_t>(a);
+    Tensor logp = rank == 2 ? scores : ops::transpose(scores, perm);
+    if (softmax) logp = ops::logSoftmax(logp);
+    if (softmax && node.output_size() > 1 && !node.output(1).empty())
+      setOutput(node, 1, rank == 2 ? logp : ops::transpose(logp, back));
+    std::vector<float> indices(static_cast<std::size_t>(classes));
+    for (std::size_t c = 0; c < indices.size(); ++c) indices[c] = static_cast<float>(c);
+    const Tensor classIndex = ops::constant(graph_, graph_.uniqueName(node.output(0) + ".classes"),
+                                            std::move(indices), {classes}, DType::Int32);
+    Shape column = labelShape;
+    column.push_back(1);
+    Tensor picked = ops::equal(ops::reshape(labels, column), classIndex);  // [N, d..., C] one-hot
+    if (hasWeights) {
+      Tensor weights = operand(node, 2, subject);
+      requireFloat(weights, node, 2, subject);
+      if (weights.shape() != Shape{classes})
+        throwOnnx(ErrorCode::OnnxNodeShape, subject,
+                  fmt::format("weights {} must be [C] = [{}]", shapeStr(weights.shape()), classes));
+      picked = ops::mul(picked, weights);
+    }
+    if (hasIgnore) {
+      if (ignore < -(int64_t{1} << 24) || ignore > (int64_t{1} << 24))
+        unsupported(fmt::format("ignore_index {} does not fit the device's integers (|v| <= 2^24)", ignore));
+      const Tensor ignored = ops::constant(graph_, graph_.uniqueName(node.output(0) + ".ignore_index"),
+                                           {static_cast<float>(ignore)}, {}, DType::Int32);
+      picked = ops::mul(picked, ops::reshape(ops::logicalNot(ops::equal(labels, ignored)), column));
+    }
+    const Tensor losses = ops::neg(ops::reduceSum(ops::mul(picked, logp), {-1}));  // [N, d...]
+    Tensor loss = losses;
+    if (reduction == "sum") {
+      loss = ops::reduceSum(losses);
+    } else if (reduction == "mean") {
+      loss = ops::div(ops::reduceSum(losses), ops::reduceSum(picked));
+    }
+    setOutput(node, 0, loss);
     return;
   }
   throwOnnx(ErrorCode::OnnxUnsupportedOp, subject, fmt::format("op type {} is not supported", op));

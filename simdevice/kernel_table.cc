@@ -23,6 +23,7 @@ KernelTable& kernelTable() {
     addGatherKernels(t);
     addConvKernels(t);
     addPoolingKernels(t);
+    addMaskKernels(t);
     addCollectiveKernels(t);
     addRemoteKernels(t);
     return t;
@@ -85,7 +86,8 @@ void makeLoops(Step& step, const std::vector<int64_t>& size,
                const std::vector<std::vector<int64_t>>& strides) {
   for (Run& run : step.runs) {
     StridedLoop loop;
-    std::array<int64_t, kMaxOperands> groupStrides{step.outElements, 0, 0};
+    std::array<int64_t, kMaxOperands> groupStrides{};
+    groupStrides[0] = step.outElements;
     for (std::size_t i = 1; i < strides.size(); ++i) {
       groupStrides[i] = run.advance[i - 1] ? step.inElements[i - 1] : 0;
     }
@@ -106,6 +108,12 @@ void planBroadcastLoops(StepPlanner& planner, Step& step) {
   if (op.inputs.size() == 1) {
     planner.runsOver(step, {{op.inputs[0], 0}});
     makeLoops(step, out, {contiguousStrides(out), broadcastStrides(planner.shape(op.inputs[0]), out)});
+  } else if (op.inputs.size() == 3) {
+    planner.runsOver(step, {{op.inputs[0], 0}, {op.inputs[1], 0}, {op.inputs[2], 0}});
+    makeLoops(step, out,
+              {contiguousStrides(out), broadcastStrides(planner.shape(op.inputs[0]), out),
+               broadcastStrides(planner.shape(op.inputs[1]), out),
+               broadcastStrides(planner.shape(op.inputs[2]), out)});
   } else {
     planner.runsOver(step, {{op.inputs[0], 0}, {op.inputs[1], 0}});
     makeLoops(step, out,

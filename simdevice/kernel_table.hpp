@@ -108,6 +108,7 @@ void addSoftmaxKernels(KernelTable& table);
 void addGatherKernels(KernelTable& table);
 void addConvKernels(KernelTable& table);
 void addPoolingKernels(KernelTable& table);
+void addMaskKernels(KernelTable& table);
 void addCollectiveKernels(KernelTable& table);
 void addRemoteKernels(KernelTable& table);
 
@@ -121,7 +122,7 @@ void makeLoops(Step& step, const std::vector<int64_t>& size,
                const std::vector<std::vector<int64_t>>& strides);
 
 // Plans shared by families: the runs and loops of an elementwise op over
-// its inputs' broadcast strides (one or two inputs; the caller sets the
+// its inputs' broadcast strides (one, two or three inputs; the caller sets the
 // kernel and emits), and a whole flat copy of input `source` into the output
 // (Copy, Reshape, CopyInplace's source), emitted.
 void planBroadcastLoops(StepPlanner& planner, Step& step);

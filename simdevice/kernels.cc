@@ -34,7 +34,9 @@ void StridedLoop::coalesce() {
         continue;
       }
     }
-    out.push(size[u], {stride[0][u], stride[1][u], stride[2][u]});
+    std::array<int64_t, kMaxOperands> strides{};
+    for (std::size_t i = 0; i < kMaxOperands; ++i) strides[i] = stride[i][u];
+    out.push(size[u], strides);
   }
   *this = out;
 }

@@ -33,7 +33,9 @@ namespace tessera::sim {
 struct Exchange;
 
 inline constexpr int kMaxDims = 12;
-inline constexpr int kMaxOperands = 3;
+// The output and up to three inputs (Where's cond, x and y). The shared
+// loops (forEach) move the output and two inputs; forEach3 all three.
+inline constexpr int kMaxOperands = 4;
 
 // A loop nest over `size` where operand i (0 = output) moves by stride[i][d]
 // along dimension d. Dimensions are coalesced at load time.
@@ -157,7 +159,7 @@ struct Step {
   float* chainScratch = nullptr;
   int64_t chainScratchStride = 0;
   int32_t outSlot = -1;
-  std::array<int32_t, kMaxOperands - 1> inSlot{-1, -1};
+  std::array<int32_t, kMaxOperands - 1> inSlot{-1, -1, -1};
   std::array<int64_t, kMaxOperands - 1> tileStride{};
 };
 
@@ -231,6 +233,39 @@ void forEach(const StridedLoop& loop, F&& f) {
       o0 -= loop.stride[0][d] * (loop.size[d] - 1);
       o1 -= loop.stride[1][d] * (loop.size[d] - 1);
       o2 -= loop.stride[2][d] * (loop.size[d] - 1);
+      index[d] = 0;
+    }
+  }
+}
+
+// Calls f(outOffset, in0Offset, in1Offset, in2Offset) for every point of
+// the loop (ops of three inputs).
+template <class F>
+void forEach3(const StridedLoop& loop, F&& f) {
+  for (int d = 0; d < loop.rank; ++d)
+    if (loop.size[static_cast<std::size_t>(d)] == 0) return;
+  if (loop.rank == 0) {
+    f(int64_t{0}, int64_t{0}, int64_t{0}, int64_t{0});
+    return;
+  }
+  const auto innermost = static_cast<std::size_t>(loop.rank - 1);
+  const int64_t n = loop.size[innermost];
+  std::array<int64_t, kMaxOperands> step{};
+  for (std::size_t i = 0; i < step.size(); ++i) step[i] = loop.stride[i][innermost];
+  std::array<int64_t, kMaxDims> index{};
+  std::array<int64_t, kMaxOperands> o{};
+  for (;;) {
+    for (int64_t i = 0; i < n; ++i)
+      f(o[0] + i * step[0], o[1] + i * step[1], o[2] + i * step[2], o[3] + i * step[3]);
+    std::size_t d = innermost;
+    for (;;) {
+      if (d == 0) return;
+      --d;
+      if (++index[d] < loop.size[d]) {
+        for (std::size_t k = 0; k < o.size(); ++k) o[k] += loop.stride[k][d];
+        break;
+      }
+      for (std::size_t k = 0; k < o.size(); ++k) o[k] -= loop.stride[k][d] * (loop.size[d] - 1);
       index[d] = 0;
     }
   }

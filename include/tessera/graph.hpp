@@ -128,6 +128,18 @@ enum class OpKind : uint16_t {
   ConvTranspose,  // (x [N, C, D..], w [C, M/group, K..]) -> [N, M, O..], `outputPadding`
   MaxPool,        // x [N, C, D..] -> [N, C, O..], `ceilMode`
   AveragePool,    // x [N, C, D..] -> [N, C, O..], `ceilMode`, `countIncludePad`
+  // Masks: float32 tensors of 0 and 1 (1 = true); every input non-zero counts
+  // as true. Comparisons and logic broadcast (numpy rules) and have no gradient.
+  Equal,    // (a, b) -> a == b, of two float32 or two int32 values
+  Less,     // a < b
+  Greater,  // a > b
+  Not,      // x == 0
+  And,      // a != 0 && b != 0
+  Or,       // a != 0 || b != 0
+  Where,    // (cond, x, y) -> cond != 0 ? x : y, the three broadcast; a select, so -inf in y is kept
+  Dropout,  // (x, step int32 []) -> x * mask / (1 - a), the mask drawn from (seed b, step, global element)
+  CastToInt32,    // float32 -> int32, truncated toward zero; no gradient
+  CastToFloat32,  // int32 -> float32, the same value
   // Gradient helpers, produced by autodiff (also usable directly).
   ReluGrad,                 // (dy, x) -> dy * (x > 0)
   GeluGrad,                 // (dy, x) -> dy * gelu'(x)
@@ -205,6 +217,16 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::ConvTranspose, std::string_view{"ConvTranspose"}},
       std::pair{OpKind::MaxPool, std::string_view{"MaxPool"}},
       std::pair{OpKind::AveragePool, std::string_view{"AveragePool"}},
+      std::pair{OpKind::Equal, std::string_view{"Equal"}},
+      std::pair{OpKind::Less, std::string_view{"Less"}},
+      std::pair{OpKind::Greater, std::string_view{"Greater"}},
+      std::pair{OpKind::Not, std::string_view{"Not"}},
+      std::pair{OpKind::And, std::string_view{"And"}},
+      std::pair{OpKind::Or, std::string_view{"Or"}},
+      std::pair{OpKind::Where, std::string_view{"Where"}},
+      std::pair{OpKind::Dropout, std::string_view{"Dropout"}},
+      std::pair{OpKind::CastToInt32, std::string_view{"CastToInt32"}},
+      std::pair{OpKind::CastToFloat32, std::string_view{"CastToFloat32"}},
       std::pair{OpKind::ReluGrad, std::string_view{"ReluGrad"}},
       std::pair{OpKind::GeluGrad, std::string_view{"GeluGrad"}},
       std::pair{OpKind::LeakyReluGrad, std::string_view{"LeakyReluGrad"}},

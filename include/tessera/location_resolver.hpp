@@ -30,7 +30,7 @@ struct TensorInfo {
 
 // A part of the requested location that was not applied.
 struct LocationDowngrade {
-  std::string setting;  // JSON path of the request, e.g. ".../location/replicatedTensorSharding"
+  std::string setting;    // JSON path of the request, e.g. ".../location/replicatedTensorSharding"
   std::string requested;  // "On"
   std::string applied;    // "Off"
   std::string why;        // "100 elements < minElementsForReplicatedTensorSharding (8192)"

@@ -79,6 +79,20 @@ struct OnnxImportOptions {
   // The global replication factor of the graph (Graph's constructor
   // argument; SessionOptions::getGlobalReplicationFactor()). Must be >= 1.
   int64_t replicationFactor = 1;
+
+  // ----- Training -----
+
+  // Dropout in training mode with a ratio above 0 (a PyTorch export in
+  // training mode): when true, each such node runs tessera's Dropout, whose
+  // masks come from the seed, a step counter (state, OnnxModel::state
+  // "dropout.step", advanced every run) and each element's index in the
+  // global batch, so they do not depend on the replica count; they are not
+  // onnxruntime's or PyTorch's masks. When false, such a node is refused
+  // (tessera.onnx.705). Inference and ratio 0 pass the input through either way.
+  bool randomDropout = false;
+  // The seed of Dropout nodes without a `seed` attribute; each node mixes in
+  // its own position so that two nodes draw different masks.
+  uint64_t dropoutSeed = 0;
 };
 
 struct OnnxModel {
@@ -95,6 +109,11 @@ struct OnnxModel {
   std::vector<std::string> weights;
   // The opset of the default domain the model was written for.
   int64_t opset = 0;
+  // The initializers that became Variables of category OptimizerState: state
+  // that ops update in place every step and no optimizer trains (the running
+  // mean and variance of BatchNormalization in training mode). Checkpoints
+  // hold them with the optimizer state.
+  std::vector<std::string> state;
 };
 
 // True when this build can read ONNX models.

@@ -172,6 +172,29 @@ Tensor averagePool(Tensor x, const PoolParams& params);
 // Over all spatial axes, keeping them as 1s: [N, C, D..] -> [N, C, 1..] (a ReduceMean, a MaxPool).
 Tensor globalAveragePool(Tensor x);
 Tensor globalMaxPool(Tensor x);
+// Masks are float32 0/1 tensors (1 = true; any non-zero input counts as
+// true). Comparisons take two float32 or two int32 values; all broadcast
+// (numpy rules) and have no gradient.
+Tensor equal(Tensor a, Tensor b);
+Tensor less(Tensor a, Tensor b);
+Tensor greater(Tensor a, Tensor b);
+Tensor logicalNot(Tensor x);
+Tensor logicalAnd(Tensor a, Tensor b);
+Tensor logicalOr(Tensor a, Tensor b);
+// cond != 0 ? x : y per element, the three broadcast (numpy rules); a select,
+// so a -inf in the value not taken never turns into NaN. The gradient goes
+// to x where cond holds and to y elsewhere.
+Tensor where(Tensor cond, Tensor x, Tensor y);
+// x * mask / (1 - ratio): element i of replica r's x (element r * n + i of
+// the global batch) is kept when a hash of (seed, step, r * n + i) drawn
+// uniform in [0, 1) is >= ratio, so the masks do not depend on the replica
+// count. `step` is an int32 scalar (a counter the caller advances). The
+// gradient is dy through the same mask.
+Tensor dropout(Tensor x, Tensor step, double ratio, uint64_t seed = 0);
+// float32 -> int32 truncated toward zero (values beyond 2^24 are not held
+// exactly), and int32 -> float32; neither has a gradient.
+Tensor castToInt32(Tensor x);
+Tensor castToFloat32(Tensor x);
 Tensor softmax(Tensor x);     // along the last axis
 Tensor logSoftmax(Tensor x);  // along the last axis
 // logits [N, C], labels [N] int32 -> scalar: -sum_n log softmax(logits)[n, label_n],

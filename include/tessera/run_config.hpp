@@ -149,7 +149,8 @@ struct ScheduleConfig {
 
 // The factor of the learning rate at global step `step` (0-based) of a run of
 // `epochs` epochs of `stepsPerEpoch` steps.
-double learningRateFactor(const ScheduleConfig& schedule, int64_t step, int64_t stepsPerEpoch, int64_t epochs);
+double learningRateFactor(const ScheduleConfig& schedule, int64_t step, int64_t stepsPerEpoch,
+                          int64_t epochs);
 
 struct OutputConfig {
   // Paths to write; empty: not written.

@@ -74,7 +74,9 @@ class TrainingSession {
   // given once, in its host shape (GraphError(HostShapeMismatch) naming the
   // stream, the expected shape and its derivation).
   void run(std::span<const StepInput> inputs);
-  void run(std::initializer_list<StepInput> inputs) { run(std::span<const StepInput>(inputs.begin(), inputs.size())); }
+  void run(std::initializer_list<StepInput> inputs) {
+    run(std::span<const StepInput>(inputs.begin(), inputs.size()));
+  }
 
   // The loss of the last step per micro-batch and local replica, host shape
   // [accumulationFactor, localReplicas] with size-1 dimensions omitted.
@@ -97,8 +99,7 @@ class TrainingSession {
   void setStep(int64_t step);
 
   // Variables by name (weights, optimizer state, accumulators).
-  HostTensor readVariable(std::string_view name,
-                          std::optional<RetrievalMode> mode = std::nullopt) const;
+  HostTensor readVariable(std::string_view name, std::optional<RetrievalMode> mode = std::nullopt) const;
   void writeVariable(std::string_view name, const HostTensor& value);
   // Every variable of category Weight, by name.
   std::vector<std::pair<std::string, HostTensor>> readWeights() const;
@@ -131,12 +132,13 @@ class InferenceSession {
 
   Shape inputHostShape(std::string_view name) const;
   void run(std::span<const StepInput> inputs);
-  void run(std::initializer_list<StepInput> inputs) { run(std::span<const StepInput>(inputs.begin(), inputs.size())); }
+  void run(std::initializer_list<StepInput> inputs) {
+    run(std::span<const StepInput>(inputs.begin(), inputs.size()));
+  }
   // Host shape [localReplicas, ...shape] (size-1 omitted).
   const HostTensor& output(std::string_view name) const;
 
-  HostTensor readVariable(std::string_view name,
-                          std::optional<RetrievalMode> mode = std::nullopt) const;
+  HostTensor readVariable(std::string_view name, std::optional<RetrievalMode> mode = std::nullopt) const;
   void writeVariable(std::string_view name, const HostTensor& value);
   std::vector<std::pair<std::string, HostTensor>> readWeights() const;
   void writeWeights(const std::vector<std::pair<std::string, HostTensor>>& weights);

@@ -56,17 +56,17 @@ struct EnumNames<TileSet> {
 template <>
 struct EnumNames<ReplicatedTensorSharding> {
   static constexpr std::string_view kTypeName = "ReplicatedTensorSharding";
-  static constexpr std::array kNames = {
-      std::pair{ReplicatedTensorSharding::Off, std::string_view{"Off"}},
-      std::pair{ReplicatedTensorSharding::On, std::string_view{"On"}}};
+  static constexpr std::array kNames = {std::pair{ReplicatedTensorSharding::Off, std::string_view{"Off"}},
+                                        std::pair{ReplicatedTensorSharding::On, std::string_view{"On"}}};
 };
 template <>
 struct EnumNames<CommGroupType> {
   static constexpr std::string_view kTypeName = "CommGroupType";
-  static constexpr std::array kNames = {std::pair{CommGroupType::All, std::string_view{"All"}},
-                                        std::pair{CommGroupType::Consecutive, std::string_view{"Consecutive"}},
-                                        std::pair{CommGroupType::Orthogonal, std::string_view{"Orthogonal"}},
-                                        std::pair{CommGroupType::None, std::string_view{"None"}}};
+  static constexpr std::array kNames = {
+      std::pair{CommGroupType::All, std::string_view{"All"}},
+      std::pair{CommGroupType::Consecutive, std::string_view{"Consecutive"}},
+      std::pair{CommGroupType::Orthogonal, std::string_view{"Orthogonal"}},
+      std::pair{CommGroupType::None, std::string_view{"None"}}};
 };
 template <>
 struct EnumNames<TensorCategory> {
@@ -149,12 +149,12 @@ struct TensorLocationSettings {
   int64_t minElementsForReplicatedTensorSharding = 8192;
 
   constexpr TensorLocationSettings() = default;
-  constexpr explicit TensorLocationSettings(TensorLocation loc, int64_t minOffChip = 2,
-                                            int64_t minRts = 8192)
+  constexpr explicit TensorLocationSettings(TensorLocation loc, int64_t minOffChip = 2, int64_t minRts = 8192)
       : location(loc), minElementsForOffChip(minOffChip), minElementsForReplicatedTensorSharding(minRts) {}
   constexpr explicit TensorLocationSettings(TensorStorage storage, int64_t minOffChip = 2,
                                             int64_t minRts = 8192)
-      : location(storage), minElementsForOffChip(minOffChip), minElementsForReplicatedTensorSharding(minRts) {}
+      : location(storage), minElementsForOffChip(minOffChip), minElementsForReplicatedTensorSharding(minRts) {
+  }
 
   bool operator==(const TensorLocationSettings&) const = default;
 };

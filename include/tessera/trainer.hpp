@@ -17,11 +17,11 @@
 namespace tessera {
 
 struct TrainProgress {
-  int64_t epoch = 0;          // 0-based
+  int64_t epoch = 0;  // 0-based
   int64_t epochs = 0;
-  int64_t stepInEpoch = 0;    // steps done in this epoch
+  int64_t stepInEpoch = 0;  // steps done in this epoch
   int64_t stepsPerEpoch = 0;
-  double loss = 0.0;          // of the last step, mean over the global batch
+  double loss = 0.0;  // of the last step, mean over the global batch
   double samplesPerSecond = 0.0;
 };
 

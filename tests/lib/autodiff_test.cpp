@@ -181,7 +181,10 @@ TEST_CASE("gradient check of every single-input op") {
        }},
       {"copy", {3, 2}, -1, 1, [](Tensor x) { return ops::copy(x); }},
       {"abs", {3, 4}, -1, 1, [](Tensor x) { return ops::abs(x); }},
-      {"x times sign(x): no gradient through sign", {3, 4}, -1, 1,
+      {"x times sign(x): no gradient through sign",
+       {3, 4},
+       -1,
+       1,
        [](Tensor x) { return ops::mul(x, ops::sign(x)); }},
       {"erf", {3, 4}, -2, 2, [](Tensor x) { return ops::erf(x); }},
       {"reciprocal", {3, 4}, 0.5, 2, [](Tensor x) { return ops::reciprocal(x); }},
@@ -230,7 +233,9 @@ TEST_CASE("gradient check of every two-input op, with broadcasting") {
       {"matmul", {3, 4}, {4, 2}, [](Tensor a, Tensor b) { return ops::matmul(a, b); }},
       {"batched matmul", {2, 3, 4}, {4, 2}, [](Tensor a, Tensor b) { return ops::matmul(a, b); }},
       {"batchMatmul", {2, 3, 4}, {2, 4, 5}, [](Tensor a, Tensor b) { return ops::batchMatmul(a, b); }},
-      {"batchMatmul over two batch axes", {2, 2, 1, 3}, {2, 2, 3, 2},
+      {"batchMatmul over two batch axes",
+       {2, 2, 1, 3},
+       {2, 2, 3, 2},
        [](Tensor a, Tensor b) { return ops::batchMatmul(a, b); }},
       {"add", {3, 4}, {3, 4}, [](Tensor a, Tensor b) { return ops::add(a, b); }},
       {"add a row", {3, 4}, {4}, [](Tensor a, Tensor b) { return ops::add(a, b); }},
@@ -272,6 +277,46 @@ TEST_CASE("gradient check of every two-input op, with broadcasting") {
       checkGradients(g, {a, b}, c.op(a, b), c.lo, c.hi);
     }
   }
+}
+
+TEST_CASE("gradient check of where: x and y, each broadcast, summed back to their shapes") {
+  SUBCASE("a mask computed from data (no gradient through the comparison)") {
+    Graph g(2);
+    const Tensor a = ops::input(g, "a", {3, 4});
+    const Tensor x = ops::input(g, "x", {3, 1});
+    const Tensor y = ops::input(g, "y", {4});
+    checkGradients(g, {x, y}, ops::where(ops::greater(a, ops::scalar(g, 0.0)), x, y), -1, 1);
+  }
+  SUBCASE("a constant mask") {
+    Graph g(2);
+    const Tensor a = ops::input(g, "a", {3, 4});
+    const Tensor y = ops::input(g, "y", {4});
+    const Tensor causal = ops::constant(g, "causal", {1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0}, {3, 4});
+    checkGradients(g, {a, y}, ops::where(ops::logicalNot(causal), y, a), -1, 1, 11);
+  }
+}
+
+TEST_CASE("gradient check of dropout: dy through the same mask, on every replica") {
+  Graph g(2);
+  const Tensor x = ops::input(g, "x", {4, 6});
+  const Tensor step = ops::constant(g, "step", {5}, {}, DType::Int32);
+  checkGradients(g, {x}, ops::dropout(x, step, 0.35, 9), -1, 1);
+}
+
+TEST_CASE("comparisons and logic have no gradient: autodiff goes around them") {
+  Graph g;
+  const Tensor a = ops::input(g, "a", {3});
+  const Tensor b = ops::input(g, "b", {3});
+  const Tensor mask = ops::logicalOr(ops::logicalAnd(ops::less(a, b), ops::equal(a, a)), ops::greater(a, b));
+  const Tensor loss = ops::reduceSum(ops::mul(mask, a));
+  const std::vector<Tensor> grads = autodiff(g, loss, {a, b});
+  REQUIRE(grads.size() == 2);
+  ReferenceEvaluator ev(g);
+  ev.feed(a.id(), 0, {1.0, 2.0, 3.0});
+  ev.feed(b.id(), 0, {2.0, 2.0, 1.0});
+  ev.run();
+  CHECK(ev.value(grads[0].id(), 0) == std::vector<double>{1.0, 0.0, 1.0});
+  CHECK(ev.value(grads[1].id(), 0) == std::vector<double>{0.0, 0.0, 0.0});
 }
 
 TEST_CASE("gradient check of gather: repeated and negative indices add up") {

@@ -254,8 +254,12 @@ TEST_CASE("bad models are refused with their id and a message that names the nod
        ": node reshape (Reshape, opset 14): input 1 (shape, \"s\") is computed by the model; tessera needs "
        "it known "
        "at import (a constant, or shape arithmetic on constants)"},
+      {"where-float-condition.onnx", ErrorCode::OnnxUnsupportedFeature,
+       ": node where (Where, opset 14): the condition \"x\" is float; bool expected"},
       {"double-input.onnx", ErrorCode::OnnxUnsupportedFeature,
-       ": input x: element type double is not supported; graph inputs may be float, int64 or int32"},
+       ": input x: element type double is not supported; graph inputs may be float, bool (a float32 0/1 "
+       "mask), "
+       "int64 or int32"},
   };
   OnnxImportOptions options;
   options.dimensions = {{"batch", 2}};
@@ -278,8 +282,8 @@ TEST_CASE("an unsupported op names the node, its op type, the opset and the supp
   CHECK(error->code() == ErrorCode::OnnxUnsupportedOp);
   CHECK(error->subject() == path + ": node lrn1 (LRN, opset 14)");
   CHECK(error->detail().starts_with(
-      "op type LRN is not supported; supported: Abs, Add, AveragePool, Cast, Clip, Concat, Constant, Conv, "
-      "ConvTranspose, Div,"));
+      "op type LRN is not supported; supported: Abs, Add, And, AveragePool, BatchNormalization, Cast, Clip, "
+      "Concat, Constant, Conv, ConvTranspose, Div,"));
   CHECK(error->detail().find("SoftmaxCrossEntropyLoss") != std::string::npos);
   CHECK(error->detail().find("on values known at import also: ConstantOfShape") != std::string::npos);
 }

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <map>
 #include <new>
 #include <set>
@@ -236,6 +237,36 @@ const std::vector<Case>& cases() {
          make(g, OpKind::AveragePoolGrad, {ops::input(g, "da", a.shape())}, back);
          ops::globalAveragePool(x2);
          ops::globalMaxPool(s.x3);
+       }},
+      {"comparisons, logic on masks and where with broadcasting",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const Tensor h = ops::matmul(s.x, s.wg1);
+         const Tensor positive = ops::greater(h, ops::scalar(g, 0.0));
+         const Tensor below = ops::less(s.x, s.vg2);
+         ops::equal(s.labels, ops::constant(g, "two", {2}, {}, DType::Int32));
+         ops::equal(ops::relu(s.x), s.vg1);
+         const Tensor either = ops::logicalOr(below, ops::logicalNot(ops::less(s.vg1, ops::scalar(g, 0.0))));
+         ops::logicalAnd(either, ops::reshape(ops::greater(s.vg2, ops::scalar(g, 0.0)), {4}));
+         // masked_fill with -inf: a select keeps -inf, and softmax of the row gives 0 there.
+         const Tensor causal = ops::constant(g, "causal", {1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0}, {3, 4});
+         const Tensor masked = ops::where(ops::logicalNot(causal),
+                                          ops::scalar(g, -std::numeric_limits<double>::infinity()), s.x);
+         ops::softmax(masked);
+         ops::where(positive, h, ops::reshape(s.bias, {1, 5}));
+         ops::where(ops::reshape(below, {3, 4, 1}), ops::reshape(s.vg1, {4, 1}), s.bias);
+         ops::where(ops::scalar(g, 1.0), s.labels, ops::constant(g, "seven", {7}, {}, DType::Int32));
+         const Tensor counts = ops::castToInt32(ops::mul(s.x, ops::scalar(g, 7.0)));
+         ops::castToFloat32(ops::add(counts, ops::reshape(s.labels, {3, 1})));
+       }},
+      {"dropout of per-replica values at two steps, and its gradient",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const Tensor step = ops::constant(g, "step", {3}, {}, DType::Int32);
+         const Tensor y = ops::dropout(ops::matmul(s.x3, s.wg1), step, 0.3, 7);
+         ops::dropout(s.x, ops::constant(g, "step2", {4}, {}, DType::Int32), 0.5);
+         const Tensor loss = ops::reduceSum(ops::mul(y, y));
+         autodiff(g, loss, {s.wg1});
        }},
       {"softmax, cross entropy and argmax",
        [](Sources& s) {
@@ -710,6 +741,47 @@ TEST_CASE("an MLP training step on 2 replicas x batch 4 equals 1 replica x batch
   CHECK_FALSE(readShared(*onOne.executable, one.weights[0]) == test::pseudoRandom(6 * 8, 21));
 }
 
+TEST_CASE(
+    "dropout masks depend on the seed, the step and the element of the global batch, not the replicas") {
+  // Global batch of 8 rows: 1 x 8, 2 x 4 and 4 x 2 replicas draw the same mask.
+  const std::vector<float> data = test::pseudoRandom(8 * 5, 31);
+  std::vector<float> expected;
+  for (int64_t replicas : {1, 2, 4}) {
+    CAPTURE(replicas);
+    Graph g(replicas);
+    const Tensor x = ops::input(g, "x", {8 / replicas, 5});
+    const Tensor counter = ops::variable(g, "counter", {0}, {}, std::nullopt, RetrievalMode::OnePerGroup,
+                                         TensorCategory::OptimizerState, DType::Int32);
+    const Tensor now = ops::copy(counter);
+    const Tensor y = ops::dropout(x, now, 0.4, 123);
+    ops::scaledAddInplace(counter, ops::constant(g, "one", {1}, {}, DType::Int32), 1.0, 1.0);
+    test::DeviceRun run = test::loadOnDevice(g, ExecutionMode::Vectorized);
+    std::vector<float> outputs;
+    for (int step = 0; step < 2; ++step) {
+      test::runDevice(*run.executable, {{x.id(), data}});
+      std::vector<float> out(data.size());
+      run.executable->read(y.id(), out);
+      outputs.insert(outputs.end(), out.begin(), out.end());
+    }
+    if (expected.empty()) {
+      expected = outputs;
+      // Some elements dropped, some kept and scaled, and the two steps differ.
+      int dropped = 0;
+      for (std::size_t i = 0; i < data.size(); ++i) {
+        if (outputs[i] == 0.0f) {
+          ++dropped;
+        } else {
+          CHECK(outputs[i] == doctest::Approx(data[i] / 0.6f));
+        }
+      }
+      CHECK(dropped > 5);
+      CHECK(dropped < 30);
+      CHECK_FALSE(std::equal(outputs.begin(), outputs.begin() + 40, outputs.begin() + 40));
+    }
+    CHECK(outputs == expected);
+  }
+}
+
 TEST_CASE("running a loaded program allocates nothing") {
   Mlp m = makeMlp(4, 16);
   for (ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {
@@ -846,7 +918,8 @@ TEST_CASE("a chain keeps values that only its later steps read in scratch when t
   const auto& feeds = m.feeds;
   const ReferenceEvaluator& oracle = m.oracle;
 
-  SUBCASE("decayed, scaledGrad and step live in scratch, updated is written straight into v; none is stored") {
+  SUBCASE(
+      "decayed, scaledGrad and step live in scratch, updated is written straight into v; none is stored") {
     Program program{g};
     program.hostReads = std::vector<TensorId>{result.id()};
     auto executable = makeSimDevice()->load(std::move(program));
@@ -878,7 +951,8 @@ TEST_CASE("a chain keeps values that only its later steps read in scratch when t
     test::runDevice(*executable, feeds);
     const std::vector<float> got = test::deviceValue(*executable, g, updated.id(), 0);
     REQUIRE(got.size() == 40 * 30);
-    for (std::size_t k = 0; k < got.size(); ++k) CHECK(test::close(got[k], oracle.value(updated.id(), 0)[k], 1e-6));
+    for (std::size_t k = 0; k < got.size(); ++k)
+      CHECK(test::close(got[k], oracle.value(updated.id(), 0)[k], 1e-6));
   }
   SUBCASE("without the list every value stays readable, and the reference plan keeps them all") {
     for (ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {

@@ -1,0 +1,213 @@
+// The mask family: comparisons, logic on masks and Where.
+//
+// A mask is a float32 tensor of 0 and 1 (1 = true), so that masks mix with
+// arithmetic without a cast (ONNX's Cast of a bool to float is the value
+// itself) and every input that is not 0 counts as true. Comparisons and
+// logic are piecewise constant: no gradient flows through them. Where is a
+// real select: cond ? x : y never touches the element it does not pick, so
+// a -inf in y (masked_fill in causal attention) stays -inf and NaN never
+// appears where x * m + y * (1 - m) would make one. Dropout draws its mask
+// from (seed, step, element of the global batch): the same on any number of
+// replicas. The casts between float32 and int32 live here too: a mask
+// becomes an integer or a count the same way.
+#include "ops/masks.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "op_def.hpp"
+
+namespace tessera {
+namespace {
+
+using R = std::vector<Tensor>;
+using Values = std::vector<double>;
+
+OpCost perElement(const Graph& graph, const OpNode& op) {
+  return {.flops = elementsOf(graph, op.outputs[0])};
+}
+
+std::optional<Shape> broadcastAll(const OpChecker& c) {
+  std::optional<Shape> out = c.shape(0);
+  for (std::size_t i = 1; i < c.inputCount() && out; ++i) out = broadcastShapes(*out, c.shape(i));
+  return out;
+}
+
+[[noreturn]] void notBroadcastable(const OpChecker& c) {
+  std::string operands;
+  for (std::size_t i = 0; i < c.inputCount(); ++i) operands += (i == 0 ? "" : ", ") + c.desc(i);
+  c.fail(ErrorCode::ShapeMismatch,
+         fmt::format("{} do not broadcast (numpy rules: aligned from the right, each "
+                     "set of dimensions equal or 1)",
+                     operands));
+}
+
+// Comparisons: two float32 or two int32 values.
+std::vector<OutputSpec> compareShape(const OpChecker& c, OpAttributes& /*attributes*/) {
+  c.arity(2);
+  c.dtype(1, c.in(0).dtype);
+  const auto out = broadcastAll(c);
+  if (!out) notBroadcastable(c);
+  return {{*out, DType::Float32, {}}};
+}
+
+// Logic: masks (float32).
+std::vector<OutputSpec> logicShape(const OpChecker& c, OpAttributes& /*attributes*/) {
+  c.arity(c.kind() == OpKind::Not ? 1 : 2);
+  for (std::size_t i = 0; i < c.inputCount(); ++i) c.dtype(i, DType::Float32);
+  const auto out = broadcastAll(c);
+  if (!out) notBroadcastable(c);
+  return {{*out, DType::Float32, {}}};
+}
+
+template <bool (*F)(double, double)>
+void compareReference(ReferenceOp& r, int64_t replica) {
+  const Values& a = r.in(0, replica);
+  const Values& b = r.in(1, replica);
+  Values& out = r.out(replica);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    out[i] = F(a[reference::broadcastSource(i, r.outShape(), r.inShape(0))],
+               b[reference::broadcastSource(i, r.outShape(), r.inShape(1))])
+                 ? 1.0
+                 : 0.0;
+  }
+}
+
+bool equalOf(double a, double b) { return a == b; }
+bool lessOf(double a, double b) { return a < b; }
+bool greaterOf(double a, double b) { return a > b; }
+bool andOf(double a, double b) { return a != 0.0 && b != 0.0; }
+bool orOf(double a, double b) { return a != 0.0 || b != 0.0; }
+
+R noGradient(const GradientContext& g) { return R(g.op.inputs.size()); }
+
+}  // namespace
+
+void addMaskOps(OpTable& table) {
+  auto add = [&](OpKind kind, auto shape, auto reference) {
+    table.add({.kind = kind,
+               .family = OpFamily::Mask,
+               .elementwise = true,
+               .shape = shape,
+               .gradient = noGradient,
+               .reference = reference,
+               .cost = perElement});
+  };
+  add(OpKind::Equal, compareShape, compareReference<equalOf>);
+  add(OpKind::Less, compareShape, compareReference<lessOf>);
+  add(OpKind::Greater, compareShape, compareReference<greaterOf>);
+  add(OpKind::And, logicShape, compareReference<andOf>);
+  add(OpKind::Or, logicShape, compareReference<orOf>);
+  add(OpKind::Not, logicShape, [](ReferenceOp& r, int64_t replica) {
+    const Values& x = r.in(0, replica);
+    Values& out = r.out(replica);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = x[i] == 0.0 ? 1.0 : 0.0;
+  });
+
+  // (cond, x, y): the gradient of x is dy where cond holds, y's elsewhere,
+  // each summed back to its operand's shape.
+  table.add({.kind = OpKind::Where,
+             .family = OpFamily::Mask,
+             .elementwise = true,
+             .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
+               c.arity(3);
+               c.dtype(0, DType::Float32);
+               c.dtype(2, c.in(1).dtype);
+               const auto out = broadcastAll(c);
+               if (!out) notBroadcastable(c);
+               return {{*out, c.in(1).dtype, {}}};
+             },
+             .gradient = [](const GradientContext& g) -> R {
+               R out(3);
+               const Tensor zero = ops::scalar(g.graph, 0.0);
+               const Tensor cond = g.in(0);
+               if (g.isWanted(1)) out[1] = reduceTo(ops::where(cond, g.dy, zero), g.in(1).shape());
+               if (g.isWanted(2)) out[2] = reduceTo(ops::where(cond, zero, g.dy), g.in(2).shape());
+               return out;
+             },
+             .reference =
+                 [](ReferenceOp& r, int64_t replica) {
+                   const Values& cond = r.in(0, replica);
+                   const Values& x = r.in(1, replica);
+                   const Values& y = r.in(2, replica);
+                   Values& out = r.out(replica);
+                   const Shape& shape = r.outShape();
+                   for (std::size_t i = 0; i < out.size(); ++i) {
+                     out[i] = cond[reference::broadcastSource(i, shape, r.inShape(0))] != 0.0
+                                  ? x[reference::broadcastSource(i, shape, r.inShape(1))]
+                                  : y[reference::broadcastSource(i, shape, r.inShape(2))];
+                   }
+                 },
+             .cost = perElement});
+
+  // Casts: one element from one element; no gradient flows through them.
+  table.add({.kind = OpKind::CastToInt32,
+             .family = OpFamily::Mask,
+             .elementwise = true,
+             .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
+               c.arity(1);
+               c.dtype(0, DType::Float32);
+               return {{c.shape(0), DType::Int32, {}}};
+             },
+             .gradient = noGradient,
+             .reference =
+                 [](ReferenceOp& r, int64_t replica) {
+                   const Values& x = r.in(0, replica);
+                   Values& out = r.out(replica);
+                   for (std::size_t i = 0; i < out.size(); ++i) out[i] = std::trunc(x[i]);
+                 },
+             .cost = perElement});
+  table.add({.kind = OpKind::CastToFloat32,
+             .family = OpFamily::Mask,
+             .elementwise = true,
+             .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
+               c.arity(1);
+               c.dtype(0, DType::Int32);
+               return {{c.shape(0), DType::Float32, {}}};
+             },
+             .gradient = noGradient,
+             .reference = [](ReferenceOp& r, int64_t replica) { r.out(replica) = r.in(0, replica); },
+             .cost = perElement});
+
+  // (x, step int32 []) -> x * mask / (1 - a), seed b. Element i of replica
+  // r's value is element r * n + i of the global batch (host data [R, B, ...]
+  // is the batch in order). The gradient is the same op on dy with the same
+  // step, hence the same mask.
+  table.add(
+      {.kind = OpKind::Dropout,
+       .family = OpFamily::Mask,
+       .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
+         c.arity(2);
+         c.dtype(0, DType::Float32);
+         c.dtype(1, DType::Int32);
+         if (c.rank(1) != 0)
+           c.fail(ErrorCode::ShapeMismatch, fmt::format("the step {} must be a scalar", c.desc(1)));
+         if (!(attributes.a >= 0.0 && attributes.a < 1.0))
+           c.fail(ErrorCode::InvalidOperand, fmt::format("ratio {} is outside [0, 1)", attributes.a));
+         if (!(attributes.b >= 0.0 && attributes.b == std::floor(attributes.b)))
+           c.fail(ErrorCode::InvalidOperand,
+                  fmt::format("seed {} must be a non-negative integer", attributes.b));
+         return {{c.shape(0), DType::Float32, {}}};
+       },
+       .gradient = [](const GradientContext& g) -> R {
+         return {g.make(OpKind::Dropout, {g.dy.id(), g.in(1).id()}, g.attributes()), Tensor{}};
+       },
+       .reference =
+           [](ReferenceOp& r, int64_t replica) {
+             const Values& x = r.in(0, replica);
+             const auto step = static_cast<uint64_t>(r.in(1, replica)[0]);
+             const auto seed = static_cast<uint64_t>(r.attributes().b);
+             const double ratio = r.attributes().a;
+             const uint64_t threshold = dropoutThreshold(ratio);
+             Values& out = r.out(replica);
+             const auto base = static_cast<uint64_t>(replica) * out.size();
+             for (std::size_t i = 0; i < out.size(); ++i)
+               out[i] = dropoutKeeps(seed, step, base + i, threshold) ? x[i] / (1.0 - ratio) : 0.0;
+           },
+       .cost = [](const Graph& graph,
+                  const OpNode& op) { return OpCost{.flops = 8.0 * elementsOf(graph, op.outputs[0])}; }});
+}
+
+}  // namespace tessera

@@ -1,0 +1,113 @@
+// The mask family's kernels (lib/ops/masks.cc defines the ops): comparisons
+// and logic write 0 or 1, Where selects; all run over broadcast loops and in
+// fused chains.
+#include "ops/masks.hpp"
+#include <cmath>
+
+#include "kernel_table.hpp"
+
+namespace tessera::sim {
+namespace {
+
+struct EqualF {
+  float operator()(float a, float b) const { return a == b ? 1.0f : 0.0f; }
+};
+struct LessF {
+  float operator()(float a, float b) const { return a < b ? 1.0f : 0.0f; }
+};
+struct GreaterF {
+  float operator()(float a, float b) const { return a > b ? 1.0f : 0.0f; }
+};
+struct AndF {
+  float operator()(float a, float b) const { return a != 0.0f && b != 0.0f ? 1.0f : 0.0f; }
+};
+struct OrF {
+  float operator()(float a, float b) const { return a != 0.0f || b != 0.0f ? 1.0f : 0.0f; }
+};
+struct TruncF {
+  float operator()(float x) const { return std::trunc(x); }
+};
+struct NotF {
+  float operator()(float x) const { return x == 0.0f ? 1.0f : 0.0f; }
+};
+
+template <Kernel kKernel>
+void planLoops(StepPlanner& planner, Step& step) {
+  planBroadcastLoops(planner, step);
+  step.kernel = kKernel;
+  planner.emit(std::move(step));
+}
+
+template <class F>
+KernelDef binaryMaskKernels(OpKind kind) {
+  return {.kind = kind, .plan = planLoops<binaryKernel<F>>, .tile = binaryTile<F>};
+}
+
+void whereKernel(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* c = inOf(s, run, 0);
+    const float* x = inOf(s, run, 1);
+    const float* y = inOf(s, run, 2);
+    forEach3(run.loop,
+             [&](int64_t io, int64_t ic, int64_t ix, int64_t iy) { o[io] = c[ic] != 0.0f ? x[ix] : y[iy]; });
+  }
+}
+
+void whereTile(const Step& s, const TileOperands& t, int64_t n) {
+  const int64_t sc = s.tileStride[0];
+  const int64_t sx = s.tileStride[1];
+  const int64_t sy = s.tileStride[2];
+  for (int64_t i = 0; i < n; ++i) t.out[i] = t.in[0][i * sc] != 0.0f ? t.in[1][i * sx] : t.in[2][i * sy];
+}
+
+// Per output group g: table[g] the global replica whose value the group
+// holds (its first replica: a value that replicas share has one mask);
+// cols the threshold of the draws, scale 1 / (1 - ratio), groupSize the seed.
+void dropoutKernel(const Step& s) {
+  const auto seed = static_cast<uint64_t>(s.groupSize);
+  const auto threshold = static_cast<uint64_t>(s.cols);
+  const float scale = s.scale;
+  for (const Run& run : s.runs) {
+    const int64_t firstGroup = (run.out) / s.outElements;
+    for (int64_t g = 0; g < run.count; ++g) {
+      const float* x = inOf(s, run, 0) + (run.advance[0] ? g * s.inElements[0] : 0);
+      const auto step = static_cast<uint64_t>(*inOf(s, run, 1));
+      float* out = outOf(s, run) + g * s.outElements;
+      const auto base =
+          static_cast<uint64_t>(s.table[static_cast<std::size_t>(firstGroup + g)] * s.outElements);
+      for (int64_t i = 0; i < s.outElements; ++i)
+        out[i] = dropoutKeeps(seed, step, base + static_cast<uint64_t>(i), threshold) ? x[i] * scale : 0.0f;
+    }
+  }
+}
+
+void planDropout(StepPlanner& planner, Step& step) {
+  const OpNode& op = planner.op();
+  planner.runsOver(step, {{op.inputs[0], 0}, {op.inputs[1], 0}});
+  const ReplicaGrouping& layout = planner.layout(op.outputs[0]);
+  for (int64_t g = 0; g < layout.numGroups(); ++g)
+    step.table.push_back(planner.topology().replicaOffset + layout.replicaAt(g, 0));
+  step.cols = static_cast<int64_t>(dropoutThreshold(op.attributes.a));
+  step.scale = static_cast<float>(1.0 / (1.0 - op.attributes.a));
+  step.groupSize = static_cast<int64_t>(op.attributes.b);
+  step.kernel = dropoutKernel;
+  planner.emit(std::move(step));
+}
+
+}  // namespace
+
+void addMaskKernels(KernelTable& table) {
+  table.add(binaryMaskKernels<EqualF>(OpKind::Equal));
+  table.add(binaryMaskKernels<LessF>(OpKind::Less));
+  table.add(binaryMaskKernels<GreaterF>(OpKind::Greater));
+  table.add(binaryMaskKernels<AndF>(OpKind::And));
+  table.add(binaryMaskKernels<OrF>(OpKind::Or));
+  table.add(unaryKernels<NotF>(OpKind::Not));
+  table.add({.kind = OpKind::Where, .plan = planLoops<whereKernel>, .tile = whereTile});
+  table.add({.kind = OpKind::Dropout, .plan = planDropout});
+  table.add(unaryKernels<TruncF>(OpKind::CastToInt32));
+  table.add(unaryKernels<IdentityF>(OpKind::CastToFloat32));
+}
+
+}  // namespace tessera::sim
