@@ -474,6 +474,16 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     requireFloat(x, node, 0, subject);
     Tensor slope = operand(node, 1, subject);
     requireFloat(slope, node, 1, subject);
+    // PyTorch's exports before opset 7 give PReLU(num_parameters=C) a slope
+    // [C] meant per channel (axis 1), which numpy rules would align with the
+    // last axis: where those rules cannot take it, it applies along axis 1.
+    const Shape& xs = x.shape();
+    if (slope.shape().size() == 1 && xs.size() >= 3 && slope.shape()[0] == xs[1] &&
+        slope.shape()[0] != xs.back() && slope.shape()[0] != 1) {
+      Shape channel(xs.size() - 1, 1);
+      channel[0] = xs[1];
+      slope = ops::reshape(slope, channel);
+    }
     setOutput(node, 0, ops::where(ops::less(x, scalar(0.0)), ops::mul(slope, x), x));
     return;
   }
