@@ -212,7 +212,11 @@ TEST_CASE("PyTorch's conformance folders run without a failure, old opsets upgra
   const fs::path data = kNodeTests.parent_path();
   const std::vector<std::pair<std::string, int>> folders = {
       {"pytorch-converted", 82}, {"pytorch-operator", 31}, {"simple", 6}};
-  for (const auto& [folder, floor] : folders) {
+  // Named variables, not structured bindings: clang before 16 cannot capture those in a lambda
+  // (CAPTURE makes one).
+  for (const auto& row : folders) {
+    const std::string& folder = row.first;
+    const int floor = row.second;
     CAPTURE(folder);
     const auto result = runCli({"onnx-test", (data / folder).string()});
     INFO("stderr: ", result.err);

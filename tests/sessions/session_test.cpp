@@ -335,10 +335,13 @@ TEST_CASE("planning makes no initial values; a session makes each once, with the
 
   TrainingSession session(std::move(g), loss.id(), makeOptimizer(sgdMomentum()), options, makeSimDevice());
   CHECK(made == 2);
-  for (const auto& [name, value] : session.readWeights()) {
+  // Named variables, not structured bindings: clang before 16 cannot capture those in a lambda
+  // (CAPTURE makes one).
+  for (const auto& weight : session.readWeights()) {
+    const std::string& name = weight.first;
     CAPTURE(name);
     const float expected = name == "w" ? 0.25F : -0.5F;
-    for (float v : value.data) CHECK(v == expected);
+    for (float v : weight.second.data) CHECK(v == expected);
   }
   CHECK(copy.tensor(copy.find("w")).initial.elements() == 48);
 }
