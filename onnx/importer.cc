@@ -118,6 +118,37 @@ onnx::ModelProto upgradeOpset(onnx::ModelProto model, const OnnxImportOptions& o
                           "{}: {}; opsets {} to {} are imported as they are",
                           *version, kMinOpset, step, what, kMinOpset, kMaxOpset));
   };
+  // ONNX's converter expects a closed graph (it dereferences the producer
+  // of every value; its checker does not look for them) and converts no
+  // subgraphs: both are refused here, naming what is missing.
+  std::unordered_set<std::string> defined;
+  for (const auto& input : graph.input()) defined.insert(input.name());
+  for (const auto& init : graph.initializer()) defined.insert(init.name());
+  for (const auto& node : graph.node())
+    for (const auto& output : node.output())
+      if (!output.empty()) defined.insert(output);
+  for (int k = 0; k < graph.node_size(); ++k) {
+    const onnx::NodeProto& node = graph.node(k);
+    const std::string subject =
+        fmt::format("{}: node {} ({}, opset {})", source,
+                    node.name().empty() ? fmt::format("#{}", k) : node.name(), node.op_type(), *version);
+    for (const auto& input : node.input())
+      if (!input.empty() && !defined.count(input))
+        throwOnnx(
+            ErrorCode::OnnxInvalidGraph, subject,
+            fmt::format("input \"{}\" has no producer: it is neither a graph input, an initializer nor the "
+                        "output of a node",
+                        input));
+    for (const auto& attribute : node.attribute())
+      if (attribute.has_g() || attribute.graphs_size() > 0)
+        refuse("its subgraphs cannot be upgraded",
+               fmt::format("node {} ({}) has the subgraph attribute {}", node.name(), node.op_type(),
+                           attribute.name()));
+  }
+  for (const auto& output : graph.output())
+    if (!defined.count(output.name()))
+      throwOnnx(ErrorCode::OnnxInvalidGraph, source + ": output " + output.name(),
+                "no node produces it, and it is neither a graph input nor an initializer");
   try {
     onnx::checker::check_model(model);
   } catch (const std::exception& e) {
