@@ -477,7 +477,7 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     // PyTorch's exports before opset 7 give PReLU(num_parameters=C) a slope
     // [C] meant per channel (axis 1), which numpy rules would align with the
     // last axis: where those rules cannot take it, it applies along axis 1.
-    const Shape& xs = x.shape();
+    const Shape xs = x.shape();  // a copy: adding ops may move the graph's tensors
     if (slope.shape().size() == 1 && xs.size() >= 3 && slope.shape()[0] == xs[1] &&
         slope.shape()[0] != xs.back() && slope.shape()[0] != 1) {
       Shape channel(xs.size() - 1, 1);
@@ -829,7 +829,7 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       setOutput(node, 0, apply(x));
     } else if (opset_ < 13) {
       // Before opset 13 the op works on the input flattened to 2-D at `axis`.
-      const Shape& s = x.shape();
+      const Shape s = x.shape();  // a copy: adding ops may move the graph's tensors
       const int64_t outer = std::accumulate(s.begin(), s.begin() + axis, int64_t{1}, std::multiplies<>());
       const int64_t inner = std::accumulate(s.begin() + axis, s.end(), int64_t{1}, std::multiplies<>());
       setOutput(node, 0, ops::reshape(apply(ops::reshape(x, {outer, inner})), s));
@@ -877,7 +877,7 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
   }
   if (op == "Reshape" || op == "Flatten" || op == "Unsqueeze" || op == "Squeeze") {
     Tensor x = operand(node, 0, subject);
-    const Shape& s = x.shape();
+    const Shape s = x.shape();  // a copy: adding ops may move the graph's tensors
     Shape target;
     if (op == "Reshape") {
       const bool allowZero = opset_ >= 14 && intAttribute(node, "allowzero", 0, subject) != 0;
@@ -1182,7 +1182,7 @@ Tensor Importer::mapWindowOp(const onnx::NodeProto& node, const std::string& sub
   };
   Tensor x = operand(node, 0, subject);
   requireFloat(x, node, 0, subject);
-  const Shape& xs = x.shape();
+  const Shape xs = x.shape();  // a copy: adding ops may move the graph's tensors
   if (xs.size() < 3 || xs.size() > 5)
     unsupported(fmt::format("X {} has {} spatial axes; 1 to 3 are supported", shapeStr(xs),
                             static_cast<int64_t>(xs.size()) - 2));
