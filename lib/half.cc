@@ -1,0 +1,163 @@
+#include "half.hpp"
+
+#include <bit>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define TESSERA_HALF_X86 1
+#else
+#define TESSERA_HALF_X86 0
+#endif
+
+namespace tessera {
+
+namespace {
+
+constexpr uint32_t kFloatAbsMask = 0x7fffffffu;
+constexpr uint32_t kFloatInfinity = 0x7f800000u;
+constexpr uint16_t kHalfInfinity = 0x7c00u;
+constexpr uint16_t kHalfQuietBit = 0x0200u;
+// 65520: halfway between 65504, the largest half, and 65536. 65504's last
+// mantissa bit is 1, so the tie goes up, to infinity.
+constexpr uint32_t kFloatHalfOverflow = 0x477ff000u;
+// 2^-14, the smallest normal half.
+constexpr uint32_t kFloatHalfNormalMin = 0x38800000u;
+// The float exponent bias less the half's (127 - 15), in place.
+constexpr uint32_t kRebias = 112u << 23;
+
+}  // namespace
+
+uint16_t floatToHalf(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & kFloatAbsMask;
+  if (magnitude >= kFloatInfinity) {
+    if (magnitude == kFloatInfinity) return sign | kHalfInfinity;
+    // A NaN: quieted, the top ten bits of its payload kept.
+    return static_cast<uint16_t>(sign | kHalfInfinity | kHalfQuietBit | ((magnitude >> 13) & 0x3ffu));
+  }
+  if (magnitude >= kFloatHalfOverflow) return sign | kHalfInfinity;
+  if (magnitude >= kFloatHalfNormalMin) {
+    // Normal: drop 13 mantissa bits, rounding to nearest even; a carry moves
+    // into the exponent, as it should (0x477fefff and below stay finite).
+    const uint32_t rounded = magnitude + 0x0fffu + ((magnitude >> 13) & 1u);
+    return static_cast<uint16_t>(sign | ((rounded - kRebias) >> 13));
+  }
+  // Subnormal or zero: the value is m * 2^(e - 150) for the float's biased
+  // exponent e and mantissa m with its implicit bit, and the half counts units
+  // of 2^-24, so the result is m / 2^(126 - e) rounded to nearest even. Below
+  // 2^-25 (e < 102) everything rounds to zero; 2^-25 itself is a tie to zero.
+  const uint32_t exponent = magnitude >> 23;
+  if (exponent < 102) return sign;
+  const uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126 - exponent;  // 14 to 24
+  uint32_t units = mantissa >> shift;
+  const uint32_t rest = mantissa & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (units & 1u))) ++units;  // 1024 is 2^-14, the smallest normal
+  return static_cast<uint16_t>(sign | units);
+}
+
+float halfToFloat(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1fu;
+  uint32_t mantissa = bits & 0x3ffu;
+  if (exponent == 0x1f) {
+    // Infinity, or a NaN quieted with its payload kept.
+    const uint32_t quiet = mantissa != 0 ? 0x400000u : 0u;
+    return std::bit_cast<float>(sign | kFloatInfinity | quiet | (mantissa << 13));
+  }
+  if (exponent != 0) return std::bit_cast<float>(sign | ((exponent << 23) + kRebias) | (mantissa << 13));
+  if (mantissa == 0) return std::bit_cast<float>(sign);
+  // Subnormal: m * 2^-24, normal as a float. Shift the leading 1 up to the
+  // implicit bit's place, lowering the exponent by one per step.
+  uint32_t floatExponent = 127 - 14;  // of 2^-14, for a leading 1 in bit 10
+  while ((mantissa & 0x400u) == 0) {
+    mantissa <<= 1;
+    --floatExponent;
+  }
+  return std::bit_cast<float>(sign | (floatExponent << 23) | ((mantissa & 0x3ffu) << 13));
+}
+
+namespace detail {
+
+void floatsToHalvesPortable(const float* in, uint16_t* out, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) out[i] = floatToHalf(in[i]);
+}
+
+void halvesToFloatsPortable(const uint16_t* in, float* out, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) out[i] = halfToFloat(in[i]);
+}
+
+}  // namespace detail
+
+namespace {
+
+#if TESSERA_HALF_X86
+
+bool cpuHasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+  // F16C is ECX bit 29; its 256-bit forms need the OS to keep AVX state,
+  // which __builtin_cpu_supports("avx") checks.
+  return (ecx & (1u << 29)) != 0 && __builtin_cpu_supports("avx");
+}
+
+__attribute__((target("avx,f16c"))) void floatsToHalvesF16c(const float* in, uint16_t* out,
+                                                            std::size_t count) {
+  std::size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256 values = _mm256_loadu_ps(in + i);
+    const __m128i halves = _mm256_cvtps_ph(values, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), halves);
+  }
+  for (; i < count; ++i) out[i] = floatToHalf(in[i]);
+}
+
+__attribute__((target("avx,f16c"))) void halvesToFloatsF16c(const uint16_t* in, float* out,
+                                                            std::size_t count) {
+  std::size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(halves));
+  }
+  for (; i < count; ++i) out[i] = halfToFloat(in[i]);
+}
+
+#endif
+
+struct Converters {
+  void (*toHalves)(const float*, uint16_t*, std::size_t) = detail::floatsToHalvesPortable;
+  void (*toFloats)(const uint16_t*, float*, std::size_t) = detail::halvesToFloatsPortable;
+  bool f16c = false;
+};
+
+const Converters& converters() {
+  static const Converters chosen = [] {
+    Converters c;
+#if TESSERA_HALF_X86
+    if (cpuHasF16c()) {
+      c.toHalves = floatsToHalvesF16c;
+      c.toFloats = halvesToFloatsF16c;
+      c.f16c = true;
+    }
+#endif
+    return c;
+  }();
+  return chosen;
+}
+
+}  // namespace
+
+void floatsToHalves(const float* in, uint16_t* out, std::size_t count) {
+  converters().toHalves(in, out, count);
+}
+
+void halvesToFloats(const uint16_t* in, float* out, std::size_t count) {
+  converters().toFloats(in, out, count);
+}
+
+bool halfConversionUsesF16c() { return converters().f16c; }
+
+}  // namespace tessera
