@@ -21,6 +21,7 @@
 #define ZLIB_CONST
 #include <zlib.h>
 
+#include "half.hpp"
 #include "json_reader.hpp"
 #include "safetensors.hpp"
 #include "tessera/error.hpp"
@@ -787,9 +788,10 @@ std::vector<unsigned char> readWholeFile(const std::string& path) {
   return bytes;
 }
 
-// The dtypes a graph input of `dtype` can be fed from.
+// The dtypes a graph input of `dtype` can be fed from: float16 widens to
+// float32 exactly; int64 narrows to int32 when the value fits (checked).
 bool fits(DType dtype, std::string_view stored) {
-  return dtype == DType::Float32 ? stored == "F32" : stored == "I32" || stored == "I64";
+  return dtype == DType::Float32 ? stored == "F32" || stored == "F16" : stored == "I32" || stored == "I64";
 }
 
 // Reads the little-endian bytes of `view` into `tensor` (dtype set).
@@ -806,6 +808,13 @@ void convert(const safetensors::TensorView& view, std::span<const uint8_t> data,
     for (std::size_t i = 0; i < tensor.floats.size(); ++i) {
       tensor.floats[i] = std::bit_cast<float>(static_cast<uint32_t>(load(i, 4)));
     }
+    return;
+  }
+  if (view.dtype == "F16") {
+    std::vector<uint16_t> halves(bytes.size() / 2);
+    for (std::size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(load(i, 2));
+    tensor.floats.resize(halves.size());
+    halvesToFloats(halves.data(), tensor.floats.data(), halves.size());
     return;
   }
   const std::size_t size = view.dtype == "I64" ? 8 : 4;
@@ -926,7 +935,7 @@ TensorSplit parseTensorSplit(std::span<const unsigned char> bytes, const std::st
       throw IoError(
           ErrorCode::DatasetTensorMismatch, subject,
           fmt::format("the tensor is {} but graph input {} is {}; store it as {}", view->dtype, input.name,
-                      toString(input.dtype), input.dtype == DType::Float32 ? "F32" : "I32 or I64"));
+                      toString(input.dtype), input.dtype == DType::Float32 ? "F32 or F16" : "I32 or I64"));
     }
     DataTensor tensor;
     tensor.name = input.name;

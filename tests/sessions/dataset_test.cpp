@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -746,6 +747,23 @@ TEST_CASE("a tensors file feeds each input from its tensor, int64 narrowed exact
   const Bytes ints = tensorFile({{"labels", "I32", {2}, bytesOf(std::vector<int32_t>{7, -1})},
                                  {"x", "F32", {2, 2, 3}, bytesOf(iotaFloats(12))}});
   CHECK(parseTensorSplit(ints, "f", kInputs).find("labels")->ints == std::vector<int32_t>{7, -1});
+
+  // F16 feeds float inputs, widened exactly: 1, -2, 65504 (the largest half), 2^-24 (the
+  // smallest subnormal), -0, 1/3 rounded to a half (0x3555 = 0.333251953125), and six more.
+  std::vector<uint16_t> halves = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x8000, 0x3555};
+  for (uint16_t h = 0x4000; halves.size() < 12; h += 0x0100) halves.push_back(h);
+  const Bytes f16 = tensorFile({{"labels", "I32", {2}, bytesOf(std::vector<int32_t>{0, 1})},
+                                {"x", "F16", {2, 2, 3}, bytesOf(halves)}});
+  const std::vector<float> widened = parseTensorSplit(f16, "f", kInputs).find("x")->floats;
+  REQUIRE(widened.size() == 12);
+  CHECK(widened[0] == 1.0f);
+  CHECK(widened[1] == -2.0f);
+  CHECK(widened[2] == 65504.0f);
+  CHECK(widened[3] == std::ldexp(1.0f, -24));
+  CHECK((widened[4] == 0.0f && std::signbit(widened[4])));
+  CHECK(widened[5] == 0.333251953125f);
+  CHECK(widened[6] == 2.0f);
+  CHECK(widened[7] == 2.5f);  // 0x4100: 2 * (1 + 256 / 1024)
 }
 
 TEST_CASE("a tensors file that does not fit the inputs names the file and the tensor") {
@@ -773,7 +791,7 @@ TEST_CASE("a tensors file that does not fit the inputs names the file and the te
        tensorFile({x({4, 2, 3}), {"label", "I64", {4}, bytesOf(std::vector<int64_t>(4, 0))}}),
        ErrorCode::DatasetTensorMissing, "d.safetensors: tensor labels", "did you mean \"label\"?"},
       {"float64 for float32", tensorFile({x({4, 2, 3}, "F64"), labels(4)}), ErrorCode::DatasetTensorMismatch,
-       "d.safetensors: tensor x", "the tensor is F64 but graph input x is float32; store it as F32"},
+       "d.safetensors: tensor x", "the tensor is F64 but graph input x is float32; store it as F32 or F16"},
       {"floats for ints", tensorFile({x({4, 2, 3}), labels(4, "F32")}), ErrorCode::DatasetTensorMismatch,
        "d.safetensors: tensor labels", "store it as I32 or I64"},
       {"another sample shape", tensorFile({x({4, 3, 2}), labels(4)}), ErrorCode::DatasetTensorMismatch,
