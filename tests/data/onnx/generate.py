@@ -9,7 +9,10 @@ tests/data/bad/expected.json); and, for training the MLP export from its
 initializers, a tensors dataset (mlp_train.safetensors, mlp_test.safetensors)
 with PyTorch's per-step losses under tessera's SGD, SGD-with-momentum and Adam
 updates (mlp_training_reference.json), plus the copy the sample config
-samples/configs/mlp_onnx.json trains.
+samples/configs/mlp_onnx.json trains; the same for the LeNet and GPT-block
+exports (lenet_/gpt_train.safetensors, lenet_/gpt_test.safetensors,
+lenet_/gpt_training_reference.json); and the models and token set of the
+sample configs samples/configs/lenet.json and gpt_tiny.json.
 
 Run from the checkout with Debian's python3-torch and python3-onnx:
     /usr/bin/python3 tests/data/onnx/generate.py
