@@ -12,7 +12,8 @@ updates (mlp_training_reference.json), plus the copy the sample config
 samples/configs/mlp_onnx.json trains; the same for the LeNet and GPT-block
 exports (lenet_/gpt_train.safetensors, lenet_/gpt_test.safetensors,
 lenet_/gpt_training_reference.json); and the models and token set of the
-sample configs samples/configs/lenet.json and gpt_tiny.json.
+sample configs samples/configs/lenet.json and gpt_tiny.json; and a model
+with three inputs that an IDX dataset cannot feed (three_inputs.onnx).
 
 Run from the checkout with Debian's python3-torch and python3-onnx:
     /usr/bin/python3 tests/data/onnx/generate.py
@@ -648,6 +649,22 @@ def write_samples():
     write_safetensors(os.path.join(folder, "test.safetensors"), {"tokens": tokens[2048:], "targets": targets[2048:]})
 
 
+def write_three_inputs_model():
+    """three_inputs.onnx: a linear classifier of 28 x 28 images (image [batch, 784], labels [batch] int64) whose
+    loss adds the mean of a third input (weight [batch], float): two float inputs, so an IDX dataset cannot bind
+    its images by default, and an input it cannot feed."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [784, 10], [((i * 7) % 13 - 6) / 100.0 for i in range(7840)])
+    nodes = [helper.make_node("MatMul", ["image", "w"], ["logits"], name="fc"),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "labels"], ["ce"], name="ce"),
+             helper.make_node("ReduceMean", ["weight"], ["mean"], name="mean", keepdims=0),
+             helper.make_node("Add", ["ce", "mean"], ["loss"], name="loss")]
+    m = model(nodes, [tensor("image", ["batch", 784]), tensor("labels", ["batch"], TensorProto.INT64),
+                      tensor("weight", ["batch"])],
+              [tensor("loss", []), tensor("logits", ["batch", 10])], [w])
+    onnx.checker.check_model(m)
+    onnx.save(m, os.path.join(HERE, "three_inputs.onnx"))
+
+
 if __name__ == "__main__":
     main()
     write_old_opset_model()
@@ -660,3 +677,4 @@ if __name__ == "__main__":
     write_lenet_training_reference()
     write_gpt_training_reference()
     write_samples()
+    write_three_inputs_model()
