@@ -290,17 +290,23 @@ TEST_CASE("a location override by ONNX initializer name trains the same losses")
 
 TEST_CASE("a checkpoint saved at R=2 with RTS resumes at R=1 with the uninterrupted losses") {
   const test::TempDir dir;
-  const std::string checkpoint = (dir.path() / "mlp.safetensors").string();
-  for (const std::string run : {"sgd-momentum", "adam"}) {
+  const std::string checkpoint = (dir.path() / "model.safetensors").string();
+  // LeNet stops in its second pass over the data.
+  const std::vector<std::pair<const Fixture*, std::string>> runs = {
+      {&kMlp, "sgd-momentum"}, {&kMlp, "adam"}, {&kLeNet, "adam"}, {&kGpt, "adam"}};
+  for (const auto& fixtureRun : runs) {
+    const Fixture& fixture = *fixtureRun.first;
+    const std::string& run = fixtureRun.second;
+    CAPTURE(fixture.name);
     CAPTURE(run);
-    const TrainSummary whole = train(mlpConfig(run));
+    const TrainSummary whole = train(onnxConfig(fixture, run));
     constexpr int64_t kStopAt = 10;
     int64_t steps = 0;
     TrainControl stop;
     stop.stopRequested = [&steps] { return steps++ == kStopAt; };
     const std::vector<std::string> sharded =
         with(with(replicas(2, 4), rts(R"({"type": "All"})")), {"/output/checkpoint=" + checkpoint});
-    const TrainSummary first = train(mlpConfig(run, sharded), {}, stop);
+    const TrainSummary first = train(onnxConfig(fixture, run, sharded), {}, stop);
     REQUIRE(first.interrupted);
     REQUIRE(first.checkpointStep == kStopAt);
     CHECK(readCheckpoint(checkpoint).step == kStopAt);
@@ -309,7 +315,7 @@ TEST_CASE("a checkpoint saved at R=2 with RTS resumes at R=1 with the uninterrup
     resume.resumeFrom = checkpoint;
     std::vector<std::string> warnings;
     resume.onWarning = [&warnings](const std::string& warning) { warnings.push_back(warning); };
-    const TrainSummary rest = train(mlpConfig(run), {}, resume);
+    const TrainSummary rest = train(onnxConfig(fixture, run), {}, resume);
     CHECK(rest.firstStep == kStopAt);
     std::vector<double> losses = first.losses;
     losses.insert(losses.end(), rest.losses.begin(), rest.losses.end());
