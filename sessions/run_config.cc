@@ -50,6 +50,21 @@ void visitModelTypeFields(V& v, ModelConfig& value, std::string_view type) {
             {.doc = "Values of the model's symbolic dimensions by name: \"batchSize\" (the per-replica batch "
                     "size) or a positive integer as a string (\"128\"). By default the first axis of every "
                     "input is the per-replica batch size."});
+    v.field(
+        "images", value.images,
+        {.doc = "The graph input that the images of an IDX dataset (fashion-mnist, mnist, synthetic) feed: "
+                "each sample's pixels / 255 in the input's shape, which must hold rows x cols elements per "
+                "sample (e.g. [batch, 1, 28, 28]). Empty: the graph's only float32 input."});
+    v.field(
+        "labels", value.labels,
+        {.doc = "The graph input [batch] of integer class labels: the one an IDX dataset's labels feed and "
+                "the one `logits` is compared with for the test accuracy. Empty: the graph's only integer "
+                "input."});
+    v.field(
+        "logits", value.logits,
+        {.doc = "A graph output [batch, classes]: the test accuracy is the fraction of test samples whose "
+                "largest logit is at the index of their label (`labels`). Empty: no accuracy; train "
+                "reports the test loss only."});
     return;
   }
   v.field("layers", value.layers,
@@ -110,7 +125,8 @@ void visitFields(V& v, ModelConfig& value) {
     v.setKeyContext(fmt::format("for model type \"{}\"", jsonio::printable(value.type)));
     const bool onnx = value.type == kOnnxModel;
     static constexpr std::array<const char*, 2> kMlpKeys = {"layers", "activation"};
-    static constexpr std::array<const char*, 3> kOnnxKeys = {"path", "loss", "dimensions"};
+    static constexpr std::array<const char*, 6> kOnnxKeys = {"path",   "loss",   "dimensions",
+                                                             "images", "labels", "logits"};
     if (onnx) {
       for (const char* key : kMlpKeys) v.explainKey(key, "it is an option of model type \"mlp\"");
     } else {

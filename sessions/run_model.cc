@@ -13,6 +13,7 @@
 #include "tessera/error.hpp"
 #include "tessera/mlp.hpp"
 #include "tessera/onnx.hpp"
+#include "tessera/ops.hpp"
 
 namespace tessera {
 namespace {
@@ -67,6 +68,108 @@ std::map<std::string, int64_t, std::less<>> boundDimensions(const ModelConfig& m
   return dimensions;
 }
 
+std::string describeInput(const Graph& graph, const std::string& name) {
+  const TensorNode& node = graph.tensor(graph.find(name));
+  return fmt::format("\"{}\" ({} [{}])", name, toString(node.dtype), fmt::join(node.shape, ", "));
+}
+
+// The graph input that `setting` (/model/images or /model/labels) names, or
+// by default the only input of `dtype`.
+std::string pickInput(const RunConfig& config, const RunModel& run, const std::string& setting,
+                      const std::string& path, DType dtype, std::string_view role) {
+  const Graph& graph = run.graph;
+  std::vector<std::string> described;
+  for (const std::string& input : run.inputs) described.push_back(describeInput(graph, input));
+  const std::string inputs =
+      described.empty() ? std::string("none") : fmt::format("{}", fmt::join(described, ", "));
+  if (!setting.empty()) {
+    if (std::find(run.inputs.begin(), run.inputs.end(), setting) == run.inputs.end()) {
+      throw ConfigError(ErrorCode::InvalidModel, path,
+                        fmt::format("{} has no input \"{}\"; its inputs are {}{}", config.model.path,
+                                    jsonio::printable(setting), inputs, suggestion(setting, run.inputs)));
+    }
+    if (graph.tensor(graph.find(setting)).dtype != dtype) {
+      throw ConfigError(ErrorCode::InvalidModel, path,
+                        fmt::format("input {} of {} cannot hold {}: they are {}",
+                                    describeInput(graph, setting), config.model.path, role, toString(dtype)));
+    }
+    return setting;
+  }
+  std::vector<std::string> candidates;
+  for (const std::string& input : run.inputs)
+    if (graph.tensor(graph.find(input)).dtype == dtype) candidates.push_back(input);
+  if (candidates.size() != 1) {
+    throw ConfigError(
+        ErrorCode::InvalidModel, path,
+        fmt::format("{} has {} {} inputs, so which one holds {} is not clear; its inputs are {}; "
+                    "set {} to the name of one",
+                    config.model.path, candidates.size(), toString(dtype), role, inputs, path));
+  }
+  return candidates.front();
+}
+
+// The images and labels inputs of an onnx model, where an IDX dataset feeds
+// them or the test accuracy needs the labels.
+void bindDataInputs(const RunConfig& config, RunModel& run) {
+  const ModelConfig& model = config.model;
+  const bool idx = config.data.dataset != DatasetKind::Tensors;
+  if (idx || !model.images.empty())
+    run.images = pickInput(config, run, model.images, "/model/images", DType::Float32, "the images");
+  if (idx || !model.labels.empty() || !model.logits.empty())
+    run.labels = pickInput(config, run, model.labels, "/model/labels", DType::Int32, "the class labels");
+  if (!run.labels.empty()) {
+    const TensorNode& labels = run.graph.tensor(run.graph.find(run.labels));
+    if (labels.shape.size() != 1) {
+      throw ConfigError(
+          ErrorCode::InvalidModel, "/model/labels",
+          fmt::format("input {} of {} is not a batch of class labels: they have the shape [batch]",
+                      describeInput(run.graph, run.labels), model.path));
+    }
+  }
+  if (!idx) return;
+  if (run.images == run.labels) {
+    throw ConfigError(ErrorCode::InvalidModel, "/model/labels",
+                      fmt::format("/model/images and /model/labels both name input \"{}\"", run.labels));
+  }
+  for (const std::string& input : run.inputs) {
+    if (input == run.images || input == run.labels) continue;
+    throw ConfigError(
+        ErrorCode::InvalidData, "/data/dataset",
+        fmt::format("the {} dataset feeds two inputs of {}, the images (\"{}\") and the labels (\"{}\"), "
+                    "but the graph has input {} too; feed every input from a tensors dataset (a .safetensors "
+                    "file with a tensor per graph input)",
+                    toString(config.data.dataset), model.path, run.images, run.labels,
+                    describeInput(run.graph, input)));
+  }
+}
+
+// /model/logits: a graph output [batch, classes] whose argmax over the
+// classes is added to the graph as the predictions.
+void addPredictions(const RunConfig& config, const std::vector<std::string>& outputs, RunModel& run) {
+  const ModelConfig& model = config.model;
+  if (std::find(outputs.begin(), outputs.end(), model.logits) == outputs.end()) {
+    throw ConfigError(ErrorCode::InvalidModel, "/model/logits",
+                      fmt::format("{} has no output \"{}\"; its outputs are \"{}\"{}", model.path,
+                                  jsonio::printable(model.logits), fmt::join(outputs, "\", \""),
+                                  suggestion(model.logits, outputs)));
+  }
+  Graph& graph = run.graph;
+  const TensorId logits = graph.find(model.logits);
+  const TensorNode& node = graph.tensor(logits);
+  const Shape& labels = graph.tensor(graph.find(run.labels)).shape;
+  if (node.dtype != DType::Float32 || node.shape.size() != 2 || node.shape[0] != labels[0] ||
+      node.shape[1] < 1) {
+    throw ConfigError(
+        ErrorCode::InvalidModel, "/model/logits",
+        fmt::format(
+            "output \"{}\" of {} is {} [{}]; logits are float32 [batch, classes], one row per label of "
+            "input \"{}\" [{}]",
+            model.logits, model.path, toString(node.dtype), fmt::join(node.shape, ", "), run.labels,
+            fmt::join(labels, ", ")));
+  }
+  run.predictions = graph.tensor(ops::argmax(Tensor{&graph, logits}).id()).name;
+}
+
 RunModel importModel(const RunConfig& config, int64_t batchSize, int64_t replicationFactor) {
   const ModelConfig& model = config.model;
   OnnxImportOptions options;
@@ -101,6 +204,8 @@ RunModel importModel(const RunConfig& config, int64_t batchSize, int64_t replica
   run.loss = *id;
   run.inputs = std::move(imported.inputs);
   run.graph = std::move(imported.graph);
+  bindDataInputs(config, run);
+  if (!model.logits.empty()) addPredictions(config, imported.outputs, run);
   return run;
 }
 
@@ -112,6 +217,8 @@ RunModel buildRunModel(const RunConfig& config, int64_t batchSize, int64_t repli
   RunModel run;
   run.loss = mlp.loss;
   run.inputs = {mlp.graph.tensor(mlp.input).name, mlp.graph.tensor(mlp.labels).name};
+  run.images = run.inputs[0];
+  run.labels = run.inputs[1];
   run.predictions = mlp.graph.tensor(mlp.predictions).name;
   run.graph = std::move(mlp.graph);
   return run;

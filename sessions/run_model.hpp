@@ -17,8 +17,15 @@ struct RunModel {
   TensorId loss = kNoTensor;
   // The host input streams, in the model's order.
   std::vector<std::string> inputs;
-  // mlp: the int32 argmax of the logits, whose agreement with the "labels"
-  // input is the test accuracy; empty for a model without one (onnx).
+  // The input an IDX dataset's images feed; empty for an onnx model trained
+  // on a tensors dataset without /model/images.
+  std::string images;
+  // The input of the class labels; empty for an onnx model that needs none
+  // (a tensors dataset, no /model/labels or /model/logits).
+  std::string labels;
+  // The int32 argmax of the logits, whose agreement with `labels` is the test
+  // accuracy: the mlp's, or the one added to an onnx graph for
+  // /model/logits; empty when there is none.
   std::string predictions;
 };
 
@@ -26,8 +33,12 @@ struct RunModel {
 // of `replicationFactor` replicas. For onnx: the first axis of every input
 // is bound to batchSize unless /model/dimensions names it, the other
 // symbolic dimensions from /model/dimensions; the loss is /model/loss or the
-// graph's only output. Throws ConfigError(InvalidModel) at the JSON path of
-// the setting that does not fit the model, and the importer's errors.
+// graph's only output. The images and labels inputs are bound as
+// /model/images and /model/labels say (by default the only float32 and the
+// only integer input) when an IDX dataset feeds the model or accuracy needs
+// them. Throws ConfigError(InvalidModel) at the JSON path of the setting
+// that does not fit the model, ConfigError(InvalidData) at /data/dataset
+// when an IDX dataset cannot feed every input, and the importer's errors.
 RunModel buildRunModel(const RunConfig& config, int64_t batchSize, int64_t replicationFactor);
 
 }  // namespace tessera

@@ -41,18 +41,36 @@ void checkInputWidth(const ModelConfig& model, const DatasetSplit& split) {
   }
 }
 
-// An IDX split as the tensors of the MLP's inputs ("input" [N, pixels],
-// "labels" [N]); the vectors are moved, not copied.
+// The onnx model's images input must hold one image per sample.
+void checkImageInput(const ModelConfig& config, const RunModel& model, const DatasetSplit& split) {
+  const Shape& shape = model.graph.tensor(model.graph.find(model.images)).shape;
+  int64_t elements = 1;
+  for (std::size_t axis = 1; axis < shape.size(); ++axis) elements *= shape[axis];
+  if (shape.size() >= 2 && elements == split.sampleElements()) return;
+  throw ConfigError(
+      ErrorCode::InvalidModel, "/model/images",
+      fmt::format(
+          "input \"{}\" of {} is [{}]: {} elements per sample, but the dataset's images have {} ({} x {}); "
+          "the images input must take rows x cols pixels per sample, e.g. [batch, 1, {}, {}]",
+          model.images, config.path, fmt::join(shape, ", "), shape.size() >= 2 ? elements : 0,
+          split.sampleElements(), split.rows, split.cols, split.rows, split.cols));
+}
+
+// An IDX split as the tensors of the model's images input ([N, pixels] for
+// the MLP, [N, ...the input's sample shape] for onnx) and labels input [N];
+// the vectors are moved, not copied.
 TensorSplit asTensors(DatasetSplit&& split, const RunModel& model, std::string source) {
   TensorSplit tensors;
   tensors.source = std::move(source);
   tensors.count = split.count;
   DataTensor images;
-  images.name = model.inputs.at(0);
-  images.shape = {split.count, split.sampleElements()};
+  images.name = model.images;
+  const Shape& input = model.graph.tensor(model.graph.find(model.images)).shape;
+  images.shape = {split.count};
+  images.shape.insert(images.shape.end(), input.begin() + 1, input.end());
   images.floats = std::move(split.images);
   DataTensor labels;
-  labels.name = model.inputs.at(1);
+  labels.name = model.labels;
   labels.dtype = DType::Int32;
   labels.shape = {split.count};
   labels.ints = std::move(split.labels);
@@ -68,15 +86,19 @@ TensorDataset loadRunData(const RunConfig& config, const RunModel& model, std::s
   if (config.data.dataset == DatasetKind::Tensors) {
     return loadTensorDataset(config.data, graphDataInputs(model.graph, model.inputs));
   }
-  if (config.model.type != kMlpModel) {
+  if (config.model.type != kMlpModel && config.model.type != kOnnxModel) {
     throw ConfigError(
         ErrorCode::InvalidData, "/data/dataset",
-        fmt::format("the {} dataset feeds the mlp model's images and labels; an {} model is fed "
+        fmt::format("the {} dataset feeds the images and labels of an mlp or onnx model; an {} model is fed "
                     "by the tensors dataset (a .safetensors file with a tensor per graph input)",
                     toString(config.data.dataset), config.model.type));
   }
   Dataset data = loadDataset(config.data);
-  checkInputWidth(config.model, data.train);
+  if (config.model.type == kMlpModel) {
+    checkInputWidth(config.model, data.train);
+  } else {
+    checkImageInput(config.model, model, data.train);
+  }
   TensorDataset tensors;
   tensors.source = data.source;
   notice = data.notice;
@@ -324,18 +346,25 @@ TestResult evaluate(const RunConfig& config, const SessionOptions& trainingOptio
   const int64_t batch = config.data.testBatchSize;
   RunModel model = buildRunModel(config, batch, options.getGlobalReplicationFactor());
   const bool accuracy = !model.predictions.empty();
-  const std::string output = accuracy ? model.predictions : model.graph.tensor(model.loss).name;
+  // An onnx model reports its test loss, and its accuracy when it has predictions.
+  const bool withLoss = !accuracy || config.model.type == kOnnxModel;
+  const std::string lossName = model.graph.tensor(model.loss).name;
+  std::vector<std::string> outputs;
+  if (accuracy) outputs.push_back(model.predictions);
+  if (withLoss) outputs.push_back(lossName);
   const std::vector<std::string> inputs = model.inputs;
-  InferenceSession inference(std::move(model.graph), {output}, options, instances.device(config.device));
+  const std::string labelInput = model.labels;
+  InferenceSession inference(std::move(model.graph), outputs, options, instances.device(config.device));
   inference.writeWeights(training.readWeights());
 
   const int64_t perStep = batch * replicas;
   const int64_t globalPerStep = perStep * instances.count();
-  // Without predictions only whole batches count: a padded batch's mean loss would include the padding.
-  const int64_t end = accuracy ? test.count : test.count / globalPerStep * globalPerStep;
+  // The loss counts only whole batches: a padded batch's mean loss would include the padding.
+  const int64_t wholeEnd = test.count / globalPerStep * globalPerStep;
+  const int64_t end = accuracy ? test.count : wholeEnd;
   if (end == 0) return result;
   StepBuffers buffers(inputs, test, perStep);
-  const auto labels = std::find(inputs.begin(), inputs.end(), "labels") - inputs.begin();
+  const auto labels = std::find(inputs.begin(), inputs.end(), labelInput) - inputs.begin();
   std::vector<int64_t> order(static_cast<size_t>(perStep));
   int64_t correct = 0;
   double lossSum = 0.0;
@@ -345,23 +374,21 @@ TestResult evaluate(const RunConfig& config, const SessionOptions& trainingOptio
     for (int64_t i = 0; i < perStep; ++i) order[static_cast<size_t>(i)] = i < real ? first + i : 0;
     buffers.fill(order, 0);
     inference.run(buffers.inputs());
-    const HostTensor& out = inference.output(output);
-    if (!accuracy) {
-      for (const float loss : out.data) lossSum += loss;
-      continue;
+    if (withLoss && globalFirst < wholeEnd) {
+      for (const float loss : inference.output(lossName).data) lossSum += loss;
     }
+    if (!accuracy) continue;
+    const HostTensor& out = inference.output(model.predictions);
     const std::vector<int32_t>& labelData = buffers.ints(static_cast<std::size_t>(labels));
     for (int64_t i = 0; i < real; ++i) {
       if (static_cast<int32_t>(out.data[static_cast<size_t>(i)]) == labelData[static_cast<size_t>(i)])
         ++correct;
     }
   }
-  if (accuracy) {
+  if (accuracy)
     result.accuracy = static_cast<double>(instances.sum(correct)) / static_cast<double>(test.count);
-  } else {
-    // Every replica's loss is the mean over an equal micro-batch.
-    result.loss = instances.sum(lossSum) / static_cast<double>(end / batch);
-  }
+  // Every replica's loss is the mean over an equal micro-batch.
+  if (withLoss && wholeEnd > 0) result.loss = instances.sum(lossSum) / static_cast<double>(wholeEnd / batch);
   return result;
 }
 

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdlib>
+#include <fstream>
 #include <optional>
-#include <utility>
+#include <sstream>
 #include <string>
+#include <utility>
 
 #include <doctest/doctest.h>
 
@@ -16,6 +18,14 @@ namespace tessera::test {
 inline std::string sourcePath(const std::string& relative) {
   const char* root = std::getenv("TESSERA_SOURCE_ROOT");
   return (root ? std::string(root) : std::string(".")) + "/" + relative;
+}
+
+// The whole file at `path`; empty when it cannot be read.
+inline std::string readText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 // Runs fn and returns the error of type E it threw, or nullopt when it threw

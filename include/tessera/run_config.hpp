@@ -78,6 +78,18 @@ struct ModelConfig {
   // default the first axis of every input is the per-replica batch size;
   // entries here take precedence.
   std::map<std::string, std::string> dimensions{};
+  // The graph input that the images of an IDX dataset (fashion-mnist, mnist,
+  // synthetic) feed, each sample's pixels / 255 in the input's shape; empty:
+  // the graph's only float32 input.
+  std::string images{};
+  // The graph input of the class labels: the one an IDX dataset's labels
+  // feed, and the one test accuracy compares `logits` with; empty: the
+  // graph's only integer input.
+  std::string labels{};
+  // A graph output [batch, classes] whose argmax is the predicted class:
+  // train reports the test accuracy from it (besides the test loss). Empty:
+  // no accuracy.
+  std::string logits{};
 
   bool operator==(const ModelConfig&) const = default;
 };

@@ -188,12 +188,16 @@ Action attachTrain(CLI::App& command) {
     if (!args->resume.empty()) fmt::print("resumed: {} at step {}\n", args->resume, summary.firstStep);
     fmt::print("steps: {} (global batch {})\n", summary.steps, summary.globalBatch);
     fmt::print("final loss: {:.4f}\n", summary.finalLoss);
-    if (!summary.interrupted && loaded.config.model.type == kMlpModel) {
+    const ModelConfig& model = loaded.config.model;
+    const bool mlp = model.type == kMlpModel;
+    if (!summary.interrupted && (mlp || (model.type == kOnnxModel && !model.logits.empty()))) {
       fmt::print("test accuracy: {:.4f} ({} samples)\n", summary.testAccuracy, summary.testSamples);
       if (summary.epochTestAccuracies.size() > 1)
         fmt::print("test accuracy per epoch: {:.4f}\n", fmt::join(summary.epochTestAccuracies, " "));
-    } else if (!summary.interrupted && summary.testSamples > 0) {
-      // A model without an accuracy (onnx) reports its mean loss on the test set.
+    }
+    if (!summary.interrupted && !mlp && summary.testSamples > 0) {
+      // Another model reports its mean loss on the test set (an onnx model with logits: besides the
+      // accuracy).
       fmt::print("test loss: {:.4f} ({} samples)\n", summary.testLoss, summary.testSamples);
       if (summary.epochTestLosses.size() > 1)
         fmt::print("test loss per epoch: {:.4f}\n", fmt::join(summary.epochTestLosses, " "));

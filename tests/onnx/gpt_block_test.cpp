@@ -7,14 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "support/onnx_models.hpp"
 #include "tessera/device.hpp"
 #include "tessera/onnx.hpp"
 #include "tessera/ops.hpp"
@@ -28,20 +27,12 @@ namespace {
 using nlohmann::json;
 
 const json& reference() {
-  static const json value = [] {
-    std::ifstream in(test::sourcePath("tests/data/onnx/gpt_block_reference.json"), std::ios::binary);
-    std::ostringstream text;
-    text << in.rdbuf();
-    return json::parse(text.str());
-  }();
+  static const json value = test::readJson("tests/data/onnx/gpt_block_reference.json");
   return value;
 }
 
 OnnxModel importBlock(int64_t batchPerReplica, int64_t replicas) {
-  OnnxImportOptions options;
-  options.dimensions = {{"batch", batchPerReplica}};
-  options.replicationFactor = replicas;
-  return importOnnx(test::sourcePath("tests/data/onnx/gpt_block.onnx"), options);
+  return test::importWithBatch("gpt_block.onnx", batchPerReplica, replicas);
 }
 
 TEST_CASE("the GPT block imports: the causal mask is a select on the device, shape arithmetic is folded") {
@@ -98,10 +89,7 @@ TEST_CASE("the GPT block's loss and logits equal PyTorch's at every batch size a
 
 TEST_CASE(
     "BatchNormalization in training mode: batch statistics, running statistics updated in place as PyTorch") {
-  std::ifstream in(test::sourcePath("tests/data/onnx/batchnorm_train_reference.json"), std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  const json reference = json::parse(text.str());
+  const json reference = test::readJson("tests/data/onnx/batchnorm_train_reference.json");
   const auto batch = reference.at("batch").get<int64_t>();
   OnnxImportOptions importOptions;
   importOptions.dimensions = {{"batch", batch}};
@@ -131,10 +119,7 @@ TEST_CASE(
 }
 
 TEST_CASE("a training step keeps the running-statistic updates and does not train the state") {
-  std::ifstream in(test::sourcePath("tests/data/onnx/batchnorm_train_reference.json"), std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  const json reference = json::parse(text.str());
+  const json reference = test::readJson("tests/data/onnx/batchnorm_train_reference.json");
   OnnxImportOptions importOptions;
   importOptions.dimensions = {{"batch", reference.at("batch").get<int64_t>()}};
   OnnxModel model = importOnnx(test::sourcePath("tests/data/onnx/batchnorm_train.onnx"), importOptions);

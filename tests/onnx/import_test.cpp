@@ -8,15 +8,14 @@
 
 #include <cmath>
 #include <cstddef>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "support/onnx_models.hpp"
 #include "tessera/device.hpp"
 #include "tessera/error.hpp"
 #include "tessera/optimizer.hpp"
@@ -28,36 +27,18 @@ namespace {
 
 using nlohmann::json;
 
-std::string readText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 const std::string kModel = test::sourcePath("tests/data/onnx/mlp.onnx");
 
 const json& reference() {
-  static const json value = json::parse(readText(test::sourcePath("tests/data/onnx/mlp_reference.json")));
+  static const json value = test::readJson("tests/data/onnx/mlp_reference.json");
   return value;
 }
 
-double relativeDifference(double got, double want) {
-  return std::fabs(got - want) / std::max(std::fabs(want), 1e-30);
-}
-
-SessionOptions replicated(int64_t replicas) {
-  SessionOptions options;
-  options.enableReplicatedGraphs = replicas > 1;
-  options.replicatedGraphCount = replicas;
-  return options;
-}
+using test::relativeDifference;
+using test::replicated;
 
 OnnxModel importMlp(int64_t batchPerReplica, int64_t replicas) {
-  OnnxImportOptions options;
-  options.dimensions = {{"batch", batchPerReplica}};
-  options.replicationFactor = replicas;
-  return importOnnx(kModel, options);
+  return test::importWithBatch("mlp.onnx", batchPerReplica, replicas);
 }
 
 TEST_CASE("the MLP export imports with its ONNX names, weights and folded shape arithmetic") {

@@ -8,14 +8,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "support/onnx_models.hpp"
 #include "tessera/device.hpp"
 #include "tessera/onnx.hpp"
 #include "tessera/optimizer.hpp"
@@ -28,31 +27,15 @@ namespace {
 using nlohmann::json;
 
 const json& reference() {
-  static const json value = [] {
-    std::ifstream in(test::sourcePath("tests/data/onnx/lenet_reference.json"), std::ios::binary);
-    std::ostringstream text;
-    text << in.rdbuf();
-    return json::parse(text.str());
-  }();
+  static const json value = test::readJson("tests/data/onnx/lenet_reference.json");
   return value;
 }
 
-double relativeDifference(double got, double want) {
-  return std::fabs(got - want) / std::max(std::fabs(want), 1e-30);
-}
-
-SessionOptions replicated(int64_t replicas) {
-  SessionOptions options;
-  options.enableReplicatedGraphs = replicas > 1;
-  options.replicatedGraphCount = replicas;
-  return options;
-}
+using test::relativeDifference;
+using test::replicated;
 
 OnnxModel importLeNet(int64_t batchPerReplica, int64_t replicas) {
-  OnnxImportOptions options;
-  options.dimensions = {{"batch", batchPerReplica}};
-  options.replicationFactor = replicas;
-  return importOnnx(test::sourcePath("tests/data/onnx/lenet.onnx"), options);
+  return test::importWithBatch("lenet.onnx", batchPerReplica, replicas);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -90,6 +91,34 @@ TEST_CASE("explain on an ONNX config lists every initializer with its category, 
   const CliResult text = runCli({"explain", path});
   CHECK(text.exitCode == 0);
   CHECK(text.out.find("fc2.weight") != std::string::npos);
+}
+
+TEST_CASE("the LeNet and tiny GPT sample configs validate, and explain lists their initializers") {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> samples = {
+      {"lenet.json", {"conv1.weight", "conv2.bias", "fc3.weight"}},
+      {"gpt_tiny.json", {"tokens.weight", "qkv.weight", "head.bias"}}};
+  for (const auto& sample : samples) {
+    const std::string path = tessera::test::sourcePath("samples/configs/" + sample.first);
+    CAPTURE(path);
+    const CliResult valid = runCli({"validate", path});
+    INFO("validate stderr: ", valid.err);
+    CHECK(valid.exitCode == 0);
+    const CliResult explained = runCli({"explain", path, "--json"});
+    INFO("explain stderr: ", explained.err);
+    if (!tessera::onnxSupported()) {
+      CHECK(explained.err.find("tessera.onnx.701") != std::string::npos);
+      continue;
+    }
+    const json report = parseJson(explained);
+    std::map<std::string, std::string> categories;
+    for (const json& tensor : report.at("tensors"))
+      categories[tensor.at("name").get<std::string>()] = tensor.at("category").get<std::string>();
+    for (const std::string& name : sample.second) {
+      CAPTURE(name);
+      CHECK(categories[name] == "Weight");
+      CHECK(categories[name + ".adamM"] == "OptimizerState");
+    }
+  }
 }
 
 TEST_CASE("validate reports the first broken rule with its id and JSON path") {

@@ -120,6 +120,37 @@ TEST_CASE("tessera train trains the ONNX sample config like one replica with the
   CHECK(printed.out.find("test accuracy") == std::string::npos);
 }
 
+TEST_CASE("tessera train learns the LeNet and tiny GPT sample configs") {
+  if (!tessera::onnxSupported()) {
+    MESSAGE("this build has no ONNX support; nothing to run");
+    return;
+  }
+  // Fashion-MNIST through the LeNet export: the IDX images feed its input
+  // [batch, 1, 28, 28], and its logits give the accuracy. 50 steps of 64.
+  const json lenet = train("samples/configs/lenet.json", {});
+  CHECK(lenet["steps"] == 3200 / 64);
+  CHECK(lenet["testSamples"] == 1000);
+  CHECK(lenet["testAccuracy"].get<double>() > 0.5);  // chance: 0.1
+  CHECK(lenet["testLoss"].get<double>() > 0.0);
+  CHECK(lenet["testLoss"].get<double>() < lenet["losses"][0].get<double>());
+  const ProcessResult printed = tessera::test::runProgram(
+      program("TESSERA_CLI"),
+      {"train", tessera::test::sourcePath("samples/configs/lenet.json"), "--quiet", "--set",
+       "/data/limitTrainSamples=640", "--set", "/data/limitTestSamples=200", "--set", "/data/epochs=1"});
+  INFO("stderr: " << printed.err);
+  CHECK(printed.exitCode == 0);
+  CHECK(printed.out.find("test accuracy: ") != std::string::npos);
+  CHECK(printed.out.find("test loss: ") != std::string::npos);
+
+  // The tiny decoder on its generated token set: one pass over the 2048
+  // training sequences (64 steps of 32, the cosine schedule over that pass)
+  // lowers the loss.
+  const json gpt = train("samples/configs/gpt_tiny.json", {});
+  CHECK(gpt["steps"] == 2048 / 32);
+  CHECK(gpt["testSamples"] == 256);
+  CHECK(gpt["testLoss"].get<double>() < gpt["losses"][0].get<double>() - 0.2);
+}
+
 TEST_CASE("replicated configs train like one replica with the whole batch") {
   const std::vector<std::string> mean{"/sessionOptions/accumulationAndReplicationReductionType=Mean"};
   const json reference = train("samples/configs/mnist.json", mean);

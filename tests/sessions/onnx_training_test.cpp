@@ -1,25 +1,25 @@
-// Training an imported ONNX model from a run config: the MLP export of
-// tests/data/onnx (loss inside the graph, dynamic batch axis) on the tensors
-// dataset mlp_train.safetensors. Per-step losses equal PyTorch's training of
-// the same module on the same batches under tessera's optimizer formulas
-// (mlp_training_reference.json, written by tests/data/onnx/generate.py), and
-// every session option that changes where tensors live or how a step is
-// split gives the losses of one replica.
+// Training imported ONNX models from a run config: the MLP, LeNet and
+// GPT-block exports of tests/data/onnx (loss inside the graph, dynamic batch
+// axis) on their tensors datasets (*_train.safetensors). Per-step losses
+// equal PyTorch's training of the same module on the same batches under
+// tessera's optimizer formulas (*_training_reference.json, written by
+// tests/data/onnx/generate.py), and every session option that changes where
+// tensors live or how a step is split gives the losses of one replica.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <filesystem>
-#include <fstream>
+#include <map>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "support/onnx_models.hpp"
 #include "support/process.hpp"
 #include "tessera/checkpoint.hpp"
 #include "tessera/error.hpp"
@@ -34,70 +34,107 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string readText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+using test::relativeDifference;
+using test::worstRelativeDifference;
+
+// An exported model of tests/data/onnx with its tensors datasets and
+// PyTorch's training of it.
+struct Fixture {
+  std::string name;
+  std::string model;  // the .onnx file
+  std::string
+      prefix;  // of <prefix>_train.safetensors, <prefix>_test.safetensors, <prefix>_training_reference.json
+
+  std::string file(const std::string& suffix) const {
+    return test::sourcePath("tests/data/onnx/" + prefix + suffix);
+  }
+  const json& reference() const;
+};
+
+const Fixture kMlp{"MLP", "mlp.onnx", "mlp"};
+const Fixture kLeNet{"LeNet", "lenet.onnx", "lenet"};
+const Fixture kGpt{"GPT block", "gpt_block.onnx", "gpt"};
+const std::vector<Fixture> kFixtures = {kMlp, kLeNet, kGpt};
+
+const json& Fixture::reference() const {
+  static std::map<std::string, json> loaded;
+  auto it = loaded.find(prefix);
+  if (it == loaded.end())
+    it = loaded.emplace(prefix, json::parse(test::readText(file("_training_reference.json")))).first;
+  return it->second;
 }
 
-const json& reference() {
-  static const json value =
-      json::parse(readText(test::sourcePath("tests/data/onnx/mlp_training_reference.json")));
-  return value;
-}
-
-// The run config of the MLP export on the committed tensors dataset, with
-// the optimizer of reference run `run`, R = 1 x batch 8, one epoch in file
-// order (24 steps), then `overrides`.
-RunConfig mlpConfig(const std::string& run, const std::vector<std::string>& overrides = {}) {
+// The run config of `fixture`'s export on its committed tensors dataset,
+// with the optimizer of reference run `run`, R = 1 x batch 8, the reference's
+// steps as passes in file order, then `overrides`.
+RunConfig onnxConfig(const Fixture& fixture, const std::string& run,
+                     const std::vector<std::string>& overrides = {}) {
+  const json& reference = fixture.reference();
+  const int64_t samplesPerPass = reference.at("trainSamples").get<int64_t>();
+  const int64_t samples = reference.at("steps").get<int64_t>() * reference.at("globalBatch").get<int64_t>();
+  REQUIRE(samples % samplesPerPass == 0);
   const json document = {
-      {"model", {{"type", "onnx"}, {"path", test::sourcePath("tests/data/onnx/mlp.onnx")}, {"loss", "loss"}}},
-      {"optimizer", reference().at("runs").at(run).at("optimizer")},
+      {"model",
+       {{"type", "onnx"}, {"path", test::sourcePath("tests/data/onnx/" + fixture.model)}, {"loss", "loss"}}},
+      {"optimizer", reference.at("runs").at(run).at("optimizer")},
       {"data",
        {{"dataset", "tensors"},
-        {"path", test::sourcePath("tests/data/onnx/mlp_train.safetensors")},
-        {"test", test::sourcePath("tests/data/onnx/mlp_test.safetensors")},
+        {"path", fixture.file("_train.safetensors")},
+        {"test", fixture.file("_test.safetensors")},
         {"batchSize", 8},
         {"testBatchSize", 8},
+        {"epochs", samples / samplesPerPass},
         {"shuffle", false}}}};
-  return parseRunConfig(document.dump(), "mlp_onnx.json", overrides).config;
+  return parseRunConfig(document.dump(), fixture.prefix + "_onnx.json", overrides).config;
 }
 
-double relative(double got, double want) { return std::fabs(got - want) / std::max(std::fabs(want), 1e-30); }
+RunConfig mlpConfig(const std::string& run, const std::vector<std::string>& overrides = {}) {
+  return onnxConfig(kMlp, run, overrides);
+}
 
 double worstRelative(const std::vector<double>& got, const std::vector<double>& want) {
-  REQUIRE(got.size() == want.size());
-  double worst = 0.0;
-  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, relative(got[i], want[i]));
-  return worst;
+  return worstRelativeDifference(got, want);
 }
 
 const std::vector<std::string> kRuns = {"sgd", "sgd-momentum", "adam"};
 
 TEST_CASE("per-step losses equal PyTorch's training of the module for SGD, SGD with momentum and Adam") {
-  CHECK(reference().at("steps").get<int>() >= 20);
-  for (const std::string& run : kRuns) {
-    CAPTURE(run);
-    const json& expected = reference().at("runs").at(run);
-    const TrainSummary summary = train(mlpConfig(run));
-    REQUIRE(summary.steps == reference().at("steps").get<int64_t>());
-    const double worst = worstRelative(summary.losses, expected.at("losses").get<std::vector<double>>());
-    INFO("largest relative difference of a step's loss: ", worst);
-    CHECK(worst <= 1e-4);
-    // The test loss is the mean over the test set with the final weights
-    // (40 samples: 5 whole batches of 8).
-    CHECK(relative(summary.testLoss, expected.at("testLoss").get<double>()) <= 1e-4);
-    CHECK(summary.testAccuracy == 0.0);
-    // The final weights keep their ONNX names and PyTorch's values.
-    std::set<std::string> names;
-    for (const auto& [name, values] : summary.weights) {
-      names.insert(name);
-      const std::vector<double> want = expected.at("weights").at(name).get<std::vector<double>>();
-      REQUIRE(values.size() == want.size());
-      for (std::size_t i = 0; i < want.size(); ++i) CHECK(std::fabs(values[i] - want[i]) <= 1e-4);
+  for (const Fixture& fixture : kFixtures) {
+    CAPTURE(fixture.name);
+    const json& reference = fixture.reference();
+    CHECK(reference.at("steps").get<int>() >= 20);
+    for (const std::string& run : kRuns) {
+      CAPTURE(run);
+      const json& expected = reference.at("runs").at(run);
+      const TrainSummary summary = train(onnxConfig(fixture, run));
+      REQUIRE(summary.steps == reference.at("steps").get<int64_t>());
+      const double worst = worstRelative(summary.losses, expected.at("losses").get<std::vector<double>>());
+      INFO("largest relative difference of a step's loss: ", worst);
+      CHECK(worst <= 1e-4);
+      // The test loss is the mean over the test set with the final weights
+      // (whole batches of 8).
+      CHECK(relativeDifference(summary.testLoss, expected.at("testLoss").get<double>()) <= 1e-4);
+      CHECK(summary.testAccuracy == 0.0);
+      // The final weights keep their ONNX names and PyTorch's values (the
+      // reference holds every parameter of the MLP, and a few of the others).
+      std::set<std::string> names;
+      for (const auto& weight : summary.weights) {
+        const std::string& name = weight.first;
+        names.insert(name);
+        if (!expected.at("weights").contains(name)) continue;
+        CAPTURE(name);
+        const std::vector<double> want = expected.at("weights").at(name).get<std::vector<double>>();
+        REQUIRE(weight.second.size() == want.size());
+        double worstWeight = 0;
+        for (std::size_t i = 0; i < want.size(); ++i)
+          worstWeight = std::max(worstWeight, std::fabs(weight.second[i] - want[i]));
+        CHECK(worstWeight <= 1e-4);
+      }
+      for (const auto& item : expected.at("weights").items()) CHECK(names.count(item.key()) == 1);
+      if (&fixture == &kMlp) {
+        CHECK(names == std::set<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
+      }
     }
-    CHECK(names == std::set<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
   }
 }
 
@@ -171,20 +208,35 @@ std::vector<Variant> equivalentVariants() {
   return variants;
 }
 
-TEST_CASE("replication, RTS, streaming and accumulation train the losses of one replica") {
-  for (const std::string run : {"sgd-momentum", "adam"}) {
-    CAPTURE(run);
-    const TrainSummary single = train(mlpConfig(run));
-    for (const Variant& variant : equivalentVariants()) {
-      CAPTURE(variant.name);
-      const TrainSummary summary = train(mlpConfig(run, variant.overrides));
-      REQUIRE(summary.steps == single.steps);
-      const double worst = worstRelative(summary.losses, single.losses);
-      INFO("largest relative difference of a step's loss: ", worst);
-      CHECK(worst <= 1e-5);
-      CHECK(summary.globalBatch == 8);
-    }
+// Every variant trains `fixture` with optimizer `run` to the losses of one
+// replica.
+void checkEquivalentVariants(const Fixture& fixture, const std::string& run) {
+  CAPTURE(fixture.name);
+  CAPTURE(run);
+  const TrainSummary single = train(onnxConfig(fixture, run));
+  for (const Variant& variant : equivalentVariants()) {
+    CAPTURE(variant.name);
+    const TrainSummary summary = train(onnxConfig(fixture, run, variant.overrides));
+    REQUIRE(summary.steps == single.steps);
+    const double worst = worstRelative(summary.losses, single.losses);
+    INFO("largest relative difference of a step's loss: ", worst);
+    CHECK(worst <= 1e-5);
+    CHECK(relativeDifference(summary.testLoss, single.testLoss) <= 1e-5);
+    CHECK(summary.globalBatch == 8);
   }
+}
+
+TEST_CASE("replication, RTS, streaming and accumulation train the losses of one replica") {
+  for (const std::string run : {"sgd-momentum", "adam"}) checkEquivalentVariants(kMlp, run);
+}
+
+// Adam: the optimizer with the most state to shard and stream.
+TEST_CASE("LeNet: replication, RTS, streaming and accumulation train the losses of one replica") {
+  checkEquivalentVariants(kLeNet, "adam");
+}
+
+TEST_CASE("GPT block: replication, RTS, streaming and accumulation train the losses of one replica") {
+  checkEquivalentVariants(kGpt, "adam");
 }
 
 TEST_CASE("explain lists every initializer with its category, location, shard sizes and reason") {
@@ -238,17 +290,23 @@ TEST_CASE("a location override by ONNX initializer name trains the same losses")
 
 TEST_CASE("a checkpoint saved at R=2 with RTS resumes at R=1 with the uninterrupted losses") {
   const test::TempDir dir;
-  const std::string checkpoint = (dir.path() / "mlp.safetensors").string();
-  for (const std::string run : {"sgd-momentum", "adam"}) {
+  const std::string checkpoint = (dir.path() / "model.safetensors").string();
+  // LeNet stops in its second pass over the data.
+  const std::vector<std::pair<const Fixture*, std::string>> runs = {
+      {&kMlp, "sgd-momentum"}, {&kMlp, "adam"}, {&kLeNet, "adam"}, {&kGpt, "adam"}};
+  for (const auto& fixtureRun : runs) {
+    const Fixture& fixture = *fixtureRun.first;
+    const std::string& run = fixtureRun.second;
+    CAPTURE(fixture.name);
     CAPTURE(run);
-    const TrainSummary whole = train(mlpConfig(run));
+    const TrainSummary whole = train(onnxConfig(fixture, run));
     constexpr int64_t kStopAt = 10;
     int64_t steps = 0;
     TrainControl stop;
     stop.stopRequested = [&steps] { return steps++ == kStopAt; };
     const std::vector<std::string> sharded =
         with(with(replicas(2, 4), rts(R"({"type": "All"})")), {"/output/checkpoint=" + checkpoint});
-    const TrainSummary first = train(mlpConfig(run, sharded), {}, stop);
+    const TrainSummary first = train(onnxConfig(fixture, run, sharded), {}, stop);
     REQUIRE(first.interrupted);
     REQUIRE(first.checkpointStep == kStopAt);
     CHECK(readCheckpoint(checkpoint).step == kStopAt);
@@ -257,7 +315,7 @@ TEST_CASE("a checkpoint saved at R=2 with RTS resumes at R=1 with the uninterrup
     resume.resumeFrom = checkpoint;
     std::vector<std::string> warnings;
     resume.onWarning = [&warnings](const std::string& warning) { warnings.push_back(warning); };
-    const TrainSummary rest = train(mlpConfig(run), {}, resume);
+    const TrainSummary rest = train(onnxConfig(fixture, run), {}, resume);
     CHECK(rest.firstStep == kStopAt);
     std::vector<double> losses = first.losses;
     losses.insert(losses.end(), rest.losses.begin(), rest.losses.end());
@@ -286,10 +344,10 @@ TEST_CASE("config errors of an ONNX model name the setting") {
        {"/model/path=missing.onnx"},
        ErrorCode::FileUnreadable,
        "missing.onnx"},
-      {"an IDX dataset for an ONNX model",
+      {"an IDX dataset for an ONNX model whose input does not take 28 x 28 images",
        {"/data/dataset=synthetic", "/data/test="},
-       ErrorCode::InvalidData,
-       "/data/dataset"},
+       ErrorCode::InvalidModel,
+       "/model/images"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
@@ -315,6 +373,167 @@ TEST_CASE("an explicit dimension binding trains as the default one") {
   const TrainSummary number =
       train(mlpConfig("sgd", {R"(/model/dimensions={"batch": "8"})", "/data/limitTrainSamples=32"}));
   CHECK(number.losses == fixed.losses);
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// LeNet on the synthetic IDX dataset (28 x 28 images, 10 classes): the
+// images bind to the float32 input "image" [batch, 1, 28, 28] and the labels
+// to the integer input "labels" without naming them.
+RunConfig lenetOnIdx(const std::vector<std::string>& overrides = {}) {
+  const json document = {
+      {"model",
+       {{"type", "onnx"}, {"path", test::sourcePath("tests/data/onnx/lenet.onnx")}, {"loss", "loss"}}},
+      {"optimizer", {{"type", "adam"}, {"learningRate", 0.002}}},
+      {"data",
+       {{"dataset", "synthetic"},
+        {"batchSize", 16},
+        {"testBatchSize", 16},
+        {"limitTrainSamples", 320},
+        {"limitTestSamples", 100},
+        {"seed", 3}}}};
+  return parseRunConfig(document.dump(), "lenet.json", overrides).config;
+}
+
+TEST_CASE("an IDX dataset feeds an ONNX model's image and label inputs; logits give the test accuracy") {
+  const TrainSummary bound = train(lenetOnIdx({"/model/logits=logits"}));
+  CHECK(bound.steps == 20);
+  CHECK(bound.testSamples == 100);
+  // The synthetic classes are prototypes plus noise: 20 steps take the
+  // accuracy well above chance (0.1).
+  CHECK(bound.losses.back() < bound.losses.front());
+  CHECK(bound.testAccuracy >= 0.3);
+  // The loss over the whole test batches is reported too (6 of 16).
+  CHECK(bound.testLoss > 0.0);
+  // Naming the inputs and the logits binds the same tensors; without logits
+  // there is no accuracy.
+  const TrainSummary named = train(lenetOnIdx({"/model/images=image", "/model/labels=labels"}));
+  CHECK(named.losses == bound.losses);
+  CHECK(named.testAccuracy == 0.0);
+  CHECK(named.testLoss == bound.testLoss);
+  // Two replicas with RTS give the same accuracy.
+  const TrainSummary replicated = train(lenetOnIdx(with(with(replicas(2, 8), rts(R"({"type": "All"})")),
+                                                        {"/model/logits=logits", "/data/testBatchSize=16"})));
+  CHECK(worstRelative(replicated.losses, bound.losses) <= 1e-5);
+  CHECK(replicated.testAccuracy == bound.testAccuracy);
+}
+
+TEST_CASE("the test accuracy from logits equals PyTorch's") {
+  for (const std::string& run : kRuns) {
+    CAPTURE(run);
+    const TrainSummary summary = train(onnxConfig(kLeNet, run, {"/model/logits=logits"}));
+    const json& expected = kLeNet.reference().at("runs").at(run);
+    CHECK(summary.testAccuracy == doctest::Approx(expected.at("testAccuracy").get<double>()).epsilon(1e-12));
+    CHECK(relativeDifference(summary.testLoss, expected.at("testLoss").get<double>()) <= 1e-4);
+  }
+}
+
+TEST_CASE("bindings of data and logits that do not fit the model name the setting") {
+  struct Case {
+    std::string name;
+    std::string model;
+    std::vector<std::string> overrides;
+    ErrorCode code;
+    std::string subject;
+    std::string detail;
+  };
+  const std::vector<Case> cases = {
+      {"an images input the graph does not have",
+       "lenet.onnx",
+       {"/model/images=imag"},
+       ErrorCode::InvalidModel,
+       "/model/images",
+       "did you mean \"image\"?"},
+      {"images bound to the integer input",
+       "lenet.onnx",
+       {"/model/images=labels"},
+       ErrorCode::InvalidModel,
+       "/model/images",
+       "cannot hold the images"},
+      {"labels bound to the float input",
+       "lenet.onnx",
+       {"/model/labels=image"},
+       ErrorCode::InvalidModel,
+       "/model/labels",
+       "cannot hold the class labels"},
+      {"logits the graph does not output",
+       "lenet.onnx",
+       {"/model/logits=logit"},
+       ErrorCode::InvalidModel,
+       "/model/logits",
+       "did you mean \"logits\"?"},
+      {"logits that are the scalar loss",
+       "lenet.onnx",
+       {"/model/logits=loss"},
+       ErrorCode::InvalidModel,
+       "/model/logits",
+       "float32 [batch, classes]"},
+      {"images of 28 x 28 for an input of 2 x 3",
+       "mlp.onnx",
+       {},
+       ErrorCode::InvalidModel,
+       "/model/images",
+       "6 elements per sample, but the dataset's images have 784"},
+      {"no float input for the images",
+       "gpt_block.onnx",
+       {},
+       ErrorCode::InvalidModel,
+       "/model/images",
+       "has 0 float32 inputs"},
+      {"two float inputs for the images",
+       "three_inputs.onnx",
+       {},
+       ErrorCode::InvalidModel,
+       "/model/images",
+       "has 2 float32 inputs"},
+      {"a third input that an IDX dataset does not feed",
+       "three_inputs.onnx",
+       {"/model/images=image"},
+       ErrorCode::InvalidData,
+       "/data/dataset",
+       "but the graph has input \"weight\" (float32 [16]) too"},
+      {"images bound to an integer input of the GPT block",
+       "gpt_block.onnx",
+       {"/model/images=tokens"},
+       ErrorCode::InvalidModel,
+       "/model/images",
+       "cannot hold the images"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    std::vector<std::string> overrides = {"/model/path=" + test::sourcePath("tests/data/onnx/" + c.model)};
+    overrides.insert(overrides.end(), c.overrides.begin(), c.overrides.end());
+    const auto error = test::catchError<Error>([&overrides] { (void)train(lenetOnIdx(overrides)); });
+    REQUIRE(error.has_value());
+    INFO(error->what());
+    CHECK(error->code() == c.code);
+    CHECK(error->subject() == c.subject);
+    CHECK(std::string(error->what()).find(c.detail) != std::string::npos);
+  }
+  // A tensors dataset needs no image binding, but accuracy needs the labels.
+  const auto gptLogits = test::catchError<Error>([] {
+    (void)train(onnxConfig(kGpt, "sgd", {"/model/logits=logits", "/data/limitTrainSamples=8"}));
+  });
+  REQUIRE(gptLogits.has_value());
+  INFO(gptLogits->what());
+  CHECK(gptLogits->subject() == "/model/labels");
+  CHECK(std::string(gptLogits->what()).find("has 2 int32 inputs") != std::string::npos);
+  const auto gptRank = test::catchError<Error>([] {
+    (void)train(onnxConfig(kGpt, "sgd",
+                           {"/model/logits=logits", "/model/labels=targets", "/data/limitTrainSamples=8"}));
+  });
+  REQUIRE(gptRank.has_value());
+  INFO(gptRank->what());
+  CHECK(gptRank->subject() == "/model/labels");
+  // The onnx-only keys are explained for an mlp model.
+  const auto mlpKey = test::catchError<Error>(
+      [] { (void)parseRunConfig(R"({"model": {"type": "mlp", "logits": "logits"}})", "mlp.json", {}); });
+  REQUIRE(mlpKey.has_value());
+  CHECK(std::string(mlpKey->what()).find("model type \"onnx\"") != std::string::npos);
 }
 
 }  // namespace

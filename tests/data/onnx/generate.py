@@ -9,7 +9,11 @@ tests/data/bad/expected.json); and, for training the MLP export from its
 initializers, a tensors dataset (mlp_train.safetensors, mlp_test.safetensors)
 with PyTorch's per-step losses under tessera's SGD, SGD-with-momentum and Adam
 updates (mlp_training_reference.json), plus the copy the sample config
-samples/configs/mlp_onnx.json trains.
+samples/configs/mlp_onnx.json trains; the same for the LeNet and GPT-block
+exports (lenet_/gpt_train.safetensors, lenet_/gpt_test.safetensors,
+lenet_/gpt_training_reference.json); and the models and token set of the
+sample configs samples/configs/lenet.json and gpt_tiny.json; and a model
+with three inputs that an IDX dataset cannot feed (three_inputs.onnx).
 
 Run from the checkout with Debian's python3-torch and python3-onnx:
     /usr/bin/python3 tests/data/onnx/generate.py
@@ -390,15 +394,19 @@ def write_safetensors(path, tensors):
             out.write(blob)
 
 
-def mlp_from_onnx(path):
-    """The Mlp module with the ONNX file's initializers: the weights tessera starts from."""
+def module_from_onnx(model, path):
+    """`model` with the ONNX file's initializers: the weights tessera starts from."""
     from onnx import numpy_helper
-    model = Mlp()
     values = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in onnx.load(path).graph.initializer}
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             parameter.copy_(values[name])
     return model
+
+
+def mlp_from_onnx(path):
+    """The Mlp module with the ONNX file's initializers."""
+    return module_from_onnx(Mlp(), path)
 
 
 def tessera_update(options, parameters, state, step):
@@ -435,6 +443,34 @@ def tessera_update(options, parameters, state, step):
             w.grad = None
 
 
+def train_runs(make_model, train, test, inputs, steps, kept=None, accuracy=False):
+    """PyTorch's training of a fresh make_model() under each optimizer: batches of GLOBAL_BATCH in file order,
+    passing over the training set again when `steps` needs more; per-step losses, the test loss with the final
+    weights (and with `accuracy` the fraction of test samples whose largest logit is at their label) and the
+    final values of the parameters named in `kept` (all when None)."""
+    samples = len(train[inputs[0]])
+    runs = {}
+    for key, options in OPTIMIZERS.items():
+        model = make_model()
+        parameters = list(model.named_parameters())
+        state, losses = {}, []
+        for step in range(steps):
+            first = step * GLOBAL_BATCH % samples
+            batch = slice(first, first + GLOBAL_BATCH)
+            loss, _ = model(*(train[name][batch] for name in inputs))
+            loss.backward()
+            losses.append(float(loss))
+            tessera_update(options, parameters, state, step)
+        with torch.no_grad():
+            test_loss, logits = model(*(test[name] for name in inputs))
+        runs[key] = {"optimizer": options, "losses": losses, "testLoss": float(test_loss),
+                     "weights": {name: p.detach().flatten().tolist() for name, p in parameters
+                                 if kept is None or name in kept}}
+        if accuracy:
+            runs[key]["testAccuracy"] = float((logits.argmax(dim=1) == test[inputs[-1]]).to(torch.float64).mean())
+    return runs
+
+
 def write_training_reference():
     generator = torch.Generator().manual_seed(2024)
     # A learnable task: the class is the argmax of a fixed linear map of the sample.
@@ -446,21 +482,8 @@ def write_training_reference():
     write_safetensors(os.path.join(HERE, "mlp_train.safetensors"), train)
     write_safetensors(os.path.join(HERE, "mlp_test.safetensors"), test)
 
-    runs = {}
-    for key, options in OPTIMIZERS.items():
-        model = mlp_from_onnx(os.path.join(HERE, "mlp.onnx"))
-        parameters = list(model.named_parameters())
-        state, losses = {}, []
-        for step in range(TRAIN_STEPS):
-            batch = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
-            loss, _ = model(train["x"][batch], train["labels"][batch])
-            loss.backward()
-            losses.append(float(loss))
-            tessera_update(options, parameters, state, step)
-        with torch.no_grad():
-            test_loss, _ = model(test["x"], test["labels"])
-        runs[key] = {"optimizer": options, "losses": losses, "testLoss": float(test_loss),
-                     "weights": {name: p.detach().flatten().tolist() for name, p in parameters}}
+    runs = train_runs(lambda: mlp_from_onnx(os.path.join(HERE, "mlp.onnx")), train, test, ["x", "labels"],
+                      TRAIN_STEPS)
     with open(os.path.join(HERE, "mlp_training_reference.json"), "w") as out:
         json.dump({"globalBatch": GLOBAL_BATCH, "steps": TRAIN_STEPS, "trainSamples": TRAIN_SAMPLES,
                    "testSamples": TEST_SAMPLES, "runs": runs}, out, indent=1)
@@ -507,6 +530,141 @@ def write_bad_tensor_files():
             out.write(data)
 
 
+# --- Training the LeNet and GPT-block exports (tests/sessions/onnx_training_test.cpp) ------------------
+
+LENET_TRAIN_SAMPLES = 64   # 24 steps of 8 are three passes in file order; kept small, the images are 3 KB each
+LENET_TEST_SAMPLES = 16
+GPT_TRAIN_SAMPLES = 192    # 24 steps of 8, one pass
+GPT_TEST_SAMPLES = 40
+
+
+def write_lenet_training_reference():
+    """lenet_train.safetensors / lenet_test.safetensors (image [N, 1, 28, 28] as 8-bit pixels / 255, labels
+    [N] int64 from a fixed linear map of the 7x7 average-pooled image, centred) and PyTorch's training of the LeNet export
+    under each optimizer (lenet_training_reference.json)."""
+    generator = torch.Generator().manual_seed(2025)
+    count = LENET_TRAIN_SAMPLES + LENET_TEST_SAMPLES
+    image = torch.randint(0, 256, (count, 1, 28, 28), generator=generator).to(torch.float32) / 255.0
+    teacher = torch.randn(49, 10, generator=generator)
+    labels = ((F.avg_pool2d(image, 4).reshape(count, 49) - 0.5) @ teacher).argmax(dim=1).to(torch.int64)
+    train = {"image": image[:LENET_TRAIN_SAMPLES], "labels": labels[:LENET_TRAIN_SAMPLES]}
+    test = {"image": image[LENET_TRAIN_SAMPLES:], "labels": labels[LENET_TRAIN_SAMPLES:]}
+    write_safetensors(os.path.join(HERE, "lenet_train.safetensors"), train)
+    write_safetensors(os.path.join(HERE, "lenet_test.safetensors"), test)
+    runs = train_runs(lambda: module_from_onnx(LeNet(), os.path.join(HERE, "lenet.onnx")), train, test,
+                      ["image", "labels"], TRAIN_STEPS, kept=("conv1.bias", "conv2.bias", "fc3.bias"), accuracy=True)
+    with open(os.path.join(HERE, "lenet_training_reference.json"), "w") as out:
+        json.dump({"globalBatch": GLOBAL_BATCH, "steps": TRAIN_STEPS, "trainSamples": LENET_TRAIN_SAMPLES,
+                   "testSamples": LENET_TEST_SAMPLES, "runs": runs}, out, indent=1)
+        out.write("\n")
+
+
+def token_sequences(count, generator):
+    """`count` sequences of GptBlock.SEQUENCE + 1 tokens that follow t' = (5 t + 3) mod VOCAB, each step
+    replaced by a random token with probability 1/8: a next-token task a small decoder learns."""
+    vocabulary, length = GptBlock.VOCAB, GptBlock.SEQUENCE + 1
+    sequences = torch.empty(count, length, dtype=torch.int64)
+    sequences[:, 0] = torch.randint(0, vocabulary, (count,), generator=generator)
+    for t in range(1, length):
+        follow = (sequences[:, t - 1] * 5 + 3) % vocabulary
+        noise = torch.randint(0, vocabulary, (count,), generator=generator)
+        keep = torch.randint(0, 8, (count,), generator=generator) != 0
+        sequences[:, t] = torch.where(keep, follow, noise)
+    return sequences
+
+
+def write_gpt_training_reference():
+    """gpt_train.safetensors / gpt_test.safetensors (tokens and next-token targets [N, 8] int64) and PyTorch's
+    training of the GPT-block export under each optimizer (gpt_training_reference.json)."""
+    generator = torch.Generator().manual_seed(2026)
+    sequences = token_sequences(GPT_TRAIN_SAMPLES + GPT_TEST_SAMPLES, generator)
+    tokens, targets = sequences[:, :-1].contiguous(), sequences[:, 1:].contiguous()
+    train = {"tokens": tokens[:GPT_TRAIN_SAMPLES], "targets": targets[:GPT_TRAIN_SAMPLES]}
+    test = {"tokens": tokens[GPT_TRAIN_SAMPLES:], "targets": targets[GPT_TRAIN_SAMPLES:]}
+    write_safetensors(os.path.join(HERE, "gpt_train.safetensors"), train)
+    write_safetensors(os.path.join(HERE, "gpt_test.safetensors"), test)
+
+    def block():
+        model = module_from_onnx(GptBlock(), os.path.join(HERE, "gpt_block.onnx"))
+        model.train()
+        return model
+
+    runs = train_runs(block, train, test, ["tokens", "targets"], TRAIN_STEPS,
+                      kept=("ln1.weight", "lnf.bias", "head.bias"))
+    with open(os.path.join(HERE, "gpt_training_reference.json"), "w") as out:
+        json.dump({"globalBatch": GLOBAL_BATCH, "steps": TRAIN_STEPS, "trainSamples": GPT_TRAIN_SAMPLES,
+                   "testSamples": GPT_TEST_SAMPLES, "runs": runs}, out, indent=1)
+        out.write("\n")
+
+
+# --- The sample configs lenet.json and gpt_tiny.json ---------------------------------------------------
+
+SAMPLES = os.path.join(HERE, "..", "..", "..", "samples", "configs")
+
+
+class GptTiny(GptBlock):
+    """The decoder of GptBlock with a wider embedding, longer sequences and four heads."""
+
+    VOCAB, DIM, SEQUENCE, HEADS = 32, 32, 16, 4
+
+
+def skip_tokens(count, generator):
+    """`count` sequences of GptTiny.SEQUENCE + 1 tokens: two random tokens, then t[i] = (t[i-2] + 1) mod VOCAB,
+    each token replaced by a random one with probability 1/8 (the rule goes on from the replacement). A
+    next-token predictor must look two tokens back, through attention. The lowest mean loss is
+    (ln VOCAB + 15 H) / 16 = 0.952, H = 0.785 the entropy of a token after the first (the first target is random)."""
+    vocabulary, length = GptTiny.VOCAB, GptTiny.SEQUENCE + 1
+    sequences = torch.empty(count, length, dtype=torch.int64)
+    sequences[:, :2] = torch.randint(0, vocabulary, (count, 2), generator=generator)
+    for t in range(2, length):
+        follow = (sequences[:, t - 2] + 1) % vocabulary
+        noise = torch.randint(0, vocabulary, (count,), generator=generator)
+        keep = torch.randint(0, 8, (count,), generator=generator) != 0
+        sequences[:, t] = torch.where(keep, follow, noise)
+    return sequences
+
+
+def write_samples():
+    """samples/configs/lenet/lenet.onnx (the LeNet export, for Fashion-MNIST through the IDX dataset) and
+    samples/configs/gpt_tiny/: the GptTiny export and its token set (2048 training and 256 test sequences of
+    skip_tokens as int32 tokens and next-token targets)."""
+    os.makedirs(os.path.join(SAMPLES, "lenet"), exist_ok=True)
+    shutil.copyfile(os.path.join(HERE, "lenet.onnx"), os.path.join(SAMPLES, "lenet", "lenet.onnx"))
+
+    folder = os.path.join(SAMPLES, "gpt_tiny")
+    os.makedirs(folder, exist_ok=True)
+    torch.manual_seed(29)
+    model = GptTiny()
+    model.train()
+    tokens = torch.zeros(2, GptTiny.SEQUENCE, dtype=torch.int64)
+    path = os.path.join(folder, "gpt_tiny.onnx")
+    torch.onnx.export(model, (tokens, tokens), path, input_names=["tokens", "targets"],
+                      output_names=["loss", "logits"], opset_version=14,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      dynamic_axes={"tokens": {0: "batch"}, "targets": {0: "batch"}, "logits": {0: "batch"}})
+    onnx.checker.check_model(onnx.load(path))
+    sequences = skip_tokens(2048 + 256, torch.Generator().manual_seed(31)).to(torch.int32)
+    tokens, targets = sequences[:, :-1].contiguous(), sequences[:, 1:].contiguous()
+    write_safetensors(os.path.join(folder, "train.safetensors"), {"tokens": tokens[:2048], "targets": targets[:2048]})
+    write_safetensors(os.path.join(folder, "test.safetensors"), {"tokens": tokens[2048:], "targets": targets[2048:]})
+
+
+def write_three_inputs_model():
+    """three_inputs.onnx: a linear classifier of 28 x 28 images (image [batch, 784], labels [batch] int64) whose
+    loss adds the mean of a third input (weight [batch], float): two float inputs, so an IDX dataset cannot bind
+    its images by default, and an input it cannot feed."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [784, 10], [((i * 7) % 13 - 6) / 100.0 for i in range(7840)])
+    nodes = [helper.make_node("MatMul", ["image", "w"], ["logits"], name="fc"),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "labels"], ["ce"], name="ce"),
+             helper.make_node("ReduceMean", ["weight"], ["mean"], name="mean", keepdims=0),
+             helper.make_node("Add", ["ce", "mean"], ["loss"], name="loss")]
+    m = model(nodes, [tensor("image", ["batch", 784]), tensor("labels", ["batch"], TensorProto.INT64),
+                      tensor("weight", ["batch"])],
+              [tensor("loss", []), tensor("logits", ["batch", 10])], [w])
+    onnx.checker.check_model(m)
+    onnx.save(m, os.path.join(HERE, "three_inputs.onnx"))
+
+
 if __name__ == "__main__":
     main()
     write_old_opset_model()
@@ -516,3 +674,7 @@ if __name__ == "__main__":
     write_bad_models()
     write_training_reference()
     write_bad_tensor_files()
+    write_lenet_training_reference()
+    write_gpt_training_reference()
+    write_samples()
+    write_three_inputs_model()
