@@ -1,6 +1,6 @@
 // The model of a run config's "model" section as a plain training graph: the
-// MLP builder's, or the ONNX model imported with its symbolic dimensions
-// bound. train(), planRun() and explain build it the same way.
+// MLP builder's, the transformer builder's, or the ONNX model imported with
+// its symbolic dimensions bound. train(), planRun() and explain build it the same way.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,8 @@ struct RunModel {
   // The host input streams, in the model's order.
   std::vector<std::string> inputs;
   // mlp: the int32 argmax of the logits, whose agreement with the "labels"
-  // input is the test accuracy; empty for a model without one (onnx).
+  // input is the test accuracy; empty for a model without one (onnx,
+  // transformer).
   std::string predictions;
 };
 
