@@ -376,6 +376,17 @@ void printWhatIf(const std::vector<std::string>& settings, const RunPlan& before
                     fmt::format("{} -> {}", bytes(a.streamingBytes), bytes(b.streamingBytes))});
   }
   fmt::print("{}", formatTable({"replica", "compute tiles", "IO tiles", "streaming"}, rows));
+  if (!before.memory.perReplica.empty() && !after.memory.perReplica.empty()) {
+    const ReplicaMemory& a = before.memory.perReplica.front();
+    const ReplicaMemory& b = after.memory.perReplica.front();
+    std::vector<std::string> changes;
+    for (const TensorCategory category : kModelStateCategories) {
+      changes.push_back(fmt::format("{} {} -> {}", toString(category),
+                                    bytes(totalOf(categoryOf(a.resident, category))),
+                                    bytes(totalOf(categoryOf(b.resident, category)))));
+    }
+    fmt::print("model state of replica {}: {}\n", a.replica, fmt::join(changes, ", "));
+  }
   fmt::print("modelled step time {} -> {}\n", seconds(before.time.stepSeconds), seconds(after.time.stepSeconds));
   for (const TensorPlacement& b : after.tensors) {
     if (b.category == TensorCategory::Activation) continue;

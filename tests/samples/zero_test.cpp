@@ -199,6 +199,16 @@ TEST_CASE("gpt2_xl_pod64.json explains: memory by category and tile set, traffic
     CAPTURE(line);
     CHECK(text.out.find(line) != std::string::npos);
   }
+
+  // A wider sharding domain, planned beside the config: a quarter of the model state per replica.
+  const tessera::test::ProcessResult whatIf = runCli(
+      {"explain", path, "--what-if",
+       R"(/sessionOptions/weightTensorLocationSettings/location/shardingDomain={"type": "All"})", "--what-if",
+       R"(/sessionOptions/optimizerStateTensorLocationSettings/location/shardingDomain={"type": "All"})"});
+  INFO("stderr: ", whatIf.err);
+  REQUIRE(whatIf.exitCode == 0);
+  CHECK(whatIf.out.find("model state of replica 0: Weight 374.95 MiB -> 96.60 MiB, Accumulator 0 B -> 0 B, "
+                        "OptimizerState 749.89 MiB -> 193.20 MiB") != std::string::npos);
 }
 
 }  // namespace
