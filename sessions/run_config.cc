@@ -591,7 +591,7 @@ void checkTransformerSizes(const RunConfig& config) {
   checkSize(product({t.sequence, t.hidden, kFloatBytes}), limit, "/model/sequence",
             fmt::format("the position embedding wpe.weight of {} x {} float32", t.sequence, t.hidden));
   checkSize(product({t.hidden, 4, t.hidden, kFloatBytes}), limit, "/model/hidden",
-            fmt::format("an MLP weight of {} x {} float32", t.hidden, 4 * t.hidden));
+            fmt::format("an MLP weight of hidden {} x 4 hidden float32", t.hidden));
   const std::optional<int64_t> parameters = transformerParameterCount(t);
   checkSize(parameters ? product({*parameters, kFloatBytes}) : std::nullopt, limit, "/model/layers",
             fmt::format("the model's {} weights together (layers {}, hidden {}, vocab {})",

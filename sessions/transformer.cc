@@ -119,6 +119,21 @@ TransformerGraph buildTransformer(const TransformerConfig& model, int64_t batchS
     throw ConfigError(ErrorCode::InvalidData, "/data/batchSize",
                       fmt::format("batch size {} must be >= 1", batchSize));
   }
+  // The widest shapes the graph makes must be countable before any is made
+  // (validate() bounds them by /limits/maxTensorBytes; a caller may not).
+  int64_t tokens = 0;
+  int64_t widest = 0;
+  const bool overflow = !transformerParameterCount(model) ||
+                        __builtin_mul_overflow(batchSize, model.sequence, &tokens) ||
+                        __builtin_mul_overflow(tokens, model.vocab, &widest) ||
+                        __builtin_mul_overflow(tokens, model.sequence, &widest) ||
+                        __builtin_mul_overflow(widest, model.heads, &widest);
+  if (overflow) {
+    throw ConfigError(ErrorCode::ShapeTooLarge, "/model",
+                      fmt::format("a transformer of layers {}, hidden {}, heads {}, vocab {}, sequence {} at batch "
+                                  "size {} has tensors whose sizes do not fit in 64 bits",
+                                  model.layers, model.hidden, model.heads, model.vocab, model.sequence, batchSize));
+  }
   const int64_t b = batchSize;
   const int64_t s = model.sequence;
   const int64_t d = model.hidden;
@@ -128,9 +143,9 @@ TransformerGraph buildTransformer(const TransformerConfig& model, int64_t batchS
   TransformerGraph out;
   out.graph = Graph(replicationFactor);
   Graph& g = out.graph;
-  const Tensor tokens = ops::input(g, "tokens", {b, s}, DType::Int32);
+  const Tensor tokenIds = ops::input(g, "tokens", {b, s}, DType::Int32);
   const Tensor targets = ops::input(g, "targets", {b, s}, DType::Int32);
-  out.tokens = tokens.id();
+  out.tokens = tokenIds.id();
   out.targets = targets.id();
   Parameters parameters(g, seed, out.weights);
 
@@ -138,7 +153,7 @@ TransformerGraph buildTransformer(const TransformerConfig& model, int64_t batchS
   const Tensor wpe = parameters.normal("wpe.weight", {s, d}, kInitStddev);
   // Every sample holds `sequence` tokens, so the position embedding of
   // positions 0 .. s-1 is the whole table.
-  Tensor x = ops::add(ops::gather(wte, tokens), wpe);
+  Tensor x = ops::add(ops::gather(wte, tokenIds), wpe);
 
   // The causal mask: key position j > query position i, from two index
   // vectors of `sequence` values (the [s, s] mask is computed on the device).

@@ -118,6 +118,10 @@ TEST_CASE("bad transformer sections are refused at the JSON path, with the value
   bad.heads = 5;
   checkError([&] { buildTransformer(bad, 1, 1, 0); }, ErrorCode::InvalidModel, "/model/heads",
              "heads 5 does not divide hidden 768");
+  TransformerConfig huge;
+  huge.vocab = int64_t{1} << 50;
+  checkError([&] { buildTransformer(huge, 1 << 20, 1, 0); }, ErrorCode::ShapeTooLarge, "/model",
+             "has tensors whose sizes do not fit in 64 bits");
 }
 
 TEST_CASE("the graph: one embedding lookup, two batched products and a causal select per block") {
