@@ -126,6 +126,7 @@ TransformerGraph buildTransformer(const TransformerConfig& model, int64_t batchS
   const bool overflow = !transformerParameterCount(model) ||
                         __builtin_mul_overflow(batchSize, model.sequence, &tokens) ||
                         __builtin_mul_overflow(tokens, model.vocab, &widest) ||
+                        __builtin_mul_overflow(tokens, 4 * model.hidden, &widest) ||
                         __builtin_mul_overflow(tokens, model.sequence, &widest) ||
                         __builtin_mul_overflow(widest, model.heads, &widest);
   if (overflow) {
