@@ -28,7 +28,7 @@ error, so that a new header is given a folder when it is added:
     simdevice   device device_spec time_model
     onnx        onnx
     sessions    checkpoint dataset mlp output_check placement profile run_config session
-                trainer transform
+                trainer transform transformer
 
 Allowed exceptions, one include each (FOLDER HEADER: why):
 

@@ -46,6 +46,12 @@ json memoryJson(const MemoryReport& memory) {
                                         {"ioTiles", c.ioTilesBytes},
                                         {"streaming", c.streamingBytes}};
     }
+    json resident = json::object();
+    for (const CategoryMemory& c : m.resident) {
+      resident[nameOf(c.category)] = {{"computeTiles", c.computeTilesBytes},
+                                      {"ioTiles", c.ioTilesBytes},
+                                      {"streaming", c.streamingBytes}};
+    }
     replicas.push_back({{"replica", m.replica},
                         {"computeTiles", peakJson(m.computeTilesPeak)},
                         {"ioTiles", peakJson(m.ioTilesPeak)},
@@ -53,7 +59,8 @@ json memoryJson(const MemoryReport& memory) {
                         {"variableBytes", m.variableBytes},
                         {"peakActivationBytes", m.peakActivationBytes},
                         {"paddingBytes", m.paddingBytes},
-                        {"byCategory", std::move(byCategory)}});
+                        {"byCategory", std::move(byCategory)},
+                        {"resident", std::move(resident)}});
   }
   json tensors = json::array();
   for (const TensorMemory& t : memory.tensors) tensors.push_back(tensorJson(t));

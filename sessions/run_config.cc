@@ -25,18 +25,20 @@
 #include "optimizer_options_json.hpp"
 #include "tessera/error.hpp"
 #include "tessera/json.hpp"
+#include "tessera/transformer.hpp"
 
 namespace tessera {
 
 // --- Field tables ----------------------------------------------------------------
 
-constexpr std::array<std::string_view, 2> kModelTypes = {kMlpModel, kOnnxModel};
+constexpr std::array<std::string_view, 3> kModelTypes = {kMlpModel, kOnnxModel, kTransformerModel};
 
 constexpr jsonio::FieldSpec kModelTypeSpec{
     .doc =
         "The model: \"mlp\" (fully connected layers with `activation` between them and softmax "
-        "cross-entropy on the last) or \"onnx\" (the ONNX model in `path`, trained from its initializers). "
-        "The other keys of the section are the options of that type."};
+        "cross-entropy on the last), \"onnx\" (the ONNX model in `path`, trained from its initializers) or "
+        "\"transformer\" (a decoder-only transformer in GPT-2's layout, trained on token sequences of a "
+        "tensors dataset). The other keys of the section are the options of that type."};
 
 // The fields of one model type; `type` itself is visited by the caller.
 template <class V>
@@ -67,6 +69,32 @@ void visitModelTypeFields(V& v, ModelConfig& value, std::string_view type) {
                 "reports the test loss only."});
     return;
   }
+  if (type == kTransformerModel) {
+    TransformerConfig& t = value.transformer;
+    v.field("layers", t.layers,
+            {.min = 1, .rangeCode = ErrorCode::InvalidModel, .doc = "Decoder blocks. >= 1."});
+    v.field("hidden", t.hidden,
+            {.min = 1,
+             .rangeCode = ErrorCode::InvalidModel,
+             .doc = "Width of the residual stream (GPT-2's n_embd). >= 1, a multiple of heads."});
+    v.field("heads", t.heads,
+            {.min = 1,
+             .rangeCode = ErrorCode::InvalidModel,
+             .doc = "Attention heads; each attends over hidden / heads dimensions. >= 1."});
+    v.field("vocab", t.vocab,
+            {.min = 1, .rangeCode = ErrorCode::InvalidModel, .doc = "Token ids are in [0, vocab). >= 1."});
+    v.field(
+        "sequence", t.sequence,
+        {.min = 1,
+         .rangeCode = ErrorCode::InvalidModel,
+         .doc = "Tokens per sample: the length of the \"tokens\" and \"targets\" inputs and of the position "
+                "table. >= 1."});
+    v.field(
+        "tiedHead", t.tiedHead,
+        {.doc = "The head reuses the token embedding (logits = x wte^T, as GPT-2); false: a head weight of "
+                "its own, lm_head.weight [hidden, vocab]."});
+    return;
+  }
   v.field("layers", value.layers,
           {.min = 1,
            .minItems = 2,
@@ -93,6 +121,18 @@ void checkModel(const ModelConfig& value, const jsonio::RuleSite& site) {
                                   jsonio::quotedList(kModelTypes),
                                   closest ? fmt::format(" (did you mean \"{}\"?)", *closest) : std::string(),
                                   site.origin(path)));
+  }
+  if (value.type == kTransformerModel) {
+    const TransformerConfig& t = value.transformer;
+    if (t.hidden % t.heads != 0) {
+      const std::string path = site.path("heads");
+      throw ConfigError(
+          ErrorCode::InvalidModel, path,
+          fmt::format("heads {} does not divide hidden {}: every head attends over hidden / heads "
+                      "dimensions; choose heads among the divisors of hidden{}",
+                      t.heads, t.hidden, site.origin(path)));
+    }
+    return;
   }
   if (value.type != kOnnxModel) return;
   if (value.path.empty()) {
@@ -123,14 +163,29 @@ void visitFields(V& v, ModelConfig& value) {
   v.field("type", value.type, kModelTypeSpec);
   if constexpr (std::is_same_v<V, jsonio::JsonReader>) {
     v.setKeyContext(fmt::format("for model type \"{}\"", jsonio::printable(value.type)));
-    const bool onnx = value.type == kOnnxModel;
-    static constexpr std::array<const char*, 2> kMlpKeys = {"layers", "activation"};
-    static constexpr std::array<const char*, 6> kOnnxKeys = {"path",   "loss",   "dimensions",
-                                                             "images", "labels", "logits"};
-    if (onnx) {
-      for (const char* key : kMlpKeys) v.explainKey(key, "it is an option of model type \"mlp\"");
-    } else {
-      for (const char* key : kOnnxKeys) v.explainKey(key, "it is an option of model type \"onnx\"");
+    // Every type's keys with the types that take them; a key of other types only is explained.
+    struct TypeKey {
+      const char* key;
+      std::array<std::string_view, 2> types;
+    };
+    static constexpr std::array<TypeKey, 13> kTypeKeys = {{
+        {"layers", {kMlpModel, kTransformerModel}},
+        {"activation", {kMlpModel, {}}},
+        {"path", {kOnnxModel, {}}},
+        {"loss", {kOnnxModel, {}}},
+        {"dimensions", {kOnnxModel, {}}},
+        {"images", {kOnnxModel, {}}},
+        {"labels", {kOnnxModel, {}}},
+        {"logits", {kOnnxModel, {}}},
+        {"hidden", {kTransformerModel, {}}},
+        {"heads", {kTransformerModel, {}}},
+        {"vocab", {kTransformerModel, {}}},
+        {"sequence", {kTransformerModel, {}}},
+        {"tiedHead", {kTransformerModel, {}}},
+    }};
+    for (const TypeKey& key : kTypeKeys) {
+      if (key.types[0] == value.type || key.types[1] == value.type) continue;
+      v.explainKey(key.key, fmt::format("it is an option of model type \"{}\"", key.types[0]));
     }
   }
   visitModelTypeFields(v, value, value.type);
@@ -153,8 +208,10 @@ void visitFields(jsonio::SchemaBuilder& v, ModelConfig&) {
     alternative["properties"]["type"] = {{"const", type}, {"description", kModelTypeSpec.doc}};
     if (type == kMlpModel) {
       alternative["properties"]["type"]["default"] = type;
-    } else {
+    } else if (type == kOnnxModel) {
       alternative["required"] = {"type", "path"};
+    } else {
+      alternative["required"] = {"type"};
     }
     alternatives.push_back(std::move(alternative));
   }
@@ -538,6 +595,42 @@ void checkSize(const std::optional<int64_t>& bytes, int64_t limit, const std::st
                                 what, size, limit, path));
 }
 
+// The transformer's largest tensors: its widest weights, its weights
+// together (what a host that trains it holds once), one replica's logits and
+// attention scores, and the host buffer of one step's tokens.
+void checkTransformerSizes(const RunConfig& config) {
+  const int64_t limit = config.limits.maxTensorBytes;
+  const TransformerConfig& t = config.model.transformer;
+  const DataConfig& data = config.data;
+  const int64_t local = config.sessionOptions.getLocalReplicationFactor();
+  const int64_t factor = config.sessionOptions.getAccumulationFactor();
+  checkSize(product({t.vocab, t.hidden, kFloatBytes}), limit, "/model/vocab",
+            fmt::format("the token embedding wte.weight of {} x {} float32", t.vocab, t.hidden));
+  checkSize(product({t.sequence, t.hidden, kFloatBytes}), limit, "/model/sequence",
+            fmt::format("the position embedding wpe.weight of {} x {} float32", t.sequence, t.hidden));
+  checkSize(product({t.hidden, 4, t.hidden, kFloatBytes}), limit, "/model/hidden",
+            fmt::format("an MLP weight of hidden {} x 4 hidden float32", t.hidden));
+  const std::optional<int64_t> parameters = transformerParameterCount(t);
+  checkSize(parameters ? product({*parameters, kFloatBytes}) : std::nullopt, limit, "/model/layers",
+            fmt::format("the model's {} weights together (layers {}, hidden {}, vocab {})",
+                        parameters ? std::to_string(*parameters) : std::string("more than 2^63"), t.layers,
+                        t.hidden, t.vocab));
+  checkSize(product({data.batchSize, t.sequence, t.vocab, kFloatBytes}), limit, "/data/batchSize",
+            fmt::format("one replica's logits (batchSize {} x sequence {} x vocab {} float32)",
+                        data.batchSize, t.sequence, t.vocab));
+  checkSize(product({data.batchSize, t.heads, t.sequence, t.sequence, kFloatBytes}), limit, "/data/batchSize",
+            fmt::format("one replica's attention scores (batchSize {} x heads {} x sequence {} x sequence {} "
+                        "float32)",
+                        data.batchSize, t.heads, t.sequence, t.sequence));
+  checkSize(product({data.testBatchSize, t.sequence, t.vocab, kFloatBytes}), limit, "/data/testBatchSize",
+            fmt::format("one replica's test logits (testBatchSize {} x sequence {} x vocab {} float32)",
+                        data.testBatchSize, t.sequence, t.vocab));
+  checkSize(product({data.batchSize, local, factor, t.sequence, kFloatBytes}), limit, "/data/batchSize",
+            fmt::format("the host buffer of one step's tokens (batchSize {} x {} local replicas x "
+                        "accumulationFactor {} x sequence {}, int32)",
+                        data.batchSize, local, factor, t.sequence));
+}
+
 // Every size the config implies, computed before anything of that size is
 // allocated. The fields are in range here (the section rules ran first).
 void checkSizes(const RunConfig& config) {
@@ -555,6 +648,11 @@ void checkSizes(const RunConfig& config) {
                                   "samples does not fit in a 64-bit count; lower /data/batchSize",
                                   data.batchSize, global, factor));
   };
+  if (config.model.type == kTransformerModel) {
+    checkTransformerSizes(config);
+    checkGlobalBatch();
+    return;
+  }
   // An ONNX model's sizes come with the model: the import checks them.
   if (config.model.type != kMlpModel) {
     checkGlobalBatch();
@@ -654,6 +752,15 @@ void validate(const RunConfig& config) {
   // A tensors dataset is checked against the graph's inputs when it is loaded.
   if (config.model.type == kMlpModel && config.data.dataset != DatasetKind::Tensors)
     checkModelFitsData(config);
+  if (config.model.type == kTransformerModel && config.data.dataset != DatasetKind::Tensors) {
+    const TransformerConfig& t = config.model.transformer;
+    throw ConfigError(
+        ErrorCode::InvalidData, "/data/dataset",
+        fmt::format("the {} dataset holds images; the transformer model is fed token sequences by the "
+                    "tensors dataset: set /data/dataset to \"tensors\" and /data/path to a .safetensors file "
+                    "with int32 or int64 tensors \"tokens\" and \"targets\" of [N, {}] ids in [0, {})",
+                    toString(config.data.dataset), t.sequence, t.vocab));
+  }
   checkStepFitsSubset(config);
 }
 

@@ -14,6 +14,7 @@
 #include "tessera/mlp.hpp"
 #include "tessera/onnx.hpp"
 #include "tessera/ops.hpp"
+#include "tessera/transformer.hpp"
 
 namespace tessera {
 namespace {
@@ -213,6 +214,16 @@ RunModel importModel(const RunConfig& config, int64_t batchSize, int64_t replica
 
 RunModel buildRunModel(const RunConfig& config, int64_t batchSize, int64_t replicationFactor) {
   if (config.model.type == kOnnxModel) return importModel(config, batchSize, replicationFactor);
+  if (config.model.type == kTransformerModel) {
+    TransformerGraph transformer =
+        buildTransformer(config.model.transformer, batchSize, replicationFactor, config.data.seed);
+    RunModel run;
+    run.loss = transformer.loss;
+    run.inputs = {transformer.graph.tensor(transformer.tokens).name,
+                  transformer.graph.tensor(transformer.targets).name};
+    run.graph = std::move(transformer.graph);
+    return run;
+  }
   MlpGraph mlp = buildMlp(config.model, batchSize, replicationFactor, config.data.seed);
   RunModel run;
   run.loss = mlp.loss;

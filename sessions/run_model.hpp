@@ -1,6 +1,6 @@
 // The model of a run config's "model" section as a plain training graph: the
-// MLP builder's, or the ONNX model imported with its symbolic dimensions
-// bound. train(), planRun() and explain build it the same way.
+// MLP builder's, the transformer builder's, or the ONNX model imported with
+// its symbolic dimensions bound. train(), planRun() and explain build it the same way.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +25,7 @@ struct RunModel {
   std::string labels;
   // The int32 argmax of the logits, whose agreement with `labels` is the test
   // accuracy: the mlp's, or the one added to an onnx graph for
-  // /model/logits; empty when there is none.
+  // /model/logits; empty when there is none (a transformer).
   std::string predictions;
 };
 

@@ -359,8 +359,19 @@ MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, 
   common.ioTilesPeak = describePeak(graph, schedule, held, MemorySpace::IOTiles, peaks[1], common.byCategory);
   int64_t streaming = 0;
   std::vector<int64_t> activationDelta(at(steps) + 1, 0);
+  common.resident = std::vector<CategoryMemory>(common.byCategory.size());
+  for (std::size_t c = 0; c < common.resident.size(); ++c)
+    common.resident[c].category = common.byCategory[c].category;
   for (const Held& h : held) {
     const TensorMemory& m = h.memory;
+    if (m.resident) {
+      for (CategoryMemory& c : common.resident) {
+        if (c.category != m.category) continue;
+        if (m.space == MemorySpace::ComputeTiles) c.computeTilesBytes += m.bytes;
+        if (m.space == MemorySpace::IOTiles) c.ioTilesBytes += m.bytes;
+        if (m.space == MemorySpace::Streaming) c.streamingBytes += m.bytes;
+      }
+    }
     if (m.space == MemorySpace::Streaming) {
       streaming += m.bytes;
     } else if (m.resident) {

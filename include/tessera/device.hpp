@@ -125,6 +125,13 @@ struct ReplicaMemory {
   MemoryPeak ioTilesPeak;
   MemoryPeak streamingPeak;
   std::vector<CategoryMemory> byCategory;  // every category, in enum order
+  // The bytes of each category held all step (on-chip variables and remote
+  // buffers), by space, in enum order: the model state of the ZeRO paper's
+  // accounting (Weight, Accumulator and OptimizerState, master weights being
+  // optimizer state) plus activations kept in streaming memory. A shard
+  // counts its ceil(n/k) slots, padding included; a transient copy (a
+  // gathered or loaded weight) is not held all step and is not counted here.
+  std::vector<CategoryMemory> resident;
 };
 
 struct MemoryReport {

@@ -11,7 +11,8 @@
 //               "perReplica": [{"replica", "computeTiles" | "ioTiles" | "streaming":
 //                                 {"peakBytes", "op", "largest": [tensor, ...]},
 //                               "variableBytes", "peakActivationBytes", "paddingBytes",
-//                               "byCategory": {"Weight": {"computeTiles", "ioTiles", "streaming"}, ...}}],
+//                               "byCategory": {"Weight": {"computeTiles", "ioTiles", "streaming"}, ...},
+//                               "resident": {"Weight": {"computeTiles", "ioTiles", "streaming"}, ...}}],
 //               "tensors": [{"name", "category", "space", "bytes", "resident", "sharded", "shards",
 //                            "paddingBytes", "firstUse", "lastUse"}, ...]}}
 // Times are in seconds, sizes in bytes, enums by their names.

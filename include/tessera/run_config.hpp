@@ -45,16 +45,40 @@ struct EnumNames<Activation> {
 // The model types of ModelConfig::type.
 inline constexpr std::string_view kMlpModel = "mlp";
 inline constexpr std::string_view kOnnxModel = "onnx";
+inline constexpr std::string_view kTransformerModel = "transformer";
 
 // The value of ModelConfig::dimensions that binds a symbolic dimension to the
 // per-replica batch size of the session being built (DataConfig::batchSize
 // for training, testBatchSize for the test set).
 inline constexpr std::string_view kBatchSizeDimension = "batchSize";
 
+// A decoder-only transformer in GPT-2's layout (see transformer.hpp): token
+// and position embeddings, `layers` pre-LayerNorm blocks of causal
+// self-attention and a GELU MLP of 4 x hidden, a final LayerNorm, a head over
+// the vocabulary and the next-token cross-entropy. The defaults are GPT-2
+// small's.
+struct TransformerConfig {
+  // Decoder blocks. >= 1.
+  int64_t layers = 12;
+  // Width of the residual stream (GPT-2's n_embd). >= 1, a multiple of heads.
+  int64_t hidden = 768;
+  // Attention heads; each attends over hidden / heads dimensions. >= 1.
+  int64_t heads = 12;
+  // Token ids are in [0, vocab). >= 1.
+  int64_t vocab = 50257;
+  // Tokens per sample, the size of the position table (GPT-2's n_positions). >= 1.
+  int64_t sequence = 1024;
+  // The head reuses the token embedding (logits = x wte^T, as GPT-2);
+  // false: a head weight of its own, "lm_head.weight" [hidden, vocab].
+  bool tiedHead = true;
+  bool operator==(const TransformerConfig&) const = default;
+};
+
 struct ModelConfig {
   // "mlp": fully connected layers with `activation` between them and softmax
   // cross-entropy on the last. "onnx": the ONNX model in `path`, trained
-  // from its initializers (not re-drawn).
+  // from its initializers (not re-drawn). "transformer": the decoder-only
+  // transformer of `transformer`.
   std::string type = std::string(kMlpModel);
 
   // ----- type "mlp" -----
@@ -90,6 +114,12 @@ struct ModelConfig {
   // train reports the test accuracy from it (besides the test loss). Empty:
   // no accuracy.
   std::string logits{};
+
+  // ----- type "transformer" -----
+
+  // In JSON its fields are the model section's own keys: {"type":
+  // "transformer", "layers": 48, "hidden": 1600, ...}.
+  TransformerConfig transformer{};
 
   bool operator==(const ModelConfig&) const = default;
 };

@@ -4,11 +4,13 @@
 // program lives, its memory per replica and its modelled step time; with
 // --what-if, the same for the config with those settings changed, beside it.
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -125,19 +127,93 @@ nlohmann::json tensorJson(const TensorPlacement& t) {
   };
 }
 
+// The categories of the model state (ZeRO's weights, gradients and optimizer
+// state, master weights included), in the order the report shows them.
+constexpr std::array kModelStateCategories = {TensorCategory::Weight, TensorCategory::Accumulator,
+                                              TensorCategory::OptimizerState};
+
+int64_t totalOf(const CategoryMemory& c) { return c.computeTilesBytes + c.ioTilesBytes + c.streamingBytes; }
+
+const CategoryMemory& categoryOf(const std::vector<CategoryMemory>& memory, TensorCategory category) {
+  return memory.at(static_cast<std::size_t>(category));
+}
+
+nlohmann::json spacesJson(const CategoryMemory& c) {
+  return {{"computeTiles", c.computeTilesBytes},
+          {"ioTiles", c.ioTilesBytes},
+          {"streaming", c.streamingBytes},
+          {"total", totalOf(c)}};
+}
+
+// One replica's model state (held all step) by category and space, and the
+// activations at each space's peak.
+nlohmann::json breakdownJson(const ReplicaMemory& m) {
+  nlohmann::json state = nlohmann::json::object();
+  int64_t total = 0;
+  for (const TensorCategory category : kModelStateCategories) {
+    const CategoryMemory& c = categoryOf(m.resident, category);
+    state[std::string(toString(category))] = spacesJson(c);
+    total += totalOf(c);
+  }
+  state["totalBytes"] = total;
+  nlohmann::json atPeak = nlohmann::json::object();
+  for (const CategoryMemory& c : m.byCategory) atPeak[std::string(toString(c.category))] = spacesJson(c);
+  return {{"modelState", std::move(state)},
+          {"activations", spacesJson(categoryOf(m.byCategory, TensorCategory::Activation))},
+          {"byCategoryAtPeak", std::move(atPeak)}};
+}
+
 nlohmann::json memoryJson(const MemoryReport& memory) {
   nlohmann::json perReplica = nlohmann::json::array();
   for (const ReplicaMemory& m : memory.perReplica) {
-    perReplica.push_back({{"replica", m.replica},
-                          {"computeTilesBytes", m.computeTilesBytes},
-                          {"ioTilesBytes", m.ioTilesBytes},
-                          {"streamingBytes", m.streamingBytes},
-                          {"paddingBytes", m.paddingBytes}});
+    nlohmann::json entry = {{"replica", m.replica},
+                            {"computeTilesBytes", m.computeTilesBytes},
+                            {"ioTilesBytes", m.ioTilesBytes},
+                            {"streamingBytes", m.streamingBytes},
+                            {"paddingBytes", m.paddingBytes}};
+    entry.update(breakdownJson(m));
+    perReplica.push_back(std::move(entry));
   }
-  return {{"perReplica", std::move(perReplica)},
-          {"computeTilesCapacity", memory.computeTilesCapacity},
-          {"ioTilesCapacity", memory.ioTilesCapacity},
-          {"streamingCapacity", memory.streamingCapacity}};
+  nlohmann::json shortfall = nullptr;
+  if (const std::optional<MemoryShortfall> s = findShortfall(memory)) {
+    shortfall = {{"replica", s->replica},
+                 {"space", toString(s->space)},
+                 {"neededBytes", s->neededBytes},
+                 {"availableBytes", s->availableBytes}};
+  }
+  return {{"perReplica", std::move(perReplica)},       {"fits", shortfall.is_null()},
+          {"shortfall", std::move(shortfall)},         {"computeTilesCapacity", memory.computeTilesCapacity},
+          {"ioTilesCapacity", memory.ioTilesCapacity}, {"streamingCapacity", memory.streamingCapacity}};
+}
+
+// What one replica moves and computes in a step, per lane of the time model.
+struct LaneTraffic {
+  int64_t ops = 0;
+  double seconds = 0.0;
+  double bytes = 0.0;
+  double flops = 0.0;
+};
+
+std::vector<std::pair<TimeLane, LaneTraffic>> trafficOf(const TimeReport& time) {
+  std::vector<std::pair<TimeLane, LaneTraffic>> lanes;
+  for (const auto& [lane, name] : EnumNames<TimeLane>::kNames) lanes.push_back({lane, {}});
+  for (const OpTime& op : time.ops) {
+    LaneTraffic& t = lanes.at(static_cast<std::size_t>(op.lane)).second;
+    ++t.ops;
+    t.seconds += op.duration;
+    t.bytes += op.bytes;
+    t.flops += op.flops;
+  }
+  return lanes;
+}
+
+nlohmann::json trafficJson(const TimeReport& time) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [lane, t] : trafficOf(time)) {
+    out[std::string(toString(lane))] = {
+        {"ops", t.ops}, {"seconds", t.seconds}, {"bytes", t.bytes}, {"flops", t.flops}};
+  }
+  return out;
 }
 
 // The compiled program of the config: tensors, memory, what was not applied
@@ -154,9 +230,14 @@ nlohmann::json planJson(const RunPlan& plan) {
                           {"why", n.downgrade.why}});
   }
   const TimeReport& time = plan.time;
-  return {{"tensors", std::move(tensors)},
+  int64_t parameters = 0;
+  for (const TensorPlacement& t : plan.tensors)
+    if (t.category == TensorCategory::Weight) parameters += t.elements;
+  return {{"parameters", parameters},
+          {"tensors", std::move(tensors)},
           {"memory", memoryJson(plan.memory)},
           {"notApplied", std::move(notApplied)},
+          {"traffic", trafficJson(plan.time)},
           {"modelledStepTime",
            {{"seconds", time.stepSeconds},
             {"computeSeconds", time.computeSeconds},
@@ -189,12 +270,49 @@ nlohmann::json explainJson(const LoadedRunConfig& loaded) {
 }
 
 std::string bytes(int64_t n) {
+  if (n >= (int64_t{1} << 30)) return fmt::format("{:.2f} GiB", static_cast<double>(n) / (1 << 30));
   if (n >= (int64_t{1} << 20)) return fmt::format("{:.2f} MiB", static_cast<double>(n) / (1 << 20));
   if (n >= (int64_t{1} << 10)) return fmt::format("{:.1f} KiB", static_cast<double>(n) / (1 << 10));
   return fmt::format("{} B", n);
 }
 
 std::string seconds(double s) { return fmt::format("{:.3f} ms", s * 1e3); }
+
+// The first local replica's memory by category: the model state held all step
+// (the ZeRO paper's accounting), then the activations at each space's peak.
+void printBreakdown(const RunPlan& plan) {
+  const ReplicaMemory& m = plan.memory.perReplica.front();
+  int64_t parameters = 0;
+  for (const TensorPlacement& t : plan.tensors)
+    if (t.category == TensorCategory::Weight) parameters += t.elements;
+  const auto row = [](std::string label, const CategoryMemory& c) {
+    return std::vector<std::string>{std::move(label), bytes(c.computeTilesBytes), bytes(c.ioTilesBytes),
+                                    bytes(c.streamingBytes), bytes(totalOf(c))};
+  };
+  std::vector<std::vector<std::string>> rows;
+  CategoryMemory state;
+  for (const TensorCategory category : kModelStateCategories) {
+    const CategoryMemory& c = categoryOf(m.resident, category);
+    const char* label = category == TensorCategory::Weight        ? "weights"
+                        : category == TensorCategory::Accumulator ? "gradient accumulators"
+                                                                  : "optimizer state";
+    rows.push_back(row(label, c));
+    state.computeTilesBytes += c.computeTilesBytes;
+    state.ioTilesBytes += c.ioTilesBytes;
+    state.streamingBytes += c.streamingBytes;
+  }
+  rows.push_back(row("model state", state));
+  rows.push_back(row("activations at the peak", categoryOf(m.byCategory, TensorCategory::Activation)));
+  fmt::print(
+      "\nMemory of replica {} by category (model state: held all step; activations: live at each "
+      "space's peak):\n",
+      m.replica);
+  fmt::print("{}", formatTable({"", "compute tiles", "IO tiles", "streaming", "total"}, rows));
+  if (parameters > 0) {
+    fmt::print("model state: {} bytes for {} parameters, {:.3f} bytes per parameter\n", totalOf(state),
+               parameters, static_cast<double>(totalOf(state)) / static_cast<double>(parameters));
+  }
+}
 
 void printPlan(const RunPlan& plan) {
   std::vector<std::vector<std::string>> rows;
@@ -219,6 +337,13 @@ void printPlan(const RunPlan& plan) {
              bytes(plan.memory.computeTilesCapacity), bytes(plan.memory.ioTilesCapacity),
              bytes(plan.memory.streamingCapacity));
   fmt::print("{}", formatTable({"replica", "compute tiles", "IO tiles", "streaming"}, rows));
+  if (const std::optional<MemoryShortfall> s = findShortfall(plan.memory)) {
+    fmt::print("Does not fit: replica {}, {}: the peak is {}, the capacity {}.\n", s->replica,
+               toString(s->space), bytes(s->neededBytes), bytes(s->availableBytes));
+  } else {
+    fmt::print("Fits: every replica's peaks are within the capacities.\n");
+  }
+  if (!plan.memory.perReplica.empty()) printBreakdown(plan);
   if (!plan.notApplied.empty()) {
     fmt::print("\nNot applied:\n");
     for (const NotApplied& n : plan.notApplied) {
@@ -226,6 +351,14 @@ void printPlan(const RunPlan& plan) {
                  n.downgrade.applied, n.downgrade.why);
     }
   }
+  rows.clear();
+  for (const auto& [lane, traffic] : trafficOf(plan.time)) {
+    rows.push_back({std::string(toString(lane)), std::to_string(traffic.ops),
+                    bytes(static_cast<int64_t>(traffic.bytes)), fmt::format("{:.3g}", traffic.flops),
+                    seconds(traffic.seconds)});
+  }
+  fmt::print("\nTraffic per step (one replica; bytes over the links and to or from streaming memory):\n");
+  fmt::print("{}", formatTable({"lane", "ops", "bytes", "flops", "busy"}, rows));
   const TimeReport& t = plan.time;
   fmt::print("\nModelled step time: {} (compute {}, collectives {}, streaming {}, overlapped streaming {})\n",
              seconds(t.stepSeconds), seconds(t.computeSeconds), seconds(t.collectiveSeconds),
@@ -243,6 +376,17 @@ void printWhatIf(const std::vector<std::string>& settings, const RunPlan& before
                     fmt::format("{} -> {}", bytes(a.streamingBytes), bytes(b.streamingBytes))});
   }
   fmt::print("{}", formatTable({"replica", "compute tiles", "IO tiles", "streaming"}, rows));
+  if (!before.memory.perReplica.empty() && !after.memory.perReplica.empty()) {
+    const ReplicaMemory& a = before.memory.perReplica.front();
+    const ReplicaMemory& b = after.memory.perReplica.front();
+    std::vector<std::string> changes;
+    for (const TensorCategory category : kModelStateCategories) {
+      changes.push_back(fmt::format("{} {} -> {}", toString(category),
+                                    bytes(totalOf(categoryOf(a.resident, category))),
+                                    bytes(totalOf(categoryOf(b.resident, category)))));
+    }
+    fmt::print("model state of replica {}: {}\n", a.replica, fmt::join(changes, ", "));
+  }
   fmt::print("modelled step time {} -> {}\n", seconds(before.time.stepSeconds), seconds(after.time.stepSeconds));
   for (const TensorPlacement& b : after.tensors) {
     if (b.category == TensorCategory::Activation) continue;

@@ -24,7 +24,7 @@ namespace {
 using nlohmann::json;
 
 const std::vector<std::string> kSampleConfigs = {"mnist.json", "mnist_rts.json", "rts_recipe.json",
-                                                 "multipod_recipe.json"};
+                                                 "multipod_recipe.json", "gpt2_xl_pod64.json"};
 
 LoadedRunConfig parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
   return parseRunConfig(text, "cfg.json", overrides);
@@ -237,7 +237,7 @@ TEST_CASE("parseRunConfig rejects bad input at the JSON pointer of the value, na
       {"nesterov without momentum", R"({"optimizer": {"nesterov": true}})", ErrorCode::InvalidOptimizer,
        "/optimizer/nesterov", "nesterov needs momentum > 0"},
       {"unknown model type", R"({"model": {"type": "cnn"}})", ErrorCode::InvalidModel, "/model/type",
-       "model type \"cnn\" is not supported; expected one of \"mlp\", \"onnx\""},
+       "model type \"cnn\" is not supported; expected one of \"mlp\", \"onnx\", \"transformer\""},
       {"misspelled model type", R"({"model": {"type": "onx"}})", ErrorCode::InvalidModel, "/model/type",
        "(did you mean \"onnx\"?)"},
       {"onnx model without a path", R"({"model": {"type": "onnx"}})", ErrorCode::InvalidModel, "/model/path",
@@ -778,7 +778,10 @@ TEST_CASE("the run config schema is generated from the field tables") {
     config.type = type;
     checkSchemaCovers(alternative, json(config), "/model(" + type + ")");
   }
-  CHECK(modelTypes == std::vector<std::string>{"mlp", "onnx"});
+  CHECK(modelTypes == std::vector<std::string>{"mlp", "onnx", "transformer"});
+  CHECK(model["oneOf"][2]["required"] == json{"type"});
+  CHECK(model["oneOf"][2]["properties"]["heads"]["minimum"] == 1);
+  CHECK(model["oneOf"][2]["properties"]["tiedHead"]["default"] == true);
   CHECK(model["oneOf"][1]["required"] == json{"type", "path"});
   CHECK(model["oneOf"][1]["properties"]["dimensions"]["additionalProperties"]["type"] == "string");
   CHECK(schema["properties"]["data"]["properties"].contains("test"));

@@ -222,6 +222,44 @@ TEST_CASE("bytes by tile set, category and tensor; shards pad differently on eac
   CHECK(executable->memory().tensors.size() == report.tensors.size());
 }
 
+TEST_CASE("resident bytes: what each category holds all step, by space; transient values are not counted") {
+  const TileSets s = makeTileSets();
+  const MemoryReport report = planMemory(s.program(), smallSpec());
+  for (const ReplicaMemory& m : report.perReplica) {
+    INFO("replica " << m.replica);
+    REQUIRE(m.resident.size() == 4);
+    const auto resident = [&m](TensorCategory c) { return m.resident.at(static_cast<std::size_t>(c)); };
+    CHECK(resident(TensorCategory::Weight).computeTilesBytes == 32);  // W's shard, padding slot included
+    CHECK(resident(TensorCategory::Weight).ioTilesBytes == 0);
+    CHECK(resident(TensorCategory::OptimizerState).ioTilesBytes == 400);
+    CHECK(resident(TensorCategory::OptimizerState).computeTilesBytes == 0);
+    // The stash is held all step in streaming memory; x, Relu, the loaded value and its copy are not.
+    CHECK(resident(TensorCategory::Activation).streamingBytes == 80);
+    CHECK(resident(TensorCategory::Activation).computeTilesBytes == 0);
+    CHECK(resident(TensorCategory::Activation).ioTilesBytes == 0);
+    const CategoryMemory& accumulators = resident(TensorCategory::Accumulator);
+    CHECK(accumulators.computeTilesBytes + accumulators.ioTilesBytes + accumulators.streamingBytes == 0);
+  }
+}
+
+TEST_CASE("a weight kept in streaming memory is resident there, and its loaded copy is not") {
+  Graph g(1);
+  const RemoteBuffer buffer = ops::remoteBuffer(g, {25});
+  const Tensor w = ops::remoteVariable(g, "w", std::vector<float>(25, 1.0F), buffer);
+  const Tensor x = ops::input(g, "x", {25});
+  ops::mul(ops::remoteLoad(g, buffer, 0), x);
+  const MemoryReport report = planMemory(wholeProgram(g, 2), smallSpec());
+  REQUIRE(report.perReplica.size() == 1);
+  const CategoryMemory& weight =
+      report.perReplica[0].resident.at(static_cast<std::size_t>(TensorCategory::Weight));
+  CHECK(g.tensor(w.id()).category == TensorCategory::Weight);
+  CHECK(weight.streamingBytes == 100);
+  CHECK(weight.computeTilesBytes == 0);
+  CHECK(weight.ioTilesBytes == 0);
+  // The loaded value is live on the compute tiles at the peak, not held all step.
+  CHECK(report.perReplica[0].computeTilesBytes >= 100);
+}
+
 TEST_CASE("shards made by a collective pad by the replica's index in its group") {
   // Groups {0, 2} and {1, 3}: replicas 0 and 1 keep shard 0 (2 real
   // elements of 5, one slot of padding), replicas 2 and 3 shard 1 (3 real).

@@ -665,6 +665,119 @@ def write_three_inputs_model():
     onnx.save(m, os.path.join(HERE, "three_inputs.onnx"))
 
 
+def gpt2_layout():
+    """A tiny GPT in the layout of tessera's transformer model (GPT-2's parameter names, weights [in, out] as
+    GPT-2's Conv1D): token and position embeddings, 2 pre-LayerNorm blocks of causal self-attention (2 heads)
+    and an exact-GELU MLP of 4x, a final LayerNorm, a head tied to the token embedding (gpt2_layout.onnx) or a
+    lm_head.weight of its own (gpt2_layout_untied.onnx), and the next-token cross-entropy. The weights are drawn
+    away from their usual initial values so that a parameter read under the wrong name shows in the loss.
+    gpt2_layout_reference.json holds PyTorch's loss for fixed token sequences at batch 1, 2 and 4."""
+    vocab, hidden, heads, layers, sequence = 24, 16, 2, 2, 8
+
+    class Conv1D(torch.nn.Module):
+        def __init__(self, n_in, n_out):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(n_in, n_out))
+            self.bias = torch.nn.Parameter(torch.empty(n_out))
+
+        def forward(self, x):
+            return x @ self.weight + self.bias
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn = Conv1D(hidden, 3 * hidden)
+            self.c_proj = Conv1D(hidden, hidden)
+            self.register_buffer("causal", torch.tril(torch.ones(sequence, sequence)).view(1, 1, sequence, sequence))
+
+        def forward(self, x):
+            n, t, d = x.shape
+            q, k, v = self.c_attn(x).split(d, dim=2)
+            q = q.view(n, t, heads, d // heads).transpose(1, 2)
+            k = k.view(n, t, heads, d // heads).transpose(1, 2)
+            v = v.view(n, t, heads, d // heads).transpose(1, 2)
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / (d // heads) ** 0.5)
+            scores = scores.masked_fill(self.causal[:, :, :t, :t] == 0, float("-inf"))
+            y = (F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(n, t, d)
+            return self.c_proj(y)
+
+    class Mlp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_fc = Conv1D(hidden, 4 * hidden)
+            self.c_proj = Conv1D(4 * hidden, hidden)
+
+        def forward(self, x):
+            return self.c_proj(F.gelu(self.c_fc(x)))
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = torch.nn.LayerNorm(hidden)
+            self.attn = Attention()
+            self.ln_2 = torch.nn.LayerNorm(hidden)
+            self.mlp = Mlp()
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class Gpt2Layout(torch.nn.Module):
+        def __init__(self, tied):
+            super().__init__()
+            self.tied = tied
+            self.wte = torch.nn.Embedding(vocab, hidden)
+            self.wpe = torch.nn.Embedding(sequence, hidden)
+            self.h = torch.nn.ModuleList([Block() for _ in range(layers)])
+            self.ln_f = torch.nn.LayerNorm(hidden)
+            if not tied:
+                self.lm_head = Conv1D(hidden, vocab)
+                del self.lm_head.bias
+                self.lm_head.bias = None
+
+        def forward(self, tokens, targets):
+            x = self.wte(tokens) + self.wpe.weight
+            for block in self.h:
+                x = block(x)
+            x = self.ln_f(x)
+            logits = x @ (self.wte.weight.t() if self.tied else self.lm_head.weight)
+            return F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+
+    reference = {"vocab": vocab, "hidden": hidden, "heads": heads, "layers": layers, "sequence": sequence}
+    generator = torch.Generator().manual_seed(29)
+    cases = []
+    for batch in [1, 2, 4]:
+        samples = torch.randint(0, vocab, (batch, sequence + 1), generator=generator)
+        cases.append((batch, samples[:, :-1], samples[:, 1:]))
+    for tied, name in [(True, "gpt2_layout"), (False, "gpt2_layout_untied")]:
+        torch.manual_seed(31)
+        model = Gpt2Layout(tied)
+        with torch.no_grad():
+            for parameter_name, parameter in model.named_parameters():
+                if parameter_name.endswith("ln_1.weight") or parameter_name.endswith("ln_2.weight") or \
+                        parameter_name == "ln_f.weight":
+                    parameter.copy_(1.0 + 0.1 * torch.randn(parameter.shape))
+                else:
+                    parameter.copy_(0.2 * torch.randn(parameter.shape))
+        model.train()
+        path = os.path.join(HERE, name + ".onnx")
+        tokens = cases[1][1]
+        torch.onnx.export(model, (tokens, tokens), path, input_names=["tokens", "targets"], output_names=["loss"],
+                          opset_version=14, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                          dynamic_axes={"tokens": {0: "batch"}, "targets": {0: "batch"}})
+        onnx.checker.check_model(onnx.load(path))
+        losses = []
+        for batch, tokens, targets in cases:
+            with torch.no_grad():
+                losses.append(float(model(tokens, targets)))
+        reference[name] = {"parameters": [n for n, _ in model.named_parameters()], "losses": losses}
+    reference["cases"] = [{"batch": batch, "tokens": tokens.flatten().tolist(), "targets": targets.flatten().tolist()}
+                          for batch, tokens, targets in cases]
+    with open(os.path.join(HERE, "gpt2_layout_reference.json"), "w") as out:
+        json.dump(reference, out, indent=1)
+        out.write("\n")
+
+
 if __name__ == "__main__":
     main()
     write_old_opset_model()
@@ -678,3 +791,4 @@ if __name__ == "__main__":
     write_gpt_training_reference()
     write_samples()
     write_three_inputs_model()
+    gpt2_layout()

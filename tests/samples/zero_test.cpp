@@ -1,0 +1,214 @@
+// The model-state accounting of `tessera explain --json` checked against the
+// ZeRO paper's formulas (Rajbhandari et al., 2020, section 5), and the
+// gpt2_xl_pod64.json sample explained.
+//
+// ZeRO counts 2 + 2 + K bytes per parameter for float16 weights and
+// gradients and K = 12 bytes of Adam state (float32 master weights and two
+// moments). In float32 training there are no master weights: weights 4,
+// gradient accumulators 4 and Adam's two moments K' = 8 bytes per parameter.
+// With Nd replicas, sharding (RTS) the optimizer state, then also the
+// accumulators, then also the weights gives per replica
+//   (4+4+8) Psi,  4 Psi + 4 Psi + 8 Psi / Nd,  4 Psi + (4+8) Psi / Nd,  (4+4+8) Psi / Nd
+// up to CBR padding: each sharded tensor of n elements takes ceil(n / Nd)
+// slots, less than one element (4 bytes) above n / Nd.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include "support/process.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using nlohmann::json;
+using tessera::test::runCli;
+using tessera::test::TempDir;
+
+json explainJson(const std::vector<std::string>& args) {
+  const tessera::test::ProcessResult result = runCli(args);
+  INFO("stderr: ", result.err);
+  REQUIRE(result.exitCode == 0);
+  return json::parse(result.out);
+}
+
+// About 7.5 B parameters: 36 blocks of width 4096 (32 heads), GPT-2's
+// vocabulary and sequence, head tied; Adam; 64 replicas; accumulation on.
+// Every size is sharded when its category is (the default threshold keeps
+// tensors under 8192 elements whole, which the formulas do not).
+const char* const kZeroConfig = R"({
+  "sessionOptions": {
+    "enableReplicatedGraphs": true, "replicatedGraphCount": 64,
+    "enableGradientAccumulation": true, "accumulationFactor": 2,
+    "weightTensorLocationSettings": {"minElementsForReplicatedTensorSharding": 0},
+    "accumulatorTensorLocationSettings": {"minElementsForReplicatedTensorSharding": 0},
+    "optimizerStateTensorLocationSettings": {"minElementsForReplicatedTensorSharding": 0}
+  },
+  "model": {"type": "transformer", "layers": 36, "hidden": 4096, "heads": 32, "vocab": 50257, "sequence": 1024},
+  "optimizer": {"type": "adam", "learningRate": 0.0001},
+  "data": {"dataset": "tensors", "path": "tokens.safetensors", "batchSize": 1},
+  "limits": {"maxTensorBytes": 34359738368}
+})";
+
+constexpr int64_t kPsi = 7459729408;  // 36 (12 x 4096^2 + 13 x 4096) + (50257 + 1024 + 2) x 4096
+constexpr int64_t kNd = 64;
+constexpr int64_t kWeightTensors = 2 + 36 * 12 + 2;  // embeddings, 12 per block, ln_f
+constexpr int64_t kElementBytes = 4;
+// Adam's scalars, optimizer state of one float32 element each whatever the
+// sharding (ceil(1 / Nd) = 1): the learning rate and the two bias corrections.
+constexpr int64_t kAdamScalarBytes = 3 * kElementBytes;
+
+std::string rtsOn(const char* category) {
+  return std::string("/sessionOptions/") + category +
+         "TensorLocationSettings/location/replicatedTensorSharding=On";
+}
+
+TEST_CASE("explain --json gives ZeRO's model state per replica for a 7.5 B transformer on 64 replicas") {
+  const TempDir dir;
+  const std::string path = dir.write("zero.json", kZeroConfig);
+  // The formulas in float32 (Psi divides by 64, so each is a whole number of bytes):
+  //   16 Psi = 119,355,670,528;  8 Psi + 8 Psi / 64 = 60,610,301,440;
+  //   4 Psi + 12 Psi / 64 = 31,237,616,896;  16 Psi / 64 = 1,864,932,352;
+  // each plus Adam's three scalars (12 bytes).
+  struct Stage {
+    const char* name;
+    std::vector<std::string> sets;
+    int64_t weights, accumulators, optimizerState, total;
+    int64_t shardedTensors;  // each pads less than one element (4 bytes) per replica
+  };
+  const std::vector<Stage> stages = {
+      {"nothing sharded", {}, 4 * kPsi, 4 * kPsi, 8 * kPsi, 119355670528, 0},
+      {"optimizer state sharded",
+       {rtsOn("optimizerState")},
+       4 * kPsi,
+       4 * kPsi,
+       8 * kPsi / kNd,
+       60610301440,
+       2 * kWeightTensors},
+      {"optimizer state and accumulators sharded",
+       {rtsOn("optimizerState"), rtsOn("accumulator")},
+       4 * kPsi,
+       4 * kPsi / kNd,
+       8 * kPsi / kNd,
+       31237616896,
+       3 * kWeightTensors},
+      {"optimizer state, accumulators and weights sharded",
+       {rtsOn("optimizerState"), rtsOn("accumulator"), rtsOn("weight")},
+       4 * kPsi / kNd,
+       4 * kPsi / kNd,
+       8 * kPsi / kNd,
+       1864932352,
+       4 * kWeightTensors},
+  };
+  for (const Stage& stage : stages) {
+    CAPTURE(stage.name);
+    CHECK(stage.weights + stage.accumulators + stage.optimizerState == stage.total);
+    std::vector<std::string> args = {"explain", path, "--json"};
+    for (const std::string& set : stage.sets) args.insert(args.end(), {"--set", set});
+    const json report = explainJson(args);
+    CHECK(report.at("parameters") == kPsi);
+    const json& replicas = report.at("memory").at("perReplica");
+    REQUIRE(replicas.size() == static_cast<std::size_t>(kNd));
+    for (const json& replica : {replicas.front(), replicas.back()}) {
+      const json& state = replica.at("modelState");
+      const auto bytes = [&](const char* category) { return state.at(category).at("total").get<int64_t>(); };
+      const int64_t allowed = stage.shardedTensors * kElementBytes;
+      const int64_t weights = bytes("Weight");
+      const int64_t accumulators = bytes("Accumulator");
+      const int64_t optimizer = bytes("OptimizerState");
+      const int64_t total = state.at("totalBytes").get<int64_t>();
+      CAPTURE(weights);
+      CAPTURE(accumulators);
+      CAPTURE(optimizer);
+      CAPTURE(total);
+      CHECK(total == weights + accumulators + optimizer);
+      // Never below the formula; above it by the padding of the shards at most.
+      CHECK(weights >= stage.weights);
+      CHECK(accumulators >= stage.accumulators);
+      CHECK(optimizer >= stage.optimizerState + kAdamScalarBytes);
+      // Exact when nothing is sharded; else less than one element of padding per sharded tensor.
+      const int64_t excess = total - stage.total - kAdamScalarBytes;
+      CAPTURE(excess);
+      CHECK(excess >= 0);
+      CHECK(excess <= allowed);
+    }
+  }
+}
+
+TEST_CASE("gpt2_xl_pod64.json explains: memory by category and tile set, traffic and modelled step time") {
+  const std::string path = tessera::test::sourcePath("samples/configs/gpt2_xl_pod64.json");
+  const json report = explainJson({"explain", path, "--json"});
+  CHECK(report.at("parameters") == 1557611200);
+  CHECK(report.at("replication").at("global") == 64);
+  const json& replicas = report.at("memory").at("perReplica");
+  REQUIRE(replicas.size() == 64);
+  const json& first = replicas.front();
+  // Optimizer state: Adam's two moments, sharded over 16 replicas and kept in streaming memory (those of
+  // tensors under 8192 elements whole); Adam's three scalars stay on the IO tiles.
+  const json& optimizer = first.at("modelState").at("OptimizerState");
+  CHECK(optimizer.at("computeTiles") == 0);
+  CHECK(optimizer.at("ioTiles") == 3 * 4);
+  int64_t offChip = 0;
+  for (const json& tensor : report.at("tensors")) {
+    if (tensor.at("category") != "OptimizerState" || tensor.at("elements") == 1) continue;
+    CAPTURE(tensor.at("name").get<std::string>());
+    CHECK(tensor.at("storage") == "OffChip");
+    CHECK(tensor.at("storageTileSet") == "IO");
+    if (tensor.at("replicatedTensorSharding") == "On") {
+      CHECK(tensor.at("shardingDomain").at("groupSize") == 16);
+    } else {
+      CHECK(tensor.at("elements").get<int64_t>() < 8192);
+    }
+    offChip += tensor.at("bytesPerReplica").get<int64_t>();
+  }
+  const auto moments = optimizer.at("streaming").get<int64_t>();
+  CHECK(moments == offChip);
+  // 2 x 4 Psi / 16 = 778.8 MB, and the small tensors' moments whole (about 1 %).
+  CHECK(moments > 2 * 1557611200LL * 4 / 16);
+  CHECK(moments < 2 * 1557611200LL * 4 / 16 * 102 / 100);
+  for (const char* category : {"Weight", "Accumulator", "OptimizerState"}) {
+    CAPTURE(category);
+    const json& c = first.at("modelState").at(category);
+    CHECK(c.at("total") == c.at("computeTiles").get<int64_t>() + c.at("ioTiles").get<int64_t>() +
+                               c.at("streaming").get<int64_t>());
+  }
+  CHECK(first.at("modelState").at("Accumulator").at("total") == 0);  // no gradient accumulation
+  CHECK(first.at("activations").at("computeTiles").get<int64_t>() > 0);
+  // The activations of 1024-token sequences (attention scores of 25 heads kept for the backward pass) do
+  // not fit the compute tiles; the report says so.
+  CHECK(report.at("memory").at("fits") == false);
+  CHECK(report.at("memory").at("shortfall").at("space") == "ComputeTiles");
+  const json& time = report.at("modelledStepTime");
+  CHECK(time.at("seconds").get<double>() > 0);
+  CHECK(time.at("computeSeconds").get<double>() > 0);
+  CHECK(time.at("collectiveSeconds").get<double>() > 0);
+  // The optimizer state is loaded and stored once a step through the IO tiles, overlapping compute.
+  CHECK(time.at("overlappedStreamingSeconds").get<double>() > 0);
+  CHECK(report.at("traffic").at("IOTiles").at("bytes").get<double>() == 2.0 * static_cast<double>(moments));
+  CHECK(report.at("traffic").at("Link").at("bytes").get<double>() > 0);
+
+  // The text form shows the same table.
+  const tessera::test::ProcessResult text = runCli({"explain", path});
+  INFO("stderr: ", text.err);
+  REQUIRE(text.exitCode == 0);
+  for (const char* line : {"Memory of replica 0 by category", "optimizer state", "gradient accumulators",
+                           "activations at the peak", "model state:", "Does not fit: replica 0, ComputeTiles",
+                           "Traffic per step", "Modelled step time"}) {
+    CAPTURE(line);
+    CHECK(text.out.find(line) != std::string::npos);
+  }
+
+  // A wider sharding domain, planned beside the config: a quarter of the model state per replica.
+  const tessera::test::ProcessResult whatIf = runCli(
+      {"explain", path, "--what-if",
+       R"(/sessionOptions/weightTensorLocationSettings/location/shardingDomain={"type": "All"})", "--what-if",
+       R"(/sessionOptions/optimizerStateTensorLocationSettings/location/shardingDomain={"type": "All"})"});
+  INFO("stderr: ", whatIf.err);
+  REQUIRE(whatIf.exitCode == 0);
+  CHECK(whatIf.out.find("model state of replica 0: Weight 374.95 MiB -> 96.60 MiB, Accumulator 0 B -> 0 B, "
+                        "OptimizerState 749.89 MiB -> 193.20 MiB") != std::string::npos);
+}
+
+}  // namespace
