@@ -31,12 +31,12 @@ threads=${3:-$(nproc)}
 if [[ ! -f "$build/build.ninja" ]]; then
   meson setup "$build" "$root" --buildtype=release >/dev/null
 fi
-ninja -C "$build" bench/tessera_bench_onnx_train >/dev/null
-tessera="$build/bench/tessera_bench_onnx_train"
-if [[ ! -x $tessera ]]; then
-  echo "models.sh: tessera_bench_onnx_train was not built (this build cannot read ONNX models)" >&2
+if ! ninja -C "$build" -t targets all | grep -q '^bench/tessera_bench_onnx_train:'; then
+  echo "models.sh: this build has no tessera_bench_onnx_train (it needs libonnx-dev and libbenchmark-dev)" >&2
   exit 1
 fi
+ninja -C "$build" bench/tessera_bench_onnx_train >/dev/null
+tessera="$build/bench/tessera_bench_onnx_train"
 torch_include=/usr/include/torch/csrc/api/include
 have_torch=0
 if [[ -f $torch_include/torch/torch.h ]]; then
