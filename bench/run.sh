@@ -4,7 +4,8 @@
 # run so that the ratios share the machine's state, each on 1 thread and on
 # THREADS threads (default: every CPU of the process); then tessera's scaling
 # with the replica count, tensor locations, and an R = 4 run split over 2 and
-# 4 instances under `tessera launch` (needs Open MPI).
+# 4 instances under `tessera launch` (needs Open MPI); last, the CNN and the
+# transformer exported from PyTorch against libtorch (bench/models.sh).
 #
 #   bash bench/run.sh PEER_SOURCE_DIR [BUILD_DIR] [REPS] [THREADS]
 #
@@ -144,3 +145,8 @@ if "$build/samples/tessera/tessera" launch --num-replicas 1 --num-instances 1 --
   echo "| 2 instances x 2 replicas | $two | $(ratio "$two" "$plain") |"
   echo "| 4 instances x 1 replica | $four | $(ratio "$four" "$plain") |"
 fi
+
+# The CNN and the transformer exported from PyTorch (tests/data/onnx) against
+# the same modules in libtorch (bench/peer/), on 1 and THREADS threads.
+echo
+bash "$root/bench/models.sh" "$build" "$reps" "$n"

@@ -467,6 +467,7 @@ void SimExecutable::planSteps() {
   fuseChains();
   int64_t lhs = 0;
   int64_t rhs = 0;
+  int64_t work = 0;
   int64_t product = 0;
   for (Step& step : steps_) {
     // Other kernels with GEMMs (convolutions) planned theirs with the step.
@@ -475,15 +476,17 @@ void SimExecutable::planSteps() {
       planGemm(step);
     lhs = std::max(lhs, alignUp(step.gemmPlan.lhsFloats));
     rhs = std::max(rhs, alignUp(step.gemmPlan.rhsFloats));
-    product = std::max(product, alignUp(step.workFloats));
+    work = std::max(work, alignUp(step.workFloats));
     if (step.kernel == matmulSlicesKernel()) product = std::max(product, alignUp(step.rows * step.cols));
   }
   // Packed blocks are read with aligned loads. Each thread packs into its
-  // own pair of buffers.
+  // own pair of buffers and has its own workspace.
   const int64_t threads = pool_->threads();
-  gemmScratch_.assign(at(threads * (lhs + rhs) + product), 0.0f);
+  // A whole product (one, on the calling thread) and the threads'
+  // workspaces are never used by the same step, so they share memory.
+  gemmScratch_.assign(at(threads * (lhs + rhs) + std::max(product, threads * work)), 0.0f);
   float* base = gemmScratch_.data();
-  scratch_ = {base, base + threads * lhs, base + threads * (lhs + rhs), lhs, rhs};
+  scratch_ = {base, base + threads * lhs, base + threads * (lhs + rhs), lhs, rhs, work};
   for (Step& step : steps_) {
     step.scratch = &scratch_;
     step.pool = pool_.get();

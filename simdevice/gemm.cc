@@ -91,9 +91,12 @@ GemmPlan planEigen(int64_t m, int64_t n, int64_t k) {
 
 // c[i * ldc + j] = alpha * tile (+ c when accumulating), tile = the product
 // of A's strip (element (i, p) at a[i * lda + p], or a[p * lda + i] when
-// transposed) and B's strip (step p at b + p * ldb) over kc steps.
+// transposed) and B's strip (step p at b + p * ldb) over kc steps, for the
+// first `rows` rows and `cols` columns of the tile. Kernels that mask
+// (kEdges of packedGemm) read only those columns of B and write only those
+// of C; the others are called with whole tiles.
 using MicroKernel = void (*)(int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-                             int64_t ldc, float alpha, bool accumulate);
+                             int64_t ldc, float alpha, bool accumulate, int rows, int cols);
 
 // Sum blocks at most this deep; columns per packed block of B.
 constexpr int64_t kBlockK = 256;
@@ -143,7 +146,10 @@ void packEdgeA(const GemmShape& s, const float* a, int64_t i0, int64_t mr, int64
 // The block [row0, row1) x [col0, col1) of C (a block of rows starts on a
 // multiple of kMR, one of columns on a multiple of kNR).
 // Each element's sum runs in the same order whatever block it is in.
-template <int kMR, int kNR, MicroKernel kRows, MicroKernel kTransposed>
+// kEdges: the kernels mask, so an edge tile is computed in place and a
+// last strip of row-major B is read where it is; otherwise an edge tile
+// goes through a whole tile in registers' image and the strip is packed.
+template <int kMR, int kNR, MicroKernel kRows, MicroKernel kTransposed, bool kEdges>
 void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const float* b, float* c,
                 float alpha, float* lhs, float* rhs, GemmBlock block) {
   if (s.k == 0) {
@@ -161,7 +167,7 @@ void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const 
     const bool accumulate = kb > 0;
     for (int64_t j0 = block.col0; j0 < block.col1; j0 += plan.nc) {
       const int64_t nc = std::min(plan.nc, block.col1 - j0);
-      packB<kNR>(s, b, p0, kc, j0, nc, rhs);
+      if (s.transB || !kEdges) packB<kNR>(s, b, p0, kc, j0, nc, rhs);
       for (int64_t i0 = block.row0; i0 < block.row1; i0 += kMR) {
         const int64_t mr = std::min<int64_t>(kMR, block.row1 - i0);
         MicroKernel kernel = s.transA ? kTransposed : kRows;
@@ -175,17 +181,18 @@ void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const 
         }
         for (int64_t jr = 0; jr < nc; jr += kNR) {
           const int64_t nr = std::min<int64_t>(kNR, nc - jr);
-          const bool direct = !s.transB && nr == kNR;
+          const bool direct = !s.transB && (nr == kNR || kEdges);
           const float* bp = direct ? b + p0 * s.n + j0 + jr : rhs + jr * kc;
           const int64_t ldb = direct ? s.n : kNR;
           float* cp = c + i0 * s.n + j0 + jr;
-          if (mr == kMR && nr == kNR) {
-            kernel(kc, ap, lda, bp, ldb, cp, s.n, alpha, accumulate);
+          if (kEdges || (mr == kMR && nr == kNR)) {
+            kernel(kc, ap, lda, bp, ldb, cp, s.n, alpha, accumulate, static_cast<int>(mr),
+                   static_cast<int>(nr));
             continue;
           }
           // An edge tile: computed whole, then its valid part written with
           // the same arithmetic as a full tile's.
-          kernel(kc, ap, lda, bp, ldb, tile, kNR, alpha, false);
+          kernel(kc, ap, lda, bp, ldb, tile, kNR, alpha, false, kMR, kNR);
           for (int64_t i = 0; i < mr; ++i) {
             float* row = cp + i * s.n;
             const float* t = tile + i * kNR;
@@ -214,17 +221,24 @@ struct PackedVariant {
 
 #ifdef TESSERA_GEMM_X86
 
+// Masked loads and stores: columns at and after `cols` are neither read
+// (they load as 0, which no written element sums) nor written.
 template <int kMR, int kNV, bool kTransA>
 __attribute__((target("avx512f"))) void kernelAvx512(int64_t kc, const float* a, int64_t lda, const float* b,
-                                                      int64_t ldb, float* c, int64_t ldc, float alpha,
-                                                      bool accumulate) {
+                                                     int64_t ldb, float* c, int64_t ldc, float alpha,
+                                                     bool accumulate, int rows, int cols) {
+  __mmask16 mask[kNV];
+  for (int v = 0; v < kNV; ++v) {
+    const int left = std::clamp(cols - 16 * v, 0, 16);
+    mask[v] = static_cast<__mmask16>((uint32_t{1} << left) - 1);
+  }
   __m512 acc[kMR][kNV];
 #pragma GCC unroll 16
   for (auto& row : acc)
     for (auto& v : row) v = _mm512_setzero_ps();
   for (int64_t p = 0; p < kc; ++p, a += kTransA ? lda : 1, b += ldb) {
     __m512 bv[kNV];
-    for (int v = 0; v < kNV; ++v) bv[v] = _mm512_loadu_ps(b + 16 * v);
+    for (int v = 0; v < kNV; ++v) bv[v] = _mm512_maskz_loadu_ps(mask[v], b + 16 * v);
     for (int i = 0; i < kMR; ++i) {
       const __m512 ai = _mm512_set1_ps(kTransA ? a[i] : a[i * lda]);
       for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
@@ -233,10 +247,11 @@ __attribute__((target("avx512f"))) void kernelAvx512(int64_t kc, const float* a,
   const __m512 scale = _mm512_set1_ps(alpha);
 #pragma GCC unroll 16
   for (int i = 0; i < kMR; ++i, c += ldc) {
+    if (i == rows) break;
     for (int v = 0; v < kNV; ++v) {
       __m512 r = _mm512_mul_ps(acc[i][v], scale);
-      if (accumulate) r = _mm512_add_ps(r, _mm512_loadu_ps(c + 16 * v));
-      _mm512_storeu_ps(c + 16 * v, r);
+      if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask[v], c + 16 * v));
+      _mm512_mask_storeu_ps(c + 16 * v, mask[v], r);
     }
   }
 }
@@ -244,7 +259,7 @@ __attribute__((target("avx512f"))) void kernelAvx512(int64_t kc, const float* a,
 template <int kMR, int kNV, bool kTransA>
 __attribute__((target("avx2,fma"))) void kernelAvx2(int64_t kc, const float* a, int64_t lda, const float* b,
                                                     int64_t ldb, float* c, int64_t ldc, float alpha,
-                                                    bool accumulate) {
+                                                    bool accumulate, int, int) {
   __m256 acc[kMR][kNV];
 #pragma GCC unroll 16
   for (auto& row : acc)
@@ -271,12 +286,13 @@ __attribute__((target("avx2,fma"))) void kernelAvx2(int64_t kc, const float* a, 
 template <int kMR, int kNV>
 constexpr PackedVariant avx512Variant() {
   return {GemmIsa::Avx512, kMR, 16 * kNV,
-          packedGemm<kMR, 16 * kNV, kernelAvx512<kMR, kNV, false>, kernelAvx512<kMR, kNV, true>>};
+          packedGemm<kMR, 16 * kNV, kernelAvx512<kMR, kNV, false>, kernelAvx512<kMR, kNV, true>, true>};
 }
 
 template <int kMR, int kNV>
 constexpr PackedVariant avx2Variant() {
-  return {GemmIsa::Avx2, kMR, 8 * kNV, packedGemm<kMR, 8 * kNV, kernelAvx2<kMR, kNV, false>, kernelAvx2<kMR, kNV, true>>};
+  return {GemmIsa::Avx2, kMR, 8 * kNV,
+          packedGemm<kMR, 8 * kNV, kernelAvx2<kMR, kNV, false>, kernelAvx2<kMR, kNV, true>, false>};
 }
 
 // Per instruction set, the tile shapes from the narrowest; a product takes

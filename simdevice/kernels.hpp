@@ -80,14 +80,16 @@ inline constexpr int64_t kChainSlice = 512;
 
 // Scratch shared by every GEMM of a plan: the packing buffers, one pair
 // per thread (thread t's at lhs + t * lhsStride, rhs + t * rhsStride), and
-// the whole product of a GEMM of which a step keeps slices
-// (matmulSlicesKernel).
+// a workspace per thread (thread t's at product + t * productStride): the
+// whole product of a GEMM of which a step keeps slices
+// (matmulSlicesKernel, thread 0's), the column matrices of convolutions.
 struct GemmScratch {
   float* lhs = nullptr;
   float* rhs = nullptr;
   float* product = nullptr;
   int64_t lhsStride = 0;
   int64_t rhsStride = 0;
+  int64_t productStride = 0;
 };
 
 struct Step {
@@ -121,8 +123,9 @@ struct Step {
   // The product's kernel and cache blocking, chosen at load time.
   GemmPlan gemmPlan;
   const GemmScratch* scratch = nullptr;
-  // Floats of GemmScratch::product the step uses as its workspace (the
-  // column matrices of convolutions); their kernels plan their own GEMMs.
+  // Floats of each thread's GemmScratch::product workspace the step uses
+  // (the column matrices of convolutions); their kernels plan their own
+  // GEMMs.
   int64_t workFloats = 0;
   // The threads that run the step's parts (products, chains); null runs
   // everything on the calling thread.

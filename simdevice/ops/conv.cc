@@ -9,6 +9,7 @@
 // in an order fixed by the shapes, so results do not depend on how many
 // replicas a run stacks.
 #include <algorithm>
+#include <cstring>
 
 #include "kernel_table.hpp"
 #include "ops/window.hpp"
@@ -38,15 +39,55 @@ ConvSizes sizesOf(const Step& s) {
   return {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10]};
 }
 
-void gemm(const Step& s, const GemmShape& shape, const float* a, const float* b, float* c) {
-  sim::gemm(s.gemmPlan, shape, a, b, c, 1.0f, s.scratch->lhs, s.scratch->rhs);
+// Work (multiply-adds) per part of a convolution split over threads by
+// samples: below about a microsecond of work, handing a part to another
+// thread costs more than it saves.
+constexpr int64_t kMinPartWork = int64_t{1} << 16;
+
+// Thread t's workspace (GemmScratch::product).
+float* workspace(const Step& s, int thread) { return s.scratch->product + thread * s.scratch->productStride; }
+
+// One product on thread t, with its packing scratch.
+void gemmOn(const Step& s, int thread, const GemmShape& shape, const float* a, const float* b, float* c) {
+  const GemmScratch& scratch = *s.scratch;
+  sim::gemm(s.gemmPlan, shape, a, b, c, 1.0f, scratch.lhs + thread * scratch.lhsStride,
+            scratch.rhs + thread * scratch.rhsStride);
+}
+
+// One product split over the step's threads by blocks of C (gemm.hpp):
+// the same bits as in one part.
+void gemmSplit(const Step& s, const GemmShape& shape, const float* a, const float* b, float* c) {
+  const int parts = s.pool == nullptr ? 1 : gemmParts(s.gemmPlan, shape, s.pool->threads());
+  if (parts == 1) return gemmOn(s, 0, shape, a, b, c);
+  const GemmScratch& scratch = *s.scratch;
+  s.pool->run(parts, [&](int part, int thread) {
+    gemmPart(s.gemmPlan, shape, a, b, c, 1.0f, scratch.lhs + thread * scratch.lhsStride,
+             scratch.rhs + thread * scratch.rhsStride, part, parts);
+  });
+}
+
+// f(first, last, thread) over samples [first, last) of `batch`, split over
+// the step's threads when each part has at least kMinPartWork of
+// `perSample` work. Samples are independent and each is computed the same
+// way in any part on any thread.
+template <class F>
+void forSamples(const Step& s, int64_t batch, int64_t perSample, F&& f) {
+  const int64_t parts64 =
+      s.pool == nullptr
+          ? 1
+          : std::clamp<int64_t>(std::min(batch * perSample / kMinPartWork, batch), 1, s.pool->threads());
+  const int parts = static_cast<int>(parts64);
+  if (parts == 1) return f(int64_t{0}, batch, 0);
+  s.pool->run(parts,
+              [&](int part, int thread) { f(batch * part / parts, batch * (part + 1) / parts, thread); });
 }
 
 // The segments of each tap's column row (Step::table) from the tap table
 // (lib/ops/window.hpp): along a row of the last axis the taps inside the
-// input are consecutive and `step` apart.
+// input are consecutive and `step` apart. After them, per tap, whether its
+// column row is a shifted copy of the input plane (kShift* below).
 std::vector<int64_t> segmentsOf(const std::vector<int64_t>& taps, int64_t kernelTaps, int64_t positions,
-                                int64_t width) {
+                                int64_t width, int64_t step) {
   std::vector<int64_t> segments;
   const int64_t rows = width == 0 ? 0 : positions / width;
   for (int64_t k = 0; k < kernelTaps; ++k) {
@@ -59,29 +100,82 @@ std::vector<int64_t> segmentsOf(const std::vector<int64_t>& taps, int64_t kernel
       segments.insert(segments.end(), {lo, hi, lo < hi ? tap[lo] : 0});
     }
   }
+  // A tap whose every position p inside the input reads input position
+  // base + p (stride 1 and rows as wide as the input's, e.g. a "same"
+  // convolution): its column row is one copy of the plane from base on,
+  // with the pads cleared after.
+  for (int64_t k = 0; k < kernelTaps; ++k) {
+    const int64_t* segment = segments.data() + k * rows * 3;
+    int64_t base = 0;
+    int64_t first = -1;
+    int64_t last = 0;
+    bool shifted = step == 1;
+    for (int64_t r = 0; shifted && r < rows; ++r, segment += 3) {
+      if (segment[0] >= segment[1]) continue;
+      const int64_t at = segment[2] - (r * width + segment[0]);
+      if (first < 0) base = at, first = r * width + segment[0];
+      shifted = at == base;
+      last = r * width + segment[1];
+    }
+    shifted = shifted && first >= 0;
+    segments.insert(segments.end(), {shifted ? 1 : 0, base, shifted ? first : 0, shifted ? last : 0});
+  }
   return segments;
+}
+
+// The per-tap entries after the segments: shifted copy (0 or 1), base,
+// first and last position of the copy.
+constexpr int64_t kShiftFields = 4;
+
+// Copies and clears of a few floats, inline: a segment is a row of a
+// window, where a library call costs more than the copy.
+void copyShort(const float* from, int64_t n, float* to) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) std::memcpy(to + i, from + i, 8 * sizeof(float));
+  if (n - i >= 4) std::memcpy(to + i, from + i, 4 * sizeof(float)), i += 4;
+  if (n - i >= 2) std::memcpy(to + i, from + i, 2 * sizeof(float)), i += 2;
+  if (n - i >= 1) to[i] = from[i];
+}
+
+void zeroShort(float* to, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) to[i] = 0.0f;
 }
 
 // cols[(c K + k) stride + p] = in[c, tap k of window p] (0 in the pads) for
 // the Ci/g channels at `in`.
 void im2col(const ConvSizes& z, const int64_t* segments, const float* in, float* cols, int64_t stride) {
   const int64_t rows = z.width == 0 ? 0 : z.outPositions / z.width;
+  const int64_t* shifts = segments + z.taps * rows * 3;
   for (int64_t c = 0; c < z.cInGroup(); ++c) {
     const float* plane = in + c * z.inPositions;
     for (int64_t k = 0; k < z.taps; ++k) {
       float* row = cols + (c * z.taps + k) * stride;
       const int64_t* segment = segments + k * rows * 3;
+      const int64_t* shift = shifts + k * kShiftFields;
+      if (shift[0] != 0) {
+        const int64_t first = shift[2];
+        const int64_t last = shift[3];
+        std::fill(row, row + first, 0.0f);
+        std::copy_n(plane + (shift[1] + first), last - first, row + first);
+        std::fill(row + last, row + z.outPositions, 0.0f);
+        for (int64_t r = 0; r < rows; ++r, segment += 3, row += z.width) {
+          const int64_t lo = segment[0] < segment[1] ? segment[0] : z.width;
+          for (int64_t p = 0; p < lo; ++p) row[p] = 0.0f;
+          for (int64_t p = segment[1]; p < z.width; ++p) row[p] = 0.0f;
+        }
+        continue;
+      }
       for (int64_t r = 0; r < rows; ++r, segment += 3, row += z.width) {
         const int64_t lo = segment[0];
         const int64_t hi = segment[1];
         const float* from = plane + segment[2];
-        std::fill(row, row + lo, 0.0f);
+        zeroShort(row, lo);
         if (z.step == 1) {
-          std::copy(from, from + (hi - lo), row + lo);
+          copyShort(from, hi - lo, row + lo);
         } else {
           for (int64_t p = lo; p < hi; ++p) row[p] = from[(p - lo) * z.step];
         }
-        std::fill(row + hi, row + z.width, 0.0f);
+        zeroShort(row + hi, z.width - hi);
       }
     }
   }
@@ -98,7 +192,13 @@ void col2im(const ConvSizes& z, const int64_t* segments, const float* cols, floa
       const int64_t* segment = segments + k * rows * 3;
       for (int64_t r = 0; r < rows; ++r, segment += 3, row += z.width) {
         float* to = plane + segment[2];
-        for (int64_t p = segment[0]; p < segment[1]; ++p) to[(p - segment[0]) * z.step] += row[p];
+        const int64_t lo = segment[0];
+        const int64_t hi = segment[1];
+        if (z.step == 1) {
+          for (int64_t p = lo; p < hi; ++p) to[p - lo] += row[p];
+        } else {
+          for (int64_t p = lo; p < hi; ++p) to[(p - lo) * z.step] += row[p];
+        }
       }
     }
   }
@@ -110,59 +210,71 @@ const float* operand(const Step& s, const Run& run, std::size_t i, int64_t g) {
 }
 
 // Conv: operand 0 the conv input, 1 the weight; the output the conv output.
+// Samples in parallel, each thread with its own columns.
 void convForward(const Step& s) {
   const ConvSizes z = sizesOf(s);
   const int64_t rows = z.columnRows();
-  float* cols = s.scratch->product;
   for (const Run& run : s.runs) {
     for (int64_t g = 0; g < run.count; ++g) {
       const float* x = operand(s, run, 0, g);
       const float* w = operand(s, run, 1, g);
       float* y = outOf(s, run) + g * s.outElements;
-      for (int64_t n = 0; n < z.batch; ++n) {
-        for (int64_t gi = 0; gi < z.group; ++gi) {
-          const float* in = x + (n * z.cIn + gi * z.cInGroup()) * z.inPositions;
-          if (z.direct == 0) im2col(z, s.table.data(), in, cols, z.outPositions);
-          gemm(s, {z.cOutGroup(), z.outPositions, rows, false, false}, w + gi * z.cOutGroup() * rows,
-               z.direct != 0 ? in : cols, y + (n * z.cOut + gi * z.cOutGroup()) * z.outPositions);
+      forSamples(s, z.batch, z.cOut * rows * z.outPositions, [&](int64_t first, int64_t last, int thread) {
+        float* cols = workspace(s, thread);
+        for (int64_t n = first; n < last; ++n) {
+          for (int64_t gi = 0; gi < z.group; ++gi) {
+            const float* in = x + (n * z.cIn + gi * z.cInGroup()) * z.inPositions;
+            if (z.direct == 0) im2col(z, s.table.data(), in, cols, z.outPositions);
+            gemmOn(s, thread, {z.cOutGroup(), z.outPositions, rows, false, false},
+                   w + gi * z.cOutGroup() * rows, z.direct != 0 ? in : cols,
+                   y + (n * z.cOut + gi * z.cOutGroup()) * z.outPositions);
+          }
         }
-      }
+      });
     }
   }
 }
 
 // ConvTranspose: operand 0 the conv output, 1 the weight; the output the
-// conv input.
+// conv input. Samples in parallel, each thread with its own columns.
 void convBackwardData(const Step& s) {
   const ConvSizes z = sizesOf(s);
   const int64_t rows = z.columnRows();
-  float* cols = s.scratch->product;
   for (const Run& run : s.runs) {
     for (int64_t g = 0; g < run.count; ++g) {
       const float* dy = operand(s, run, 0, g);
       const float* w = operand(s, run, 1, g);
       float* dx = outOf(s, run) + g * s.outElements;
-      for (int64_t n = 0; n < z.batch; ++n) {
-        for (int64_t gi = 0; gi < z.group; ++gi) {
-          float* in = dx + (n * z.cIn + gi * z.cInGroup()) * z.inPositions;
-          gemm(s, {rows, z.outPositions, z.cOutGroup(), true, false}, w + gi * z.cOutGroup() * rows,
-               dy + (n * z.cOut + gi * z.cOutGroup()) * z.outPositions, z.direct != 0 ? in : cols);
-          if (z.direct == 0) col2im(z, s.table.data(), cols, in);
+      forSamples(s, z.batch, z.cOut * rows * z.outPositions, [&](int64_t first, int64_t last, int thread) {
+        float* cols = workspace(s, thread);
+        for (int64_t n = first; n < last; ++n) {
+          for (int64_t gi = 0; gi < z.group; ++gi) {
+            float* in = dx + (n * z.cIn + gi * z.cInGroup()) * z.inPositions;
+            gemmOn(s, thread, {rows, z.outPositions, z.cOutGroup(), true, false},
+                   w + gi * z.cOutGroup() * rows, dy + (n * z.cOut + gi * z.cOutGroup()) * z.outPositions,
+                   z.direct != 0 ? in : cols);
+            if (z.direct == 0) col2im(z, s.table.data(), cols, in);
+          }
         }
-      }
+      });
     }
   }
 }
 
 // ConvGradWeight: operand 0 the conv output's gradient, 1 the conv input;
 // the output the weight's gradient. Per channel group, the samples go in
-// chunks of `chunk`: dy packed [Co/g, chunk P], columns [Ci/g K, chunk P],
-// one GEMM over the chunk; chunks after the first add their product.
+// chunks of `chunk`: dy packed [Co/g, chunk P], columns [Ci/g K, chunk P].
+// One GEMM per chunk computes the transposed gradient [Ci/g K, Co/g] =
+// columns · dy^T: the GEMM packs (transposes) dy, which has fewer rows than
+// the columns. Each element is the same sum in the same order as in
+// dy · columns^T. The first chunk's product is the gradient, transposed;
+// later chunks add theirs. The columns of a chunk are filled in parallel
+// (each sample's own) and the GEMM is split over the threads by blocks.
 void convBackwardWeight(const Step& s) {
   const ConvSizes z = sizesOf(s);
   const int64_t rows = z.columnRows();
   const int64_t width = z.chunk * z.outPositions;
-  float* cols = s.scratch->product;
+  float* cols = workspace(s, 0);
   float* packed = cols + rows * width;
   float* partial = packed + z.cOutGroup() * width;
   for (const Run& run : s.runs) {
@@ -175,19 +287,26 @@ void convBackwardWeight(const Step& s) {
         for (int64_t n0 = 0; n0 < z.batch; n0 += z.chunk) {
           const int64_t count = std::min(z.chunk, z.batch - n0);
           const int64_t depth = count * z.outPositions;
-          for (int64_t j = 0; j < count; ++j) {
-            const int64_t n = n0 + j;
-            im2col(z, s.table.data(), x + (n * z.cIn + gi * z.cInGroup()) * z.inPositions,
-                   cols + j * z.outPositions, depth);
-            for (int64_t m = 0; m < z.cOutGroup(); ++m) {
-              std::copy_n(dy + (n * z.cOut + gi * z.cOutGroup() + m) * z.outPositions, z.outPositions,
-                          packed + m * depth + j * z.outPositions);
+          forSamples(s, count, (rows + z.cOutGroup()) * z.outPositions,
+                     [&](int64_t first, int64_t last, int) {
+                       for (int64_t j = first; j < last; ++j) {
+                         const int64_t n = n0 + j;
+                         im2col(z, s.table.data(), x + (n * z.cIn + gi * z.cInGroup()) * z.inPositions,
+                                cols + j * z.outPositions, depth);
+                         for (int64_t m = 0; m < z.cOutGroup(); ++m) {
+                           std::copy_n(dy + (n * z.cOut + gi * z.cOutGroup() + m) * z.outPositions,
+                                       z.outPositions, packed + m * depth + j * z.outPositions);
+                         }
+                       }
+                     });
+          gemmSplit(s, {rows, z.cOutGroup(), depth, false, true}, cols, packed, partial);
+          for (int64_t m = 0; m < z.cOutGroup(); ++m) {
+            float* to = dwGroup + m * rows;
+            if (n0 == 0) {
+              for (int64_t r = 0; r < rows; ++r) to[r] = partial[r * z.cOutGroup() + m];
+            } else {
+              for (int64_t r = 0; r < rows; ++r) to[r] += partial[r * z.cOutGroup() + m];
             }
-          }
-          float* target = n0 == 0 ? dwGroup : partial;
-          gemm(s, {z.cOutGroup(), rows, depth, false, true}, packed, cols, target);
-          if (n0 != 0) {
-            for (int64_t i = 0; i < z.cOutGroup() * rows; ++i) dwGroup[i] += partial[i];
           }
         }
       }
@@ -222,7 +341,7 @@ void planConv(StepPlanner& planner, Step& step) {
               0,
               window.out.back(),
               window.strides.back()};
-  step.table = segmentsOf(taps, z.taps, z.outPositions, z.width);
+  step.table = segmentsOf(taps, z.taps, z.outPositions, z.width, z.step);
   // A window that reads each input position once, in order (1x1, stride 1,
   // no pads): the input is its own column matrix.
   bool identity = z.taps == 1 && z.inPositions == z.outPositions;
@@ -243,7 +362,8 @@ void planConv(StepPlanner& planner, Step& step) {
   } else {
     const int64_t perSample = std::max<int64_t>((rows + z.cOutGroup()) * z.outPositions, 1);
     z.chunk = std::clamp<int64_t>(kWeightColumnsFloats / perSample, 1, std::max<int64_t>(z.batch, 1));
-    m = z.cOutGroup(), n = rows, k = z.chunk * z.outPositions;
+    // The transposed product (see convBackwardWeight).
+    m = rows, n = z.cOutGroup(), k = z.chunk * z.outPositions;
     step.workFloats = (rows + z.cOutGroup()) * k + z.cOutGroup() * rows;
     step.kernel = convBackwardWeight;
   }

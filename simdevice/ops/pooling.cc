@@ -4,6 +4,7 @@
 // then windows, then taps), so repeated taps add up the same way on every
 // run.
 #include <algorithm>
+#include <array>
 #include <limits>
 
 #include "kernel_table.hpp"
@@ -16,36 +17,71 @@ namespace {
 // positions and `rows` windows per plane, `depth` taps per window. table:
 // the input position of tap k of window p at p * depth + k, or -1; table2
 // (AveragePool): each window's divisor.
+
+// Planes per part of a group split over threads: each part is at least
+// this many input positions, since handing a part to another thread costs
+// about a microsecond.
+constexpr int64_t kMinPartPositions = int64_t{1} << 14;
+
+// f(out, in0, in1, first, last) for every group, over planes [first, last)
+// of the group. Planes are independent (a window reads and a gradient
+// writes one plane), so the parts run on the step's threads; each plane is
+// computed the same way whichever part holds it.
 template <class F>
 void forPlanes(const Step& s, F&& f) {
+  const int64_t positions = std::max<int64_t>(s.groups * std::max(s.cols, s.rows), 1);
+  const int parts = s.pool == nullptr
+                        ? 1
+                        : static_cast<int>(std::clamp<int64_t>(
+                              std::min(positions / kMinPartPositions, s.groups), 1, s.pool->threads()));
   for (const Run& run : s.runs) {
     for (int64_t g = 0; g < run.count; ++g) {
       float* out = outOf(s, run) + g * s.outElements;
       const float* in0 = inOf(s, run, 0) + (run.advance[0] ? g * s.inElements[0] : 0);
       const float* in1 =
           s.in[1] == nullptr ? nullptr : inOf(s, run, 1) + (run.advance[1] ? g * s.inElements[1] : 0);
-      f(out, in0, in1);
+      if (parts == 1) {
+        f(out, in0, in1, int64_t{0}, s.groups);
+        continue;
+      }
+      s.pool->run(parts, [&](int part, int) {
+        f(out, in0, in1, s.groups * part / parts, s.groups * (part + 1) / parts);
+      });
     }
   }
 }
 
-// The input position of window p's first maximum in `x`, or -1.
+// The input position of window p's first maximum in `x`, or -1 (a window
+// of pads only). kPadded: some taps are -1. The choices are selects, not
+// branches: which tap wins depends on the data and would mispredict.
+template <bool kPadded>
 int64_t argmaxOf(const int64_t* taps, int64_t depth, const float* x) {
-  int64_t best = -1;
-  for (int64_t k = 0; k < depth; ++k) {
+  int64_t k = 0;
+  if constexpr (kPadded) {
+    while (k < depth && taps[k] < 0) ++k;
+    if (k == depth) return -1;
+  }
+  int64_t best = taps[k];
+  float value = x[best];
+  for (++k; k < depth; ++k) {
     const int64_t at = taps[k];
-    if (at >= 0 && (best < 0 || x[at] > x[best])) best = at;
+    if (kPadded && at < 0) continue;
+    const float v = x[at];
+    const bool greater = v > value;
+    best = greater ? at : best;
+    value = greater ? v : value;
   }
   return best;
 }
 
+template <bool kPadded>
 void maxPool(const Step& s) {
-  forPlanes(s, [&](float* y, const float* x, const float*) {
-    for (int64_t plane = 0; plane < s.groups; ++plane) {
+  forPlanes(s, [&](float* y, const float* x, const float*, int64_t first, int64_t last) {
+    for (int64_t plane = first; plane < last; ++plane) {
       const float* xp = x + plane * s.cols;
       float* yp = y + plane * s.rows;
       for (int64_t p = 0; p < s.rows; ++p) {
-        const int64_t at = argmaxOf(s.table.data() + p * s.depth, s.depth, xp);
+        const int64_t at = argmaxOf<kPadded>(s.table.data() + p * s.depth, s.depth, xp);
         yp[p] = at < 0 ? -std::numeric_limits<float>::infinity() : xp[at];
       }
     }
@@ -53,15 +89,16 @@ void maxPool(const Step& s) {
 }
 
 // Operand 0 dy, 1 x.
+template <bool kPadded>
 void maxPoolGrad(const Step& s) {
-  forPlanes(s, [&](float* dx, const float* dy, const float* x) {
-    std::fill_n(dx, s.outElements, 0.0f);
-    for (int64_t plane = 0; plane < s.groups; ++plane) {
+  forPlanes(s, [&](float* dx, const float* dy, const float* x, int64_t first, int64_t last) {
+    std::fill(dx + first * s.cols, dx + last * s.cols, 0.0f);
+    for (int64_t plane = first; plane < last; ++plane) {
       const float* xp = x + plane * s.cols;
       const float* dyp = dy + plane * s.rows;
       float* dxp = dx + plane * s.cols;
       for (int64_t p = 0; p < s.rows; ++p) {
-        const int64_t at = argmaxOf(s.table.data() + p * s.depth, s.depth, xp);
+        const int64_t at = argmaxOf<kPadded>(s.table.data() + p * s.depth, s.depth, xp);
         if (at >= 0) dxp[at] += dyp[p];
       }
     }
@@ -69,8 +106,8 @@ void maxPoolGrad(const Step& s) {
 }
 
 void averagePool(const Step& s) {
-  forPlanes(s, [&](float* y, const float* x, const float*) {
-    for (int64_t plane = 0; plane < s.groups; ++plane) {
+  forPlanes(s, [&](float* y, const float* x, const float*, int64_t first, int64_t last) {
+    for (int64_t plane = first; plane < last; ++plane) {
       const float* xp = x + plane * s.cols;
       float* yp = y + plane * s.rows;
       for (int64_t p = 0; p < s.rows; ++p) {
@@ -86,9 +123,9 @@ void averagePool(const Step& s) {
 
 // Operand 0 dy.
 void averagePoolGrad(const Step& s) {
-  forPlanes(s, [&](float* dx, const float* dy, const float*) {
-    std::fill_n(dx, s.outElements, 0.0f);
-    for (int64_t plane = 0; plane < s.groups; ++plane) {
+  forPlanes(s, [&](float* dx, const float* dy, const float*, int64_t first, int64_t last) {
+    std::fill(dx + first * s.cols, dx + last * s.cols, 0.0f);
+    for (int64_t plane = first; plane < last; ++plane) {
       const float* dyp = dy + plane * s.rows;
       float* dxp = dx + plane * s.cols;
       for (int64_t p = 0; p < s.rows; ++p) {
@@ -103,8 +140,10 @@ void averagePoolGrad(const Step& s) {
 
 // `pooledInput` is the tensor the windows slide over, `pooled` the tensor
 // of windows.
-void planPool(StepPlanner& planner, Step& step, TensorId pooledInput, TensorId pooled, Kernel kernel,
-              bool divisors) {
+// `kernels`: the kernel for windows without pads, then the one for windows
+// with some.
+void planPool(StepPlanner& planner, Step& step, TensorId pooledInput, TensorId pooled,
+              std::array<Kernel, 2> kernels, bool divisors) {
   const OpNode& op = planner.op();
   const Shape& x = planner.shape(pooledInput);
   const Shape& y = planner.shape(pooled);
@@ -129,7 +168,8 @@ void planPool(StepPlanner& planner, Step& step, TensorId pooledInput, TensorId p
   } else {
     planner.runsOver(step, {{op.inputs[0], 0}});
   }
-  step.kernel = kernel;
+  const bool padded = std::any_of(step.table.begin(), step.table.end(), [](int64_t at) { return at < 0; });
+  step.kernel = kernels[padded ? 1 : 0];
   planner.emit(std::move(step));
 }
 
@@ -137,17 +177,20 @@ void planPool(StepPlanner& planner, Step& step, TensorId pooledInput, TensorId p
 
 void addPoolingKernels(KernelTable& table) {
   table.add({.kind = OpKind::MaxPool, .plan = [](StepPlanner& planner, Step& step) {
-               planPool(planner, step, planner.op().inputs[0], planner.op().outputs[0], maxPool, false);
+               planPool(planner, step, planner.op().inputs[0], planner.op().outputs[0],
+                        {maxPool<false>, maxPool<true>}, false);
              }});
   table.add({.kind = OpKind::MaxPoolGrad, .plan = [](StepPlanner& planner, Step& step) {
-               planPool(planner, step, planner.op().inputs[1], planner.op().inputs[0], maxPoolGrad, false);
+               planPool(planner, step, planner.op().inputs[1], planner.op().inputs[0],
+                        {maxPoolGrad<false>, maxPoolGrad<true>}, false);
              }});
   table.add({.kind = OpKind::AveragePool, .plan = [](StepPlanner& planner, Step& step) {
-               planPool(planner, step, planner.op().inputs[0], planner.op().outputs[0], averagePool, true);
+               planPool(planner, step, planner.op().inputs[0], planner.op().outputs[0],
+                        {averagePool, averagePool}, true);
              }});
   table.add({.kind = OpKind::AveragePoolGrad, .plan = [](StepPlanner& planner, Step& step) {
-               planPool(planner, step, planner.op().outputs[0], planner.op().inputs[0], averagePoolGrad,
-                        true);
+               planPool(planner, step, planner.op().outputs[0], planner.op().inputs[0],
+                        {averagePoolGrad, averagePoolGrad}, true);
              }});
 }
 

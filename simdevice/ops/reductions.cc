@@ -6,14 +6,48 @@
 namespace tessera::sim {
 namespace {
 
+// Input elements per part of a reduction split over threads: below this,
+// handing a part to another thread costs more than it saves.
+constexpr int64_t kMinPartElements = int64_t{1} << 15;
+
 // ReduceSum, ReduceMean, ReduceToShape: the output has stride 0 along the
 // reduced dimensions, so every input element adds into its output element.
+// Over threads, the run's loop is split along its widest kept dimension
+// (output stride not 0): each part adds into its own output elements, and
+// visits every element's terms in the loop's order, so each sum is the
+// same bits at any thread count.
 void reduceKernel(const Step& s) {
   for (const Run& run : s.runs) {
     zeroRun(s, run);
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
-    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t) { o[io] += x[ix]; });
+    const StridedLoop& loop = run.loop;
+    int split = -1;
+    for (int d = 0; d < loop.rank; ++d) {
+      const auto at = static_cast<std::size_t>(d);
+      if (loop.stride[0][at] != 0 && loop.size[at] > 1 &&
+          (split < 0 || loop.size[at] > loop.size[static_cast<std::size_t>(split)]))
+        split = d;
+    }
+    const int parts =
+        s.pool == nullptr || split < 0
+            ? 1
+            : static_cast<int>(std::clamp<int64_t>(
+                  std::min(loop.elements() / kMinPartElements, loop.size[static_cast<std::size_t>(split)]), 1,
+                  s.pool->threads()));
+    if (parts == 1) {
+      forEach(loop, [&](int64_t io, int64_t ix, int64_t) { o[io] += x[ix]; });
+    } else {
+      const auto d = static_cast<std::size_t>(split);
+      s.pool->run(parts, [&](int part, int) {
+        const int64_t first = loop.size[d] * part / parts;
+        StridedLoop slice = loop;
+        slice.size[d] = loop.size[d] * (part + 1) / parts - first;
+        float* os = o + first * loop.stride[0][d];
+        const float* xs = x + first * loop.stride[1][d];
+        forEach(slice, [&](int64_t io, int64_t ix, int64_t) { os[io] += xs[ix]; });
+      });
+    }
     if (s.scale != 1.0f) {
       for (int64_t i = 0; i < run.count * s.outElements; ++i) o[i] *= s.scale;
     }

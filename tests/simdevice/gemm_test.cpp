@@ -1,6 +1,7 @@
 // The device's matrix product, every kernel this CPU can run: against a
-// double-precision product, with scratch of exactly the planned size; the
-// packed kernels bitwise the same whichever way a product is split by rows.
+// double-precision product, with scratch of exactly the planned size,
+// reading only its operands and writing only its product; the packed
+// kernels bitwise the same whichever way a product is split by rows.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,6 +12,9 @@
 #include <new>
 #include <string>
 #include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "device_checks.hpp"
 #include "gemm.hpp"
@@ -123,6 +127,63 @@ TEST_CASE("every kernel is exact on small integers") {
       int64_t wrong = 0;
       for (std::size_t i = 0; i < got.size(); ++i) wrong += static_cast<double>(got[i]) != want[i] ? 1 : 0;
       CHECK(wrong == 0);
+    }
+  }
+}
+
+// n floats that end where an inaccessible page begins: reading past them
+// faults.
+class BeforeGuardPage {
+ public:
+  explicit BeforeGuardPage(int64_t n) {
+    const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t bytes = static_cast<std::size_t>(std::max<int64_t>(n, 1)) * sizeof(float);
+    size_ = (bytes + page - 1) / page * page + page;
+    void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(p != MAP_FAILED);
+    base_ = static_cast<char*>(p);
+    REQUIRE(mprotect(base_ + size_ - page, page, PROT_NONE) == 0);
+    data_ = reinterpret_cast<float*>(base_ + size_ - page) - n;
+  }
+  ~BeforeGuardPage() { munmap(base_, size_); }
+  BeforeGuardPage(const BeforeGuardPage&) = delete;
+  BeforeGuardPage& operator=(const BeforeGuardPage&) = delete;
+  float* data() const { return data_; }
+
+ private:
+  char* base_ = nullptr;
+  std::size_t size_ = 0;
+  float* data_ = nullptr;
+};
+
+TEST_CASE("every kernel reads only A and B and writes only C") {
+  // A and B end at an inaccessible page (an edge tile or strip read past
+  // them faults); C sits between guard values that must stay unchanged.
+  constexpr int64_t kGuard = 64;
+  constexpr float kSentinel = 12345.0f;
+  for (GemmIsa isa : availableGemmIsas()) {
+    for (const Case& c : cases()) {
+      CAPTURE(describe(isa, c));
+      const auto a = test::pseudoRandom(static_cast<std::size_t>(c.m * c.k), 3 + c.k);
+      const auto b = test::pseudoRandom(static_cast<std::size_t>(c.k * c.n), 5 + c.n);
+      BeforeGuardPage aEnd(c.m * c.k);
+      BeforeGuardPage bEnd(c.k * c.n);
+      std::copy(a.begin(), a.end(), aEnd.data());
+      std::copy(b.begin(), b.end(), bEnd.data());
+      const GemmPlan plan = planGemm(isa, c.m, c.n, c.k);
+      Aligned lhs(plan.lhsFloats);
+      Aligned rhs(plan.rhsFloats);
+      std::vector<float> out(static_cast<std::size_t>(c.m * c.n + 2 * kGuard), kSentinel);
+      gemm(plan, GemmShape{c.m, c.n, c.k, c.transA, c.transB}, aEnd.data(), bEnd.data(), out.data() + kGuard,
+           1.0f, lhs.data.get(), rhs.data.get());
+      const std::vector<float> want = run(isa, c, a.data(), b.data(), 1.0f, c.m, c.n);
+      int64_t guardsChanged = 0;
+      for (int64_t i = 0; i < kGuard; ++i) {
+        guardsChanged += out[static_cast<std::size_t>(i)] != kSentinel ? 1 : 0;
+        guardsChanged += out[static_cast<std::size_t>(kGuard + c.m * c.n + i)] != kSentinel ? 1 : 0;
+      }
+      CHECK(guardsChanged == 0);
+      CHECK(std::equal(want.begin(), want.end(), out.begin() + kGuard));
     }
   }
 }
