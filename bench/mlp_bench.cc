@@ -2,19 +2,32 @@
 // with momentum 0.9) on the simulated device, with the same arguments and
 // output line as the peer benchmarks (hand-written Eigen, libtorch):
 //
-//   tessera_bench_mlp BATCH STEPS THREADS H1 H2 [--replicas R] [--rts] [--offchip-state]
+//   tessera_bench_mlp BATCH STEPS THREADS H1 H2 [--replicas R] [--rts] [--rts-min-elements N]
+//                     [--offchip-state]
 //
 // BATCH is the batch per replica; with R replicas each step trains on
 // R x BATCH samples. THREADS is the device's host threads
 // (DeviceSpec::numThreads); 0 takes TESSERA_NUM_THREADS or every CPU of
 // the process (what `tessera launch` divides among its instances).
-// --rts shards the weights and the momentum over all replicas;
-// --offchip-state keeps the momentum in streaming memory.
+// --rts shards the weights and the momentum over all replicas (those of at
+// least N elements with --rts-min-elements N; the default is the options'
+// minElementsForReplicatedTensorSharding, 8192, and the main job's config
+// samples/configs/mnist_rts.json uses 2); --offchip-state keeps the momentum
+// in streaming memory.
+//
+// Besides the samples per second, the line gives setup_s, the seconds from
+// the start of main until the session is ready for its first step (building
+// the graph, the transforms, planning and loading the program, making the
+// initial values), and peak_rss_mb, the process's peak resident memory when
+// it ends (getrusage), so that a run per replica count shows how the host
+// cost grows with R.
 //
 // Under `tessera launch --num-replicas R --num-instances P -- tessera_bench_mlp ...`
 // the launcher's R replicas replace --replicas, each instance feeds its own
 // replicas, and instance 0 prints the line with the samples per second of
 // the whole run.
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -29,17 +42,32 @@
 #include "tessera/optimizer.hpp"
 #include "tessera/session.hpp"
 
+namespace {
+
+// The process's peak resident set, in MiB (Linux reports ru_maxrss in KiB).
+double peakResidentMiB() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  const auto processStart = std::chrono::steady_clock::now();
   std::vector<std::string> args;
   int64_t replicas = 1;
   bool rts = false;
   bool offChipState = false;
+  int64_t rtsMinElements = -1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--replicas" && i + 1 < argc) {
       replicas = std::atoll(argv[++i]);
     } else if (a == "--rts") {
       rts = true;
+    } else if (a == "--rts-min-elements" && i + 1 < argc) {
+      rtsMinElements = std::atoll(argv[++i]);
     } else if (a == "--offchip-state") {
       offChipState = true;
     } else {
@@ -53,10 +81,11 @@ int main(int argc, char** argv) {
   const int64_t h1 = arg(3, 256);
   const int64_t h2 = arg(4, 128);
   if (batch < 1 || steps < 1 || threads < 0 || threads > tessera::kMaxDeviceThreads || h1 < 1 || h2 < 1 ||
-      replicas < 1) {
+      replicas < 1 || (rtsMinElements < 0 && rtsMinElements != -1)) {
     std::fprintf(
         stderr,
-        "usage: tessera_bench_mlp BATCH STEPS THREADS H1 H2 [--replicas R] [--rts] [--offchip-state] "
+        "usage: tessera_bench_mlp BATCH STEPS THREADS H1 H2 [--replicas R] [--rts] [--rts-min-elements N] "
+        "[--offchip-state] "
         "(THREADS 0: every CPU)\n");
     return 2;
   }
@@ -73,7 +102,9 @@ int main(int argc, char** argv) {
     if (rts) {
       // Weights and momentum sharded over all replicas.
       for (auto category : {tessera::TensorCategory::Weight, tessera::TensorCategory::OptimizerState}) {
-        options.locationSettings(category).location.replicatedTensorSharding = tessera::ReplicatedTensorSharding::On;
+        tessera::TensorLocationSettings& settings = options.locationSettings(category);
+        settings.location.replicatedTensorSharding = tessera::ReplicatedTensorSharding::On;
+        if (rtsMinElements >= 0) settings.minElementsForReplicatedTensorSharding = rtsMinElements;
       }
     }
     if (offChipState) {
@@ -106,16 +137,20 @@ int main(int argc, char** argv) {
     for (float& v : x) v = 0.1f * static_cast<float>(next() % 1000) / 1000.0f;
     for (int32_t& v : y) v = static_cast<int32_t>(next() % 10);
 
+    const double setupSeconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - processStart).count();
     const tessera::StepInput inputs[] = {{"input", std::span<const float>(x)}, {"labels", std::span<const int32_t>(y)}};
     for (int i = 0; i < 20; ++i) session.run(inputs);
     const auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < steps; ++i) session.run(inputs);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (env.instanceIndex != 0) return 0;
-    std::printf("tessera batch=%lld threads=%lld steps=%lld replicas=%lld loss=%.4f step_us=%.1f samples_per_s=%.0f\n",
-                static_cast<long long>(batch), static_cast<long long>(threads), static_cast<long long>(steps),
-                static_cast<long long>(replicas), session.meanLoss(), 1e6 * seconds / static_cast<double>(steps),
-                static_cast<double>(replicas * batch * steps) / seconds);
+    std::printf(
+        "tessera batch=%lld threads=%lld steps=%lld replicas=%lld loss=%.4f step_us=%.1f samples_per_s=%.0f "
+        "setup_s=%.3f peak_rss_mb=%.1f\n",
+        static_cast<long long>(batch), static_cast<long long>(threads), static_cast<long long>(steps),
+        static_cast<long long>(replicas), session.meanLoss(), 1e6 * seconds / static_cast<double>(steps),
+        static_cast<double>(replicas * batch * steps) / seconds, setupSeconds, peakResidentMiB());
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     tessera::dist::abortInstances(1);

@@ -3,9 +3,11 @@
 # against the same math hand-written in Eigen and against libtorch, all in one
 # run so that the ratios share the machine's state, each on 1 thread and on
 # THREADS threads (default: every CPU of the process); then tessera's scaling
-# with the replica count, tensor locations, and an R = 4 run split over 2 and
-# 4 instances under `tessera launch` (needs Open MPI); last, the CNN and the
-# transformer exported from PyTorch against libtorch (bench/models.sh).
+# with the replica count, its host cost (set-up time, peak memory) for 1 to
+# 1,024 replicas at a fixed global batch, tensor locations, and an R = 4 run
+# split over 2 and 4 instances under `tessera launch` (needs Open MPI); last,
+# the CNN and the transformer exported from PyTorch against libtorch
+# (bench/models.sh).
 #
 #   bash bench/run.sh PEER_SOURCE_DIR [BUILD_DIR] [REPS] [THREADS]
 #
@@ -117,6 +119,74 @@ echo "| plain replication | $plain | 1.00 |"
 echo "| RTS (weights, momentum) | $rts | $(ratio "$rts" "$plain") |"
 echo "| momentum OffChip | $offchip | $(ratio "$offchip" "$plain") |"
 echo "| RTS (weights, momentum) + momentum OffChip | $located | $(ratio "$located" "$plain") |"
+
+# Host cost by replica count at a fixed global batch of 4,096 samples (the
+# main job's placement: weights and momentum sharded over all replicas, every
+# tensor of 2 elements or more): samples/s, set-up time until the first step
+# and peak resident memory of tessera_bench_mlp, each the median of REPS runs
+# taken in turn; then `tessera train` of the main job's config for one epoch
+# at the same global batch, test steps of 4,096 samples too (setupSeconds and
+# samplesPerSecond of its JSON summary, peak resident memory from
+# /usr/bin/time when installed).
+rscale=(1 16 256 1024)
+declare -A rscale_values=()
+for ((i = 0; i < reps; ++i)); do
+  for r in "${rscale[@]}"; do
+    line=$("$tessera" $((4096 / r)) "$(steps_for 4096)" "$n" 256 128 --replicas "$r" --rts --rts-min-elements 2)
+    for key in samples_per_s setup_s peak_rss_mb; do
+      rscale_values[$r.$key]+="$(sed -n "s/.*$key=\([0-9.]*\).*/\1/p" <<<"$line") "
+    done
+  done
+done
+median_of() { printf '%s\n' $1 | sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+echo
+echo "| tessera_bench_mlp, global batch 4096, RTS, $n threads | samples/s | vs R = 1 | set-up s | vs R = 1 | peak RSS MB | vs R = 1 |"
+echo "|------|----------:|------:|------:|------:|------:|------:|"
+for r in "${rscale[@]}"; do
+  s=$(median_of "${rscale_values[$r.samples_per_s]}") t=$(median_of "${rscale_values[$r.setup_s]}")
+  m=$(median_of "${rscale_values[$r.peak_rss_mb]}")
+  [[ $r == 1 ]] && s1=$s t1=$t m1=$m
+  echo "| R = $r x batch $((4096 / r)) | $s | $(ratio "$s" "$s1") | $t | $(ratio "$t" "$t1") | $m | $(ratio "$m" "$m1") |"
+done
+
+cli="$build/samples/tessera/tessera"
+if [[ -x $cli ]]; then
+  summary=$(mktemp)
+  declare -A train_values=()
+  for ((i = 0; i < reps; ++i)); do
+    for r in "${rscale[@]}"; do
+      replicated=$([[ $r -gt 1 ]] && echo true || echo false)
+      train_cmd=("$cli" train samples/configs/mnist_rts.json --quiet --json-summary "$summary" --set /data/epochs=1
+        --set "/sessionOptions/enableReplicatedGraphs=$replicated" --set "/sessionOptions/replicatedGraphCount=$r"
+        --set "/data/batchSize=$((4096 / r))" --set "/data/testBatchSize=$((4096 / r))")
+      if [[ -x /usr/bin/time ]]; then
+        rss=$(cd "$root" && /usr/bin/time -f '%M' "${train_cmd[@]}" 2>&1 >/dev/null | tail -1)
+        train_values[$r.rss]+="$(awk -v k="$rss" 'BEGIN {printf "%.1f", k / 1024}') "
+      else
+        (cd "$root" && "${train_cmd[@]}" >/dev/null)
+      fi
+      for key in setupSeconds samplesPerSecond; do
+        train_values[$r.$key]+="$(sed -n "s/.*\"$key\": *\([0-9.e+-]*\).*/\1/p" <"$summary") "
+      done
+    done
+  done
+  rm -f "$summary"
+  echo
+  echo "| tessera train samples/configs/mnist_rts.json, global and test batch 4096, 1 epoch | samples/s | set-up s | vs R = 1 | peak RSS MB | vs R = 1 |"
+  echo "|------|----------:|------:|------:|------:|------:|"
+  for r in "${rscale[@]}"; do
+    s=$(median_of "${train_values[$r.samplesPerSecond]}" | awk '{printf "%.0f", $1}')
+    t=$(median_of "${train_values[$r.setupSeconds]}" | awk '{printf "%.3f", $1}')
+    [[ $r == 1 ]] && t1=$t
+    if [[ -n ${train_values[$r.rss]:-} ]]; then
+      m=$(median_of "${train_values[$r.rss]}")
+      [[ $r == 1 ]] && m1=$m
+      echo "| R = $r x batch $((4096 / r)) | $s | $t | $(ratio "$t" "$t1") | $m | $(ratio "$m" "$m1") |"
+    else
+      echo "| R = $r x batch $((4096 / r)) | $s | $t | $(ratio "$t" "$t1") | - | - |"
+    fi
+  done
+fi
 
 # The main job as scripts/run.sh runs it (the same build), against the bench
 # at its configuration: MLP 784-256-128-10, 2 replicas x batch 32, weights

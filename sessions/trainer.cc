@@ -328,13 +328,18 @@ class Instances {
 struct TestResult {
   double accuracy = 0.0;
   double loss = 0.0;
+  int64_t globalBatch = 0;  // samples per test step over every replica
 };
 
 // The test set with the weights of `session`. A model with predictions (the
 // MLP) gives its accuracy, batch after batch; the last batch is padded with
-// sample 0 and its padding ignored. Another gives the mean of its loss over
-// the whole global batches of the test set. With several instances, each
-// evaluates its part of every global test batch.
+// sample 0 and its padding ignored. Its per-replica batch is at most the
+// replica's share of the test set: more would only be padding, which at
+// 1,024 replicas x testBatchSize 100 would make a step of 102,400 samples
+// for a test set of 10,000 (each sample's prediction does not depend on the
+// others in its batch, so the accuracy is the same). Another model gives the
+// mean of its loss over the whole global batches of the test set. With
+// several instances, each evaluates its part of every global test batch.
 TestResult evaluate(const RunConfig& config, const SessionOptions& trainingOptions, Instances& instances,
                     const TrainingSession& training, const TensorSplit& test) {
   TestResult result;
@@ -343,8 +348,11 @@ TestResult evaluate(const RunConfig& config, const SessionOptions& trainingOptio
   options.enableGradientAccumulation = false;
   options.accumulationFactor = 1;
   const int64_t replicas = options.getLocalReplicationFactor();
-  const int64_t batch = config.data.testBatchSize;
-  RunModel model = buildRunModel(config, batch, options.getGlobalReplicationFactor());
+  const int64_t globalReplicas = options.getGlobalReplicationFactor();
+  int64_t batch = config.data.testBatchSize;
+  if (config.model.type == kMlpModel)
+    batch = std::min(batch, (test.count + globalReplicas - 1) / globalReplicas);
+  RunModel model = buildRunModel(config, batch, globalReplicas);
   const bool accuracy = !model.predictions.empty();
   // An onnx model reports its test loss, and its accuracy when it has predictions.
   const bool withLoss = !accuracy || config.model.type == kOnnxModel;
@@ -359,6 +367,7 @@ TestResult evaluate(const RunConfig& config, const SessionOptions& trainingOptio
 
   const int64_t perStep = batch * replicas;
   const int64_t globalPerStep = perStep * instances.count();
+  result.globalBatch = globalPerStep;
   // The loss counts only whole batches: a padded batch's mean loss would include the padding.
   const int64_t wholeEnd = test.count / globalPerStep * globalPerStep;
   const int64_t end = accuracy ? test.count : wholeEnd;
@@ -460,6 +469,7 @@ void warnAboutRunDifferences(const RunConfig& config, int64_t globalBatch, const
 
 TrainSummary train(const RunConfig& config, const std::function<void(const TrainProgress&)>& onStep,
                    const TrainControl& control) {
+  const auto called = Clock::now();
   validate(config);
   SessionOptions options = config.sessionOptions;
   std::vector<std::string> notes;
@@ -578,6 +588,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
                                                                       stepsPerEpoch, config.data.epochs));
       }
       const auto start = Clock::now();
+      if (summary.steps == 0) summary.setupSeconds = std::chrono::duration<double>(start - called).count();
       const int64_t first = instanceStepOffset(step, stepSamples, instances.count(), instances.index());
       buffers.fill(order, first);
       session.run(buffers.inputs());
@@ -603,6 +614,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       const TestResult test = evaluate(config, options, instances, session, data.test);
       summary.epochTestAccuracies.push_back(test.accuracy);
       summary.epochTestLosses.push_back(test.loss);
+      summary.testGlobalBatch = test.globalBatch;
     }
   }
   if (!config.output.checkpoint.empty() &&
@@ -615,12 +627,13 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   // The last epoch's evaluation is of the final weights (a run resumed after
   // its last step runs no epoch and is evaluated here).
   if (!summary.interrupted) {
-    const TestResult test =
-        summary.epochTestAccuracies.empty()
-            ? evaluate(config, options, instances, session, data.test)
-            : TestResult{summary.epochTestAccuracies.back(), summary.epochTestLosses.back()};
+    const TestResult test = summary.epochTestAccuracies.empty()
+                                ? evaluate(config, options, instances, session, data.test)
+                                : TestResult{summary.epochTestAccuracies.back(),
+                                             summary.epochTestLosses.back(), summary.testGlobalBatch};
     summary.testAccuracy = test.accuracy;
     summary.testLoss = test.loss;
+    summary.testGlobalBatch = test.globalBatch;
   }
   summary.memory = session.memory();
   if (instances.writesOutput()) writeTrainingProfiles(config.output, session, summary.steps);
@@ -638,7 +651,9 @@ nlohmann::json summaryJson(const TrainSummary& summary) {
                         {"testLoss", summary.testLoss},
                         {"epochTestLosses", summary.epochTestLosses},
                         {"samplesPerSecond", summary.samplesPerSecond},
+                        {"setupSeconds", summary.setupSeconds},
                         {"globalBatch", summary.globalBatch},
+                        {"testGlobalBatch", summary.testGlobalBatch},
                         {"trainSamples", summary.trainSamples},
                         {"testSamples", summary.testSamples},
                         {"dataset", summary.dataset},

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -13,10 +14,14 @@ namespace {
 
 std::size_t at(int64_t i) { return static_cast<std::size_t>(i); }
 
+// The offsets of the members of output group j's collective group (see
+// planCollective).
+const int64_t* membersOf(const Step& s, int64_t j) { return s.table.data() + s.table[at(j)]; }
+
 // Every member's input, summed in replica order into `out` (elements
 // [begin, begin + count) of the value), then scaled.
 void reduceMembers(const Step& s, int64_t group, int64_t begin, int64_t count, float* out) {
-  const int64_t* members = s.table.data() + group * s.groupSize;
+  const int64_t* members = membersOf(s, group);
   std::copy_n(s.in[0] + members[0] + begin, count, out);
   for (int64_t m = 1; m < s.groupSize; ++m) {
     const float* x = s.in[0] + members[m] + begin;
@@ -41,8 +46,9 @@ void reduceScatterKernel(const Step& s) {
 void allGatherKernel(const Step& s) {
   for (int64_t j = 0; j < s.groups; ++j) {
     float* out = s.out + j * s.outElements;
+    const int64_t* members = membersOf(s, j);
     for (int64_t i = 0; i < s.groupSize; ++i) {
-      const float* shard = s.in[0] + s.table[at(j * s.groupSize + i)];
+      const float* shard = s.in[0] + members[i];
       std::copy_n(shard, s.table2[at(2 * i + 1)], out + s.table2[at(2 * i)]);
     }
   }
@@ -108,10 +114,13 @@ void remoteStoreKernel(const Step& s) {
 
 bool crossesInstances(const LocalTopology& topology, const ReplicaGrouping& grouping) {
   if (topology.localReplicas == topology.globalReplicas) return false;
+  // A group's members increase: its first and last tell.
   for (int64_t r = 0; r < topology.localReplicas; ++r) {
-    for (int64_t m : grouping.replicasAt(grouping.groupAt(r + topology.replicaOffset))) {
-      if (m < topology.replicaOffset || m >= topology.replicaOffset + topology.localReplicas) return true;
-    }
+    const int64_t group = grouping.groupAt(r + topology.replicaOffset);
+    if (grouping.replicaAt(group, 0) < topology.replicaOffset ||
+        grouping.replicaAt(group, grouping.groupSize() - 1) >=
+            topology.replicaOffset + topology.localReplicas)
+      return true;
   }
   return false;
 }
@@ -158,26 +167,23 @@ Step mergeExchanges(Exchange& merged, std::span<Exchange* const> parts) {
 }
 
 bool consecutiveGroups(const LocalTopology& topology, const ReplicaGrouping& grouping) {
-  const int64_t g = grouping.groupSize();
-  for (int64_t r = 0; r < topology.localReplicas; ++r) {
-    const int64_t global = r + topology.replicaOffset;
-    const std::vector<int64_t> members = grouping.replicasAt(grouping.groupAt(global));
-    for (int64_t i = 0; i < g; ++i) {
-      if (members[at(i)] != global / g * g + i) return false;
-    }
-  }
-  return true;
+  // Members are `stride` apart, so groups of more than one replica are runs
+  // exactly when the stride is 1 (group c is then replicas c*g .. c*g+g-1).
+  return topology.localReplicas < 1 || grouping.groupSize() == 1 || grouping.stride() == 1;
 }
 
 bool consecutiveGroupsLayout(const LocalTopology& topology, const ReplicaGrouping& grouping,
                              const ReplicaGrouping& reduced) {
   if (!consecutiveGroups(topology, grouping)) return false;
+  // The local replicas' groups of `grouping` and of `reduced` must be the
+  // same partition: a one-to-one map between their group ids.
+  std::unordered_map<int64_t, int64_t> reducedOf;
+  std::unordered_map<int64_t, int64_t> groupOf;
   for (int64_t r = 0; r < topology.localReplicas; ++r) {
-    const int64_t global = r + topology.replicaOffset;
-    for (int64_t q = 0; q < topology.localReplicas; ++q) {
-      const bool sameGroup = grouping.groupAt(global) == grouping.groupAt(q + topology.replicaOffset);
-      if (sameGroup != (reduced.groupAt(r) == reduced.groupAt(q))) return false;
-    }
+    const int64_t group = grouping.groupAt(r + topology.replicaOffset);
+    const int64_t value = reduced.groupAt(r);
+    if (reducedOf.try_emplace(group, value).first->second != value) return false;
+    if (groupOf.try_emplace(value, group).first->second != group) return false;
   }
   return true;
 }
@@ -203,16 +209,26 @@ void planCollective(Step& step, const OpNode& op, const ReplicaGrouping& out, co
                            : inputElements;
   const ShardLayout layout(full, g);
   if (exchanged != nullptr) step.in[0] = exchanged->values.data();
+  // A gathering collective's table starts with an entry per output group:
+  // where in the table the offsets of its collective group's members start.
+  // Each collective group's members follow once, however many output groups
+  // (one per replica for a reduce-scatter) read them.
+  std::unordered_map<int64_t, int64_t> membersAt;  // collective group -> table position
+  if (gathers) step.table.assign(at(step.groups), 0);
   for (int64_t j = 0; j < step.groups; ++j) {
     const int64_t replica = out.replicaAt(j, 0);
     const int64_t index = localIndexInGroup(topology, grouping, replica);
-    if (gathers && exchanged != nullptr) {
-      // Members by global index in the exchanged copy.
-      for (int64_t m : grouping.replicasAt(grouping.groupAt(replica + topology.replicaOffset)))
-        step.table.push_back(m * inputElements);
-    } else if (gathers) {
-      for (int64_t m : localMembers(topology, grouping, replica, op.name))
-        step.table.push_back(in.groupAt(m) * inputElements);
+    if (gathers) {
+      const int64_t group = grouping.groupAt(replica + topology.replicaOffset);
+      const auto [listed, added] = membersAt.try_emplace(group, static_cast<int64_t>(step.table.size()));
+      step.table[at(j)] = listed->second;
+      if (added && exchanged != nullptr) {
+        // Members by global index in the exchanged copy.
+        for (int64_t m : grouping.replicasAt(group)) step.table.push_back(m * inputElements);
+      } else if (added) {
+        for (int64_t m : localMembers(topology, grouping, replica, op.name))
+          step.table.push_back(in.groupAt(m) * inputElements);
+      }
     } else {
       // Slices and pads read the replica's own value only.
       step.table.push_back(in.groupAt(replica) * inputElements);

@@ -82,6 +82,9 @@ bool consecutiveGroupsLayout(const LocalTopology& topology, const ReplicaGroupin
 // input; their buffers are step.out and step.in[0]. With `exchanged`, group
 // members are read from every replica's values gathered from the other
 // instances instead (step.in[0] becomes exchanged->values).
+// The tables grow with the output groups plus the members of the collective
+// groups, each listed once: for a reduce-scatter over R replicas, O(R)
+// entries, not one member list per replica.
 void planCollective(Step& step, const OpNode& op, const ReplicaGrouping& out, const ReplicaGrouping& in,
                     int64_t inputElements, int64_t outputElements, const LocalTopology& topology,
                     const ExchangedTensor* exchanged = nullptr);

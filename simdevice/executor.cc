@@ -40,6 +40,7 @@ std::vector<Run> makeRuns(const ReplicaGrouping& out, int64_t outElements, int64
   const int64_t groups = out.numGroups();
   std::vector<std::vector<int64_t>> source(operands.size());
   for (std::size_t i = 0; i < operands.size(); ++i) {
+    source[i].reserve(at(groups));
     for (int64_t j = 0; j < groups; ++j)
       source[i].push_back(operands[i].layout->groupAt(out.replicaAt(j, 0)));
   }
@@ -246,7 +247,7 @@ void SimExecutable::planFusions() {
     const ReplicaGrouping grouping =
         ar.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
     if (out.numGroups() != replicas) continue;
-    if (scatters ? !scatteredInPlace(grouping, reduced, numElements(graph.tensor(product).shape))
+    if (scatters ? !scatteredByGroup(grouping, reduced)
                  : !consecutiveGroupsLayout(topology_, grouping, reduced))
       continue;
     const int64_t reducedAt = position_[at(id)];
@@ -275,9 +276,8 @@ void SimExecutable::planFusions() {
     if (ar != kNoOp) ++stats_.fusedGemmAllReduces;
 }
 
-bool SimExecutable::scatteredInPlace(const ReplicaGrouping& grouping, const ReplicaGrouping& scattered,
-                                     int64_t elements) const {
-  if (ShardLayout(elements, grouping.groupSize()).padding() != 0) return false;
+bool SimExecutable::scatteredByGroup(const ReplicaGrouping& grouping,
+                                     const ReplicaGrouping& scattered) const {
   // Without the other instances, members they hold cannot be read; planning
   // the unfused collective names them.
   if (crossesInstances(topology_, grouping) && communicator_ == nullptr) return false;
@@ -471,13 +471,12 @@ void SimExecutable::planSteps() {
   int64_t product = 0;
   for (Step& step : steps_) {
     // Other kernels with GEMMs (convolutions) planned theirs with the step.
-    if (step.kernel == matmulKernel() || step.kernel == matmulSlicesKernel() ||
-        step.kernel == batchedMatmulKernel())
-      planGemm(step);
+    const bool keepsParts = step.kernel == matmulSlicesKernel() || step.kernel == matmulShardsKernel();
+    if (step.kernel == matmulKernel() || keepsParts || step.kernel == batchedMatmulKernel()) planGemm(step);
     lhs = std::max(lhs, alignUp(step.gemmPlan.lhsFloats));
     rhs = std::max(rhs, alignUp(step.gemmPlan.rhsFloats));
     work = std::max(work, alignUp(step.workFloats));
-    if (step.kernel == matmulSlicesKernel()) product = std::max(product, alignUp(step.rows * step.cols));
+    if (keepsParts) product = std::max(product, alignUp(step.rows * step.cols));
   }
   // Packed blocks are read with aligned loads. Each thread packs into its
   // own pair of buffers and has its own workspace.

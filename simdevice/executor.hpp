@@ -11,9 +11,12 @@
 //    Mean) over groups of consecutive replicas, with x and dy per replica,
 //    becomes one GEMM per group over the concatenated batch
 //    (sum_r x_r^T dy_r = X^T DY) that writes the reduced value directly;
-//    likewise a ReduceScatter whose shards have no padding (the gradient of
-//    a replica-sharded weight): the group's shards, one after the other, are
-//    the reduced value.
+//    likewise a ReduceScatter (the gradient of a replica-sharded weight):
+//    without padding the group's shards, one after the other, are the
+//    reduced value; with padding each shard takes its part of the group's
+//    product. No per-replica product is stored or computed, so the host
+//    cost of the gradient is that of one replica's whatever the replica
+//    count.
 // Consecutive elementwise steps over the same flat range of elements are then
 // fused into one chain that runs slice by slice (kernels.hpp), so a chain
 // such as an optimizer update streams each buffer once instead of once per
@@ -98,10 +101,10 @@ class SimExecutable final : public Executable {
   void planFusions();
   // True when a reduce-scatter over `grouping` into the layout `scattered`
   // can be written by one GEMM per group: groups of consecutive replicas on
-  // this instance, one value per replica in replica order, and shards of
-  // `elements` without padding, so that the group's shards in order are the
-  // whole reduced value.
-  bool scatteredInPlace(const ReplicaGrouping& grouping, const ReplicaGrouping& scattered, int64_t elements) const;
+  // this instance and one value per replica in replica order. Without
+  // padding the group's shards in order are the whole reduced value; with
+  // padding each shard takes its part of the group's product.
+  bool scatteredByGroup(const ReplicaGrouping& grouping, const ReplicaGrouping& scattered) const;
   // A RemoteLoad whose value is laid out like its entry (one value per
   // replica, in order) can live in the entry itself: when the value is only
   // read while the entry is not stored to, or when it is updated in place

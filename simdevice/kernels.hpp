@@ -81,8 +81,9 @@ inline constexpr int64_t kChainSlice = 512;
 // Scratch shared by every GEMM of a plan: the packing buffers, one pair
 // per thread (thread t's at lhs + t * lhsStride, rhs + t * rhsStride), and
 // a workspace per thread (thread t's at product + t * productStride): the
-// whole product of a GEMM of which a step keeps slices
-// (matmulSlicesKernel, thread 0's), the column matrices of convolutions.
+// whole product of a GEMM of which a step keeps slices or shards
+// (matmulSlicesKernel, matmulShardsKernel: thread 0's), the column matrices
+// of convolutions.
 struct GemmScratch {
   float* lhs = nullptr;
   float* rhs = nullptr;
@@ -172,6 +173,10 @@ Kernel matmulKernel();
 // Per run: the product [rows, cols] into scratch, then table2's triple i
 // (output offset, product offset, count) of it into the output.
 Kernel matmulSlicesKernel();
+// Per run: the product [rows, cols] into scratch, then padded shards of it
+// into the output (the fused gradient GEMM of a reduce-scatter whose shards
+// carry padding; see simdevice/ops/matmul.cc for the tables).
+Kernel matmulShardsKernel();
 // Per group, one product per batch index (Step::groups of them).
 Kernel batchedMatmulKernel();
 Kernel copyKernel();  // strided copy (Copy, Reshape, Transpose, Slice, pads, Concat parts)

@@ -6,6 +6,12 @@
 // planner computes a key (the groups of the values it was computed from) and
 // replicas with equal keys share a group. When the partition of equal keys is
 // not a ReplicaGrouping, the layout is per replica, which is always correct.
+//
+// The inference keeps one ReplicaGrouping per tensor, never a table per
+// replica: a key made of layouts that agree (or of one layout) is that
+// layout, and only keys that combine different layouts are worked out
+// replica by replica, in time linear in the replica count. A collective's
+// key is worked out once per group of its grouping, not once per replica.
 #pragma once
 
 #include <cstdint>
@@ -25,11 +31,8 @@ ReplicaGrouping perReplica(int64_t replicas);
 
 // The grouping whose assignment() equals `groups` after renumbering the groups
 // by first appearance, or nullopt when no ReplicaGrouping partitions the
-// replicas that way.
+// replicas that way. Linear in the replica count.
 std::optional<ReplicaGrouping> groupingOfAssignment(std::span<const int64_t> groups);
-
-// Renumbers keys by first appearance: equal keys get equal ids.
-std::vector<int64_t> assignmentOfKeys(const std::vector<std::vector<int64_t>>& keys);
 
 // The replicas of this device in a collective's group, as local indices in
 // group order. `grouping` is over the global replicas.

@@ -149,7 +149,9 @@ struct DataConfig {
   std::string test{};
   // Samples per replica per micro-batch. >= 1.
   int64_t batchSize = 64;
-  // Test samples per replica per step. >= 1.
+  // Test samples per replica per step. >= 1. The mlp model's accuracy runs
+  // at most ceil(test samples / replicas) per replica: a larger batch would
+  // only add padding.
   int64_t testBatchSize = 100;
   // Passes over the training set. >= 1.
   int64_t epochs = 1;

@@ -41,8 +41,16 @@ struct TrainSummary {
   // Test loss after each epoch this run completed, in order.
   std::vector<double> epochTestLosses;
   double samplesPerSecond = 0.0;  // training samples per second of wall time
+  // Wall time from the call until the first step starts: reading the config,
+  // building and planning the model, loading the data, compiling the session
+  // and making the initial values (the first step's own time excluded).
+  double setupSeconds = 0.0;
   // Samples per weight update: batchSize x replicas x accumulationFactor.
   int64_t globalBatch = 0;
+  // Samples per test step over every replica (0 without a test set): the mlp
+  // model's test batch is testBatchSize per replica, at most the test set's
+  // share of a replica (see DataConfig::testBatchSize).
+  int64_t testGlobalBatch = 0;
   int64_t trainSamples = 0;
   int64_t testSamples = 0;
   std::string dataset;  // what was loaded

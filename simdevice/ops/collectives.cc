@@ -6,13 +6,14 @@
 
 #include "collectives.hpp"
 #include "kernel_table.hpp"
+#include "tessera/shard_layout.hpp"
 
 namespace tessera::sim {
 namespace {
 
 // sum_r x_r^T dy_r over each group of consecutive replicas, as one GEMM per
 // group: the reduced value, or for a reduce-scatter the group's shards in
-// order.
+// order (with padding: each shard its part of the product).
 void planFusedGemm(StepPlanner& planner, Step& step, OpId matmulId) {
   const Graph& graph = planner.graph();
   const OpNode& op = planner.op();
@@ -53,11 +54,32 @@ void planFusedGemm(StepPlanner& planner, Step& step, OpId matmulId) {
     planner.emit(std::move(step));
     return;
   }
+  const int64_t localReplicas = planner.localReplicas();
+  const ShardLayout shards(planner.elements(matmul.outputs[0]), g);
+  if (shards.padding() != 0) {
+    // Each member's shard is its part of the group's product and padding.
+    step.kernel = matmulShardsKernel();
+    for (int64_t r = 0; r < localReplicas;) {
+      const int64_t start = (r + offset) / g * g;  // the group's first global replica
+      const int64_t end = std::min(start + g - offset, localReplicas);
+      Run run;
+      run.in = {(start - first) * planner.elements(x), (start - first) * planner.elements(dy), 0};
+      run.advance.fill(true);
+      step.runs.push_back(run);
+      step.table.insert(step.table.end(), {static_cast<int64_t>(step.table2.size() / 3), end - r});
+      for (; r < end; ++r) {
+        const int64_t index = r + offset - start;
+        step.table2.insert(step.table2.end(),
+                           {r * step.outElements, shards.hostOffset(index), shards.realElements(index)});
+      }
+    }
+    planner.emit(std::move(step));
+    return;
+  }
   // A reduce-scatter: each group's product covers its members' shards; a
   // group wider than this instance computes the whole product, as one
   // instance would, and keeps this instance's part.
   if (crosses) step.kernel = matmulSlicesKernel();
-  const int64_t localReplicas = planner.localReplicas();
   for (int64_t r = 0; r < localReplicas;) {
     const int64_t start = (r + offset) / g * g;  // the group's first global replica
     const int64_t end = std::min(start + g - offset, localReplicas);

@@ -67,6 +67,25 @@ void matmulSlices(const Step& s) {
   }
 }
 
+// A reduce-scatter's fused gradient GEMM when the shards carry padding: per
+// run the product of one group into scratch, then each of the group's
+// shards on this device: table[2i] is run i's first triple of table2 and
+// table[2i + 1] their count; a triple is (output offset, product offset,
+// real elements), and the rest of the shard is padding, zeroed.
+void matmulShards(const Step& s) {
+  float* product = s.scratch->product;
+  for (std::size_t i = 0; i < s.runs.size(); ++i) {
+    const Run& run = s.runs[i];
+    gemm(s, s.rows, s.cols, s.depth, inOf(s, run, 0), inOf(s, run, 1), product, s.scale);
+    const int64_t* shard = s.table2.data() + 3 * s.table[2 * i];
+    for (int64_t k = 0; k < s.table[2 * i + 1]; ++k, shard += 3) {
+      float* out = s.out + shard[0];
+      std::copy_n(product + shard[1], shard[2], out);
+      std::fill_n(out + shard[2], s.outElements - shard[2], 0.0f);
+    }
+  }
+}
+
 }  // namespace
 
 std::array<int64_t, 2> planGemm(Step& step) {
@@ -81,6 +100,7 @@ std::array<int64_t, 2> planGemm(Step& step) {
 
 Kernel matmulKernel() { return matmul; }
 Kernel matmulSlicesKernel() { return matmulSlices; }
+Kernel matmulShardsKernel() { return matmulShards; }
 Kernel batchedMatmulKernel() { return batchedMatmul; }
 
 void addMatMulKernels(KernelTable& table) {

@@ -74,6 +74,25 @@ TEST_CASE("tessera train learns the sample MLP config and writes its summary") {
   CHECK(summary["finalLoss"].get<double>() < summary["losses"][0].get<double>());
   CHECK(summary["testAccuracy"].get<double>() > 0.6);
   CHECK(summary["samplesPerSecond"].get<double>() > 0);
+  CHECK(summary["setupSeconds"].get<double>() > 0);
+  CHECK(summary["testGlobalBatch"] == 100);
+}
+
+TEST_CASE("on many replicas a test step is at most the test set, with the accuracy of smaller steps") {
+  // 256 replicas x testBatchSize 100 would make steps of 25,600 samples for
+  // 1,000 test samples; each replica takes its share, ceil(1000 / 256) = 4.
+  const std::vector<std::string> wide{"/sessionOptions/replicatedGraphCount=256", "/data/batchSize=1"};
+  const json capped = train("samples/configs/mnist_rts.json", wide);
+  CHECK(capped["globalBatch"] == 256);
+  CHECK(capped["testGlobalBatch"] == 256 * 4);
+  std::vector<std::string> small = wide;
+  small.push_back("/data/testBatchSize=1");
+  const json one = train("samples/configs/mnist_rts.json", small);
+  CHECK(one["testGlobalBatch"] == 256);
+  // The same training; a sample's prediction does not depend on its batch.
+  CHECK(one["losses"] == capped["losses"]);
+  CHECK(one["testAccuracy"].get<double>() == capped["testAccuracy"].get<double>());
+  CHECK(capped["testAccuracy"].get<double>() > 0.3);
 }
 
 TEST_CASE("the summary has the test accuracy after every epoch, the last one the final accuracy") {

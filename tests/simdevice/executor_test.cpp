@@ -590,7 +590,7 @@ std::vector<float> readShared(const Executable& e, const Tensor& t) {
 
 }  // namespace
 
-TEST_CASE("the gradient GEMM and its reduce-scatter are fused when the group's shards are the whole value") {
+TEST_CASE("the gradient GEMM and its reduce-scatter are fused into one GEMM per group, padded shards too") {
   struct Row {
     int64_t replicas;
     std::optional<ReplicaGrouping> grouping;
@@ -603,8 +603,11 @@ TEST_CASE("the gradient GEMM and its reduce-scatter are fused when the group's s
       {4, std::nullopt, ReductionType::Mean, 4, 1},
       {4, ReplicaGrouping(4, 1, 2), ReductionType::Sum, 4, 1},
       {8, ReplicaGrouping(8, 1, 4), ReductionType::Mean, 4, 1},
-      // 15 elements over 4 shards: the shards carry padding.
-      {4, std::nullopt, ReductionType::Sum, 3, 0},
+      // 15 elements over 4 (2) shards: each shard takes its part of the
+      // group's product and zero padding.
+      {4, std::nullopt, ReductionType::Sum, 3, 1},
+      {4, ReplicaGrouping(4, 1, 2), ReductionType::Mean, 3, 1},
+      {8, ReplicaGrouping(8, 1, 4), ReductionType::Sum, 3, 1},
       // Members two apart are not consecutive rows of the stacked batch.
       {4, ReplicaGrouping(4, 2, 2), ReductionType::Sum, 4, 0},
   };
