@@ -9,11 +9,12 @@
 // (a sample is one sequence of 8 tokens).
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+
+#include "peer_timing.hpp"
 
 namespace F = torch::nn::functional;
 
@@ -87,14 +88,5 @@ int main(int argc, char** argv) {
     sgd.step();
     return loss;
   };
-  for (int i = 0; i < 10; ++i) step();
-  const auto start = std::chrono::steady_clock::now();
-  float last = 0;
-  for (int i = 0; i < steps; ++i) {
-    auto loss = step();
-    if (i == steps - 1) last = loss.item<float>();
-  }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("torch gpt batch=%d threads=%d steps=%d loss=%.4f step_us=%.1f samples_per_s=%.0f\n", batch,
-              threads, steps, last, 1e6 * s / steps, batch * steps / s);
+  timeSteps("gpt", batch, threads, steps, step);
 }

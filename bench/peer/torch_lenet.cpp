@@ -6,9 +6,10 @@
 //   torch_lenet BATCH STEPS THREADS  -> prints "... samples_per_s=N"
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+
+#include "peer_timing.hpp"
 
 struct LeNet : torch::nn::Module {
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
@@ -51,14 +52,5 @@ int main(int argc, char** argv) {
     sgd.step();
     return loss;
   };
-  for (int i = 0; i < 10; ++i) step();
-  const auto start = std::chrono::steady_clock::now();
-  float last = 0;
-  for (int i = 0; i < steps; ++i) {
-    auto loss = step();
-    if (i == steps - 1) last = loss.item<float>();
-  }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("torch lenet batch=%d threads=%d steps=%d loss=%.4f step_us=%.1f samples_per_s=%.0f\n", batch,
-              threads, steps, last, 1e6 * s / steps, batch * steps / s);
+  timeSteps("lenet", batch, threads, steps, step);
 }
