@@ -44,14 +44,23 @@
 
 namespace tessera {
 
-enum class DType { Float32, Int32 };
+// Element types. Float16 is IEEE half: stored as half, computed with float32
+// arithmetic (GEMMs and reductions accumulate in float32) and rounded to
+// nearest even when stored.
+enum class DType { Float32, Int32, Float16 };
 
 template <>
 struct EnumNames<DType> {
   static constexpr std::string_view kTypeName = "DType";
   static constexpr std::array kNames = {std::pair{DType::Float32, std::string_view{"float32"}},
-                                        std::pair{DType::Int32, std::string_view{"int32"}}};
+                                        std::pair{DType::Int32, std::string_view{"int32"}},
+                                        std::pair{DType::Float16, std::string_view{"float16"}}};
 };
+
+// Bytes of one element on the device (and in checkpoints).
+constexpr int64_t dtypeBytes(DType dtype) noexcept { return dtype == DType::Float16 ? 2 : 4; }
+// float32 or float16.
+constexpr bool isFloating(DType dtype) noexcept { return dtype != DType::Int32; }
 
 using Shape = std::vector<int64_t>;
 
