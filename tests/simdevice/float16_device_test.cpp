@@ -371,3 +371,34 @@ TEST_CASE("float16 RTS, streaming memory and accumulation train like plain repli
     }
   }
 }
+
+// The rounding step after each float16 elementwise op joins the op's chain:
+// four ops and their rounding steps, and that of the fed input, run as one
+// pass, and the values are those of rounding after every op.
+TEST_CASE("rounding steps of float16 elementwise ops fuse into the ops' chain") {
+  for (const DType dtype : {DType::Float32, DType::Float16}) {
+    Graph g(2);
+    const Tensor x = ops::input(g, "x", {1000}, dtype);
+    const Tensor v = ops::variable(g, "v", test::pseudoRandom(1000, 3), {1000}, std::nullopt,
+                                   RetrievalMode::OnePerGroup, TensorCategory::Weight, dtype);
+    const Tensor y = ops::mul(ops::add(x, v), ops::scalar(g, 0.1, dtype));
+    ops::scaledAddInplace(v, ops::tanh(y), 1.0, -0.25);
+    test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized);
+    const sim::PlanStats& stats = device.sim->stats();
+    CAPTURE(dtype);
+    CHECK(stats.fusedChains == 1);
+    // Add, Mul, Tanh, ScaledAddInplace, and in float16 one rounding step
+    // each and one of the fed x.
+    CHECK(stats.chainedSteps == (dtype == DType::Float16 ? 9 : 4));
+    const auto feeds = test::makeFeeds(g, 1, 5);
+    test::runDevice(*device.executable, feeds);
+    test::ReferenceEvaluator oracle(g);
+    test::feedOracle(oracle, g, feeds);
+    oracle.run();
+    CHECK(test::compareAll(*device.executable, g, oracle, dtype == DType::Float16 ? 1.0 / 256.0 : 1e-5) > 0);
+    if (dtype == DType::Float16) {
+      const std::vector<float> got = test::deviceValue(*device.executable, g, v.id(), 0);
+      CHECK(std::all_of(got.begin(), got.end(), [](float value) { return roundToHalf(value) == value; }));
+    }
+  }
+}
