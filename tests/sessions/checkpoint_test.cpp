@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -18,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "atomic_file.hpp"
+#include "half.hpp"
 #include "support/process.hpp"
 #include "tessera/json.hpp"
 #include "tessera/mlp.hpp"
@@ -266,6 +269,86 @@ TEST_CASE("a checkpoint is a safetensors file with tessera's metadata") {
   CHECK(decodeCheckpoint(bytes, "hand.safetensors") == checkpoint);
 }
 
+TEST_CASE("float16 tensors are stored as F16 with their exact half bits") {
+  // Every half that is not a NaN (a NaN stays a NaN, its payload quieted).
+  std::vector<float> halves;
+  std::vector<uint16_t> bits;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    if ((b & 0x7c00u) == 0x7c00u && (b & 0x3ffu) != 0) continue;
+    bits.push_back(static_cast<uint16_t>(b));
+    halves.push_back(halfToFloat(static_cast<uint16_t>(b)));
+  }
+  Checkpoint checkpoint = handMade();
+  checkpoint.tensors.push_back({"h", DType::Float16, TensorCategory::Weight, 1,
+                                HostTensor{{static_cast<int64_t>(halves.size())}, halves}});
+  checkpoint.tensors.push_back(
+      {"h.master", DType::Float32, TensorCategory::OptimizerState, 1, HostTensor{{2}, {0.1f, -3.0f}}});
+  const std::vector<uint8_t> bytes = encodeCheckpoint(checkpoint);
+  const Parts parts = split(bytes);
+  CHECK(parts.header["h"]["dtype"] == "F16");
+  CHECK(parts.header["h"]["shape"] == json{halves.size()});
+  const uint64_t begin = parts.header["h"]["data_offsets"][0].get<uint64_t>();
+  CHECK(parts.header["h"]["data_offsets"][1].get<uint64_t>() - begin == 2 * halves.size());
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < bits.size(); ++i) {
+    const auto stored = static_cast<uint16_t>(parts.data[begin + 2 * i] | parts.data[begin + 2 * i + 1] << 8);
+    wrong += stored != bits[i];
+  }
+  CHECK(wrong == 0);
+  CHECK(parts.header["h.master"]["dtype"] == "F32");
+  // Read back: the same values, bit for bit (-0 included).
+  const Checkpoint read = decodeCheckpoint(bytes, "half.safetensors");
+  CHECK(read == checkpoint);
+  const std::vector<float>& values = read.tensors.at(3).value.data;
+  std::size_t differing = 0;
+  for (std::size_t i = 0; i < values.size(); ++i)
+    differing += std::bit_cast<uint32_t>(values[i]) != std::bit_cast<uint32_t>(halves[i]);
+  CHECK(differing == 0);
+
+  // A value that is not a half (a hand-made checkpoint) is rounded to nearest
+  // even: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10.
+  Checkpoint rounded = handMade();
+  rounded.tensors = {{"r", DType::Float16, TensorCategory::Weight, 1,
+                      HostTensor{{3}, {1.0f + 0x1.0p-11f, 1.0f + 0x1.8p-11f, 70000.0f}}}};
+  CHECK(decodeCheckpoint(encodeCheckpoint(rounded), "r").tensors.at(0).value.data ==
+        std::vector<float>{1.0f, 1.0f + 0x1.0p-10f, std::numeric_limits<float>::infinity()});
+}
+
+TEST_CASE("a damaged F16 payload is refused like an F32 one") {
+  Checkpoint checkpoint = handMade();
+  checkpoint.tensors = {{"h", DType::Float16, TensorCategory::Weight, 1, HostTensor{{3}, {1, 2, 3}}}};
+  const std::vector<uint8_t> valid = encodeCheckpoint(checkpoint);
+  struct Case {
+    const char* name;
+    std::vector<uint8_t> bytes;
+    const char* message;
+  };
+  Parts odd = split(valid);
+  odd.header["h"]["data_offsets"] = {0, 5};
+  odd.data.pop_back();
+  Parts f32Bytes = split(valid);
+  f32Bytes.header["h"]["shape"] = {2};
+  Parts f64 = split(valid);
+  f64.header["h"]["dtype"] = "BF16";
+  const std::vector<Case> cases = {
+      {"an odd byte count", assemble(odd), "has shape [3] of F16 = 6 bytes but its data_offsets 0..5 span 5 bytes"},
+      {"a shape that disagrees", assemble(f32Bytes), "has shape [2] of F16 = 4 bytes but its data_offsets 0..6 span 6 bytes"},
+      {"cut short", std::vector<uint8_t>(valid.begin(), valid.end() - 1),
+       "tensor \"h\" claims bytes 0..6 but the data section has 5 bytes"},
+      {"another 2-byte type", assemble(f64), "tensor \"h\" has dtype BF16; tessera checkpoints hold F32, F16 and I32 only"},
+  };
+  for (const Case& c : cases) {
+    INFO(std::string(c.name));
+    const auto error = test::catchError<IoError>([&] { decodeCheckpoint(c.bytes, "h.safetensors"); });
+    REQUIRE(error);
+    INFO(std::string(error->what()));
+    CHECK(error->subject() == "h.safetensors");
+    CHECK(error->code() == (std::string_view(c.name) == "another 2-byte type" ? ErrorCode::UnsupportedCheckpoint
+                                                                              : ErrorCode::CorruptCheckpoint));
+    CHECK(error->detail().find(c.message) != std::string::npos);
+  }
+}
+
 TEST_CASE("the options hash is a stable FNV-1a of the canonical options dump") {
   SessionOptions options;
   const std::string hash = sessionOptionsHash(options);
@@ -415,11 +498,11 @@ TEST_CASE("reading is strict: every defect is an IoError naming the file and the
       {"a newer shard layout", tensorsMetadata([](json& t) { t["c"]["shardLayoutVersion"] = 2; }),
        ErrorCode::UnsupportedCheckpoint, "shard layout version 2, newer"},
       {"a dtype tessera does not hold", damaged([](Parts& p) {
-         p.header["c"]["dtype"] = "F16";
+         p.header["c"]["dtype"] = "BF16";
          p.header["c"]["shape"] = {4};
        }),
        ErrorCode::UnsupportedCheckpoint,
-       "tensor \"c\" has dtype F16; tessera checkpoints hold F32 and I32 only"},
+       "tensor \"c\" has dtype BF16; tessera checkpoints hold F32, F16 and I32 only"},
   };
   for (const Case& c : cases) {
     INFO(std::string(c.name));

@@ -762,6 +762,7 @@ TEST_CASE("the run config schema is generated from the field tables") {
       names<TensorStorage>(), names<TileSet>(),       names<ReplicatedTensorSharding>(),
       names<CommGroupType>(), names<ReductionType>(), names<MeanReductionStrategy>(),
       names<Activation>(),    names<DatasetKind>(),   names<ScheduleType>(),
+      {"float32", "float16"},  // /model/dtype: the floating DTypes
   };
   CHECK(enums == expected);
 
