@@ -65,7 +65,10 @@ TensorSplit asTensors(DatasetSplit&& split, const RunModel& model, std::string s
   tensors.count = split.count;
   DataTensor images;
   images.name = model.images;
-  const Shape& input = model.graph.tensor(model.graph.find(model.images)).shape;
+  const TensorNode& node = model.graph.tensor(model.graph.find(model.images));
+  const Shape& input = node.shape;
+  // Float32 or float16: the pixels / 255 are fed as floats either way.
+  images.dtype = node.dtype;
   images.shape = {split.count};
   images.shape.insert(images.shape.end(), input.begin() + 1, input.end());
   images.floats = std::move(split.images);
@@ -121,7 +124,7 @@ class StepBuffers {
       }
       tensors_.push_back(tensor);
       const auto size = static_cast<std::size_t>(samples * tensor->sampleElements());
-      if (tensor->dtype == DType::Float32) {
+      if (isFloating(tensor->dtype)) {
         floats_[i].resize(size);
         steps_.emplace_back(inputs[i], std::span<const float>(floats_[i]));
       } else {
@@ -134,7 +137,7 @@ class StepBuffers {
   // Copies the samples at positions first .. of `order` into the buffers.
   void fill(std::span<const int64_t> order, int64_t first) {
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      if (tensors_[i]->dtype == DType::Float32) {
+      if (isFloating(tensors_[i]->dtype)) {
         fillTensorBatch(*tensors_[i], order, first, floats_[i]);
       } else {
         fillTensorBatch(*tensors_[i], order, first, ints_[i]);
