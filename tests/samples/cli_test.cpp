@@ -479,6 +479,7 @@ TEST_CASE("explain --json places every tensor, and --what-if shows the change be
   CHECK(w0["elements"] == 784 * 256);
   CHECK(w0["shardElements"] == 784 * 256 / 2);
   CHECK(w0["bytesPerReplica"] == 784 * 256 / 2 * 4);
+  CHECK(w0["dtype"] == "float32");
   CHECK(w0["storage"] == "OnChip");
   const json b2 = find(report["tensors"], "b2");
   CHECK(b2["shardElements"] == 5);
