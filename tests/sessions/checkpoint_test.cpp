@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "atomic_file.hpp"
@@ -703,6 +704,105 @@ TEST_CASE("a checkpoint that does not fit the model is rejected before anything 
               "the model's OptimizerState variable \"W0.momentum\" is not in the checkpoint") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("F16 tensors load into float32 variables exactly; integers and floats do not convert") {
+  TrainingSession source = makeSession(Setup{1, false, 1}, sgdMomentum());
+  runSteps(source, toyData(kGlobalBatch), 0, 1);
+  const Checkpoint saved = makeCheckpoint(source);
+
+  // The checkpoint of a float16 run (values that are halves) into a float32 run.
+  Checkpoint halves = saved;
+  for (CheckpointTensor& tensor : halves.tensors) {
+    tensor.dtype = DType::Float16;
+    std::vector<uint16_t> bits(tensor.value.data.size());
+    floatsToHalves(tensor.value.data.data(), bits.data(), bits.size());
+    halvesToFloats(bits.data(), tensor.value.data.data(), bits.size());
+  }
+  const Checkpoint read = decodeCheckpoint(encodeCheckpoint(halves), "half");
+  CHECK(read == halves);
+  TrainingSession target = makeSession(Setup{2, false, 1}, sgdMomentum());
+  const CheckpointLoadReport report = restoreCheckpoint(target, read, "half");
+  for (const CheckpointTensor& tensor : halves.tensors) {
+    INFO(tensor.name);
+    CHECK(target.readVariable(tensor.name, RetrievalMode::OnePerGroup) == tensor.value);
+  }
+  const auto widened = std::find_if(report.warnings.begin(), report.warnings.end(), [](const std::string& w) {
+    return w.starts_with("8 float32 variable(s) of the model took the checkpoint's F16 values (exactly): ");
+  });
+  CHECK(widened != report.warnings.end());
+
+  // An integer tensor where the model has a float one.
+  Checkpoint integers = saved;
+  integers.tensors.front().dtype = DType::Int32;
+  for (float& v : integers.tensors.front().value.data) v = std::round(v);
+  const std::map<std::string, HostTensor> before = savedValues(target);
+  const auto error = test::catchError<IoError>([&] { restoreCheckpoint(target, integers, "ints"); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::CheckpointMismatch);
+  CHECK(error->detail() ==
+        fmt::format("tensor \"{}\" is I32 in the checkpoint but F32 (float32) in the model; F32 and F16 "
+                    "convert into each other, integers into nothing else",
+                    integers.tensors.front().name));
+  CHECK(savedValues(target) == before);
+}
+
+TEST_CASE("master weights: taken from their weight when the checkpoint lacks them, skipped when the run has none") {
+  // A session whose variable "w" has a master weight "w.master" (optimizer
+  // state), as a float16 run's optimizer keeps; here both are float32 so that
+  // only the names matter.
+  const auto makeWithMaster = [] {
+    Graph g(1);
+    const Tensor x = ops::input(g, "x", {3});
+    const Tensor w = ops::variable(g, "w", std::vector<float>{1, 2, 3}, {3});
+    ops::variable(g, "w.master", std::vector<float>{0, 0, 0}, {3}, std::nullopt, RetrievalMode::OnePerGroup,
+                  TensorCategory::OptimizerState);
+    const Tensor loss = ops::reduceSum(ops::mul(x, w));
+    OptimizerConfig sgd;
+    sgd.sgd.learningRate = 1.0;
+    return TrainingSession(std::move(g), loss.id(), makeOptimizer(sgd), SessionOptions{}, makeSimDevice());
+  };
+  const auto makePlain = [] {
+    Graph g(1);
+    const Tensor x = ops::input(g, "x", {3});
+    const Tensor w = ops::variable(g, "w", std::vector<float>{1, 2, 3}, {3});
+    const Tensor loss = ops::reduceSum(ops::mul(x, w));
+    OptimizerConfig sgd;
+    sgd.sgd.learningRate = 1.0;
+    return TrainingSession(std::move(g), loss.id(), makeOptimizer(sgd), SessionOptions{}, makeSimDevice());
+  };
+  Checkpoint plain = makeCheckpoint(makePlain());
+  plain.tensors.at(0).value.data = {0.1f, -0.2f, 0.3f};
+
+  TrainingSession withMaster = makeWithMaster();
+  REQUIRE(withMaster.graph().tryFind("w.master"));
+  const CheckpointLoadReport report = restoreCheckpoint(withMaster, plain, "plain");
+  CHECK(withMaster.readVariable("w").data == std::vector<float>{0.1f, -0.2f, 0.3f});
+  CHECK(withMaster.readVariable("w.master").data == std::vector<float>{0.1f, -0.2f, 0.3f});
+  CHECK(std::find(report.warnings.begin(), report.warnings.end(),
+                  "the checkpoint has no master weights; 1 master weight(s) took their weight's value: w.master") !=
+        report.warnings.end());
+
+  // The other way: the checkpoint's master weight is not loaded into a run
+  // that keeps none.
+  Checkpoint mastered = makeCheckpoint(withMaster);
+  for (CheckpointTensor& tensor : mastered.tensors) {
+    if (tensor.name == "w.master") tensor.value.data = {7, 8, 9};
+  }
+  TrainingSession target = makePlain();
+  const CheckpointLoadReport skipped = restoreCheckpoint(target, mastered, "mastered");
+  CHECK(target.readVariable("w").data == std::vector<float>{0.1f, -0.2f, 0.3f});
+  CHECK(std::find_if(skipped.warnings.begin(), skipped.warnings.end(), [](const std::string& w) {
+          return w.starts_with("the model keeps no master weights; the checkpoint's w.master were not loaded");
+        }) != skipped.warnings.end());
+
+  // A master weight of another shape than its weight is a mismatch.
+  Checkpoint wrong = plain;
+  wrong.tensors.at(0).value = HostTensor{{2}, {1, 2}};
+  TrainingSession other = makeWithMaster();
+  const auto error = test::catchError<IoError>([&] { restoreCheckpoint(other, wrong, "wrong"); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::CheckpointMismatch);
 }
 
 TEST_CASE("loading reports what differs from the checkpoint's session and restores the learning rate") {
