@@ -4,6 +4,7 @@
 #include "ops/masks.hpp"
 #include <cmath>
 
+#include "half.hpp"
 #include "kernel_table.hpp"
 
 namespace tessera::sim {
@@ -26,6 +27,9 @@ struct OrF {
 };
 struct TruncF {
   float operator()(float x) const { return std::trunc(x); }
+};
+struct RoundHalfF {
+  float operator()(float x) const { return roundToHalf(x); }
 };
 struct NotF {
   float operator()(float x) const { return x == 0.0f ? 1.0f : 0.0f; }
@@ -108,6 +112,7 @@ void addMaskKernels(KernelTable& table) {
   table.add({.kind = OpKind::Dropout, .plan = planDropout});
   table.add(unaryKernels<TruncF>(OpKind::CastToInt32));
   table.add(unaryKernels<IdentityF>(OpKind::CastToFloat32));
+  table.add(unaryKernels<RoundHalfF>(OpKind::CastToFloat16));
 }
 
 }  // namespace tessera::sim

@@ -258,6 +258,10 @@ const std::vector<Case>& cases() {
          ops::where(ops::scalar(g, 1.0), s.labels, ops::constant(g, "seven", {7}, {}, DType::Int32));
          const Tensor counts = ops::castToInt32(ops::mul(s.x, ops::scalar(g, 7.0)));
          ops::castToFloat32(ops::add(counts, ops::reshape(s.labels, {3, 1})));
+         // float32 -> float16 rounds to nearest even; float16 -> float32 and -> int32.
+         const Tensor half = ops::cast(ops::mul(s.x, ops::scalar(g, 1000.0)), DType::Float16);
+         ops::castToInt32(half);
+         ops::cast(half, DType::Float32);
        }},
       {"dropout of per-replica values at two steps, and its gradient",
        [](Sources& s) {
