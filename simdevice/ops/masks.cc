@@ -4,7 +4,6 @@
 #include "ops/masks.hpp"
 #include <cmath>
 
-#include "half.hpp"
 #include "kernel_table.hpp"
 
 namespace tessera::sim {
@@ -27,9 +26,6 @@ struct OrF {
 };
 struct TruncF {
   float operator()(float x) const { return std::trunc(x); }
-};
-struct RoundHalfF {
-  float operator()(float x) const { return roundToHalf(x); }
 };
 struct NotF {
   float operator()(float x) const { return x == 0.0f ? 1.0f : 0.0f; }
@@ -112,7 +108,7 @@ void addMaskKernels(KernelTable& table) {
   table.add({.kind = OpKind::Dropout, .plan = planDropout});
   table.add(unaryKernels<TruncF>(OpKind::CastToInt32));
   table.add(unaryKernels<IdentityF>(OpKind::CastToFloat32));
-  table.add(unaryKernels<RoundHalfF>(OpKind::CastToFloat16));
+  table.add({.kind = OpKind::CastToFloat16, .plan = planLoops<roundToHalfKernel>, .tile = roundToHalfTile});
 }
 
 }  // namespace tessera::sim
