@@ -63,7 +63,7 @@ void checkOperand(const Graph& graph, const Tensor& t, std::string_view what) {
 
 }  // namespace
 
-std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor>& wrt) {
+std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor>& wrt, Tensor seed) {
   checkOperand(graph, loss, "loss");
   if (loss.dtype() != DType::Float32 || !loss.shape().empty()) {
     throw AutodiffError(
@@ -108,8 +108,17 @@ std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor
     return influencesLoss[i] && dependsOnWrt[i] && graph.tensor(t).dtype == DType::Float32;
   };
 
+  if (seed.valid()) {
+    checkOperand(graph, seed, "seed");
+    if (seed.dtype() != DType::Float32 || !seed.shape().empty()) {
+      throw GraphError(ErrorCode::InvalidOperand, seed.name(),
+                       fmt::format("the seed of the loss gradient is {} {}; it must be a float32 scalar "
+                                   "(shape [])",
+                                   shapeStr(seed.shape()), seed.dtype()));
+    }
+  }
   Backward backward(graph);
-  const Tensor seed = ops::constant(graph, graph.uniqueName(loss.name() + ".grad"), {1.0f}, {});
+  if (!seed.valid()) seed = ops::constant(graph, graph.uniqueName(loss.name() + ".grad"), {1.0f}, {});
   backward.markNamed(seed.id());
   backward.contribute(loss.id(), seed.id());
   for (OpId o = forwardOps - 1; o >= 0; --o) {
