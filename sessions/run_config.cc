@@ -25,6 +25,7 @@
 #include "optimizer_options_json.hpp"
 #include "tessera/error.hpp"
 #include "tessera/json.hpp"
+#include "tessera/optimizer.hpp"
 #include "tessera/transformer.hpp"
 
 namespace tessera {
@@ -778,6 +779,9 @@ void validate(const RunConfig& config) {
   validate(config.sessionOptions, config.device);
   jsonio::checkRules(config.model, "/model");
   jsonio::checkRules(config.optimizer, "/optimizer");
+  checkLossScaling(config.optimizer.type == OptimizerType::Sgd ? config.optimizer.sgd.lossScaling
+                                                               : config.optimizer.adam.lossScaling,
+                   config.sessionOptions.automaticLossScalingSettings);
   jsonio::checkRules(config.data, "/data");
   jsonio::checkRules(config.output, "/output");
   jsonio::checkRules(config.limits, "/limits");

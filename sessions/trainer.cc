@@ -599,6 +599,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       trainSeconds += std::chrono::duration<double>(Clock::now() - start).count();
       summary.losses.push_back(loss);
       ++summary.steps;
+      if (session.lastStepSkipped()) summary.skippedStepIndices.push_back(session.step() - 1);
       if (onStep) {
         TrainProgress progress;
         progress.epoch = epoch;
@@ -608,6 +609,9 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
         progress.loss = loss;
         progress.samplesPerSecond =
             trainSeconds > 0 ? static_cast<double>(summary.steps * globalBatch) / trainSeconds : 0.0;
+        progress.automaticLossScaling = options.automaticLossScalingSettings.enabled;
+        progress.lossScale = session.lossScale();
+        progress.skippedSteps = static_cast<int64_t>(summary.skippedStepIndices.size());
         onStep(progress);
       }
       const int64_t every = config.output.checkpointEvery;
@@ -639,6 +643,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
     summary.testGlobalBatch = test.globalBatch;
   }
   summary.memory = session.memory();
+  summary.lossScale = session.lossScale();
   if (instances.writesOutput()) writeTrainingProfiles(config.output, session, summary.steps);
   for (auto& [name, value] : session.readWeights()) summary.weights.emplace_back(name, std::move(value.data));
   for (const std::string& note : notes) summary.notice += (summary.notice.empty() ? "" : "; ") + note;
@@ -664,7 +669,10 @@ nlohmann::json summaryJson(const TrainSummary& summary) {
                         {"interrupted", summary.interrupted},
                         {"stopReason", summary.stopReason},
                         {"checkpoint", summary.checkpoint},
-                        {"checkpointStep", summary.checkpointStep}};
+                        {"checkpointStep", summary.checkpointStep},
+                        {"lossScale", summary.lossScale},
+                        {"skippedSteps", summary.skippedStepIndices.size()},
+                        {"skippedStepIndices", summary.skippedStepIndices}};
 }
 
 }  // namespace tessera

@@ -258,7 +258,8 @@ TEST_CASE("a checkpoint is a safetensors file with tessera's metadata") {
                                                                       {"momentum", 0.9},
                                                                       {"dampening", 0.0},
                                                                       {"weightDecay", 0.0},
-                                                                      {"nesterov", false}});
+                                                                      {"nesterov", false},
+                                                                      {"lossScaling", 1.0}});
   CHECK(metadata["sessionOptions"] == json(SessionOptions{}).dump());
   CHECK(metadata["sessionOptionsHash"] == sessionOptionsHash(SessionOptions{}));
   CHECK(json::parse(metadata["tensors"].get<std::string>()) ==

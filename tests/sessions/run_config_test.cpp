@@ -168,7 +168,8 @@ TEST_CASE("the optimizer section is flat and holds the options of its type") {
                           {"momentum", 0.9},
                           {"dampening", 0.0},
                           {"weightDecay", 0.0},
-                          {"nesterov", false}});
+                          {"nesterov", false},
+                          {"lossScaling", 1.0}});
   OptimizerConfig adamw;
   adamw.type = OptimizerType::AdamW;
   adamw.adam.decoupledWeightDecay = true;
