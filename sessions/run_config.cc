@@ -46,10 +46,9 @@ constexpr std::array<std::string_view, 2> kModelDTypes = {"float32", "float16"};
 
 constexpr jsonio::FieldSpec kModelDTypeSpec{
     .doc =
-        "The element type of the weights and activations: \"float32\" or \"float16\". float16: float16 "
-        "weights, inputs and activations with the logits (an onnx model's loss) cast to float32 before the "
-        "loss; an onnx model's float32 initializers, inputs and float tensors are imported as float16. The "
-        "optimizer decides whether the float16 weights get float32 master weights."};
+        "The element type of the weights and activations: \"float32\" or \"float16\". float16 (mlp and "
+        "transformer): float16 weights, inputs and activations with the logits cast to float32 before the "
+        "loss. An onnx model is imported in its own dtype: float32 only."};
 
 // The fields of one model type; `type` itself is visited by the caller.
 template <class V>
@@ -140,6 +139,14 @@ void checkModel(const ModelConfig& value, const jsonio::RuleSite& site) {
                                   jsonio::quotedList(kModelTypes),
                                   closest ? fmt::format(" (did you mean \"{}\"?)", *closest) : std::string(),
                                   site.origin(path)));
+  }
+  if (value.type == kOnnxModel && value.dtype != DType::Float32) {
+    const std::string path = site.path("dtype");
+    throw ConfigError(ErrorCode::InvalidModel, path,
+                      fmt::format("dtype \"{}\": an onnx model is imported in its own dtype, float32; casting "
+                                  "it to float16 on import is not supported; set dtype to \"float32\" or "
+                                  "remove it{}",
+                                  toString(value.dtype), site.origin(path)));
   }
   if (value.type == kTransformerModel) {
     const TransformerConfig& t = value.transformer;

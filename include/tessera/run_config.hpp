@@ -85,13 +85,12 @@ struct ModelConfig {
   // ----- every type -----
 
   // The element type of the weights and activations: float32 or float16
-  // (int32 is not a model dtype). float16: the builders make float16
-  // weights, inputs and activations and cast the logits to float32 before
-  // the loss (mixed-precision training); an onnx model's float32
-  // initializers, inputs and float tensors are imported as float16, its
-  // loss cast to float32. The host feeds float inputs as float; the device
-  // rounds them to half on store. The optimizer decides whether float16
-  // weights get float32 master weights.
+  // (int32 is not a model dtype). float16 (mlp and transformer): the
+  // builders make float16 weights, inputs and activations and cast the
+  // logits to float32 before the loss (mixed-precision training). The host
+  // feeds float inputs as float; the device rounds them to half on store.
+  // An onnx model is imported in its own dtype: float32 only (float16 is
+  // InvalidModel at /model/dtype).
   DType dtype = DType::Float32;
 
   // ----- type "mlp" -----

@@ -878,8 +878,7 @@ TEST_CASE("the model's dtype is float32 or float16") {
   CHECK(RunConfig{}.model.dtype == DType::Float32);
   CHECK(json(RunConfig{})["model"]["dtype"] == "float32");
   for (const std::string model : {R"({"type": "mlp", "dtype": "float16"})",
-                                   R"({"type": "transformer", "dtype": "float16"})",
-                                   R"({"type": "onnx", "path": "m.onnx", "dtype": "float16"})"}) {
+                                  R"({"type": "transformer", "dtype": "float16"})"}) {
     CAPTURE(model);
     const RunConfig config = parse(R"({"model": )" + model + "}").config;
     CHECK(config.model.dtype == DType::Float16);
@@ -899,6 +898,14 @@ TEST_CASE("the model's dtype is float32 or float16") {
   CHECK(error->detail().starts_with(
       "dtype \"int32\" is not a model dtype: weights and activations are floats; expected one of "
       "\"float32\", \"float16\""));
+  // An onnx model keeps its own dtype.
+  const auto onnx = test::catchError<ConfigError>(
+      [] { parse(R"({"model": {"type": "onnx", "path": "m.onnx", "dtype": "float16"}})"); });
+  REQUIRE(onnx);
+  CHECK(onnx->code() == ErrorCode::InvalidModel);
+  CHECK(onnx->subject() == "/model/dtype");
+  CHECK(parse(R"({"model": {"type": "onnx", "path": "m.onnx", "dtype": "float32"}})").config.model.dtype ==
+        DType::Float32);
   // A C++ config is checked by validate().
   RunConfig integer;
   integer.model.dtype = DType::Int32;
