@@ -63,7 +63,7 @@ void checkOperand(const Graph& graph, const Tensor& t, std::string_view what) {
 
 }  // namespace
 
-std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor>& wrt) {
+std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor>& wrt, Tensor seed) {
   checkOperand(graph, loss, "loss");
   if (!isFloating(loss.dtype()) || !loss.shape().empty()) {
     throw AutodiffError(
@@ -109,10 +109,20 @@ std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor
     return influencesLoss[i] && dependsOnWrt[i] && isFloating(graph.tensor(t).dtype);
   };
 
+  if (seed.valid()) {
+    checkOperand(graph, seed, "seed");
+    if (seed.dtype() != DType::Float32 || !seed.shape().empty()) {
+      throw GraphError(ErrorCode::InvalidOperand, seed.name(),
+                       fmt::format("the seed of the loss gradient is {} {}; it must be a float32 scalar "
+                                   "(shape [])",
+                                   shapeStr(seed.shape()), seed.dtype()));
+    }
+  }
   Backward backward(graph);
-  // The seed d loss / d loss = 1 has the loss's dtype; each gradient has its
-  // tensor's dtype.
-  const Tensor seed = ops::constant(graph, graph.uniqueName(loss.name() + ".grad"), {1.0f}, {}, loss.dtype());
+  // The seed d loss / d loss = 1 (or the given one, e.g. the loss scale) has
+  // the loss's dtype; each gradient has its tensor's dtype.
+  if (!seed.valid())
+    seed = ops::constant(graph, graph.uniqueName(loss.name() + ".grad"), {1.0f}, {}, loss.dtype());
   backward.markNamed(seed.id());
   backward.contribute(loss.id(), seed.id());
   for (OpId o = forwardOps - 1; o >= 0; --o) {

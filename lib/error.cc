@@ -41,6 +41,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(UnsupportedCombination),
     TESSERA_CODE(StorageTileSetWithoutIOLoad),
     TESSERA_CODE(DistributedSettingsWithoutDistribution),
+    TESSERA_CODE(InvalidLossScaling),
     TESSERA_CODE(InvalidReplicaGrouping),
     TESSERA_CODE(ReplicaGroupingNotDivisible),
     TESSERA_CODE(ReplicaIndexOutOfRange),

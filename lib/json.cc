@@ -67,6 +67,26 @@ void visitFields(V& v, TensorLocationSettings& value) {
               "accumulators). Must be >= 0."});
 }
 
+template <class V>
+void visitFields(V& v, AutomaticLossScalingSettings& value) {
+  v.field("enabled", value.enabled,
+          {.doc = "Adjust the loss scale during training and skip the steps whose gradients overflow. The "
+                  "initial scale is the optimizer's lossScaling."});
+  v.field("updatePeriod", value.updatePeriod,
+          {.min = 1, .doc = "Clean steps in a row before the scale grows. Must be >= 1."});
+  v.field("growthFactor", value.growthFactor,
+          {.exclusiveMin = 1, .doc = "The scale is multiplied by it after updatePeriod clean steps. > 1."});
+  v.field("backoffFactor", value.backoffFactor,
+          {.exclusiveMin = 0,
+           .exclusiveMax = 1,
+           .doc = "The scale is multiplied by it after an overflow (the step is skipped). In (0, 1)."});
+  v.field("minLossScale", value.minLossScale,
+          {.exclusiveMin = 0, .max = 0x1p127, .doc = "The scale never goes below it. In (0, 2^127]."});
+  v.field(
+      "maxLossScale", value.maxLossScale,
+      {.exclusiveMin = 0, .max = 0x1p127, .doc = "The scale never goes above it. In [minLossScale, 2^127]."});
+}
+
 namespace {
 
 // The description of each category's settings, in TensorCategory order.
@@ -128,11 +148,15 @@ void visitFields(V& v, SessionOptions& value) {
   v.field("tensorLocationSettingsOverride", value.tensorLocationSettingsOverride,
           {.doc = "Per-tensor locations, by tensor name. Applied verbatim: thresholds and downgrades do not "
                   "apply to them."});
+  v.field("automaticLossScalingSettings", value.automaticLossScalingSettings,
+          {.doc = "Automatic loss scaling: grow the scale after clean steps, shrink it and skip the step on "
+                  "an overflow."});
 }
 
 TESSERA_INSTANTIATE_VISIT_FIELDS(CommGroup);
 TESSERA_INSTANTIATE_VISIT_FIELDS(TensorLocation);
 TESSERA_INSTANTIATE_VISIT_FIELDS(TensorLocationSettings);
+TESSERA_INSTANTIATE_VISIT_FIELDS(AutomaticLossScalingSettings);
 TESSERA_INSTANTIATE_VISIT_FIELDS(SessionOptions);
 
 namespace {
@@ -191,6 +215,7 @@ TESSERA_ENUM_JSON(MeanReductionStrategy)
 TESSERA_STRUCT_JSON(CommGroup)
 TESSERA_STRUCT_JSON(TensorLocation)
 TESSERA_STRUCT_JSON(TensorLocationSettings)
+TESSERA_STRUCT_JSON(AutomaticLossScalingSettings)
 TESSERA_STRUCT_JSON(SessionOptions)
 #undef TESSERA_STRUCT_JSON
 

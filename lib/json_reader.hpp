@@ -57,6 +57,8 @@ void visitFields(V& v, TensorLocation& value);
 template <class V>
 void visitFields(V& v, TensorLocationSettings& value);
 template <class V>
+void visitFields(V& v, AutomaticLossScalingSettings& value);
+template <class V>
 void visitFields(V& v, SessionOptions& value);
 
 }  // namespace tessera

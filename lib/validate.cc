@@ -249,6 +249,41 @@ void checkThresholds(const SessionOptions& o) {
   }
 }
 
+void checkLossScaling(const SessionOptions& o) {
+  const AutomaticLossScalingSettings& s = o.automaticLossScalingSettings;
+  const auto path = [](std::string_view field) {
+    return fmt::format("{}/automaticLossScalingSettings/{}", kSessionOptionsPath, field);
+  };
+  if (s.updatePeriod < 1) {
+    fail(ErrorCode::OutOfRange, path("updatePeriod"),
+         "updatePeriod is {}; it must be >= 1 (the clean steps in a row before the scale grows)",
+         s.updatePeriod);
+  }
+  if (!(s.growthFactor > 1)) {
+    fail(ErrorCode::OutOfRange, path("growthFactor"), "growthFactor is {}; it must be > 1", s.growthFactor);
+  }
+  if (!(s.backoffFactor > 0 && s.backoffFactor < 1)) {
+    fail(ErrorCode::OutOfRange, path("backoffFactor"), "backoffFactor is {}; it must be in (0, 1)",
+         s.backoffFactor);
+  }
+  // 2^127 keeps the scale and its growth within float32.
+  constexpr double kLargest = 0x1p127;
+  if (!(s.minLossScale > 0 && s.minLossScale <= kLargest)) {
+    fail(ErrorCode::OutOfRange, path("minLossScale"), "minLossScale is {}; it must be in (0, 2^127]",
+         s.minLossScale);
+  }
+  if (!(s.maxLossScale > 0 && s.maxLossScale <= kLargest)) {
+    fail(ErrorCode::OutOfRange, path("maxLossScale"), "maxLossScale is {}; it must be in (0, 2^127]",
+         s.maxLossScale);
+  }
+  if (s.maxLossScale < s.minLossScale) {
+    fail(ErrorCode::InvalidLossScaling, path("maxLossScale"),
+         "maxLossScale is {} but minLossScale is {}; the scale could not lie between them, so raise "
+         "maxLossScale or lower minLossScale",
+         s.maxLossScale, s.minLossScale);
+  }
+}
+
 }  // namespace
 
 namespace detail {
@@ -262,6 +297,7 @@ void validateOptions(const SessionOptions& options, std::optional<int64_t> tiles
   checkShardingDomains(options);
   checkLinkedDomains(options);
   checkThresholds(options);
+  checkLossScaling(options);
 }
 
 }  // namespace detail

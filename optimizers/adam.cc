@@ -16,7 +16,8 @@ const AdamOptions& checked(const AdamOptions& options) {
 
 }  // namespace
 
-Adam::Adam(const AdamOptions& options) : Optimizer(checked(options).learningRate), options_(options) {}
+Adam::Adam(const AdamOptions& options)
+    : Optimizer(checked(options).learningRate, options.lossScaling), options_(options) {}
 
 std::string_view Adam::name() const noexcept { return options_.decoupledWeightDecay ? "adamw" : "adam"; }
 
@@ -45,10 +46,10 @@ void Adam::addUpdate(Graph& graph, Tensor weight, Tensor gradient) {
   }
   Tensor m = zeroVariableLike(weight, weight.name() + ".adamM", TensorCategory::OptimizerState);
   Tensor v = zeroVariableLike(weight, weight.name() + ".adamV", TensorCategory::OptimizerState);
-  m = ops::copyInplace(
+  m = updateState(
       m, ops::add(ops::mul(m, constant(options_.beta1)), ops::mul(g, constant(1.0 - options_.beta1))));
-  v = ops::copyInplace(v, ops::add(ops::mul(v, constant(options_.beta2)),
-                                   ops::mul(ops::mul(g, g), constant(1.0 - options_.beta2))));
+  v = updateState(v, ops::add(ops::mul(v, constant(options_.beta2)),
+                              ops::mul(ops::mul(g, g), constant(1.0 - options_.beta2))));
   const Tensor denominator =
       ops::add(ops::mul(ops::sqrt(v), hyperParameter(graph, "biasCorrection2")), constant(options_.eps));
   Tensor step = ops::div(ops::mul(m, hyperParameter(graph, "biasCorrection1")), denominator);
@@ -56,7 +57,7 @@ void Adam::addUpdate(Graph& graph, Tensor weight, Tensor gradient) {
     // Read before the in-place update below: PyTorch decays the old weight.
     step = ops::add(step, ops::mul(weight, constant(options_.weightDecay)));
   }
-  ops::scaledAddInplace(weight, ops::mul(step, hyperParameter(graph, "learningRate")), 1.0, -1.0);
+  applyUpdate(weight, ops::mul(step, hyperParameter(graph, "learningRate")));
 }
 
 }  // namespace tessera

@@ -7,6 +7,7 @@
 
 #include "tessera/adam.hpp"
 #include "tessera/error.hpp"
+#include "tessera/session_options.hpp"
 #include "tessera/sgd.hpp"
 
 namespace tessera {
@@ -21,16 +22,43 @@ void checkLearningRate(double learningRate) {
   }
 }
 
+// The scale must be a float32 scalar of the graph; automatic scaling adjusts
+// it, so it must be its variable.
+void checkScaling(const Graph& graph, const GradientScaling& scaling, std::string_view optimizer) {
+  if (scaling.scale == kNoTensor) {
+    if (!scaling.automatic.enabled) return;
+    throw GraphError(ErrorCode::InvalidOperand, std::string(kLossScaleTensor),
+                     fmt::format("{}: automatic loss scaling needs the loss scale variable \"{}\", but no "
+                                 "scale was given",
+                                 optimizer, kLossScaleTensor));
+  }
+  const TensorNode& scale = graph.tensor(scaling.scale);
+  const bool variable = graph.op(scale.producer).kind == OpKind::Variable;
+  if (scale.dtype != DType::Float32 || !scale.shape.empty() ||
+      (scaling.automatic.enabled && (!variable || scale.name != kLossScaleTensor))) {
+    throw GraphError(
+        ErrorCode::InvalidOperand, scale.name,
+        fmt::format("{}: the loss scale \"{}\" is a {} {} {} tensor; it must be a float32 scalar "
+                    "(shape []), and the variable \"{}\" for automatic loss scaling",
+                    optimizer, scale.name, scale.dtype, shapeStr(scale.shape), graph.op(scale.producer).kind,
+                    kLossScaleTensor));
+  }
+}
+
 }  // namespace
 
-Optimizer::Optimizer(double learningRate) : learningRate_(learningRate) { checkLearningRate(learningRate); }
+Optimizer::Optimizer(double learningRate, double lossScaling)
+    : learningRate_(learningRate), lossScaling_(lossScaling) {
+  checkLearningRate(learningRate);
+}
 
 void Optimizer::setLearningRate(double learningRate) {
   checkLearningRate(learningRate);
   learningRate_ = learningRate;
 }
 
-void Optimizer::addUpdates(Graph& graph, const std::vector<GradientPair>& pairs) {
+void Optimizer::addUpdates(Graph& graph, const std::vector<GradientPair>& pairs,
+                           const GradientScaling& scaling) {
   // Check every pair before adding anything, so that a bad pair leaves the
   // graph as it was.
   for (const GradientPair& pair : pairs) {
@@ -48,7 +76,9 @@ void Optimizer::addUpdates(Graph& graph, const std::vector<GradientPair>& pairs)
                                    weight.name, weight.dtype, shapeStr(weight.shape)));
     }
   }
+  checkScaling(graph, scaling, name());
   hyperTensors_.clear();
+  finite_ = kNoTensor;
   for (const auto& [hyperName, value] : hyperParameterValues(0)) {
     // The step-0 value initialises the scalar, so a program run without host
     // writes still performs a correct first step.
@@ -57,8 +87,90 @@ void Optimizer::addUpdates(Graph& graph, const std::vector<GradientPair>& pairs)
                                    TensorCategory::OptimizerState);
     hyperTensors_.emplace_back(std::string(hyperName), t.id());
   }
-  for (const GradientPair& pair : pairs)
-    addUpdate(graph, Tensor{&graph, pair.weight}, Tensor{&graph, pair.gradient});
+  std::vector<Tensor> gradients;
+  gradients.reserve(pairs.size());
+  for (const GradientPair& pair : pairs) {
+    Tensor gradient{&graph, pair.gradient};
+    if (scaling.scale != kNoTensor) {
+      gradient = ops::div(gradient, Tensor{&graph, scaling.scale});
+      graph.rename(gradient.id(), graph.uniqueName(graph.tensor(pair.gradient).name + ".unscaled"));
+    }
+    gradients.push_back(gradient);
+  }
+  Tensor finite;
+  if (scaling.automatic.enabled) {
+    finite = finiteFlag(graph, gradients);
+    finite_ = finite.id();
+  }
+  for (std::size_t k = 0; k < pairs.size(); ++k)
+    addUpdate(graph, Tensor{&graph, pairs[k].weight}, gradients[k]);
+  // Created after every reader of the scale (the seed's consumers, the
+  // divisions above), so the in-place update runs after them.
+  if (scaling.automatic.enabled)
+    addScaleUpdate(graph, Tensor{&graph, scaling.scale}, finite, scaling.automatic);
+}
+
+Tensor Optimizer::finiteFlag(Graph& graph, const std::vector<Tensor>& gradients) const {
+  // x * 0 is 0 for a finite x and NaN for an infinite or NaN one, so the sum
+  // of the products is 0 exactly when every element is finite (summing x
+  // itself could overflow from finite values).
+  const Tensor zero = ops::scalar(graph, 0.0);
+  Tensor total = zero;
+  for (const Tensor& gradient : gradients) total = ops::add(total, ops::reduceSum(ops::mul(gradient, zero)));
+  // Sharded gradients differ between replicas, and every replica (and
+  // instance) must take the same decision.
+  if (graph.replicationFactor() > 1) total = ops::replicatedAllReduce(total, ReductionType::Sum);
+  const Tensor finite = ops::equal(total, zero);
+  graph.rename(finite.id(), graph.uniqueName("lossScaling.finite"));
+  return finite;
+}
+
+void Optimizer::addScaleUpdate(Graph& graph, Tensor scale, Tensor finite,
+                               const AutomaticLossScalingSettings& settings) {
+  const auto counter = [&graph](std::string_view counterName) {
+    return ops::variable(graph, std::string(counterName), {0.0F}, {}, std::nullopt,
+                         RetrievalMode::OnePerGroup, TensorCategory::OptimizerState);
+  };
+  const Tensor clean = counter(kLossScaleCleanStepsTensor);
+  const Tensor skipped = counter(kLossScaleSkippedStepsTensor);
+  const Tensor zero = ops::scalar(graph, 0.0);
+  const Tensor one = ops::scalar(graph, 1.0);
+  const Tensor counted = ops::where(finite, ops::add(clean, one), zero);
+  const Tensor grow =
+      ops::logicalNot(ops::less(counted, ops::scalar(graph, static_cast<double>(settings.updatePeriod))));
+  const Tensor grown = ops::clip(ops::mul(scale, ops::scalar(graph, settings.growthFactor)),
+                                 settings.minLossScale, settings.maxLossScale);
+  const Tensor shrunk = ops::clip(ops::mul(scale, ops::scalar(graph, settings.backoffFactor)),
+                                  settings.minLossScale, settings.maxLossScale);
+  const Tensor nextScale = ops::where(finite, ops::where(grow, grown, scale), shrunk);
+  const Tensor nextClean = ops::where(grow, zero, counted);
+  const Tensor nextSkipped = ops::add(skipped, ops::sub(one, finite));
+  ops::copyInplace(scale, nextScale);
+  ops::copyInplace(clean, nextClean);
+  ops::copyInplace(skipped, nextSkipped);
+}
+
+Tensor Optimizer::updateState(Tensor state, Tensor next) const {
+  if (finite_ == kNoTensor) return ops::copyInplace(state, next);
+  return ops::copyInplace(state, ops::where(Tensor{&state.graph(), finite_}, next, state));
+}
+
+Tensor Optimizer::applyUpdate(Tensor weight, Tensor delta) const {
+  if (finite_ == kNoTensor) return ops::scaledAddInplace(weight, delta, 1.0, -1.0);
+  Graph& graph = weight.graph();
+  const Tensor kept = ops::where(Tensor{&graph, finite_}, delta, ops::scalar(graph, 0.0));
+  return ops::scaledAddInplace(weight, kept, 1.0, -1.0);
+}
+
+void checkLossScaling(double lossScaling, const AutomaticLossScalingSettings& automatic) {
+  if (!automatic.enabled) return;
+  if (lossScaling >= automatic.minLossScale && lossScaling <= automatic.maxLossScale) return;
+  throw ConfigError(
+      ErrorCode::InvalidLossScaling, "/optimizer/lossScaling",
+      fmt::format("lossScaling {} is the initial scale of automatic loss scaling, which keeps the scale in "
+                  "[minLossScale, maxLossScale] = [{}, {}]; set a lossScaling in that range or widen "
+                  "{}/automaticLossScalingSettings",
+                  lossScaling, automatic.minLossScale, automatic.maxLossScale, kSessionOptionsPath));
 }
 
 std::vector<HyperParameter> Optimizer::hyperParameters(int64_t step) const {

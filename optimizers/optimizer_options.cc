@@ -14,6 +14,15 @@
 
 namespace tessera {
 
+// 2^127: a scale above it would not survive the float32 variable it lives in
+// after one growth.
+constexpr jsonio::FieldSpec kLossScalingSpec{
+    .exclusiveMin = 0,
+    .max = 0x1p127,
+    .doc =
+        "The loss gradient is seeded with it and every gradient divided by it (in float32) before the "
+        "update; the initial scale of automatic loss scaling. In (0, 2^127]; 1 changes nothing."};
+
 template <class V>
 void visitFields(V& v, SgdOptions& value) {
   v.field("learningRate", value.learningRate, {.exclusiveMin = 0, .doc = "Step size. Must be > 0."});
@@ -26,6 +35,7 @@ void visitFields(V& v, SgdOptions& value) {
   v.field("weightDecay", value.weightDecay,
           {.min = 0, .doc = "L2 penalty added to the gradient (weightDecay * w). Must be >= 0."});
   v.field("nesterov", value.nesterov, {.doc = "Nesterov momentum; needs momentum > 0 and dampening 0."});
+  v.field("lossScaling", value.lossScaling, kLossScalingSpec);
   v.rule([&value](const jsonio::RuleSite& site) {
     if (!value.nesterov || (value.momentum > 0 && value.dampening == 0)) return;
     const std::string path = site.path("nesterov");
@@ -59,6 +69,7 @@ void visitFields(V& v, AdamOptions& value) {
   v.field(
       "decoupledWeightDecay", value.decoupledWeightDecay,
       {.doc = "Apply weight decay to the weights directly (AdamW) instead of adding it to the gradient."});
+  v.field("lossScaling", value.lossScaling, kLossScalingSpec);
 }
 
 TESSERA_INSTANTIATE_VISIT_FIELDS(SgdOptions);

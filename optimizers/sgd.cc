@@ -14,7 +14,8 @@ const SgdOptions& checked(const SgdOptions& options) {
 
 }  // namespace
 
-Sgd::Sgd(const SgdOptions& options) : Optimizer(checked(options).learningRate), options_(options) {}
+Sgd::Sgd(const SgdOptions& options)
+    : Optimizer(checked(options).learningRate, options.lossScaling), options_(options) {}
 
 SgdOptions Sgd::options() const {
   SgdOptions current = options_;
@@ -44,12 +45,12 @@ void Sgd::addUpdate(Graph& graph, Tensor weight, Tensor gradient) {
     const Tensor damped =
         options_.dampening == 0 ? direction : ops::mul(direction, hyperParameter(graph, "dampeningFactor"));
     const Tensor next = ops::add(ops::mul(velocity, hyperParameter(graph, "momentumFactor")), damped);
-    velocity = ops::copyInplace(velocity, next);
+    velocity = updateState(velocity, next);
     direction = options_.nesterov
                     ? ops::add(direction, ops::mul(velocity, ops::scalar(graph, options_.momentum)))
                     : velocity;
   }
-  ops::scaledAddInplace(weight, ops::mul(direction, hyperParameter(graph, "learningRate")), 1.0, -1.0);
+  applyUpdate(weight, ops::mul(direction, hyperParameter(graph, "learningRate")));
 }
 
 }  // namespace tessera

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "atomic_file.hpp"
+#include "half.hpp"
 #include "safetensors.hpp"
 #include "tessera/adam.hpp"
 #include "tessera/error.hpp"
@@ -34,6 +35,9 @@ constexpr std::string_view kFormat = "tessera.checkpoint";
 // The optimizer's hyper-parameter scalars (see optimizer.hpp) are derived
 // from the step and the learning rate, so they are not saved.
 constexpr std::string_view kHyperParameterPrefix = "optimizer.";
+// The float32 master weight of a float16 weight W is the optimizer state
+// "W.master".
+constexpr std::string_view kMasterSuffix = ".master";
 
 // Metadata keys of tessera's own.
 constexpr std::string_view kFormatKey = "format";
@@ -56,7 +60,15 @@ bool isReserved(std::string_view key) {
   return std::find(kReservedKeys.begin(), kReservedKeys.end(), key) != kReservedKeys.end();
 }
 
-std::string_view dtypeName(DType dtype) { return dtype == DType::Int32 ? "I32" : "F32"; }
+// The safetensors name of a dtype.
+std::string_view dtypeName(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return "F32";
+    case DType::Float16: return "F16";
+    case DType::Int32: return "I32";
+  }
+  return "F32";
+}
 
 // --- What a session saves -----------------------------------------------------------
 
@@ -258,10 +270,12 @@ class Decoder {
     tensor.name = view.name;
     if (view.dtype == "F32") {
       tensor.dtype = DType::Float32;
+    } else if (view.dtype == "F16") {
+      tensor.dtype = DType::Float16;
     } else if (view.dtype == "I32") {
       tensor.dtype = DType::Int32;
     } else {
-      unsupported("tensor \"{}\" has dtype {}; tessera checkpoints hold F32 and I32 only", view.name,
+      unsupported("tensor \"{}\" has dtype {}; tessera checkpoints hold F32, F16 and I32 only", view.name,
                   view.dtype);
     }
     const auto entry = described.find(view.name);
@@ -300,6 +314,15 @@ class Decoder {
     for (const uint64_t dim : view.shape) tensor.value.shape.push_back(static_cast<int64_t>(dim));
     const auto bytes =
         data.subspan(static_cast<std::size_t>(view.begin), static_cast<std::size_t>(view.end - view.begin));
+    if (tensor.dtype == DType::Float16) {
+      // The container checked that the byte count is 2 x the shape's elements.
+      std::vector<uint16_t> halves(bytes.size() / 2);
+      for (std::size_t i = 0; i < halves.size(); ++i)
+        halves[i] = static_cast<uint16_t>(bytes[2 * i] | bytes[2 * i + 1] << 8);
+      tensor.value.data.resize(halves.size());
+      halvesToFloats(halves.data(), tensor.value.data.data(), halves.size());
+      return tensor;
+    }
     tensor.value.data.resize(bytes.size() / 4);
     for (std::size_t i = 0; i < tensor.value.data.size(); ++i) {
       const uint32_t word =
@@ -381,11 +404,22 @@ std::vector<uint8_t> encodeCheckpoint(const Checkpoint& checkpoint) {
     described[tensor.name] = {{"category", toString(tensor.category)},
                               {"shardLayoutVersion", tensor.shardLayoutVersion}};
     std::vector<uint8_t>& bytes = data.emplace_back();
-    bytes.reserve(4 * tensor.value.data.size());
-    for (const float value : tensor.value.data) {
-      const auto word = tensor.dtype == DType::Int32 ? std::bit_cast<uint32_t>(static_cast<int32_t>(value))
-                                                     : std::bit_cast<uint32_t>(value);
-      for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<uint8_t>(word >> (8 * i)));
+    if (tensor.dtype == DType::Float16) {
+      // The value rounded to half (exact for what a float16 variable holds).
+      std::vector<uint16_t> halves(tensor.value.data.size());
+      floatsToHalves(tensor.value.data.data(), halves.data(), halves.size());
+      bytes.reserve(2 * halves.size());
+      for (const uint16_t half : halves) {
+        bytes.push_back(static_cast<uint8_t>(half));
+        bytes.push_back(static_cast<uint8_t>(half >> 8));
+      }
+    } else {
+      bytes.reserve(4 * tensor.value.data.size());
+      for (const float value : tensor.value.data) {
+        const auto word = tensor.dtype == DType::Int32 ? std::bit_cast<uint32_t>(static_cast<int32_t>(value))
+                                                       : std::bit_cast<uint32_t>(value);
+        for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<uint8_t>(word >> (8 * i)));
+      }
     }
     std::vector<uint64_t> shape(tensor.value.shape.begin(), tensor.value.shape.end());
     tensors.push_back({tensor.name, std::string(dtypeName(tensor.dtype)), std::move(shape), bytes});
@@ -438,36 +472,80 @@ CheckpointLoadReport restoreCheckpoint(TrainingSession& session, const Checkpoin
                          checkpoint.optimizer.type, current.type, checkpoint.optimizer.type));
   }
 
-  // Check everything before writing anything.
+  // Check everything before writing anything: each session variable gets
+  // its value from one checkpoint tensor, converted to the variable's dtype.
   const std::vector<SessionVariable> variables = savedVariables(session.graph());
-  const auto find = [&variables](const std::string& name) {
+  const auto find = [&variables](std::string_view name) {
     return std::find_if(variables.begin(), variables.end(),
                         [&](const SessionVariable& v) { return v.name == name; });
+  };
+  const auto saved = [&checkpoint](std::string_view name) {
+    return std::find_if(checkpoint.tensors.begin(), checkpoint.tensors.end(),
+                        [&](const CheckpointTensor& t) { return t.name == name; });
+  };
+  struct Source {
+    const SessionVariable* variable;
+    const CheckpointTensor* tensor;
+  };
+  std::vector<Source> sources;
+  std::vector<std::string> unusedMasters;
+  const auto checkShape = [&](const SessionVariable& variable, const CheckpointTensor& tensor) {
+    const Shape expected = session.readVariable(variable.name, RetrievalMode::OnePerGroup).shape;
+    if (expected == tensor.value.shape) return;
+    mismatch(source, fmt::format("tensor \"{}\" has shape {} in the checkpoint but {} in the model{}",
+                                 tensor.name, shapeStr(tensor.value.shape), shapeStr(expected),
+                                 tensor.name == variable.name
+                                     ? std::string()
+                                     : fmt::format(" (as the value of \"{}\")", variable.name)));
   };
   for (const CheckpointTensor& tensor : checkpoint.tensors) {
     const auto variable = find(tensor.name);
     if (variable == variables.end()) {
+      // The master weights of a float16 run loaded into a run without them:
+      // its weights take the checkpoint's float16 values.
+      const std::string_view name = tensor.name;
+      const bool master = tensor.category == TensorCategory::OptimizerState &&
+                          name.ends_with(kMasterSuffix) &&
+                          find(name.substr(0, name.size() - kMasterSuffix.size())) != variables.end();
+      if (master) {
+        unusedMasters.push_back(tensor.name);
+        continue;
+      }
       mismatch(source, fmt::format("tensor \"{}\" ({}) is in the checkpoint but not in the model",
                                    tensor.name, tensor.category));
     }
-    if (variable->category != tensor.category || variable->dtype != tensor.dtype) {
+    if (variable->category != tensor.category) {
       mismatch(source, fmt::format("tensor \"{}\" is {} {} in the checkpoint but {} {} in the model",
                                    tensor.name, tensor.category, dtypeName(tensor.dtype), variable->category,
                                    dtypeName(variable->dtype)));
     }
-    const Shape expected = session.readVariable(tensor.name, RetrievalMode::OnePerGroup).shape;
-    if (expected != tensor.value.shape) {
-      mismatch(source, fmt::format("tensor \"{}\" has shape {} in the checkpoint but {} in the model",
-                                   tensor.name, shapeStr(tensor.value.shape), shapeStr(expected)));
+    if (variable->dtype != tensor.dtype && !(isFloating(variable->dtype) && isFloating(tensor.dtype))) {
+      mismatch(source,
+               fmt::format("tensor \"{}\" is {} in the checkpoint but {} ({}) in the model; F32 and F16 "
+                           "convert into each other, integers into nothing else",
+                           tensor.name, dtypeName(tensor.dtype), dtypeName(variable->dtype), variable->dtype));
     }
+    checkShape(*variable, tensor);
+    sources.push_back({&*variable, &tensor});
   }
+  std::vector<std::string> mastersFromWeights;
   for (const SessionVariable& variable : variables) {
-    const bool saved = std::any_of(checkpoint.tensors.begin(), checkpoint.tensors.end(),
-                                   [&](const CheckpointTensor& t) { return t.name == variable.name; });
-    if (!saved) {
-      mismatch(source, fmt::format("the model's {} variable \"{}\" is not in the checkpoint",
-                                   variable.category, variable.name));
+    if (saved(variable.name) != checkpoint.tensors.end()) continue;
+    // A master weight the checkpoint does not hold (one of a float32 run, or
+    // of a float16 run without master weights) is its weight's value.
+    const std::string_view name = variable.name;
+    if (variable.category == TensorCategory::OptimizerState && name.ends_with(kMasterSuffix)) {
+      const auto weight = saved(name.substr(0, name.size() - kMasterSuffix.size()));
+      if (weight != checkpoint.tensors.end() && weight->category == TensorCategory::Weight &&
+          isFloating(weight->dtype) && isFloating(variable.dtype)) {
+        checkShape(variable, *weight);
+        sources.push_back({&variable, &*weight});
+        mastersFromWeights.push_back(variable.name);
+        continue;
+      }
     }
+    mismatch(source, fmt::format("the model's {} variable \"{}\" is not in the checkpoint", variable.category,
+                                 variable.name));
   }
 
   CheckpointLoadReport report;
@@ -501,7 +579,45 @@ CheckpointLoadReport restoreCheckpoint(TrainingSession& session, const Checkpoin
                     listed(hyper)));
   }
 
-  for (const CheckpointTensor& tensor : checkpoint.tensors) session.writeVariable(tensor.name, tensor.value);
+  std::vector<std::string> rounded;
+  std::vector<std::string> widened;
+  for (const Source& entry : sources) {
+    const CheckpointTensor& tensor = *entry.tensor;
+    const SessionVariable& variable = *entry.variable;
+    if (variable.dtype == DType::Float16 && tensor.dtype != DType::Float16) {
+      // Rounded to nearest even, as the device rounds what it stores.
+      HostTensor value = tensor.value;
+      std::vector<uint16_t> halves(value.data.size());
+      floatsToHalves(value.data.data(), halves.data(), halves.size());
+      halvesToFloats(halves.data(), value.data.data(), halves.size());
+      session.writeVariable(variable.name, value);
+      rounded.push_back(variable.name);
+      continue;
+    }
+    if (variable.dtype == DType::Float32 && tensor.dtype == DType::Float16) widened.push_back(variable.name);
+    session.writeVariable(variable.name, tensor.value);
+  }
+  if (!rounded.empty()) {
+    report.warnings.push_back(fmt::format(
+        "{} float16 variable(s) of the model took the checkpoint's F32 values rounded to half: {}",
+        rounded.size(), listed(rounded)));
+  }
+  if (!widened.empty()) {
+    report.warnings.push_back(fmt::format(
+        "{} float32 variable(s) of the model took the checkpoint's F16 values (exactly): {}", widened.size(),
+        listed(widened)));
+  }
+  if (!mastersFromWeights.empty()) {
+    report.warnings.push_back(fmt::format(
+        "the checkpoint has no master weights; {} master weight(s) took their weight's value: {}",
+        mastersFromWeights.size(), listed(mastersFromWeights)));
+  }
+  if (!unusedMasters.empty()) {
+    report.warnings.push_back(fmt::format(
+        "the model keeps no master weights; the checkpoint's {} were not loaded (the weights are the "
+        "checkpoint's float16 values)",
+        listed(unusedMasters)));
+  }
   session.setLearningRate(report.learningRate);
   session.setStep(checkpoint.step);
   return report;

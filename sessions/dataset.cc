@@ -788,10 +788,12 @@ std::vector<unsigned char> readWholeFile(const std::string& path) {
   return bytes;
 }
 
-// The dtypes a graph input of `dtype` can be fed from: float16 widens to
-// float32 exactly; int64 narrows to int32 when the value fits (checked).
+// The dtypes a graph input of `dtype` can be fed from: a float input (float32
+// or float16) from F32 or F16, fed as floats (F16 widens exactly; the device
+// rounds what a float16 input stores); int64 narrows to int32 when the value
+// fits (checked).
 bool fits(DType dtype, std::string_view stored) {
-  return dtype == DType::Float32 ? stored == "F32" || stored == "F16" : stored == "I32" || stored == "I64";
+  return isFloating(dtype) ? stored == "F32" || stored == "F16" : stored == "I32" || stored == "I64";
 }
 
 // Reads the little-endian bytes of `view` into `tensor` (dtype set).
@@ -872,7 +874,7 @@ void keepFirstSamples(TensorSplit& split, int64_t limit) {
   for (DataTensor& tensor : split.tensors) {
     tensor.shape[0] = limit;
     const auto keep = static_cast<std::size_t>(limit * tensor.sampleElements());
-    if (tensor.dtype == DType::Float32)
+    if (isFloating(tensor.dtype))
       tensor.floats.resize(keep);
     else
       tensor.ints.resize(keep);
@@ -935,7 +937,7 @@ TensorSplit parseTensorSplit(std::span<const unsigned char> bytes, const std::st
       throw IoError(
           ErrorCode::DatasetTensorMismatch, subject,
           fmt::format("the tensor is {} but graph input {} is {}; store it as {}", view->dtype, input.name,
-                      toString(input.dtype), input.dtype == DType::Float32 ? "F32 or F16" : "I32 or I64"));
+                      toString(input.dtype), isFloating(input.dtype) ? "F32 or F16" : "I32 or I64"));
     }
     DataTensor tensor;
     tensor.name = input.name;
@@ -994,7 +996,7 @@ TensorDataset loadTensorDataset(const DataConfig& config, std::span<const DataIn
 
 void fillTensorBatch(const DataTensor& tensor, std::span<const int64_t> order, int64_t first,
                      std::span<float> out) {
-  if (tensor.dtype != DType::Float32) {
+  if (!isFloating(tensor.dtype)) {
     throw GraphError(ErrorCode::HostShapeMismatch, tensor.name,
                      "the tensor holds int32 values; fill an int32 buffer");
   }

@@ -82,11 +82,17 @@ MlpGraph buildMlp(const ModelConfig& model, int64_t batchSize, int64_t replicati
     throw ConfigError(ErrorCode::InvalidData, "/data/batchSize",
                       fmt::format("batch size {} must be >= 1", batchSize));
   }
+  if (!isFloating(model.dtype)) {
+    throw ConfigError(ErrorCode::InvalidModel, "/model/dtype",
+                      fmt::format("dtype \"{}\" is not a model dtype; expected \"float32\" or \"float16\"",
+                                  toString(model.dtype)));
+  }
+  const DType dtype = model.dtype;
 
   MlpGraph mlp;
   mlp.graph = Graph(replicationFactor);
   Graph& g = mlp.graph;
-  Tensor x = ops::input(g, "input", {batchSize, model.layers.front()});
+  Tensor x = ops::input(g, "input", {batchSize, model.layers.front()}, dtype);
   Tensor labels = ops::input(g, "labels", {batchSize}, DType::Int32);
   mlp.input = x.id();
   mlp.labels = labels.id();
@@ -98,14 +104,18 @@ MlpGraph buildMlp(const ModelConfig& model, int64_t batchSize, int64_t replicati
     // He-normal: stddev sqrt(2 / fan_in). Each layer draws from its own
     // stream so that changing one width leaves the others' values alone.
     const uint64_t layerSeed = static_cast<uint64_t>(seed) * 1000003ull + i;
-    const Tensor w = ops::variable(g, fmt::format("W{}", i),
-                                   normalValues(in * out, layerSeed, std::sqrt(2.0 / in)), {in, out});
-    const Tensor b = ops::variable(g, fmt::format("b{}", i), InitialValues::filled(out, 0.0F), {out});
+    const Tensor w =
+        ops::variable(g, fmt::format("W{}", i), normalValues(in * out, layerSeed, std::sqrt(2.0 / in)), {in, out},
+                      std::nullopt, RetrievalMode::OnePerGroup, TensorCategory::Weight, dtype);
+    const Tensor b = ops::variable(g, fmt::format("b{}", i), InitialValues::filled(out, 0.0F), {out},
+                                   std::nullopt, RetrievalMode::OnePerGroup, TensorCategory::Weight, dtype);
     mlp.weights.push_back(w.id());
     mlp.weights.push_back(b.id());
     x = ops::add(ops::matmul(x, w), b);
     if (i + 1 < numLayers) x = applyActivation(model.activation, x);
   }
+  // Mixed precision: the loss (and the argmax) of float32 logits.
+  if (dtype != DType::Float32) x = ops::cast(x, DType::Float32);
   mlp.logits = x.id();
   mlp.loss = ops::softmaxCrossEntropy(x, labels, ReductionType::Mean).id();
   mlp.predictions = ops::argmax(x).id();

@@ -83,6 +83,7 @@ std::vector<TensorPlacement> placements(const Graph& graph, const SessionOptions
       }
     }
     p.shardElements = numElements(node.shape);
+    p.dtype = node.dtype;
     for (const LocationDowngrade& downgrade : resolved.downgrades) {
       if (seen.insert({downgrade.setting, downgrade.why}).second) notApplied.push_back({node.name, downgrade});
     }

@@ -25,6 +25,7 @@
 #include "optimizer_options_json.hpp"
 #include "tessera/error.hpp"
 #include "tessera/json.hpp"
+#include "tessera/optimizer.hpp"
 #include "tessera/transformer.hpp"
 
 namespace tessera {
@@ -40,9 +41,19 @@ constexpr jsonio::FieldSpec kModelTypeSpec{
         "\"transformer\" (a decoder-only transformer in GPT-2's layout, trained on token sequences of a "
         "tensors dataset). The other keys of the section are the options of that type."};
 
+// The dtypes a model may have.
+constexpr std::array<std::string_view, 2> kModelDTypes = {"float32", "float16"};
+
+constexpr jsonio::FieldSpec kModelDTypeSpec{
+    .doc =
+        "The element type of the weights and activations: \"float32\" or \"float16\". float16 (mlp and "
+        "transformer): float16 weights, inputs and activations with the logits cast to float32 before the "
+        "loss. An onnx model is imported in its own dtype: float32 only."};
+
 // The fields of one model type; `type` itself is visited by the caller.
 template <class V>
 void visitModelTypeFields(V& v, ModelConfig& value, std::string_view type) {
+  v.field("dtype", value.dtype, kModelDTypeSpec);
   if (type == kOnnxModel) {
     v.field("path", value.path,
             {.doc = "The .onnx file, relative to the folder of the config file. Required."});
@@ -113,6 +124,13 @@ bool isDimensionValue(std::string_view text) {
 // The rules of a model section: a known type, and for onnx a path and
 // dimension values that mean something.
 void checkModel(const ModelConfig& value, const jsonio::RuleSite& site) {
+  if (!isFloating(value.dtype)) {
+    const std::string path = site.path("dtype");
+    throw ConfigError(ErrorCode::InvalidModel, path,
+                      fmt::format("dtype \"{}\" is not a model dtype: weights and activations are floats; "
+                                  "expected one of {}{}",
+                                  toString(value.dtype), jsonio::quotedList(kModelDTypes), site.origin(path)));
+  }
   if (std::find(kModelTypes.begin(), kModelTypes.end(), value.type) == kModelTypes.end()) {
     const std::string path = site.path("type");
     const auto closest = jsonio::closestMatch(value.type, kModelTypes);
@@ -121,6 +139,14 @@ void checkModel(const ModelConfig& value, const jsonio::RuleSite& site) {
                                   jsonio::quotedList(kModelTypes),
                                   closest ? fmt::format(" (did you mean \"{}\"?)", *closest) : std::string(),
                                   site.origin(path)));
+  }
+  if (value.type == kOnnxModel && value.dtype != DType::Float32) {
+    const std::string path = site.path("dtype");
+    throw ConfigError(ErrorCode::InvalidModel, path,
+                      fmt::format("dtype \"{}\": an onnx model is imported in its own dtype, float32; casting "
+                                  "it to float16 on import is not supported; set dtype to \"float32\" or "
+                                  "remove it{}",
+                                  toString(value.dtype), site.origin(path)));
   }
   if (value.type == kTransformerModel) {
     const TransformerConfig& t = value.transformer;
@@ -205,6 +231,7 @@ void visitFields(jsonio::SchemaBuilder& v, ModelConfig&) {
     jsonio::SchemaBuilder builder(alternative);
     visitModelTypeFields(builder, defaults, type);
     alternative["title"] = type;
+    alternative["properties"]["dtype"]["enum"] = kModelDTypes;
     alternative["properties"]["type"] = {{"const", type}, {"description", kModelTypeSpec.doc}};
     if (type == kMlpModel) {
       alternative["properties"]["type"]["default"] = type;
@@ -572,7 +599,10 @@ void checkStepFitsSubset(const RunConfig& config) {
 
 // --- Size bounds ---
 
+// Host buffers of inputs are float32 (float16 inputs are rounded on the
+// device) or int32; logits are float32 before the loss whatever the dtype.
 constexpr int64_t kFloatBytes = 4;
+constexpr int64_t kInt32Bytes = 4;
 
 // The product of positive factors; nullopt when it overflows int64.
 std::optional<int64_t> product(std::initializer_list<int64_t> factors) {
@@ -604,28 +634,30 @@ void checkTransformerSizes(const RunConfig& config) {
   const DataConfig& data = config.data;
   const int64_t local = config.sessionOptions.getLocalReplicationFactor();
   const int64_t factor = config.sessionOptions.getAccumulationFactor();
-  checkSize(product({t.vocab, t.hidden, kFloatBytes}), limit, "/model/vocab",
-            fmt::format("the token embedding wte.weight of {} x {} float32", t.vocab, t.hidden));
-  checkSize(product({t.sequence, t.hidden, kFloatBytes}), limit, "/model/sequence",
-            fmt::format("the position embedding wpe.weight of {} x {} float32", t.sequence, t.hidden));
-  checkSize(product({t.hidden, 4, t.hidden, kFloatBytes}), limit, "/model/hidden",
-            fmt::format("an MLP weight of hidden {} x 4 hidden float32", t.hidden));
+  const int64_t bytes = dtypeBytes(config.model.dtype);
+  const std::string_view dtype = toString(config.model.dtype);
+  checkSize(product({t.vocab, t.hidden, bytes}), limit, "/model/vocab",
+            fmt::format("the token embedding wte.weight of {} x {} {}", t.vocab, t.hidden, dtype));
+  checkSize(product({t.sequence, t.hidden, bytes}), limit, "/model/sequence",
+            fmt::format("the position embedding wpe.weight of {} x {} {}", t.sequence, t.hidden, dtype));
+  checkSize(product({t.hidden, 4, t.hidden, bytes}), limit, "/model/hidden",
+            fmt::format("an MLP weight of hidden {} x 4 hidden {}", t.hidden, dtype));
   const std::optional<int64_t> parameters = transformerParameterCount(t);
-  checkSize(parameters ? product({*parameters, kFloatBytes}) : std::nullopt, limit, "/model/layers",
+  checkSize(parameters ? product({*parameters, bytes}) : std::nullopt, limit, "/model/layers",
             fmt::format("the model's {} weights together (layers {}, hidden {}, vocab {})",
                         parameters ? std::to_string(*parameters) : std::string("more than 2^63"), t.layers,
                         t.hidden, t.vocab));
   checkSize(product({data.batchSize, t.sequence, t.vocab, kFloatBytes}), limit, "/data/batchSize",
             fmt::format("one replica's logits (batchSize {} x sequence {} x vocab {} float32)",
                         data.batchSize, t.sequence, t.vocab));
-  checkSize(product({data.batchSize, t.heads, t.sequence, t.sequence, kFloatBytes}), limit, "/data/batchSize",
+  checkSize(product({data.batchSize, t.heads, t.sequence, t.sequence, bytes}), limit, "/data/batchSize",
             fmt::format("one replica's attention scores (batchSize {} x heads {} x sequence {} x sequence {} "
-                        "float32)",
-                        data.batchSize, t.heads, t.sequence, t.sequence));
+                        "{})",
+                        data.batchSize, t.heads, t.sequence, t.sequence, dtype));
   checkSize(product({data.testBatchSize, t.sequence, t.vocab, kFloatBytes}), limit, "/data/testBatchSize",
             fmt::format("one replica's test logits (testBatchSize {} x sequence {} x vocab {} float32)",
                         data.testBatchSize, t.sequence, t.vocab));
-  checkSize(product({data.batchSize, local, factor, t.sequence, kFloatBytes}), limit, "/data/batchSize",
+  checkSize(product({data.batchSize, local, factor, t.sequence, kInt32Bytes}), limit, "/data/batchSize",
             fmt::format("the host buffer of one step's tokens (batchSize {} x {} local replicas x "
                         "accumulationFactor {} x sequence {}, int32)",
                         data.batchSize, local, factor, t.sequence));
@@ -659,15 +691,17 @@ void checkSizes(const RunConfig& config) {
     return;
   }
 
+  const int64_t bytes = dtypeBytes(config.model.dtype);
+  const std::string_view dtype = toString(config.model.dtype);
   std::optional<int64_t> total = 0;
   std::size_t widest = 0;
   for (std::size_t i = 0; i + 1 < layers.size(); ++i) {
     const std::size_t larger = layers[i + 1] >= layers[i] ? i + 1 : i;
-    const std::optional<int64_t> weight = product({layers[i], layers[i + 1], kFloatBytes});
+    const std::optional<int64_t> weight = product({layers[i], layers[i + 1], bytes});
     checkSize(weight, limit, fmt::format("/model/layers/{}", larger),
-              fmt::format("weight W{} of {} x {} float32", i, layers[i], layers[i + 1]));
+              fmt::format("weight W{} of {} x {} {}", i, layers[i], layers[i + 1], dtype));
     // A bias is one row of its weight, so its size cannot overflow.
-    const int64_t bias = layers[i + 1] * kFloatBytes;
+    const int64_t bias = layers[i + 1] * bytes;
     if (total &&
         (__builtin_add_overflow(*total, *weight, &*total) || __builtin_add_overflow(*total, bias, &*total))) {
       total = std::nullopt;
@@ -677,13 +711,22 @@ void checkSizes(const RunConfig& config) {
   checkSize(
       total, limit, "/model/layers",
       fmt::format("the model's {} weights and {} biases together", layers.size() - 1, layers.size() - 1));
-  const int64_t width = layers[widest];
-  checkSize(product({data.batchSize, width, kFloatBytes}), limit, "/data/batchSize",
-            fmt::format("one replica's activations of the widest layer (batchSize {} x {} float32)",
-                        data.batchSize, width));
-  checkSize(product({data.testBatchSize, width, kFloatBytes}), limit, "/data/testBatchSize",
-            fmt::format("one replica's test activations of the widest layer (testBatchSize {} x {} float32)",
-                        data.testBatchSize, width));
+  // The widest activation in the model's dtype, or the float32 logits of a
+  // float16 model when they take more bytes.
+  int64_t width = layers[widest];
+  int64_t widthBytes = bytes;
+  std::string_view widthType = dtype;
+  if (layers.back() * kFloatBytes > width * bytes) {
+    width = layers.back();
+    widthBytes = kFloatBytes;
+    widthType = "float32";
+  }
+  checkSize(product({data.batchSize, width, widthBytes}), limit, "/data/batchSize",
+            fmt::format("one replica's activations of the widest layer (batchSize {} x {} {})", data.batchSize,
+                        width, widthType));
+  checkSize(product({data.testBatchSize, width, widthBytes}), limit, "/data/testBatchSize",
+            fmt::format("one replica's test activations of the widest layer (testBatchSize {} x {} {})",
+                        data.testBatchSize, width, widthType));
   checkSize(product({data.batchSize, local, factor, layers.front(), kFloatBytes}), limit, "/data/batchSize",
             fmt::format("the host buffer of one step's inputs (batchSize {} x {} local replicas x "
                         "accumulationFactor {} x {} inputs, float32)",
@@ -743,6 +786,9 @@ void validate(const RunConfig& config) {
   validate(config.sessionOptions, config.device);
   jsonio::checkRules(config.model, "/model");
   jsonio::checkRules(config.optimizer, "/optimizer");
+  checkLossScaling(config.optimizer.type == OptimizerType::Sgd ? config.optimizer.sgd.lossScaling
+                                                               : config.optimizer.adam.lossScaling,
+                   config.sessionOptions.automaticLossScalingSettings);
   jsonio::checkRules(config.data, "/data");
   jsonio::checkRules(config.output, "/output");
   jsonio::checkRules(config.limits, "/limits");

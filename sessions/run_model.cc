@@ -216,7 +216,7 @@ RunModel buildRunModel(const RunConfig& config, int64_t batchSize, int64_t repli
   if (config.model.type == kOnnxModel) return importModel(config, batchSize, replicationFactor);
   if (config.model.type == kTransformerModel) {
     TransformerGraph transformer =
-        buildTransformer(config.model.transformer, batchSize, replicationFactor, config.data.seed);
+        buildTransformer(config.model.transformer, batchSize, replicationFactor, config.data.seed, config.model.dtype);
     RunModel run;
     run.loss = transformer.loss;
     run.inputs = {transformer.graph.tensor(transformer.tokens).name,

@@ -1,5 +1,6 @@
 #include "tessera/session.hpp"
 
+#include <algorithm>
 #include <numeric>
 #include <utility>
 
@@ -8,6 +9,7 @@
 #include "memory_planner.hpp"
 #include "session_runtime.hpp"
 #include "tessera/error.hpp"
+#include "tessera/loss_scaling.hpp"
 #include "tessera/placement.hpp"
 #include "tessera/transform.hpp"
 #include "time_model.hpp"
@@ -110,6 +112,19 @@ struct TrainingSession::Impl {
   int64_t step = 0;
   double meanLoss = 0.0;
   TimeReport time;  // of the final program, modelled once
+  // Loss scaling: read back from the device with automatic scaling.
+  bool automaticLossScaling = false;
+  double lossScale = 1.0;
+  int64_t skippedSteps = 0;
+  bool lastStepSkipped = false;
+
+  // Reads the automatic loss scaling state after a step or a write.
+  void readLossScaling() {
+    if (!automaticLossScaling) return;
+    lossScale = runtime->readVariable(kLossScaleTensor, std::nullopt).data.at(0);
+    skippedSteps =
+        static_cast<int64_t>(runtime->readVariable(kLossScaleSkippedStepsTensor, std::nullopt).data.at(0));
+  }
 };
 
 TrainingSession::TrainingSession(Graph graph, TensorId loss, std::unique_ptr<Optimizer> optimizer,
@@ -155,6 +170,9 @@ TrainingSession::TrainingSession(Graph graph, TensorId loss, std::unique_ptr<Opt
                              program.schedule(), spec);
   // After accumulation the loss holds one value per micro-batch.
   impl.runtime->setOutputMicroBatchLeading(0, af > 1);
+  impl.automaticLossScaling = impl.options.automaticLossScalingSettings.enabled;
+  impl.lossScale = impl.optimizer->lossScaling();
+  impl.readLossScaling();
 }
 
 TrainingSession::~TrainingSession() = default;
@@ -167,11 +185,16 @@ Shape TrainingSession::inputHostShape(std::string_view name) const {
 
 void TrainingSession::run(std::span<const StepInput> inputs) {
   Impl& impl = *impl_;
-  for (const HyperParameter& hyper : impl.optimizer->hyperParameters(impl.step)) {
+  // Skipped steps do not count for the optimizer's step-dependent values.
+  for (const HyperParameter& hyper :
+       impl.optimizer->hyperParameters(std::max<int64_t>(impl.step - impl.skippedSteps, 0))) {
     impl.runtime->writeScalar(hyper.tensor, hyper.value);
   }
   impl.runtime->run(inputs);
   ++impl.step;
+  const int64_t skippedBefore = impl.skippedSteps;
+  impl.readLossScaling();
+  impl.lastStepSkipped = impl.skippedSteps > skippedBefore;
   const std::vector<float>& losses = impl.runtime->output(0).data;
   double sum = 0.0;
   for (float v : losses) sum += v;
@@ -199,12 +222,17 @@ void TrainingSession::setStep(int64_t step) {
   impl_->step = step;
 }
 
+double TrainingSession::lossScale() const { return impl_->lossScale; }
+int64_t TrainingSession::skippedSteps() const { return impl_->skippedSteps; }
+bool TrainingSession::lastStepSkipped() const { return impl_->lastStepSkipped; }
+
 HostTensor TrainingSession::readVariable(std::string_view name, std::optional<RetrievalMode> mode) const {
   return impl_->runtime->readVariable(name, mode);
 }
 
 void TrainingSession::writeVariable(std::string_view name, const HostTensor& value) {
   impl_->runtime->writeVariable(name, value.data, value.shape);
+  if (name == kLossScaleTensor || name == kLossScaleSkippedStepsTensor) impl_->readLossScaling();
 }
 
 std::vector<std::pair<std::string, HostTensor>> TrainingSession::readWeights() const {

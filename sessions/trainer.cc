@@ -65,7 +65,10 @@ TensorSplit asTensors(DatasetSplit&& split, const RunModel& model, std::string s
   tensors.count = split.count;
   DataTensor images;
   images.name = model.images;
-  const Shape& input = model.graph.tensor(model.graph.find(model.images)).shape;
+  const TensorNode& node = model.graph.tensor(model.graph.find(model.images));
+  const Shape& input = node.shape;
+  // Float32 or float16: the pixels / 255 are fed as floats either way.
+  images.dtype = node.dtype;
   images.shape = {split.count};
   images.shape.insert(images.shape.end(), input.begin() + 1, input.end());
   images.floats = std::move(split.images);
@@ -121,7 +124,7 @@ class StepBuffers {
       }
       tensors_.push_back(tensor);
       const auto size = static_cast<std::size_t>(samples * tensor->sampleElements());
-      if (tensor->dtype == DType::Float32) {
+      if (isFloating(tensor->dtype)) {
         floats_[i].resize(size);
         steps_.emplace_back(inputs[i], std::span<const float>(floats_[i]));
       } else {
@@ -134,7 +137,7 @@ class StepBuffers {
   // Copies the samples at positions first .. of `order` into the buffers.
   void fill(std::span<const int64_t> order, int64_t first) {
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      if (tensors_[i]->dtype == DType::Float32) {
+      if (isFloating(tensors_[i]->dtype)) {
         fillTensorBatch(*tensors_[i], order, first, floats_[i]);
       } else {
         fillTensorBatch(*tensors_[i], order, first, ints_[i]);
@@ -596,6 +599,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       trainSeconds += std::chrono::duration<double>(Clock::now() - start).count();
       summary.losses.push_back(loss);
       ++summary.steps;
+      if (session.lastStepSkipped()) summary.skippedStepIndices.push_back(session.step() - 1);
       if (onStep) {
         TrainProgress progress;
         progress.epoch = epoch;
@@ -605,6 +609,9 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
         progress.loss = loss;
         progress.samplesPerSecond =
             trainSeconds > 0 ? static_cast<double>(summary.steps * globalBatch) / trainSeconds : 0.0;
+        progress.automaticLossScaling = options.automaticLossScalingSettings.enabled;
+        progress.lossScale = session.lossScale();
+        progress.skippedSteps = static_cast<int64_t>(summary.skippedStepIndices.size());
         onStep(progress);
       }
       const int64_t every = config.output.checkpointEvery;
@@ -636,6 +643,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
     summary.testGlobalBatch = test.globalBatch;
   }
   summary.memory = session.memory();
+  summary.lossScale = session.lossScale();
   if (instances.writesOutput()) writeTrainingProfiles(config.output, session, summary.steps);
   for (auto& [name, value] : session.readWeights()) summary.weights.emplace_back(name, std::move(value.data));
   for (const std::string& note : notes) summary.notice += (summary.notice.empty() ? "" : "; ") + note;
@@ -661,7 +669,10 @@ nlohmann::json summaryJson(const TrainSummary& summary) {
                         {"interrupted", summary.interrupted},
                         {"stopReason", summary.stopReason},
                         {"checkpoint", summary.checkpoint},
-                        {"checkpointStep", summary.checkpointStep}};
+                        {"checkpointStep", summary.checkpointStep},
+                        {"lossScale", summary.lossScale},
+                        {"skippedSteps", summary.skippedStepIndices.size()},
+                        {"skippedStepIndices", summary.skippedStepIndices}};
 }
 
 }  // namespace tessera

@@ -13,10 +13,12 @@ std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptio
                                                               TrainingTensors& tensors) {
   std::vector<std::unique_ptr<Transform>> pipeline;
   pipeline.push_back(std::make_unique<WeightShardingTransform>(options, &tensors));
-  pipeline.push_back(std::make_unique<AutodiffTransform>(tensors));
+  pipeline.push_back(std::make_unique<AutodiffTransform>(tensors, optimizer.lossScaling(),
+                                                         options.automaticLossScalingSettings.enabled));
   pipeline.push_back(std::make_unique<GradientAccumulationTransform>(options, tensors));
   pipeline.push_back(std::make_unique<ReplicationTransform>(options, tensors));
-  pipeline.push_back(std::make_unique<OptimizerUpdateTransform>(optimizer, tensors));
+  pipeline.push_back(
+      std::make_unique<OptimizerUpdateTransform>(optimizer, tensors, options.automaticLossScalingSettings));
   pipeline.push_back(std::make_unique<LocationTransform>(options, &tensors));
   return pipeline;
 }
@@ -33,6 +35,7 @@ void runInferencePipeline(Graph& graph, const SessionOptions& options) {
 }
 
 void runTrainingPipeline(TrainingGraph& training, const SessionOptions& options, Optimizer& optimizer) {
+  checkLossScaling(optimizer.lossScaling(), options.automaticLossScalingSettings);
   for (const auto& transform : buildTrainingPipeline(options, optimizer, training.tensors)) {
     runTransform(*transform, training.graph);
   }

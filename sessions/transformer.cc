@@ -21,8 +21,8 @@ constexpr double kInitStddev = 0.02;
 // parameter's initial values do not depend on the widths of the others.
 class Parameters {
  public:
-  Parameters(Graph& graph, int64_t seed, std::vector<TensorId>& ids)
-      : graph_(graph), seed_(static_cast<uint64_t>(seed)), ids_(ids) {}
+  Parameters(Graph& graph, int64_t seed, DType dtype, std::vector<TensorId>& ids)
+      : graph_(graph), seed_(static_cast<uint64_t>(seed)), dtype_(dtype), ids_(ids) {}
 
   Tensor normal(const std::string& name, Shape shape, double stddev) {
     const int64_t count = numElements(shape);
@@ -35,13 +35,15 @@ class Parameters {
 
  private:
   Tensor add(const std::string& name, InitialValues values, Shape shape) {
-    const Tensor t = ops::variable(graph_, name, std::move(values), std::move(shape));
+    const Tensor t = ops::variable(graph_, name, std::move(values), std::move(shape), std::nullopt,
+                                   RetrievalMode::OnePerGroup, TensorCategory::Weight, dtype_);
     ids_.push_back(t.id());
     return t;
   }
 
   Graph& graph_;
   uint64_t seed_;
+  DType dtype_;
   std::vector<TensorId>& ids_;
 };
 
@@ -53,7 +55,7 @@ Tensor layerNorm(Parameters& parameters, const std::string& prefix, Tensor x, in
   const Tensor centred = ops::sub(x, ops::reduceMean(x, {-1}, true));
   const Tensor variance = ops::reduceMean(ops::mul(centred, centred), {-1}, true);
   const Tensor normalised =
-      ops::div(centred, ops::sqrt(ops::add(variance, ops::scalar(g, kLayerNormEpsilon))));
+      ops::div(centred, ops::sqrt(ops::add(variance, ops::scalar(g, kLayerNormEpsilon, x.dtype()))));
   return ops::add(ops::mul(normalised, weight), bias);
 }
 
@@ -68,8 +70,9 @@ Tensor linear(Parameters& parameters, const std::string& prefix, Tensor x, int64
 // The exact GELU, 0.5 x (1 + erf(x / sqrt 2)).
 Tensor gelu(Tensor x) {
   Graph& g = x.graph();
-  const Tensor inner = ops::erf(ops::mul(x, ops::scalar(g, 1.0 / std::numbers::sqrt2)));
-  return ops::mul(ops::mul(x, ops::scalar(g, 0.5)), ops::add(inner, ops::scalar(g, 1.0)));
+  const DType dtype = x.dtype();
+  const Tensor inner = ops::erf(ops::mul(x, ops::scalar(g, 1.0 / std::numbers::sqrt2, dtype)));
+  return ops::mul(ops::mul(x, ops::scalar(g, 0.5, dtype)), ops::add(inner, ops::scalar(g, 1.0, dtype)));
 }
 
 void requireAtLeastOne(int64_t value, std::string_view key) {
@@ -102,7 +105,7 @@ std::optional<int64_t> transformerParameterCount(const TransformerConfig& model)
 }
 
 TransformerGraph buildTransformer(const TransformerConfig& model, int64_t batchSize,
-                                  int64_t replicationFactor, int64_t seed) {
+                                  int64_t replicationFactor, int64_t seed, DType dtype) {
   requireAtLeastOne(model.layers, "layers");
   requireAtLeastOne(model.hidden, "hidden");
   requireAtLeastOne(model.heads, "heads");
@@ -118,6 +121,11 @@ TransformerGraph buildTransformer(const TransformerConfig& model, int64_t batchS
   if (batchSize < 1) {
     throw ConfigError(ErrorCode::InvalidData, "/data/batchSize",
                       fmt::format("batch size {} must be >= 1", batchSize));
+  }
+  if (!isFloating(dtype)) {
+    throw ConfigError(ErrorCode::InvalidModel, "/model/dtype",
+                      fmt::format("dtype \"{}\" is not a model dtype; expected \"float32\" or \"float16\"",
+                                  toString(dtype)));
   }
   // The widest shapes the graph makes must be countable before any is made
   // (validate() bounds them by /limits/maxTensorBytes; a caller may not).
@@ -148,7 +156,7 @@ TransformerGraph buildTransformer(const TransformerConfig& model, int64_t batchS
   const Tensor targets = ops::input(g, "targets", {b, s}, DType::Int32);
   out.tokens = tokenIds.id();
   out.targets = targets.id();
-  Parameters parameters(g, seed, out.weights);
+  Parameters parameters(g, seed, dtype, out.weights);
 
   const Tensor wte = parameters.normal("wte.weight", {model.vocab, d}, kInitStddev);
   const Tensor wpe = parameters.normal("wpe.weight", {s, d}, kInitStddev);
@@ -163,8 +171,8 @@ TransformerGraph buildTransformer(const TransformerConfig& model, int64_t batchS
   const Tensor queries = ops::constant(g, "causal.queries", positions, {s, 1});
   const Tensor keys = ops::constant(g, "causal.keys", std::move(positions), {1, s});
   const Tensor future = ops::greater(keys, queries);
-  const Tensor minusInfinity = ops::scalar(g, -std::numeric_limits<double>::infinity());
-  const Tensor scale = ops::scalar(g, 1.0 / std::sqrt(static_cast<double>(dh)));
+  const Tensor minusInfinity = ops::scalar(g, -std::numeric_limits<double>::infinity(), dtype);
+  const Tensor scale = ops::scalar(g, 1.0 / std::sqrt(static_cast<double>(dh)), dtype);
   const double residualStddev = kInitStddev / std::sqrt(2.0 * static_cast<double>(model.layers));
 
   for (int64_t layer = 0; layer < model.layers; ++layer) {
@@ -190,7 +198,9 @@ TransformerGraph buildTransformer(const TransformerConfig& model, int64_t batchS
   x = layerNorm(parameters, "ln_f", x, d);
   const Tensor head = model.tiedHead ? ops::transpose(wte, {1, 0})
                                      : parameters.normal("lm_head.weight", {d, model.vocab}, kInitStddev);
-  const Tensor logits = ops::matmul(x, head);
+  // Mixed precision: the loss of float32 logits.
+  Tensor logits = ops::matmul(x, head);
+  if (dtype != DType::Float32) logits = ops::cast(logits, DType::Float32);
   out.logits = logits.id();
   out.loss = ops::softmaxCrossEntropy(ops::reshape(logits, {b * s, model.vocab}),
                                       ops::reshape(targets, {b * s}), ReductionType::Mean)

@@ -22,6 +22,10 @@ namespace tessera {
 // remote loads and stores, the gradient helper ops) throws
 // AutodiffError(NoGradient) naming the op and the tensor. An int32 w throws
 // AutodiffError(NoGradient).
-std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor>& wrt);
+//
+// `seed` is the gradient of the loss itself: 1 when not given, else a
+// float32 scalar tensor of the graph (shape []; GraphError(InvalidOperand)
+// otherwise), e.g. a loss scale, which then multiplies every gradient.
+std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor>& wrt, Tensor seed = {});
 
 }  // namespace tessera

@@ -18,9 +18,19 @@
 //
 // Saved: the variables of category Weight and OptimizerState, except the
 // optimizer's hyper-parameter scalars ("optimizer.<name>", recomputed from the
-// step and the learning rate before every step). Not saved: Accumulator
+// step and the learning rate before every step), so the float32 master
+// weights "W.master" of float16 weights are saved. Not saved: Accumulator
 // variables, which carry nothing from one step to the next (the first
 // micro-batch of a step overwrites them), and activations.
+//
+// Dtypes: a float32 variable is stored as F32, a float16 one as F16 (the
+// exact half bits), an int32 one as I32. Loading converts between the two
+// float types: an F32 tensor into a float16 variable is rounded to nearest
+// even; an F16 tensor into a float32 variable is widened exactly. A float16
+// run's master weight that the checkpoint does not hold (a checkpoint of a
+// float32 run) takes its weight's checkpoint value exactly; master weights
+// that the run does not keep are not loaded (the weights take the F16
+// values). Integer and float tensors never convert into each other.
 //
 // Metadata ("__metadata__", all values strings):
 //   format             "tessera.checkpoint"
@@ -66,10 +76,12 @@ inline constexpr int kCheckpointFormatVersion = 1;
 
 struct CheckpointTensor {
   std::string name;
-  DType dtype = DType::Float32;  // stored as F32 or I32
+  DType dtype = DType::Float32;  // stored as F32, F16 or I32
   TensorCategory category = TensorCategory::Weight;
   int shardLayoutVersion = ShardLayout::kVersion;
-  HostTensor value;  // logical host shape; int32 values as exact floats
+  // Logical host shape; int32 and float16 values as exact floats (a float16
+  // tensor's values are rounded to half when encoded).
+  HostTensor value;
   bool operator==(const CheckpointTensor&) const = default;
 };
 
@@ -119,7 +131,7 @@ std::vector<uint8_t> encodeCheckpoint(const Checkpoint& checkpoint);
 // malformed file (the container format, missing or invalid tessera
 // metadata, metadata that disagrees with the tensors), UnsupportedCheckpoint
 // for a well-formed file tessera cannot use (not a tessera checkpoint, a newer
-// format or shard layout version, a dtype other than F32 and I32).
+// format or shard layout version, a dtype other than F32, F16 and I32).
 Checkpoint decodeCheckpoint(std::span<const uint8_t> bytes, std::string_view source);
 
 // decodeCheckpoint of a file; IoError(FileUnreadable) when it cannot be read.
@@ -134,11 +146,13 @@ void saveCheckpoint(const TrainingSession& session, const std::string& path,
 
 // Restores `checkpoint` into `session`: every saved variable, the learning
 // rate and the step count, so that the next run() computes what the saving
-// session's next run() would have. Nothing is written unless everything
-// matches: IoError(CheckpointMismatch) with subject `source` for another
-// optimizer type, a tensor of the checkpoint the session does not have, a
-// variable of the session the checkpoint does not have, or a different
-// category, dtype or host shape.
+// session's next run() would have (when the dtypes agree). Nothing is written
+// unless everything matches: IoError(CheckpointMismatch) with subject
+// `source` for another optimizer type, a tensor of the checkpoint the session
+// does not have, a variable of the session the checkpoint does not have, or a
+// different category or host shape, or an integer dtype where the other side
+// has a float one (F32 and F16 convert as described above; each conversion
+// is listed in the report's warnings).
 CheckpointLoadReport restoreCheckpoint(TrainingSession& session, const Checkpoint& checkpoint,
                                        std::string_view source);
 

@@ -205,7 +205,7 @@ struct DataTensor {
   std::string name;
   DType dtype = DType::Float32;
   Shape shape;
-  std::vector<float> floats;  // Float32 tensors
+  std::vector<float> floats;  // Float32 and Float16 tensors (fed as floats)
   std::vector<int32_t> ints;  // Int32 tensors
   // Elements of one sample: the product of shape[1..].
   int64_t sampleElements() const noexcept;

@@ -56,6 +56,7 @@ enum class ErrorCode : int {
   UnsupportedCombination = 125,
   StorageTileSetWithoutIOLoad = 126,  // storageTileSet IO has no effect with loadTileSet Compute
   DistributedSettingsWithoutDistribution = 127,
+  InvalidLossScaling = 128,  // loss scaling bounds that contradict each other or the initial scale
   // --- Groupings and shard layouts (14x) ---
   InvalidReplicaGrouping = 140,       // a non-positive count, stride or group size
   ReplicaGroupingNotDivisible = 141,  // numReplicas % (stride * groupSize) != 0

@@ -65,6 +65,8 @@ void to_json(nlohmann::json& j, const TensorLocation& value);
 void from_json(const nlohmann::json& j, TensorLocation& value);
 void to_json(nlohmann::json& j, const TensorLocationSettings& value);
 void from_json(const nlohmann::json& j, TensorLocationSettings& value);
+void to_json(nlohmann::json& j, const AutomaticLossScalingSettings& value);
+void from_json(const nlohmann::json& j, AutomaticLossScalingSettings& value);
 void to_json(nlohmann::json& j, const SessionOptions& value);
 void from_json(const nlohmann::json& j, SessionOptions& value);
 

@@ -15,11 +15,11 @@ namespace tessera {
 
 struct MlpGraph {
   Graph graph;
-  // Per replica, per micro-batch: images [batch, inputs] float32, labels
-  // [batch] int32.
+  // Per replica, per micro-batch: images [batch, inputs] of the model's
+  // dtype (float32 or float16), labels [batch] int32.
   TensorId input = kNoTensor;
   TensorId labels = kNoTensor;
-  TensorId logits = kNoTensor;       // [batch, classes]
+  TensorId logits = kNoTensor;       // [batch, classes] float32 (cast from float16 in a float16 model)
   TensorId predictions = kNoTensor;  // [batch] int32 (argmax)
   TensorId loss = kNoTensor;         // [] mean softmax cross-entropy of the micro-batch
   // "W0", "b0", "W1", ... in layer order.
@@ -27,6 +27,9 @@ struct MlpGraph {
 };
 
 // Layer i computes act(x Wi + bi) (no activation after the last layer).
+// The input, weights and activations have the dtype of `model` (float32 or
+// float16); a float16 model's logits are cast to float32 before the loss and
+// the argmax, as mixed-precision training does.
 // Wi [layers[i], layers[i+1]] is He-normal initialised from `seed` with a
 // generator whose results do not depend on the standard library; bi is zero.
 // The weights are plain variables: where they live (sharded, off chip) is

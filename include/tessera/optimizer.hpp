@@ -13,6 +13,15 @@
 // recompiling. Values fixed for the session (betas, eps, weight decay) are
 // constants.
 //
+// Loss scaling (tessera/loss_scaling.hpp): given the scale the loss gradient
+// was seeded with, the base divides every gradient by it before the derived
+// update sees it. With automatic loss scaling it also computes whether every
+// gradient is finite, agreed over all replicas (and instances) by an
+// all-reduce, and every state update of the derived classes goes through
+// updateState()/applyUpdate(), which keep the old value exactly when the
+// step is skipped; then it updates the scale. The host counts only applied
+// steps in hyperParameters(step).
+//
 //   auto optimizer = makeOptimizer(config.optimizer);
 //   optimizer->addUpdates(graph, {{w.id(), gradient.id()}});
 //   for (int64_t step = 0; ...; ++step) {
@@ -29,6 +38,7 @@
 #include <vector>
 
 #include "tessera/graph.hpp"
+#include "tessera/loss_scaling.hpp"
 #include "tessera/ops.hpp"
 #include "tessera/optimizer_options.hpp"
 
@@ -46,6 +56,16 @@ struct HyperParameter {
   TensorId tensor = kNoTensor;
   double value = 0.0;
   bool operator==(const HyperParameter&) const = default;
+};
+
+// How the gradients given to addUpdates() are scaled.
+struct GradientScaling {
+  // The float32 scalar (shape []) the loss gradient was seeded with;
+  // kNoTensor: 1, the gradients are used as they are.
+  TensorId scale = kNoTensor;
+  // With enabled set, `scale` must be the variable kLossScaleTensor, which
+  // the update then adjusts (and steps with an overflow are skipped).
+  AutomaticLossScalingSettings automatic{};
 };
 
 class Optimizer {
@@ -68,8 +88,9 @@ class Optimizer {
   // one's scalars. Throws GraphError: InvalidOperand when a weight is not a
   // float32 variable, ShapeMismatch when a gradient's shape differs from its
   // weight's (subject: the weight), DuplicateTensorName when a state name is
-  // taken.
-  void addUpdates(Graph& graph, const std::vector<GradientPair>& pairs);
+  // taken, InvalidOperand when `scaling` names no float32 scalar (or, for
+  // automatic scaling, not the variable kLossScaleTensor).
+  void addUpdates(Graph& graph, const std::vector<GradientPair>& pairs, const GradientScaling& scaling = {});
 
   // Every hyper-parameter scalar of the last addUpdates() graph with its
   // value for `step` (0 = the first step); the host writes them before the
@@ -85,9 +106,14 @@ class Optimizer {
   // ConfigError(OutOfRange) at /optimizer/learningRate unless it is > 0.
   void setLearningRate(double learningRate);
 
+  // The options' lossScaling: the static loss scale, or the initial one of
+  // automatic loss scaling.
+  double lossScaling() const noexcept { return lossScaling_; }
+
  protected:
-  // `learningRate` must be > 0 (ConfigError(OutOfRange)).
-  explicit Optimizer(double learningRate);
+  // `learningRate` must be > 0 (ConfigError(OutOfRange)); `lossScaling` is
+  // checked by the derived class's options.
+  explicit Optimizer(double learningRate, double lossScaling = 1.0);
 
   // Name (without the "optimizer." prefix) and value at `step` of every
   // hyper-parameter scalar the update reads: the same names, in the same
@@ -98,10 +124,32 @@ class Optimizer {
   // The scalar "optimizer.<name>" of the graph being updated.
   Tensor hyperParameter(Graph& graph, std::string_view name) const;
 
+  // The in-place updates of addUpdate(): state = next, and weight -= delta.
+  // When automatic loss scaling skips the step, both keep the old value
+  // exactly. Return the updated tensor.
+  Tensor updateState(Tensor state, Tensor next) const;
+  Tensor applyUpdate(Tensor weight, Tensor delta) const;
+
  private:
+  // Whether every gradient is finite (1) or not (0), the same on every
+  // replica: a float32 scalar.
+  Tensor finiteFlag(Graph& graph, const std::vector<Tensor>& gradients) const;
+  // The scale's update after the step (automatic loss scaling).
+  void addScaleUpdate(Graph& graph, Tensor scale, Tensor finite,
+                      const AutomaticLossScalingSettings& settings);
+
   double learningRate_;
+  double lossScaling_;
   std::vector<std::pair<std::string, TensorId>> hyperTensors_;
+  // The finite flag of the graph being updated; kNoTensor without
+  // automatic loss scaling.
+  TensorId finite_ = kNoTensor;
 };
+
+// Checks that the initial loss scale `lossScaling` lies within the bounds of
+// automatic loss scaling when it is enabled: ConfigError(InvalidLossScaling)
+// at /optimizer/lossScaling otherwise.
+void checkLossScaling(double lossScaling, const AutomaticLossScalingSettings& automatic);
 
 // A zero-initialised variable `name` of `category` with the shape, grouping
 // and sharding of the variable `weight`: optimizer state, gradient

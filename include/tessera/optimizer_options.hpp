@@ -23,6 +23,11 @@ struct SgdOptions {
   double dampening = 0.0;      // in [0, 1]
   double weightDecay = 0.0;    // >= 0
   bool nesterov = false;       // needs momentum > 0 and dampening 0
+  // The loss gradient is seeded with it and every gradient divided by it
+  // (in float32) before the update; the initial scale of automatic loss
+  // scaling (tessera/loss_scaling.hpp). > 0 and at most 2^127; 1 changes
+  // nothing.
+  double lossScaling = 1.0;
   bool operator==(const SgdOptions&) const = default;
 };
 
@@ -39,6 +44,8 @@ struct AdamOptions {
   double weightDecay = 0.0;     // >= 0
   bool biasCorrection = true;
   bool decoupledWeightDecay = false;  // true for AdamW
+  // As SgdOptions::lossScaling.
+  double lossScaling = 1.0;
   bool operator==(const AdamOptions&) const = default;
 };
 

@@ -27,6 +27,8 @@ struct TensorPlacement {
   std::string name;
   TensorCategory category = TensorCategory::Activation;
   int64_t elements = 0;  // of the logical (unsharded) tensor
+  // Element type: a replica holds shardElements x dtypeBytes(dtype) bytes.
+  DType dtype = DType::Float32;
   // OffChip: kept in streaming memory (variables), or stored after the
   // forward pass and loaded for the backward pass (activations).
   TensorStorage storage = TensorStorage::OnChip;

@@ -26,6 +26,7 @@
 
 #include "tessera/device_spec.hpp"
 #include "tessera/enum_names.hpp"
+#include "tessera/graph.hpp"
 #include "tessera/optimizer_options.hpp"
 #include "tessera/session_options.hpp"
 
@@ -80,6 +81,17 @@ struct ModelConfig {
   // from its initializers (not re-drawn). "transformer": the decoder-only
   // transformer of `transformer`.
   std::string type = std::string(kMlpModel);
+
+  // ----- every type -----
+
+  // The element type of the weights and activations: float32 or float16
+  // (int32 is not a model dtype). float16 (mlp and transformer): the
+  // builders make float16 weights, inputs and activations and cast the
+  // logits to float32 before the loss (mixed-precision training). The host
+  // feeds float inputs as float; the device rounds them to half on store.
+  // An onnx model is imported in its own dtype: float32 only (float16 is
+  // InvalidModel at /model/dtype).
+  DType dtype = DType::Float32;
 
   // ----- type "mlp" -----
 

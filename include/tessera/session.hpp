@@ -95,8 +95,21 @@ class TrainingSession {
   int64_t step() const;
   // Sets the step count, e.g. when resuming from a checkpoint: the optimizer's
   // step-dependent values (SGD's first-step momentum, Adam's bias correction)
-  // follow it. Throws ConfigError(OutOfRange) for a negative step.
+  // follow it, less the skipped steps. Throws ConfigError(OutOfRange) for a
+  // negative step.
   void setStep(int64_t step);
+
+  // Loss scaling (tessera/loss_scaling.hpp). The current loss scale: the
+  // optimizer's lossScaling, or with automatic loss scaling the scale the
+  // next step uses.
+  double lossScale() const;
+  // Steps skipped because a gradient overflowed (automatic loss scaling
+  // only), read from the variable kLossScaleSkippedStepsTensor: a
+  // checkpoint restores it. The optimizer's step-dependent values count
+  // step() - skippedSteps() applied steps.
+  int64_t skippedSteps() const;
+  // Whether the last run() skipped its update.
+  bool lastStepSkipped() const;
 
   // Variables by name (weights, optimizer state, accumulators).
   HostTensor readVariable(std::string_view name, std::optional<RetrievalMode> mode = std::nullopt) const;

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "tessera/enum_names.hpp"
+#include "tessera/loss_scaling.hpp"
 #include "tessera/tensor_location.hpp"
 
 namespace tessera {
@@ -117,6 +118,15 @@ struct SessionOptions {
   // Per-tensor locations, by tensor name. Applied verbatim: thresholds and
   // downgrades do not apply to them.
   std::map<std::string, TensorLocation> tensorLocationSettingsOverride{};
+
+  // ---------------------------------------------------------------------
+  // Loss scaling (training only)
+  // ---------------------------------------------------------------------
+
+  // Adjust the loss scale during training and skip the steps whose gradients
+  // overflow (see tessera/loss_scaling.hpp). The initial scale is the
+  // optimizer's lossScaling.
+  AutomaticLossScalingSettings automaticLossScalingSettings{};
 
   // ---------------------------------------------------------------------
   // Derived values

@@ -23,6 +23,11 @@ struct TrainProgress {
   int64_t stepsPerEpoch = 0;
   double loss = 0.0;  // of the last step, mean over the global batch
   double samplesPerSecond = 0.0;
+  // Automatic loss scaling is on: the scale the next step uses, and the
+  // steps skipped so far in this run (an overflowed gradient).
+  bool automaticLossScaling = false;
+  double lossScale = 1.0;
+  int64_t skippedSteps = 0;
 };
 
 struct TrainSummary {
@@ -70,6 +75,11 @@ struct TrainSummary {
   // The checkpoint written last and the step it holds (empty: none written).
   std::string checkpoint;
   int64_t checkpointStep = 0;
+  // Loss scaling: the scale at the end (the optimizer's lossScaling unless
+  // automatic loss scaling changed it), and the steps of this run whose
+  // update automatic loss scaling skipped, by absolute 0-based step index.
+  double lossScale = 1.0;
+  std::vector<int64_t> skippedStepIndices;
 };
 
 // How a run starts and stops besides what its config says.
@@ -111,7 +121,8 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
 
 // {"steps", "losses", "finalLoss", "testAccuracy", "epochTestAccuracies", "testLoss",
 //  "epochTestLosses", "samplesPerSecond", "globalBatch", "trainSamples", "testSamples", "dataset",
-//  "firstStep", "interrupted", "stopReason", "checkpoint", "checkpointStep"}
+//  "firstStep", "interrupted", "stopReason", "checkpoint", "checkpointStep", "lossScale", "skippedSteps"
+//  (how many), "skippedStepIndices"}
 nlohmann::json summaryJson(const TrainSummary& summary);
 
 }  // namespace tessera

@@ -39,6 +39,9 @@ struct TrainingTensors {
   // gradients[i] is what the update of weights[i] consumes: the gradient,
   // then its accumulator, then its all-reduced value.
   std::vector<TensorId> gradients{};
+  // The float32 scalar the loss gradient was seeded with (loss scaling, set
+  // by autodiff); kNoTensor: 1, the gradients are not scaled.
+  TensorId lossScale = kNoTensor;
 };
 
 // A graph with its training tensors.

@@ -35,7 +35,7 @@ struct TransformerGraph {
   // Per replica, per micro-batch: int32 [batch, sequence] each.
   TensorId tokens = kNoTensor;
   TensorId targets = kNoTensor;
-  TensorId logits = kNoTensor;  // [batch, sequence, vocab]
+  TensorId logits = kNoTensor;  // [batch, sequence, vocab] float32 (cast from float16 in a float16 model)
   TensorId loss = kNoTensor;    // [] mean next-token cross-entropy of the micro-batch
   // Every parameter in creation order: wte.weight, wpe.weight, h.0.ln_1.weight, ...
   std::vector<TensorId> weights;
@@ -46,10 +46,13 @@ struct TransformerGraph {
 // way from `seed`: matrices and embeddings normal with stddev 0.02 (the two
 // projections into the residual stream 0.02 / sqrt(2 layers)), biases 0,
 // LayerNorm weights 1. Building costs O(layers) host memory and time
-// whatever the widths. Throws ConfigError(InvalidModel) at the JSON path of a
-// setting it cannot build (heads not dividing hidden, a size below 1).
+// whatever the widths. `dtype` (float32 or float16) is the dtype of the
+// weights and activations; a float16 model's logits are cast to float32
+// before the loss (mixed-precision training). Throws ConfigError(InvalidModel)
+// at the JSON path of a setting it cannot build (heads not dividing hidden, a
+// size below 1, an integer dtype).
 TransformerGraph buildTransformer(const TransformerConfig& model, int64_t batchSize,
-                                  int64_t replicationFactor, int64_t seed);
+                                  int64_t replicationFactor, int64_t seed, DType dtype = DType::Float32);
 
 // The number of parameters: layers (12 hidden^2 + 13 hidden) + (vocab +
 // sequence + 2) hidden, plus hidden x vocab for an untied head; nullopt when

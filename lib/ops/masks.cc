@@ -120,7 +120,13 @@ void addMaskOps(OpTable& table) {
                c.sameDType(1, 2);
                const auto out = broadcastAll(c);
                if (!out) notBroadcastable(c);
-               return {{*out, c.in(1).dtype, {}}};
+               // A choice between shards (or a shard and a scalar) is a
+               // shard of the same tensor, as in the arithmetic ops.
+               Shape meta;
+               for (std::size_t i = 1; i < 3 && meta.empty(); ++i) {
+                 if (c.shape(i) == *out) meta = c.in(i).metaShape;
+               }
+               return {{*out, c.in(1).dtype, std::move(meta)}};
              },
              .gradient = [](const GradientContext& g) -> R {
                R out(3);

@@ -29,7 +29,15 @@ std::string shortened(const std::string& value) {
   return fmt::format("{}... ({} characters)", value.substr(0, kShownValueChars), value.size());
 }
 
-std::string dtypeName(DType dtype) { return dtype == DType::Int32 ? "I32" : "F32"; }
+// The safetensors name of a dtype.
+std::string dtypeName(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return "F32";
+    case DType::Float16: return "F16";
+    case DType::Int32: return "I32";
+  }
+  return "F32";
+}
 
 nlohmann::json inspectJson(const std::string& path, const Checkpoint& checkpoint) {
   nlohmann::json tensors = nlohmann::json::array();
@@ -39,7 +47,7 @@ nlohmann::json inspectJson(const std::string& path, const Checkpoint& checkpoint
                        {"shape", tensor.value.shape},
                        {"category", toString(tensor.category)},
                        {"shardLayoutVersion", tensor.shardLayoutVersion},
-                       {"bytes", 4 * tensor.value.data.size()}});
+                       {"bytes", static_cast<uint64_t>(dtypeBytes(tensor.dtype)) * tensor.value.data.size()}});
   }
   return {{"file", path},
           {"bytes", std::filesystem::file_size(path)},
@@ -63,7 +71,7 @@ void printInspection(const std::string& path, const Checkpoint& checkpoint) {
   uint64_t tensorBytes = 0;
   std::vector<std::vector<std::string>> rows;
   for (const CheckpointTensor& tensor : checkpoint.tensors) {
-    const uint64_t bytes = 4 * tensor.value.data.size();
+    const uint64_t bytes = static_cast<uint64_t>(dtypeBytes(tensor.dtype)) * tensor.value.data.size();
     tensorBytes += bytes;
     rows.push_back({tensor.name, dtypeName(tensor.dtype), shapeStr(tensor.value.shape),
                     std::string(toString(tensor.category)), std::to_string(bytes)});

@@ -115,13 +115,14 @@ nlohmann::json tensorJson(const TensorPlacement& t) {
       {"name", t.name},
       {"category", toString(t.category)},
       {"elements", t.elements},
+      {"dtype", toString(t.dtype)},
       {"storage", toString(t.storage)},
       {"loadTileSet", toString(t.loadTileSet)},
       {"storageTileSet", toString(t.storageTileSet)},
       {"replicatedTensorSharding", toString(t.replicatedTensorSharding)},
       {"shardingDomain", t.shardingDomain ? groupingJson(*t.shardingDomain) : nlohmann::json(nullptr)},
       {"shardElements", t.shardElements},
-      {"bytesPerReplica", t.shardElements * 4},
+      {"bytesPerReplica", t.shardElements * dtypeBytes(t.dtype)},
       {"padding", t.padding},
       {"reason", t.reason},
   };
@@ -318,15 +319,15 @@ void printPlan(const RunPlan& plan) {
   std::vector<std::vector<std::string>> rows;
   for (const TensorPlacement& t : plan.tensors) {
     if (t.category == TensorCategory::Activation) continue;
-    rows.push_back({t.name, std::string(toString(t.category)), std::to_string(t.elements),
-                    std::string(toString(t.storage)), std::string(toString(t.storageTileSet)),
+    rows.push_back({t.name, std::string(toString(t.category)), std::string(toString(t.dtype)),
+                    std::to_string(t.elements), std::string(toString(t.storage)), std::string(toString(t.storageTileSet)),
                     t.shardingDomain ? fmt::format("{} over {}", toString(t.replicatedTensorSharding),
                                                    t.shardingDomain->groupSize())
                                      : std::string(toString(t.replicatedTensorSharding)),
                     std::to_string(t.shardElements), std::to_string(t.padding)});
   }
   fmt::print("\nVariables of the training program (activations: --json):\n");
-  fmt::print("{}", formatTable({"name", "category", "elements", "storage", "tiles", "RTS", "per replica", "padding"},
+  fmt::print("{}", formatTable({"name", "category", "dtype", "elements", "storage", "tiles", "RTS", "per replica", "padding"},
                                rows));
   rows.clear();
   for (const ReplicaMemory& m : plan.memory.perReplica) {

@@ -113,9 +113,12 @@ class ProgressPrinter {
     if (!terminal_ && !epochDone) return;
     constexpr int kWidth = 30;
     const auto filled = static_cast<int>(kWidth * p.stepInEpoch / p.stepsPerEpoch);
-    fmt::print(stderr, "{}epoch {}/{} [{:<{}}] {}/{}  loss {:.4f}  {:.0f} samples/s{}", terminal_ ? "\r" : "",
-               p.epoch + 1, p.epochs, std::string(static_cast<size_t>(filled), '='), kWidth, p.stepInEpoch,
-               p.stepsPerEpoch, p.loss, p.samplesPerSecond, epochDone || !terminal_ ? "\n" : "");
+    const std::string scaling =
+        p.automaticLossScaling ? fmt::format("  scale {:g} ({} skipped)", p.lossScale, p.skippedSteps) : "";
+    fmt::print(stderr, "{}epoch {}/{} [{:<{}}] {}/{}  loss {:.4f}{}  {:.0f} samples/s{}",
+               terminal_ ? "\r" : "", p.epoch + 1, p.epochs, std::string(static_cast<size_t>(filled), '='),
+               kWidth, p.stepInEpoch, p.stepsPerEpoch, p.loss, scaling, p.samplesPerSecond,
+               epochDone || !terminal_ ? "\n" : "");
     std::fflush(stderr);
   }
 
@@ -201,6 +204,12 @@ Action attachTrain(CLI::App& command) {
       fmt::print("test loss: {:.4f} ({} samples)\n", summary.testLoss, summary.testSamples);
       if (summary.epochTestLosses.size() > 1)
         fmt::print("test loss per epoch: {:.4f}\n", fmt::join(summary.epochTestLosses, " "));
+    }
+    const bool automaticScaling = loaded.config.sessionOptions.automaticLossScalingSettings.enabled;
+    if (automaticScaling || summary.lossScale != 1.0) {
+      fmt::print(
+          "loss scale: {:g}{}\n", summary.lossScale,
+          automaticScaling ? fmt::format(" ({} step(s) skipped)", summary.skippedStepIndices.size()) : "");
     }
     fmt::print("throughput: {:.0f} samples/s\n", summary.samplesPerSecond);
     if (!summary.checkpoint.empty())

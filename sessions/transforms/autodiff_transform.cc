@@ -23,8 +23,18 @@ void AutodiffTransform::apply(Graph& graph) {
   std::vector<Tensor> wrt;
   wrt.reserve(tensors_.weights.size());
   for (TensorId w : tensors_.weights) wrt.emplace_back(&graph, w);
+  // Without loss scaling autodiff seeds the gradient with 1 itself.
+  Tensor seed;
+  if (automatic_) {
+    seed = ops::variable(graph, std::string(kLossScaleTensor), {static_cast<float>(lossScaling_)}, {},
+                         std::nullopt, RetrievalMode::OnePerGroup, TensorCategory::OptimizerState);
+  } else if (lossScaling_ != 1.0) {
+    seed = ops::constant(graph, graph.uniqueName(graph.tensor(tensors_.loss).name + ".grad"),
+                         {static_cast<float>(lossScaling_)}, {});
+  }
+  tensors_.lossScale = seed.valid() ? seed.id() : kNoTensor;
   tensors_.gradients.clear();
-  for (const Tensor& gradient : autodiff(graph, Tensor{&graph, tensors_.loss}, wrt)) {
+  for (const Tensor& gradient : autodiff(graph, Tensor{&graph, tensors_.loss}, wrt, seed)) {
     tensors_.gradients.push_back(gradient.id());
   }
 }

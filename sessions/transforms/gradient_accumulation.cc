@@ -211,6 +211,7 @@ void GradientAccumulationTransform::apply(Graph& graph) {
 
   TrainingTensors updated;
   updated.loss = loss.id();
+  if (tensors_.lossScale != kNoTensor) updated.lossScale = unroller.mapped(tensors_.lossScale, 0);
   for (std::size_t k = 0; k < tensors_.weights.size(); ++k) {
     updated.weights.push_back(unroller.mapped(tensors_.weights[k], 0));
     updated.gradients.push_back(accumulators[k].id());

@@ -663,6 +663,7 @@ void WeightShardingTransform::apply(Graph& graph) {
     if (tensors_->loss != kNoTensor) tensors_->loss = copy.mapped(tensors_->loss);
     for (TensorId& w : tensors_->weights) w = variables.count(w) != 0 ? variables.at(w) : copy.mapped(w);
     for (TensorId& g : tensors_->gradients) g = copy.mapped(g);
+    if (tensors_->lossScale != kNoTensor) tensors_->lossScale = copy.mapped(tensors_->lossScale);
   }
   graph = copy.take();
 }
@@ -678,6 +679,7 @@ void LocationTransform::apply(Graph& graph) {
     if (tensors_->loss != kNoTensor) tensors_->loss = relocator.valueId(tensors_->loss);
     for (TensorId& w : tensors_->weights) w = relocator.mapped(w);
     for (TensorId& g : tensors_->gradients) g = relocator.valueId(g);
+    if (tensors_->lossScale != kNoTensor) tensors_->lossScale = relocator.mapped(tensors_->lossScale);
   }
   graph = std::move(rebuilt);
 }

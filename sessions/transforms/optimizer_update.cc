@@ -17,7 +17,7 @@ void OptimizerUpdateTransform::apply(Graph& graph) {
   for (std::size_t k = 0; k < tensors_.weights.size(); ++k) {
     pairs.push_back({tensors_.weights[k], tensors_.gradients[k]});
   }
-  optimizer_.addUpdates(graph, pairs);
+  optimizer_.addUpdates(graph, pairs, GradientScaling{tensors_.lossScale, automatic_});
 }
 
 }  // namespace tessera

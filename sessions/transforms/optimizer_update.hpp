@@ -9,8 +9,11 @@ namespace tessera {
 
 class OptimizerUpdateTransform final : public Transform {
  public:
-  OptimizerUpdateTransform(Optimizer& optimizer, TrainingTensors& tensors)
-      : optimizer_(optimizer), tensors_(tensors) {}
+  // The gradients are unscaled by tensors.lossScale; `automatic` says how
+  // the scale is adjusted.
+  OptimizerUpdateTransform(Optimizer& optimizer, TrainingTensors& tensors,
+                           const AutomaticLossScalingSettings& automatic)
+      : optimizer_(optimizer), tensors_(tensors), automatic_(automatic) {}
 
   std::string_view name() const noexcept override { return "optimizerUpdate"; }
   // Throws GraphError(InvalidOperand) when autodiff has not run, and what
@@ -20,6 +23,7 @@ class OptimizerUpdateTransform final : public Transform {
  private:
   Optimizer& optimizer_;
   TrainingTensors& tensors_;
+  AutomaticLossScalingSettings automatic_;
 };
 
 }  // namespace tessera

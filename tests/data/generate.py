@@ -8,8 +8,10 @@
 - bad/config/: the configs that are not plain text (invalid UTF-8, byte order marks, NUL bytes)
   or are too regular to write by hand (deep nesting);
 - bad/set/: the overrides that are not UTF-8.
+- checkpoint/valid-f16.safetensors: checkpoint/valid.safetensors with every F32 tensor stored as F16
+  (rounded to nearest even), a float16 seed of the checkpoint fuzzer;
 - bad/checkpoint/: damaged copies of checkpoint/valid.safetensors (a small MLP's weights and
-  momentum written by `tessera train`; the seed of the checkpoint fuzzer).
+  momentum written by `tessera train`; the seed of the checkpoint fuzzer) and of valid-f16.
 
 The hand-written bad configs and overrides live beside these; bad/expected.json gives the
 expected error of every file. The output is deterministic (gzip'd with mtime 0), so running
@@ -172,9 +174,42 @@ def join_checkpoint(header, payload, pad=True):
     return struct.pack("<Q", len(text)) + text + payload
 
 
+def as_f16(data):
+    """The checkpoint `data` with its F32 tensors stored as F16, in the same order."""
+    header, payload = split_checkpoint(data)
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    out = b""
+    for name in names:
+        entry = header[name]
+        begin, end = entry["data_offsets"]
+        chunk = payload[begin:end]
+        if entry["dtype"] == "F32":
+            values = struct.unpack(f"<{len(chunk) // 4}f", chunk)
+            chunk = struct.pack(f"<{len(values)}e", *values)
+            entry["dtype"] = "F16"
+        entry["data_offsets"] = [len(out), len(out) + len(chunk)]
+        out += chunk
+    return join_checkpoint(header, out)
+
+
+def valid_f16_checkpoint():
+    write("checkpoint/valid-f16.safetensors", as_f16((DATA / "checkpoint" / "valid.safetensors").read_bytes()))
+
+
 def bad_checkpoints():
     valid = (DATA / "checkpoint" / "valid.safetensors").read_bytes()
     header, payload = split_checkpoint(valid)
+    f16 = (DATA / "checkpoint" / "valid-f16.safetensors").read_bytes()
+    f16_header, f16_payload = split_checkpoint(f16)
+
+    def f16_changed(edit, data=None):
+        h = json.loads(json.dumps(f16_header))
+        edit(h)
+        return join_checkpoint(h, f16_payload if data is None else data)
+
+    def f16_odd(h):
+        last = max((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][0])
+        h[last]["data_offsets"][1] -= 1
 
     def changed(edit):
         h = json.loads(json.dumps(header))
@@ -226,6 +261,11 @@ def bad_checkpoints():
         "offsets-missing.safetensors": changed(lambda h: h["W0"].pop("data_offsets")),
         "tensor-not-an-object.safetensors": changed(lambda h: h.__setitem__("W0", [1, 2])),
         "unknown-tensor-key.safetensors": tensor("W0", "layout", "rows"),
+        # F16 payloads: F32 bytes labelled F16, an odd byte count, data cut short.
+        "f16-label-on-f32-bytes.safetensors": tensor("W0", "dtype", "F16"),
+        "f16-odd-byte-count.safetensors": f16_changed(f16_odd, f16_payload[:-1]),
+        "f16-data-truncated.safetensors": f16[:-1],
+        "f16-shape-disagrees-with-bytes.safetensors": f16_changed(lambda h: h["W0"].__setitem__("shape", [784, 2])),
     }
     for name, data in files.items():
         write(f"bad/checkpoint/{name}", data)
@@ -236,4 +276,5 @@ if __name__ == "__main__":
     bad_datasets()
     bad_configs()
     bad_overrides()
+    valid_f16_checkpoint()
     bad_checkpoints()

@@ -49,14 +49,16 @@ TEST_CASE("the dump of optimizer options names every field") {
                                    {"momentum", 0.0},
                                    {"dampening", 0.0},
                                    {"weightDecay", 0.0},
-                                   {"nesterov", false}});
+                                   {"nesterov", false},
+                                   {"lossScaling", 1.0}});
   CHECK(json(AdamOptions{}) == json{{"learningRate", 0.001},
                                     {"beta1", 0.9},
                                     {"beta2", 0.999},
                                     {"eps", 1e-8},
                                     {"weightDecay", 0.0},
                                     {"biasCorrection", true},
-                                    {"decoupledWeightDecay", false}});
+                                    {"decoupledWeightDecay", false},
+                                    {"lossScaling", 1.0}});
   // Integers are numbers too.
   CHECK(json::parse(R"({"learningRate": 1})").get<SgdOptions>().learningRate == 1.0);
 }

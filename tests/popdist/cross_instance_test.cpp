@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -500,5 +501,54 @@ TEST_CASE("reading a variable grouped or sharded across instances gathers it on 
     CHECK(values.at("odd") == HostTensor{{2, 1}, {7, 8}});
     CHECK(values.at("perReplica") == HostTensor{{4, 1}, {1, 2, 3, 4}});
     CHECK(values.at("sharded") == HostTensor{{7}, {1, 2, 3, 4, 5, 6, 7}});
+  }
+}
+
+TEST_CASE("automatic loss scaling skips the same steps on every instance") {
+  // loss = sum(w * x) over 4 replicas on 2 instances, w sharded over all 4;
+  // step 1 overflows only in the last replica's x, on instance 1 and in the
+  // last shard, yet both instances skip it and keep every shard.
+  struct Seen {
+    std::vector<bool> skipped;
+    std::vector<double> scales;
+    std::vector<HostTensor> weights;
+    std::vector<HostTensor> moments;
+  };
+  std::vector<Seen> seen(2);
+  constexpr int64_t n = 8;
+  requireNoErrors(onInstances(2, [&](int64_t instance, std::shared_ptr<Communicator> communicator) {
+    Graph g(4);
+    const Tensor x = ops::input(g, "x", {n});
+    const Tensor w = ops::variable(g, "w", pseudoRandom(static_cast<size_t>(n), 3), {n});
+    const Tensor loss = ops::reduceSum(ops::mul(w, x));
+    SessionOptions options = mlpOptions(4, 2, instance, "All");
+    options.weightTensorLocationSettings.minElementsForReplicatedTensorSharding = 0;
+    options.automaticLossScalingSettings.enabled = true;
+    OptimizerConfig adam;
+    adam.type = OptimizerType::Adam;
+    adam.adam.lossScaling = 1024;
+    TrainingSession session(std::move(g), loss.id(), makeOptimizer(adam), options,
+                            makeSimDevice({}, ExecutionMode::Vectorized, communicator));
+    Seen& out = seen[static_cast<size_t>(instance)];
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> local(static_cast<size_t>(2 * n), 0.5F);
+      if (step == 1 && instance == 1)
+        local[static_cast<size_t>(2 * n - 1)] = std::numeric_limits<float>::infinity();
+      session.run({StepInput("x", local)});
+      out.skipped.push_back(session.lastStepSkipped());
+      out.scales.push_back(session.lossScale());
+      out.weights.push_back(session.readVariable("w"));
+      out.moments.push_back(session.readVariable("w.adamV"));
+    }
+    CHECK(session.skippedSteps() == 1);
+  }));
+  for (const Seen& s : seen) {
+    CHECK(s.skipped == std::vector<bool>{false, true, false});
+    CHECK(s.scales == std::vector<double>{1024, 512, 512});
+    CHECK(s.weights[1] == s.weights[0]);
+    CHECK(s.moments[1] == s.moments[0]);
+    CHECK(s.weights[2] != s.weights[1]);
+    CHECK(s.weights == seen[0].weights);
+    CHECK(s.moments == seen[0].moments);
   }
 }

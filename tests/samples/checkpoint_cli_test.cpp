@@ -162,3 +162,18 @@ TEST_CASE("a checkpoint interval without a checkpoint path is rejected") {
       "error: [tessera.config.155] /output/checkpointEvery: checkpointEvery is 5 but no "
       "checkpoint path is set"));
 }
+
+TEST_CASE("checkpoint inspect lists F16 tensors at 2 bytes per element") {
+  const std::string checkpoint = tessera::test::sourcePath("tests/data/checkpoint/valid-f16.safetensors");
+  const ProcessResult listed = runCli({"checkpoint", "inspect", checkpoint, "--json"});
+  INFO("stderr: " << listed.err);
+  REQUIRE(listed.exitCode == 0);
+  const json report = json::parse(listed.out);
+  REQUIRE(report["tensors"].size() == 8);
+  const json w0 = {{"name", "W0"},         {"dtype", "F16"},          {"shape", {784, 1}},
+                   {"category", "Weight"}, {"shardLayoutVersion", 1}, {"bytes", 784 * 2}};
+  CHECK(report["tensors"][0] == w0);
+  const ProcessResult text = runCli({"checkpoint", "inspect", checkpoint});
+  REQUIRE(text.exitCode == 0);
+  CHECK(text.out.find("8 tensors, 3220 bytes\n") != std::string::npos);
+}

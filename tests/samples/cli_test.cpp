@@ -45,7 +45,8 @@ bool startsWith(const std::string& text, const std::string& prefix) { return tex
 // ---------------------------------------------------------------------------
 
 TEST_CASE("validate accepts every sample run config") {
-  for (const char* name : {"mnist.json", "mnist_rts.json", "rts_recipe.json", "multipod_recipe.json"}) {
+  for (const char* name :
+       {"mnist.json", "mnist_rts.json", "rts_recipe.json", "multipod_recipe.json", "mlp_float16.json"}) {
     CAPTURE(name);
     const std::string path = tessera::test::sourcePath(std::string("samples/configs/") + name);
     const CliResult result = runCli({"validate", path});
@@ -479,6 +480,7 @@ TEST_CASE("explain --json places every tensor, and --what-if shows the change be
   CHECK(w0["elements"] == 784 * 256);
   CHECK(w0["shardElements"] == 784 * 256 / 2);
   CHECK(w0["bytesPerReplica"] == 784 * 256 / 2 * 4);
+  CHECK(w0["dtype"] == "float32");
   CHECK(w0["storage"] == "OnChip");
   const json b2 = find(report["tensors"], "b2");
   CHECK(b2["shardElements"] == 5);
@@ -624,3 +626,21 @@ TEST_CASE("schema prints the JSON Schema of run configs") {
 }
 
 }  // namespace
+
+TEST_CASE("explain shows a float16 MLP's weights at 2 bytes an element") {
+  const std::string path = tessera::test::sourcePath("samples/configs/mlp_float16.json");
+  const CliResult result = runCli({"explain", path, "--json"});
+  INFO("stderr: ", result.err);
+  REQUIRE(result.exitCode == 0);
+  const json report = parseJson(result);
+  int weights = 0;
+  for (const json& t : report["tensors"]) {
+    if (t["category"] != "Weight") continue;
+    ++weights;
+    CAPTURE(t.dump());
+    CHECK(t["dtype"] == "float16");
+    CHECK(t["bytesPerReplica"] == t["shardElements"].get<int64_t>() * 2);
+  }
+  CHECK(weights == 6);
+  CHECK(report["provenance"]["/model/dtype"] == "file");
+}

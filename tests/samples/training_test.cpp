@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "support/process.hpp"
@@ -76,6 +77,55 @@ TEST_CASE("tessera train learns the sample MLP config and writes its summary") {
   CHECK(summary["samplesPerSecond"].get<double>() > 0);
   CHECK(summary["setupSeconds"].get<double>() > 0);
   CHECK(summary["testGlobalBatch"] == 100);
+}
+
+TEST_CASE("tessera train reports the loss scale and the steps automatic loss scaling skipped") {
+  // SGD at learning rate 1000 diverges: its gradients soon overflow at a
+  // scale of 1e30, and those steps are skipped.
+  const TempDir dir;
+  const std::string summaryPath = (dir.path() / "summary.json").string();
+  const std::vector<std::string> args{"train",
+                                      tessera::test::sourcePath("samples/configs/mnist.json"),
+                                      "--quiet",
+                                      "--json-summary",
+                                      summaryPath,
+                                      "--set",
+                                      "/data/limitTrainSamples=640",
+                                      "--set",
+                                      "/data/limitTestSamples=100",
+                                      "--set",
+                                      "/data/epochs=1",
+                                      "--set",
+                                      "/optimizer/type=sgd",
+                                      "--set",
+                                      "/optimizer/learningRate=1000",
+                                      "--set",
+                                      "/optimizer/lossScaling=1e30",
+                                      "--set",
+                                      "/sessionOptions/automaticLossScalingSettings/enabled=true",
+                                      "--set",
+                                      "/sessionOptions/automaticLossScalingSettings/maxLossScale=1e30"};
+  const ProcessResult result = tessera::test::runProgram(program("TESSERA_CLI"), args);
+  INFO("stderr: " << result.err);
+  REQUIRE(result.exitCode == 0);
+  const json summary = json::parse(tessera::test::readFile(summaryPath));
+  const auto skipped = summary["skippedSteps"].get<int64_t>();
+  CHECK(skipped > 0);
+  REQUIRE(summary["skippedStepIndices"].size() == static_cast<size_t>(skipped));
+  // Step 0 sees the initial weights; the indices rise.
+  CHECK(summary["skippedStepIndices"][0].get<int64_t>() > 0);
+  // No growth within the default updatePeriod: each skip halved the scale.
+  CHECK(summary["lossScale"].get<double>() ==
+        static_cast<double>(static_cast<float>(1e30)) * std::pow(0.5, static_cast<double>(skipped)));
+  CHECK(result.out.find(fmt::format("loss scale: {:g} ({} step(s) skipped)",
+                                    summary["lossScale"].get<double>(), skipped)) != std::string::npos);
+
+  // Without loss scaling the summary says scale 1, nothing skipped, and the
+  // text says nothing.
+  const json plain = train("samples/configs/mnist.json", {"/data/limitTrainSamples=640"});
+  CHECK(plain["lossScale"] == 1.0);
+  CHECK(plain["skippedSteps"] == 0);
+  CHECK(plain["skippedStepIndices"].empty());
 }
 
 TEST_CASE("on many replicas a test step is at most the test set, with the accuracy of smaller steps") {

@@ -5,19 +5,23 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "atomic_file.hpp"
+#include "half.hpp"
 #include "support/process.hpp"
 #include "tessera/json.hpp"
 #include "tessera/mlp.hpp"
@@ -254,7 +258,8 @@ TEST_CASE("a checkpoint is a safetensors file with tessera's metadata") {
                                                                       {"momentum", 0.9},
                                                                       {"dampening", 0.0},
                                                                       {"weightDecay", 0.0},
-                                                                      {"nesterov", false}});
+                                                                      {"nesterov", false},
+                                                                      {"lossScaling", 1.0}});
   CHECK(metadata["sessionOptions"] == json(SessionOptions{}).dump());
   CHECK(metadata["sessionOptionsHash"] == sessionOptionsHash(SessionOptions{}));
   CHECK(json::parse(metadata["tensors"].get<std::string>()) ==
@@ -264,6 +269,86 @@ TEST_CASE("a checkpoint is a safetensors file with tessera's metadata") {
   CHECK(metadata["note"] == "hand made");
 
   CHECK(decodeCheckpoint(bytes, "hand.safetensors") == checkpoint);
+}
+
+TEST_CASE("float16 tensors are stored as F16 with their exact half bits") {
+  // Every half that is not a NaN (a NaN stays a NaN, its payload quieted).
+  std::vector<float> halves;
+  std::vector<uint16_t> bits;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    if ((b & 0x7c00u) == 0x7c00u && (b & 0x3ffu) != 0) continue;
+    bits.push_back(static_cast<uint16_t>(b));
+    halves.push_back(halfToFloat(static_cast<uint16_t>(b)));
+  }
+  Checkpoint checkpoint = handMade();
+  checkpoint.tensors.push_back({"h", DType::Float16, TensorCategory::Weight, 1,
+                                HostTensor{{static_cast<int64_t>(halves.size())}, halves}});
+  checkpoint.tensors.push_back(
+      {"h.master", DType::Float32, TensorCategory::OptimizerState, 1, HostTensor{{2}, {0.1f, -3.0f}}});
+  const std::vector<uint8_t> bytes = encodeCheckpoint(checkpoint);
+  const Parts parts = split(bytes);
+  CHECK(parts.header["h"]["dtype"] == "F16");
+  CHECK(parts.header["h"]["shape"] == json{halves.size()});
+  const uint64_t begin = parts.header["h"]["data_offsets"][0].get<uint64_t>();
+  CHECK(parts.header["h"]["data_offsets"][1].get<uint64_t>() - begin == 2 * halves.size());
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < bits.size(); ++i) {
+    const auto stored = static_cast<uint16_t>(parts.data[begin + 2 * i] | parts.data[begin + 2 * i + 1] << 8);
+    wrong += stored != bits[i];
+  }
+  CHECK(wrong == 0);
+  CHECK(parts.header["h.master"]["dtype"] == "F32");
+  // Read back: the same values, bit for bit (-0 included).
+  const Checkpoint read = decodeCheckpoint(bytes, "half.safetensors");
+  CHECK(read == checkpoint);
+  const std::vector<float>& values = read.tensors.at(3).value.data;
+  std::size_t differing = 0;
+  for (std::size_t i = 0; i < values.size(); ++i)
+    differing += std::bit_cast<uint32_t>(values[i]) != std::bit_cast<uint32_t>(halves[i]);
+  CHECK(differing == 0);
+
+  // A value that is not a half (a hand-made checkpoint) is rounded to nearest
+  // even: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10.
+  Checkpoint rounded = handMade();
+  rounded.tensors = {{"r", DType::Float16, TensorCategory::Weight, 1,
+                      HostTensor{{3}, {1.0f + 0x1.0p-11f, 1.0f + 0x1.8p-11f, 70000.0f}}}};
+  CHECK(decodeCheckpoint(encodeCheckpoint(rounded), "r").tensors.at(0).value.data ==
+        std::vector<float>{1.0f, 1.0f + 0x1.0p-10f, std::numeric_limits<float>::infinity()});
+}
+
+TEST_CASE("a damaged F16 payload is refused like an F32 one") {
+  Checkpoint checkpoint = handMade();
+  checkpoint.tensors = {{"h", DType::Float16, TensorCategory::Weight, 1, HostTensor{{3}, {1, 2, 3}}}};
+  const std::vector<uint8_t> valid = encodeCheckpoint(checkpoint);
+  struct Case {
+    const char* name;
+    std::vector<uint8_t> bytes;
+    const char* message;
+  };
+  Parts odd = split(valid);
+  odd.header["h"]["data_offsets"] = {0, 5};
+  odd.data.pop_back();
+  Parts f32Bytes = split(valid);
+  f32Bytes.header["h"]["shape"] = {2};
+  Parts f64 = split(valid);
+  f64.header["h"]["dtype"] = "BF16";
+  const std::vector<Case> cases = {
+      {"an odd byte count", assemble(odd), "has shape [3] of F16 = 6 bytes but its data_offsets 0..5 span 5 bytes"},
+      {"a shape that disagrees", assemble(f32Bytes), "has shape [2] of F16 = 4 bytes but its data_offsets 0..6 span 6 bytes"},
+      {"cut short", std::vector<uint8_t>(valid.begin(), valid.end() - 1),
+       "tensor \"h\" claims bytes 0..6 but the data section has 5 bytes"},
+      {"another 2-byte type", assemble(f64), "tensor \"h\" has dtype BF16; tessera checkpoints hold F32, F16 and I32 only"},
+  };
+  for (const Case& c : cases) {
+    INFO(std::string(c.name));
+    const auto error = test::catchError<IoError>([&] { decodeCheckpoint(c.bytes, "h.safetensors"); });
+    REQUIRE(error);
+    INFO(std::string(error->what()));
+    CHECK(error->subject() == "h.safetensors");
+    CHECK(error->code() == (std::string_view(c.name) == "another 2-byte type" ? ErrorCode::UnsupportedCheckpoint
+                                                                              : ErrorCode::CorruptCheckpoint));
+    CHECK(error->detail().find(c.message) != std::string::npos);
+  }
 }
 
 TEST_CASE("the options hash is a stable FNV-1a of the canonical options dump") {
@@ -415,11 +500,11 @@ TEST_CASE("reading is strict: every defect is an IoError naming the file and the
       {"a newer shard layout", tensorsMetadata([](json& t) { t["c"]["shardLayoutVersion"] = 2; }),
        ErrorCode::UnsupportedCheckpoint, "shard layout version 2, newer"},
       {"a dtype tessera does not hold", damaged([](Parts& p) {
-         p.header["c"]["dtype"] = "F16";
+         p.header["c"]["dtype"] = "BF16";
          p.header["c"]["shape"] = {4};
        }),
        ErrorCode::UnsupportedCheckpoint,
-       "tensor \"c\" has dtype F16; tessera checkpoints hold F32 and I32 only"},
+       "tensor \"c\" has dtype BF16; tessera checkpoints hold F32, F16 and I32 only"},
   };
   for (const Case& c : cases) {
     INFO(std::string(c.name));
@@ -620,6 +705,105 @@ TEST_CASE("a checkpoint that does not fit the model is rejected before anything 
               "the model's OptimizerState variable \"W0.momentum\" is not in the checkpoint") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("F16 tensors load into float32 variables exactly; integers and floats do not convert") {
+  TrainingSession source = makeSession(Setup{1, false, 1}, sgdMomentum());
+  runSteps(source, toyData(kGlobalBatch), 0, 1);
+  const Checkpoint saved = makeCheckpoint(source);
+
+  // The checkpoint of a float16 run (values that are halves) into a float32 run.
+  Checkpoint halves = saved;
+  for (CheckpointTensor& tensor : halves.tensors) {
+    tensor.dtype = DType::Float16;
+    std::vector<uint16_t> bits(tensor.value.data.size());
+    floatsToHalves(tensor.value.data.data(), bits.data(), bits.size());
+    halvesToFloats(bits.data(), tensor.value.data.data(), bits.size());
+  }
+  const Checkpoint read = decodeCheckpoint(encodeCheckpoint(halves), "half");
+  CHECK(read == halves);
+  TrainingSession target = makeSession(Setup{2, false, 1}, sgdMomentum());
+  const CheckpointLoadReport report = restoreCheckpoint(target, read, "half");
+  for (const CheckpointTensor& tensor : halves.tensors) {
+    INFO(tensor.name);
+    CHECK(target.readVariable(tensor.name, RetrievalMode::OnePerGroup) == tensor.value);
+  }
+  const auto widened = std::find_if(report.warnings.begin(), report.warnings.end(), [](const std::string& w) {
+    return w.starts_with("8 float32 variable(s) of the model took the checkpoint's F16 values (exactly): ");
+  });
+  CHECK(widened != report.warnings.end());
+
+  // An integer tensor where the model has a float one.
+  Checkpoint integers = saved;
+  integers.tensors.front().dtype = DType::Int32;
+  for (float& v : integers.tensors.front().value.data) v = std::round(v);
+  const std::map<std::string, HostTensor> before = savedValues(target);
+  const auto error = test::catchError<IoError>([&] { restoreCheckpoint(target, integers, "ints"); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::CheckpointMismatch);
+  CHECK(error->detail() ==
+        fmt::format("tensor \"{}\" is I32 in the checkpoint but F32 (float32) in the model; F32 and F16 "
+                    "convert into each other, integers into nothing else",
+                    integers.tensors.front().name));
+  CHECK(savedValues(target) == before);
+}
+
+TEST_CASE("master weights: taken from their weight when the checkpoint lacks them, skipped when the run has none") {
+  // A session whose variable "w" has a master weight "w.master" (optimizer
+  // state), as a float16 run's optimizer keeps; here both are float32 so that
+  // only the names matter.
+  const auto makeWithMaster = [] {
+    Graph g(1);
+    const Tensor x = ops::input(g, "x", {3});
+    const Tensor w = ops::variable(g, "w", std::vector<float>{1, 2, 3}, {3});
+    ops::variable(g, "w.master", std::vector<float>{0, 0, 0}, {3}, std::nullopt, RetrievalMode::OnePerGroup,
+                  TensorCategory::OptimizerState);
+    const Tensor loss = ops::reduceSum(ops::mul(x, w));
+    OptimizerConfig sgd;
+    sgd.sgd.learningRate = 1.0;
+    return TrainingSession(std::move(g), loss.id(), makeOptimizer(sgd), SessionOptions{}, makeSimDevice());
+  };
+  const auto makePlain = [] {
+    Graph g(1);
+    const Tensor x = ops::input(g, "x", {3});
+    const Tensor w = ops::variable(g, "w", std::vector<float>{1, 2, 3}, {3});
+    const Tensor loss = ops::reduceSum(ops::mul(x, w));
+    OptimizerConfig sgd;
+    sgd.sgd.learningRate = 1.0;
+    return TrainingSession(std::move(g), loss.id(), makeOptimizer(sgd), SessionOptions{}, makeSimDevice());
+  };
+  Checkpoint plain = makeCheckpoint(makePlain());
+  plain.tensors.at(0).value.data = {0.1f, -0.2f, 0.3f};
+
+  TrainingSession withMaster = makeWithMaster();
+  REQUIRE(withMaster.graph().tryFind("w.master"));
+  const CheckpointLoadReport report = restoreCheckpoint(withMaster, plain, "plain");
+  CHECK(withMaster.readVariable("w").data == std::vector<float>{0.1f, -0.2f, 0.3f});
+  CHECK(withMaster.readVariable("w.master").data == std::vector<float>{0.1f, -0.2f, 0.3f});
+  CHECK(std::find(report.warnings.begin(), report.warnings.end(),
+                  "the checkpoint has no master weights; 1 master weight(s) took their weight's value: w.master") !=
+        report.warnings.end());
+
+  // The other way: the checkpoint's master weight is not loaded into a run
+  // that keeps none.
+  Checkpoint mastered = makeCheckpoint(withMaster);
+  for (CheckpointTensor& tensor : mastered.tensors) {
+    if (tensor.name == "w.master") tensor.value.data = {7, 8, 9};
+  }
+  TrainingSession target = makePlain();
+  const CheckpointLoadReport skipped = restoreCheckpoint(target, mastered, "mastered");
+  CHECK(target.readVariable("w").data == std::vector<float>{0.1f, -0.2f, 0.3f});
+  CHECK(std::find_if(skipped.warnings.begin(), skipped.warnings.end(), [](const std::string& w) {
+          return w.starts_with("the model keeps no master weights; the checkpoint's w.master were not loaded");
+        }) != skipped.warnings.end());
+
+  // A master weight of another shape than its weight is a mismatch.
+  Checkpoint wrong = plain;
+  wrong.tensors.at(0).value = HostTensor{{2}, {1, 2}};
+  TrainingSession other = makeWithMaster();
+  const auto error = test::catchError<IoError>([&] { restoreCheckpoint(other, wrong, "wrong"); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::CheckpointMismatch);
 }
 
 TEST_CASE("loading reports what differs from the checkpoint's session and restores the learning rate") {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
+#include "half.hpp"
 #include "safetensors.hpp"
 #include "support/process.hpp"
 #include "tessera/error.hpp"
@@ -764,6 +766,55 @@ TEST_CASE("a tensors file feeds each input from its tensor, int64 narrowed exact
   CHECK(widened[5] == 0.333251953125f);
   CHECK(widened[6] == 2.0f);
   CHECK(widened[7] == 2.5f);  // 0x4100: 2 * (1 + 256 / 1024)
+}
+
+TEST_CASE("a float16 input is fed from F16 or F32 tensors as floats, and takes no integers") {
+  const std::vector<DataInput> inputs = {{"x", DType::Float16, {4, 2, 3}}, {"labels", DType::Int32, {4}}};
+  std::vector<uint16_t> halves;
+  for (uint16_t h = 0x3c00; halves.size() < 12; h += 0x0101) halves.push_back(h);
+  std::vector<float> expected(halves.size());
+  halvesToFloats(halves.data(), expected.data(), halves.size());
+  const Bytes f16 = tensorFile({{"labels", "I32", {2}, bytesOf(std::vector<int32_t>{0, 1})},
+                                {"x", "F16", {2, 2, 3}, bytesOf(halves)}});
+  const TensorSplit fromHalves = parseTensorSplit(f16, "f", inputs);
+  const DataTensor& x = *fromHalves.find("x");
+  CHECK(x.dtype == DType::Float16);
+  CHECK(x.floats == expected);
+  std::vector<float> batch(6);
+  const std::vector<int64_t> order = {1, 0};
+  fillTensorBatch(x, order, 0, batch);
+  CHECK(batch == std::vector<float>(expected.begin() + 6, expected.end()));
+  std::vector<int32_t> ints(6);
+  TESSERA_CHECK_ERROR(fillTensorBatch(x, order, 0, ints), GraphError, ErrorCode::HostShapeMismatch);
+
+  // F32 values are fed as they are; the device rounds what a float16 input stores.
+  const Bytes f32 = tensorFile({{"labels", "I32", {2}, bytesOf(std::vector<int32_t>{0, 1})},
+                                {"x", "F32", {2, 2, 3}, bytesOf(iotaFloats(12))}});
+  CHECK(parseTensorSplit(f32, "f", inputs).find("x")->floats == iotaFloats(12));
+
+  const Bytes integers = tensorFile({{"labels", "I32", {2}, bytesOf(std::vector<int32_t>{0, 1})},
+                                     {"x", "I32", {2, 2, 3}, bytesOf(std::vector<int32_t>(12, 1))}});
+  const auto error = test::catchError<IoError>([&] { parseTensorSplit(integers, "d.safetensors", inputs); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::DatasetTensorMismatch);
+  CHECK(error->detail() == "the tensor is I32 but graph input x is float16; store it as F32 or F16");
+
+  // keepFirstSamples (limitTestSamples) cuts float16 tensors like float32 ones.
+  const test::TempDir dir;
+  const std::string path = (dir.path() / "h.safetensors").string();
+  {
+    std::FILE* out = std::fopen(path.c_str(), "wb");
+    REQUIRE(out != nullptr);
+    std::fwrite(f16.data(), 1, f16.size(), out);
+    std::fclose(out);
+  }
+  DataConfig config;
+  config.dataset = DatasetKind::Tensors;
+  config.path = path;
+  config.limitTrainSamples = 1;
+  const TensorDataset limited = loadTensorDataset(config, inputs);
+  CHECK(limited.train.count == 1);
+  CHECK(limited.train.find("x")->floats == std::vector<float>(expected.begin(), expected.begin() + 6));
 }
 
 TEST_CASE("a tensors file that does not fit the inputs names the file and the tensor") {

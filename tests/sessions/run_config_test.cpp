@@ -168,7 +168,8 @@ TEST_CASE("the optimizer section is flat and holds the options of its type") {
                           {"momentum", 0.9},
                           {"dampening", 0.0},
                           {"weightDecay", 0.0},
-                          {"nesterov", false}});
+                          {"nesterov", false},
+                          {"lossScaling", 1.0}});
   OptimizerConfig adamw;
   adamw.type = OptimizerType::AdamW;
   adamw.adam.decoupledWeightDecay = true;
@@ -762,6 +763,7 @@ TEST_CASE("the run config schema is generated from the field tables") {
       names<TensorStorage>(), names<TileSet>(),       names<ReplicatedTensorSharding>(),
       names<CommGroupType>(), names<ReductionType>(), names<MeanReductionStrategy>(),
       names<Activation>(),    names<DatasetKind>(),   names<ScheduleType>(),
+      {"float32", "float16"},  // /model/dtype: the floating DTypes
   };
   CHECK(enums == expected);
 
@@ -826,6 +828,34 @@ TEST_CASE("limits bound every size a config implies, at the path of the setting"
       {"a limit of exactly the weights", R"({"limits": {"maxTensorBytes": 940584}})", std::nullopt},
       {"a limit of W0 alone", R"({"limits": {"maxTensorBytes": 802816}})", "/model/layers"},
       {"a limit one byte below W0", R"({"limits": {"maxTensorBytes": 802815}})", "/model/layers/0"},
+      // float16 weights take half the bytes: 470292 all together, W0 401408.
+      {"float16: a limit of exactly the weights", R"({"model": {"dtype": "float16"}, "limits": {"maxTensorBytes": 470292}})",
+       std::nullopt},
+      {"float16: a limit one byte below the weights",
+       R"({"model": {"dtype": "float16"}, "limits": {"maxTensorBytes": 470291}})", "/model/layers"},
+      {"float16: a limit one byte below W0",
+       R"({"model": {"dtype": "float16"}, "limits": {"maxTensorBytes": 401407}})", "/model/layers/0"},
+      // 2^30 float16 activations fit in 2 GiB, float32 ones do not.
+      {"float16: a micro-batch of activations that fits",
+       R"({"data": {"dataset": "tensors", "path": "t.safetensors", "batchSize": 1048576}, "model": {"dtype": "float16", "layers": [16, 1024, 10]}, "limits": {"maxTensorBytes": 2147483648}})",
+       std::nullopt},
+      {"float32: the same micro-batch",
+       R"({"data": {"dataset": "tensors", "path": "t.safetensors", "batchSize": 1048576}, "model": {"layers": [16, 1024, 10]}, "limits": {"maxTensorBytes": 2147483648}})",
+       "/data/batchSize"},
+      // The float32 logits of a float16 model count at 4 bytes.
+      {"float16: logits wider than the layers in bytes",
+       R"({"model": {"dtype": "float16", "layers": [784, 10]}, "data": {"dataset": "synthetic", "batchSize": 1000, "testBatchSize": 1}, "limits": {"maxTensorBytes": 39999}})",
+       "/data/batchSize"},
+      {"float16 transformer: wte at 2 bytes",
+       R"({"model": {"type": "transformer", "dtype": "float16", "layers": 1, "hidden": 64, "heads": 1, "vocab": 1000, "sequence": 8},
+           "data": {"dataset": "tensors", "path": "t.safetensors", "batchSize": 1, "testBatchSize": 1},
+           "limits": {"maxTensorBytes": 127999}})",
+       "/model/vocab"},
+      {"float16 transformer: wte that fits",
+       R"({"model": {"type": "transformer", "dtype": "float16", "layers": 1, "hidden": 64, "heads": 1, "vocab": 1000, "sequence": 8},
+           "data": {"dataset": "tensors", "path": "t.safetensors", "batchSize": 1, "testBatchSize": 1},
+           "limits": {"maxTensorBytes": 256000}})",
+       std::nullopt},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
@@ -842,6 +872,44 @@ TEST_CASE("limits bound every size a config implies, at the path of the setting"
     // The message says which setting to change.
     CHECK(error->detail().find("lower " + *c.subject) != std::string::npos);
   }
+}
+
+TEST_CASE("the model's dtype is float32 or float16") {
+  CHECK(RunConfig{}.model.dtype == DType::Float32);
+  CHECK(json(RunConfig{})["model"]["dtype"] == "float32");
+  for (const std::string model : {R"({"type": "mlp", "dtype": "float16"})",
+                                  R"({"type": "transformer", "dtype": "float16"})"}) {
+    CAPTURE(model);
+    const RunConfig config = parse(R"({"model": )" + model + "}").config;
+    CHECK(config.model.dtype == DType::Float16);
+    CHECK(json(config)["model"]["dtype"] == "float16");
+  }
+  const auto unknown = test::catchError<ConfigError>([] { parse(R"({"model": {"dtype": "half"}})"); });
+  REQUIRE(unknown);
+  CHECK(unknown->code() == ErrorCode::InvalidEnumValue);
+  CHECK(unknown->subject() == "/model/dtype");
+  INFO(unknown->what());
+  CHECK(unknown->detail().find("\"float16\"") != std::string::npos);
+
+  const auto error = test::catchError<ConfigError>([] { parse(R"({"model": {"dtype": "int32"}})"); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::InvalidModel);
+  CHECK(error->subject() == "/model/dtype");
+  CHECK(error->detail().starts_with(
+      "dtype \"int32\" is not a model dtype: weights and activations are floats; expected one of "
+      "\"float32\", \"float16\""));
+  // An onnx model keeps its own dtype.
+  const auto onnx = test::catchError<ConfigError>(
+      [] { parse(R"({"model": {"type": "onnx", "path": "m.onnx", "dtype": "float16"}})"); });
+  REQUIRE(onnx);
+  CHECK(onnx->code() == ErrorCode::InvalidModel);
+  CHECK(onnx->subject() == "/model/dtype");
+  CHECK(parse(R"({"model": {"type": "onnx", "path": "m.onnx", "dtype": "float32"}})").config.model.dtype ==
+        DType::Float32);
+  // A C++ config is checked by validate().
+  RunConfig integer;
+  integer.model.dtype = DType::Int32;
+  TESSERA_CHECK_ERROR(validate(integer), ConfigError, ErrorCode::InvalidModel);
 }
 
 TEST_CASE("the limits section is read strictly and survives a round trip") {

@@ -59,9 +59,11 @@ TEST_CASE("the transformer section is flat: the options of the type beside \"typ
   CHECK(t.sequence == 1024);
   CHECK_FALSE(t.tiedHead);
   CHECK_NOTHROW(validate(loaded.config));
-  // The JSON of the section has the keys of its type only, and reads back the same.
+  // The JSON of the section has the keys of its type (and the dtype of every
+  // type) only, and reads back the same.
   const json written = loaded.config.model;
   CHECK(written == json{{"type", "transformer"},
+                        {"dtype", "float32"},
                         {"layers", 48},
                         {"hidden", 1600},
                         {"heads", 25},
