@@ -3,7 +3,7 @@
 // output line as the peer benchmarks (hand-written Eigen, libtorch):
 //
 //   tessera_bench_mlp BATCH STEPS THREADS H1 H2 [--replicas R] [--rts] [--rts-min-elements N]
-//                     [--offchip-state]
+//                     [--offchip-state] [--float16]
 //
 // BATCH is the batch per replica; with R replicas each step trains on
 // R x BATCH samples. THREADS is the device's host threads
@@ -13,7 +13,9 @@
 // least N elements with --rts-min-elements N; the default is the options'
 // minElementsForReplicatedTensorSharding, 8192, and the main job's config
 // samples/configs/mnist_rts.json uses 2); --offchip-state keeps the momentum
-// in streaming memory.
+// in streaming memory. --float16 builds the model in float16 (weights and
+// activations stored as half, the logits cast to float32 for the loss), with
+// the optimizer's float32 master weights.
 //
 // Besides the samples per second, the line gives setup_s, the seconds from
 // the start of main until the session is ready for its first step (building
@@ -59,6 +61,7 @@ int main(int argc, char** argv) {
   int64_t replicas = 1;
   bool rts = false;
   bool offChipState = false;
+  bool float16 = false;
   int64_t rtsMinElements = -1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -70,6 +73,8 @@ int main(int argc, char** argv) {
       rtsMinElements = std::atoll(argv[++i]);
     } else if (a == "--offchip-state") {
       offChipState = true;
+    } else if (a == "--float16") {
+      float16 = true;
     } else {
       args.push_back(a);
     }
@@ -85,7 +90,7 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: tessera_bench_mlp BATCH STEPS THREADS H1 H2 [--replicas R] [--rts] [--rts-min-elements N] "
-        "[--offchip-state] "
+        "[--offchip-state] [--float16] "
         "(THREADS 0: every CPU)\n");
     return 2;
   }
@@ -94,6 +99,7 @@ int main(int argc, char** argv) {
     if (env.set) replicas = env.numTotalReplicas;
     tessera::ModelConfig model;
     model.layers = {784, h1, h2, 10};
+    if (float16) model.dtype = tessera::DType::Float16;
     tessera::MlpGraph mlp = tessera::buildMlp(model, batch, replicas, 0);
     tessera::SessionOptions options;
     options.enableReplicatedGraphs = replicas > 1;
@@ -146,10 +152,10 @@ int main(int argc, char** argv) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (env.instanceIndex != 0) return 0;
     std::printf(
-        "tessera batch=%lld threads=%lld steps=%lld replicas=%lld loss=%.4f step_us=%.1f samples_per_s=%.0f "
+        "tessera batch=%lld threads=%lld steps=%lld replicas=%lld dtype=%s loss=%.4f step_us=%.1f samples_per_s=%.0f "
         "setup_s=%.3f peak_rss_mb=%.1f\n",
         static_cast<long long>(batch), static_cast<long long>(threads), static_cast<long long>(steps),
-        static_cast<long long>(replicas), session.meanLoss(), 1e6 * seconds / static_cast<double>(steps),
+        static_cast<long long>(replicas), float16 ? "float16" : "float32", session.meanLoss(), 1e6 * seconds / static_cast<double>(steps),
         static_cast<double>(replicas * batch * steps) / seconds, setupSeconds, peakResidentMiB());
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -119,6 +119,18 @@ echo "| plain replication | $plain | 1.00 |"
 echo "| RTS (weights, momentum) | $rts | $(ratio "$rts" "$plain") |"
 echo "| momentum OffChip | $offchip | $(ratio "$offchip" "$plain") |"
 echo "| RTS (weights, momentum) + momentum OffChip | $located | $(ratio "$located" "$plain") |"
+echo
+# float16 (weights and activations stored as half, float32 master weights
+# and momentum) against float32, the same step, 1 and n threads.
+echo "| tessera, R = 1, float16 vs float32 | float32 samples/s | float16 samples/s | float16 / float32 |"
+echo "|------------------------------------|------------------:|------------------:|------------------:|"
+for batch in 64 256; do
+  for t in 1 "$n"; do
+    one="\"$tessera\" $batch $(steps_for "$batch") $t 256 128"
+    mapfile -t m < <(medians "$one" "$one --float16")
+    echo "| batch $batch, $t threads | ${m[0]} | ${m[1]} | $(ratio "${m[1]}" "${m[0]}") |"
+  done
+done
 
 # Host cost by replica count at a fixed global batch of 4,096 samples (the
 # main job's placement: weights and momentum sharded over all replicas, every
