@@ -65,19 +65,20 @@ void checkOperand(const Graph& graph, const Tensor& t, std::string_view what) {
 
 std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor>& wrt, Tensor seed) {
   checkOperand(graph, loss, "loss");
-  if (loss.dtype() != DType::Float32 || !loss.shape().empty()) {
+  if (!isFloating(loss.dtype()) || !loss.shape().empty()) {
     throw AutodiffError(
         ErrorCode::LossNotScalar, loss.name(),
-        fmt::format("the loss is {} {}; it must be a float32 scalar (shape []); reduce it with "
+        fmt::format("the loss is {} {}; it must be a float32 or float16 scalar (shape []); reduce it with "
                     "reduceSum or reduceMean",
                     shapeStr(loss.shape()), loss.dtype()));
   }
   for (const Tensor& w : wrt) {
     checkOperand(graph, w, "tensor to differentiate");
-    if (w.dtype() != DType::Float32) {
+    if (!isFloating(w.dtype())) {
       throw AutodiffError(
           ErrorCode::NoGradient, w.name(),
-          fmt::format("tensor \"{}\" is {}; only float32 tensors have gradients", w.name(), w.dtype()));
+          fmt::format("tensor \"{}\" is {}; only float32 and float16 tensors have gradients", w.name(),
+                      w.dtype()));
     }
   }
 
@@ -105,20 +106,26 @@ std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor
   }
   auto needsGradient = [&](TensorId t) {
     const auto i = static_cast<std::size_t>(t);
-    return influencesLoss[i] && dependsOnWrt[i] && graph.tensor(t).dtype == DType::Float32;
+    return influencesLoss[i] && dependsOnWrt[i] && isFloating(graph.tensor(t).dtype);
   };
 
   if (seed.valid()) {
     checkOperand(graph, seed, "seed");
-    if (seed.dtype() != DType::Float32 || !seed.shape().empty()) {
+    if (!isFloating(seed.dtype()) || !seed.shape().empty()) {
       throw GraphError(ErrorCode::InvalidOperand, seed.name(),
-                       fmt::format("the seed of the loss gradient is {} {}; it must be a float32 scalar "
-                                   "(shape [])",
+                       fmt::format("the seed of the loss gradient is {} {}; it must be a float32 or float16 "
+                                   "scalar (shape []), cast to the loss's dtype",
                                    shapeStr(seed.shape()), seed.dtype()));
     }
   }
   Backward backward(graph);
-  if (!seed.valid()) seed = ops::constant(graph, graph.uniqueName(loss.name() + ".grad"), {1.0f}, {});
+  // The seed d loss / d loss (1, or a given scale) has the loss's dtype; each
+  // gradient has its tensor's dtype.
+  if (!seed.valid()) {
+    seed = ops::constant(graph, graph.uniqueName(loss.name() + ".grad"), {1.0f}, {}, loss.dtype());
+  } else if (seed.dtype() != loss.dtype()) {
+    seed = ops::cast(seed, loss.dtype());
+  }
   backward.markNamed(seed.id());
   backward.contribute(loss.id(), seed.id());
   for (OpId o = forwardOps - 1; o >= 0; --o) {
@@ -154,7 +161,7 @@ std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor
     if (g == kNoTensor) {
       const int64_t n = numElements(w.shape());
       g = ops::constant(graph, graph.uniqueName(w.name() + ".grad"),
-                        std::vector<float>(static_cast<std::size_t>(n), 0.0f), w.shape())
+                        std::vector<float>(static_cast<std::size_t>(n), 0.0f), w.shape(), w.dtype())
               .id();
       backward.markNamed(g);
     }

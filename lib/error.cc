@@ -68,6 +68,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(InvalidRemoteBuffer),
     TESSERA_CODE(ReplicationFactorMismatch),
     TESSERA_CODE(UnknownStream),
+    TESSERA_CODE(DTypeMismatch),
     TESSERA_CODE(NoGradient),
     TESSERA_CODE(LossNotScalar),
     TESSERA_CODE(OutOfMemory),

@@ -86,6 +86,10 @@ void floatsToHalvesPortable(const float* in, uint16_t* out, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) out[i] = floatToHalf(in[i]);
 }
 
+void roundToHalvesPortable(float* data, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) data[i] = halfToFloat(floatToHalf(data[i]));
+}
+
 void halvesToFloatsPortable(const uint16_t* in, float* out, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) out[i] = halfToFloat(in[i]);
 }
@@ -125,11 +129,22 @@ __attribute__((target("avx,f16c"))) void halvesToFloatsF16c(const uint16_t* in, 
   for (; i < count; ++i) out[i] = halfToFloat(in[i]);
 }
 
+__attribute__((target("avx,f16c"))) void roundToHalvesF16c(float* data, std::size_t count) {
+  std::size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m128i halves =
+        _mm256_cvtps_ph(_mm256_loadu_ps(data + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_ps(data + i, _mm256_cvtph_ps(halves));
+  }
+  for (; i < count; ++i) data[i] = halfToFloat(floatToHalf(data[i]));
+}
+
 #endif
 
 struct Converters {
   void (*toHalves)(const float*, uint16_t*, std::size_t) = detail::floatsToHalvesPortable;
   void (*toFloats)(const uint16_t*, float*, std::size_t) = detail::halvesToFloatsPortable;
+  void (*round)(float*, std::size_t) = detail::roundToHalvesPortable;
   bool f16c = false;
 };
 
@@ -140,6 +155,7 @@ const Converters& converters() {
     if (cpuHasF16c()) {
       c.toHalves = floatsToHalvesF16c;
       c.toFloats = halvesToFloatsF16c;
+      c.round = roundToHalvesF16c;
       c.f16c = true;
     }
 #endif
@@ -157,6 +173,8 @@ void floatsToHalves(const float* in, uint16_t* out, std::size_t count) {
 void halvesToFloats(const uint16_t* in, float* out, std::size_t count) {
   converters().toFloats(in, out, count);
 }
+
+void roundToHalves(float* data, std::size_t count) { converters().round(data, count); }
 
 bool halfConversionUsesF16c() { return converters().f16c; }
 

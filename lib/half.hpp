@@ -30,6 +30,14 @@ void floatsToHalves(const float* in, uint16_t* out, std::size_t count);
 // out[i] = halfToFloat(in[i]) for i < count.
 void halvesToFloats(const uint16_t* in, float* out, std::size_t count);
 
+// The float equal to the half nearest to `value`: a float32 value stored as
+// half and read back.
+inline float roundToHalf(float value) { return halfToFloat(floatToHalf(value)); }
+
+// data[i] = roundToHalf(data[i]) for i < count, in place (float16 storage
+// held in float slots).
+void roundToHalves(float* data, std::size_t count);
+
 // Whether the bulk conversions run on F16C instructions on this CPU (for the
 // benchmarks and the tests, which check both paths).
 bool halfConversionUsesF16c();
@@ -39,6 +47,7 @@ namespace detail {
 // with the F16C ones).
 void floatsToHalvesPortable(const float* in, uint16_t* out, std::size_t count);
 void halvesToFloatsPortable(const uint16_t* in, float* out, std::size_t count);
+void roundToHalvesPortable(float* data, std::size_t count);
 }  // namespace detail
 
 }  // namespace tessera

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <string>
@@ -77,6 +78,14 @@ class OpChecker {
 
   void arity(std::size_t expected) const;
   void dtype(std::size_t i, DType expected) const;
+  // The float operands `indices` (float32 or float16) share one dtype, which
+  // is returned: the dtype of the op's float outputs. InvalidOperand for an
+  // operand that is not floating; DTypeMismatch for float16 beside float32
+  // (naming both tensors: cast one with ops::cast).
+  DType floating(std::initializer_list<std::size_t> indices) const;
+  // Input j has input i's dtype: DTypeMismatch when both are floating but
+  // differ, InvalidOperand otherwise.
+  void sameDType(std::size_t i, std::size_t j) const;
   void minRank(std::size_t i, int64_t r) const;
   void sameShape(std::size_t i, std::size_t j) const;
   // `axis` made non-negative; InvalidAxis unless it is in [-r, r).
@@ -243,7 +252,7 @@ Tensor reduceTo(Tensor dy, Shape shape);
 Tensor scaled(Tensor t, double factor);
 // Elements of a tensor, as a double (for costs).
 double elementsOf(const Graph& graph, TensorId t);
-// Bytes of a tensor (every dtype takes 4 bytes an element).
+// Bytes of a tensor: dtypeBytes of its dtype an element (float16 2, else 4).
 double bytesOf(const Graph& graph, TensorId t);
 inline int64_t ceilDiv(int64_t a, int64_t b) { return a == 0 ? 0 : (a - 1) / b + 1; }
 

@@ -136,6 +136,34 @@ void OpChecker::dtype(std::size_t i, DType expected) const {
   }
 }
 
+DType OpChecker::floating(std::initializer_list<std::size_t> indices) const {
+  std::optional<std::size_t> first;
+  for (const std::size_t i : indices) {
+    if (!isFloating(in(i).dtype)) {
+      fail(ErrorCode::InvalidOperand, fmt::format("input {} {} must be float32 or float16", i, desc(i)));
+    }
+    if (!first) {
+      first = i;
+    } else {
+      sameDType(*first, i);
+    }
+  }
+  return first ? in(*first).dtype : DType::Float32;
+}
+
+void OpChecker::sameDType(std::size_t i, std::size_t j) const {
+  const DType a = in(i).dtype;
+  const DType b = in(j).dtype;
+  if (a == b) return;
+  if (isFloating(a) && isFloating(b)) {
+    fail(ErrorCode::DTypeMismatch,
+         fmt::format("input {} {} and input {} {} mix {} and {}; an op's float operands share one dtype: cast "
+                     "one of them to the other's dtype with ops::cast",
+                     i, desc(i), j, desc(j), a, b));
+  }
+  fail(ErrorCode::InvalidOperand, fmt::format("input {} {} must be {} like input {} {}", j, desc(j), a, i, desc(i)));
+}
+
 void OpChecker::minRank(std::size_t i, int64_t r) const {
   if (rank(i) < r) {
     fail(ErrorCode::ShapeMismatch, fmt::format("input {} {} must have rank >= {}", i, desc(i), r));
@@ -224,14 +252,16 @@ Tensor reduceTo(Tensor dy, Shape shape) {
 
 Tensor scaled(Tensor t, double factor) {
   if (factor == 1.0) return t;
-  return ops::mul(t, ops::scalar(t.graph(), factor));
+  return ops::mul(t, ops::scalar(t.graph(), factor, t.dtype()));
 }
 
 double elementsOf(const Graph& graph, TensorId t) {
   return static_cast<double>(numElements(graph.tensor(t).shape));
 }
 
-double bytesOf(const Graph& graph, TensorId t) { return 4.0 * elementsOf(graph, t); }
+double bytesOf(const Graph& graph, TensorId t) {
+  return static_cast<double>(dtypeBytes(graph.tensor(t).dtype)) * elementsOf(graph, t);
+}
 
 namespace reference {
 

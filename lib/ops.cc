@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "half.hpp"
 #include "tessera/error.hpp"
 #include "tessera/shard_layout.hpp"
 
@@ -124,11 +125,13 @@ Tensor constant(Graph& graph, std::string name, std::vector<float> data, Shape s
   node.shape = std::move(shape);
   node.dtype = dtype;
   node.data = std::move(data);
+  // Float16 constants hold their values as half (rounded to nearest even).
+  if (dtype == DType::Float16) roundToHalves(node.data.data(), node.data.size());
   return {&graph, graph.addSource(OpKind::Constant, std::move(node))};
 }
 
-Tensor scalar(Graph& graph, double value) {
-  return constant(graph, graph.uniqueName("scalar"), {static_cast<float>(value)}, {});
+Tensor scalar(Graph& graph, double value, DType dtype) {
+  return constant(graph, graph.uniqueName("scalar"), {static_cast<float>(value)}, {}, dtype);
 }
 
 Tensor matmul(Tensor a, Tensor b) { return binary(OpKind::MatMul, a, b); }
@@ -239,6 +242,25 @@ Tensor dropout(Tensor x, Tensor step, double ratio, uint64_t seed) {
 }
 Tensor castToInt32(Tensor x) { return unary(OpKind::CastToInt32, x); }
 Tensor castToFloat32(Tensor x) { return unary(OpKind::CastToFloat32, x); }
+Tensor cast(Tensor x, DType dtype) {
+  graphOf("Cast", {x});
+  if (x.dtype() == dtype) return x;
+  switch (dtype) {
+    case DType::Float32:
+      return castToFloat32(x);
+    case DType::Int32:
+      return castToInt32(x);
+    case DType::Float16:
+      if (x.dtype() != DType::Float32) {
+        throw GraphError(ErrorCode::InvalidOperand, x.name(),
+                         fmt::format("Cast: \"{}\" {} {} cannot be cast to float16 directly; only float32 casts "
+                                     "to float16 (cast int32 to float32 first)",
+                                     x.name(), shapeStr(x.shape()), x.dtype()));
+      }
+      return unary(OpKind::CastToFloat16, x);
+  }
+  throw GraphError(ErrorCode::InvalidOperand, x.name(), "Cast: unknown target dtype");
+}
 Tensor where(Tensor cond, Tensor x, Tensor y) {
   Graph& graph = graphOf(opName(OpKind::Where), {cond, x, y});
   return single(graph, graph.addOp(OpKind::Where, {cond.id(), x.id(), y.id()}));
@@ -380,7 +402,8 @@ Tensor remoteVariable(Graph& graph, std::string name, InitialValues hostData, Re
 
 ShardedVariable replicaShardedVariable(Graph& graph, std::string name, InitialValues hostData, Shape shape,
                                        std::optional<ReplicaGrouping> grouping,
-                                       std::optional<int64_t> shardOver, TensorCategory category) {
+                                       std::optional<int64_t> shardOver, TensorCategory category,
+                                       DType dtype) {
   const ReplicaGrouping g = variableGrouping(graph, name, grouping);
   const int64_t shards = shardOver.value_or(g.groupSize());
   if (shards < 1 || shards > g.groupSize() || g.groupSize() % shards != 0) {
@@ -396,6 +419,7 @@ ShardedVariable replicaShardedVariable(Graph& graph, std::string name, InitialVa
   node.metaShape = std::move(shape);
   node.shardCount = shards;
   node.category = category;
+  node.dtype = dtype;
   node.grouping = g;
   node.initial = std::move(hostData);
   const Tensor v{&graph, graph.addSource(OpKind::Variable, std::move(node))};
@@ -415,10 +439,10 @@ Tensor remoteReplicaShardedVariable(Graph& graph, std::string name, InitialValue
   }
   const RemoteBufferInfo& info = buffer.info();
   const ShardLayout layout(numElements(shape), replicas);
-  if (info.shape != Shape{layout.shardElements()} || info.dtype != DType::Float32) {
+  if (info.shape != Shape{layout.shardElements()} || !isFloating(info.dtype)) {
     throw GraphError(ErrorCode::InvalidRemoteBuffer, name,
                      fmt::format("remote buffer #{} has shape {} {}; a variable of shape {} sharded over {} "
-                                 "replicas needs float32 [{}]",
+                                 "replicas needs float32 or float16 [{}]",
                                  buffer.id(), shapeStr(info.shape), info.dtype, shapeStr(shape), replicas,
                                  layout.shardElements()));
   }
@@ -433,7 +457,8 @@ Tensor remoteReplicaShardedVariable(Graph& graph, std::string name, InitialValue
                      fmt::format("entry {} of remote buffer #{} is out of range; entries are 0..{}", entry,
                                  buffer.id(), info.entries - 1));
   }
-  ShardedVariable sharded = replicaShardedVariable(graph, std::move(name), std::move(hostData), shape);
+  ShardedVariable sharded = replicaShardedVariable(graph, std::move(name), std::move(hostData), shape,
+                                                   std::nullopt, std::nullopt, TensorCategory::Weight, info.dtype);
   graph.setRemoteBufferMetaShape(buffer.id(), std::move(shape));
   TensorNode& node = graph.tensor(sharded.variable.id());
   node.remoteBuffer = buffer.id();

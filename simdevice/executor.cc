@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "collectives.hpp"
+#include "half.hpp"
 #include "kernel_table.hpp"
 #include "memory_planner.hpp"
 #include "tessera/communicator.hpp"
@@ -432,6 +433,8 @@ void SimExecutable::initialiseValues() {
         std::copy(host.begin(), host.end(), value);
       }
     }
+    // Float16 values are held as halves (constants are rounded already).
+    if (node.dtype == DType::Float16) roundToHalves(base, at(layout.numGroups() * n));
     if (node.remoteBuffer >= 0) {
       for (int64_t r = 0; r < program_.localReplicas; ++r) {
         float* entry = remoteEntry(node.remoteBuffer, node.remoteEntry, node.name) + r * n;
@@ -779,7 +782,36 @@ void SimExecutable::planStep(OpId id) {
     step.outElements = numElements(graph.tensor(y).shape);
   }
   StepPlanner planner(*this, id);
+  const std::size_t before = steps_.size();
   kernels.plan(planner, step);
+  if (steps_.size() == before || op.kind == OpKind::CastToFloat16) return;
+  // Float16 outputs are held as halves: a rounding step in place over the
+  // whole storage follows the op's steps. It is flat, so the chain fusion
+  // runs it slice by slice with the op's own kernel when that is flat too:
+  // no extra pass over memory.
+  for (const TensorId y : op.outputs) {
+    if (graph.tensor(y).dtype != DType::Float16) continue;
+    const TensorId storage = graph.storageOf(y);
+    if (offset_[at(storage)] < 0) continue;
+    const int64_t n = numElements(graph.tensor(storage).shape);
+    const int64_t groups = layouts_[at(storage)].numGroups();
+    if (n * groups == 0) continue;
+    Step round;
+    round.kind = OpKind::CastToFloat16;
+    round.op = id;
+    round.name = op.name;
+    round.kernel = roundToHalfKernel;
+    round.out = arena_.data() + offset_[at(storage)];
+    round.in[0] = round.out;
+    round.outElements = n;
+    round.inElements[0] = n;
+    Run run;
+    run.count = groups;
+    run.advance.fill(true);
+    run.loop.push(n * groups, {1, 1, 0, 0});
+    round.runs.push_back(run);
+    steps_.push_back(std::move(round));
+  }
 }
 
 // StepPlanner: the executor's state, as the families' plans see it.
@@ -880,6 +912,7 @@ void SimExecutable::write(TensorId tensor, std::span<const float> groups) {
                                   numElements(program_.graph.tensor(tensor).shape), target.size()));
   }
   std::copy(groups.begin(), groups.end(), target.begin());
+  if (program_.graph.tensor(tensor).dtype == DType::Float16) roundToHalves(target.data(), target.size());
 }
 
 void SimExecutable::read(TensorId tensor, std::span<float> groups) const {
@@ -905,6 +938,7 @@ void SimExecutable::writeRemote(int64_t buffer, int64_t entry, std::span<const f
                     numElements(program_.graph.remoteBuffer(buffer).shape), size));
   }
   std::copy(replicas.begin(), replicas.end(), target);
+  if (program_.graph.remoteBuffer(buffer).dtype == DType::Float16) roundToHalves(target, size);
 }
 
 void SimExecutable::readRemote(int64_t buffer, int64_t entry, std::span<float> replicas) const {

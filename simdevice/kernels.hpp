@@ -283,6 +283,14 @@ inline float* outOf(const Step& s, const Run& run) { return s.out + run.out; }
 inline const float* inOf(const Step& s, const Run& run, std::size_t i) { return s.in[i] + run.in[i]; }
 void zeroRun(const Step& s, const Run& run);
 
+// Float16 storage in float slots: every element of the output becomes the
+// half nearest to the input's element (round to nearest even; F16C in bulk
+// where the CPU has it). CastToFloat16's kernels, and those of the rounding
+// step the executor plans after each op writing a float16 output (in place:
+// the input is the output).
+void roundToHalfKernel(const Step& s);
+void roundToHalfTile(const Step& s, const TileOperands& t, int64_t n);
+
 // A strided kernel computing F per element of one input, or of two.
 template <class F>
 void unaryKernel(const Step& s) {

@@ -119,6 +119,7 @@ struct Held {
   int64_t slots = 0;         // elements per entry
   int64_t metaElements = 0;  // elements of the full tensor
   int64_t entries = 1;
+  int64_t bytesPerElement = 4;  // dtypeBytes: float16 2, float32 and int32 4
 };
 
 void setSharding(Held& held, const ShardSource& source, const Shape& metaShape) {
@@ -128,7 +129,7 @@ void setSharding(Held& held, const ShardSource& source, const Shape& metaShape) 
   held.memory.sharded = true;
   held.memory.shards = source.shards;
   held.memory.paddingBytes =
-      ShardLayout(held.metaElements, source.shards).padding() * kBytesPerElement * held.entries;
+      ShardLayout(held.metaElements, source.shards).padding() * held.bytesPerElement * held.entries;
 }
 
 // Padding slots replica `replica` holds in `held`.
@@ -136,7 +137,7 @@ int64_t replicaPadding(const Held& held, int64_t replicationFactor, int64_t repl
   if (!held.memory.sharded) return 0;
   const ShardLayout layout(held.metaElements, held.source.shards);
   const int64_t real = layout.realElements(held.source.shardAt(replicationFactor, replica));
-  return std::max<int64_t>(0, held.slots - real) * kBytesPerElement * held.entries;
+  return std::max<int64_t>(0, held.slots - real) * held.bytesPerElement * held.entries;
 }
 
 // "remote buffer #2 (W0, W0/momentum)": the variables kept in it and the
@@ -181,11 +182,12 @@ std::vector<Held> heldTensors(const Graph& graph, std::span<const OpId> schedule
       if (variable && node.remoteBuffer >= 0) continue;  // counted with its buffer
       Held h;
       h.slots = numElements(node.shape);
+      h.bytesPerElement = dtypeBytes(node.dtype);
       TensorMemory& m = h.memory;
       m.name = node.name;
       m.category = node.category;
       m.space = node.tileSet == TileSet::IO ? MemorySpace::IOTiles : MemorySpace::ComputeTiles;
-      m.bytes = h.slots * kBytesPerElement;
+      m.bytes = h.slots * h.bytesPerElement;
       m.resident = variable;
       m.firstUse = variable ? 0 : first[at(out)];
       m.lastUse = variable ? lastStep : last[at(out)];
@@ -216,11 +218,12 @@ std::vector<Held> heldTensors(const Graph& graph, std::span<const OpId> schedule
     Held h;
     h.slots = numElements(info.shape);
     h.entries = info.entries;
+    h.bytesPerElement = dtypeBytes(info.dtype);
     TensorMemory& m = h.memory;
     m.name = bufferName(static_cast<int64_t>(b), contents[b]);
     m.category = categories[b].value_or(TensorCategory::Activation);
     m.space = MemorySpace::Streaming;
-    m.bytes = info.entries * h.slots * kBytesPerElement;
+    m.bytes = info.entries * h.slots * h.bytesPerElement;
     m.resident = true;
     m.firstUse = 0;
     m.lastUse = lastStep;

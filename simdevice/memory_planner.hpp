@@ -15,8 +15,9 @@
 
 namespace tessera::sim {
 
-// Bytes of one element: float32 and int32 are both 4 bytes.
-inline constexpr int64_t kBytesPerElement = 4;
+// Every tensor and remote buffer takes dtypeBytes(dtype) bytes an element
+// (float16 2, float32 and int32 4), as the hardware holds it, whatever the
+// host arena keeps (float slots for every dtype).
 
 // How many tensors a peak lists (and an out-of-memory error names).
 inline constexpr std::size_t kLargestAtPeak = 10;

@@ -86,6 +86,7 @@ enum class ErrorCode : int {
   InvalidRemoteBuffer = 209,
   ReplicationFactorMismatch = 210,  // a graph built for another replication factor
   UnknownStream = 211,              // a step input or output name the program does not have
+  DTypeMismatch = 212,              // float16 and float32 operands of one op (cast one of them)
   // --- Autodiff (3xx) ---
   NoGradient = 301,
   LossNotScalar = 302,

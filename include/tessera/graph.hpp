@@ -147,8 +147,9 @@ enum class OpKind : uint16_t {
   Or,       // a != 0 || b != 0
   Where,    // (cond, x, y) -> cond != 0 ? x : y, the three broadcast; a select, so -inf in y is kept
   Dropout,  // (x, step int32 []) -> x * mask / (1 - a), the mask drawn from (seed b, step, global element)
-  CastToInt32,    // float32 -> int32, truncated toward zero; no gradient
-  CastToFloat32,  // int32 -> float32, the same value
+  CastToInt32,    // float32 or float16 -> int32, truncated toward zero; no gradient
+  CastToFloat32,  // int32 -> float32 (the same value, no gradient) or float16 -> float32 (exact)
+  CastToFloat16,  // float32 -> float16, round to nearest even; the gradient is the cast back
   // Gradient helpers, produced by autodiff (also usable directly).
   ReluGrad,                 // (dy, x) -> dy * (x > 0)
   GeluGrad,                 // (dy, x) -> dy * gelu'(x)
@@ -236,6 +237,7 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::Dropout, std::string_view{"Dropout"}},
       std::pair{OpKind::CastToInt32, std::string_view{"CastToInt32"}},
       std::pair{OpKind::CastToFloat32, std::string_view{"CastToFloat32"}},
+      std::pair{OpKind::CastToFloat16, std::string_view{"CastToFloat16"}},
       std::pair{OpKind::ReluGrad, std::string_view{"ReluGrad"}},
       std::pair{OpKind::GeluGrad, std::string_view{"GeluGrad"}},
       std::pair{OpKind::LeakyReluGrad, std::string_view{"LeakyReluGrad"}},

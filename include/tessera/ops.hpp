@@ -101,10 +101,11 @@ Tensor variable(Graph& graph, std::string name, InitialValues hostData, Shape sh
                 TensorCategory category = TensorCategory::Weight, DType dtype = DType::Float32);
 Tensor constant(Graph& graph, std::string name, std::vector<float> data, Shape shape,
                 DType dtype = DType::Float32);
-// A float32 constant holding one value, shape [] (broadcasts against anything).
-Tensor scalar(Graph& graph, double value);
+// A constant holding one value, shape [] (broadcasts against anything), in
+// `dtype` (a float16 scalar holds the value rounded to half).
+Tensor scalar(Graph& graph, double value, DType dtype = DType::Float32);
 
-// --- Dense math (float32) ---
+// --- Dense math (float32 or float16; an op's float operands share one dtype) ---
 Tensor matmul(Tensor a, Tensor b);  // [.., M, K] x [K, N] -> [.., M, N]
 // [B.., M, K] x [B.., K, N] -> [B.., M, N] with the same batch dimensions B..
 // (rank >= 3): one product per batch index, as attention's scores.
@@ -191,8 +192,16 @@ Tensor where(Tensor cond, Tensor x, Tensor y);
 // count. `step` is an int32 scalar (a counter the caller advances). The
 // gradient is dy through the same mask.
 Tensor dropout(Tensor x, Tensor step, double ratio, uint64_t seed = 0);
-// float32 -> int32 truncated toward zero (values beyond 2^24 are not held
-// exactly), and int32 -> float32; neither has a gradient.
+// x in `dtype`: float32 -> float16 rounds to nearest even (beyond +-65504 to
+// +-inf, NaN stays NaN), float16 -> float32 is exact, float -> int32
+// truncates toward zero (float32 values beyond 2^24 are not held exactly),
+// int32 -> float32 is the same value (int32 -> float16 goes through float32:
+// cast twice). Casts between float32 and float16 have a gradient (the cast
+// back); casts from or to int32 have none. x itself when it has `dtype`.
+// InvalidOperand for int32 -> float16.
+Tensor cast(Tensor x, DType dtype);
+// float32 or float16 -> int32 (CastToInt32), and int32 or float16 -> float32
+// (CastToFloat32).
 Tensor castToInt32(Tensor x);
 Tensor castToFloat32(Tensor x);
 Tensor softmax(Tensor x);     // along the last axis
@@ -249,7 +258,8 @@ Tensor remoteVariable(Graph& graph, std::string name, InitialValues hostData, Re
 ShardedVariable replicaShardedVariable(Graph& graph, std::string name, InitialValues hostData, Shape shape,
                                        std::optional<ReplicaGrouping> grouping = std::nullopt,
                                        std::optional<int64_t> shardOver = std::nullopt,
-                                       TensorCategory category = TensorCategory::Weight);
+                                       TensorCategory category = TensorCategory::Weight,
+                                       DType dtype = DType::Float32);
 // A variable of `shape` sharded over all replicas and kept in buffer[entry];
 // the buffer must have shape [ceil(n/R)] (its metaShape is set to `shape`).
 // Needs a replication factor > 1 (GraphError(InvalidCollective)).

@@ -57,9 +57,9 @@ void reduceReference(ReferenceOp& r, int64_t /*replica*/) {
 
 std::vector<OutputSpec> shardShape(const OpChecker& c, OpAttributes& attributes) {
   c.arity(1);
-  c.dtype(0, DType::Float32);
+  const DType dtype = c.floating({0});
   const ReplicaGrouping g = c.grouping(attributes);
-  return {{Shape{ceilDiv(numElements(c.shape(0)), g.groupSize())}, DType::Float32, c.shape(0)}};
+  return {{Shape{ceilDiv(numElements(c.shape(0)), g.groupSize())}, dtype, c.shape(0)}};
 }
 
 double groupSizeOf(const Graph& graph, const OpNode& op) {
@@ -81,9 +81,9 @@ void addCollectiveOps(OpTable& table) {
   allReduce.kind = OpKind::ReplicatedAllReduce;
   allReduce.shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
     c.arity(1);
-    c.dtype(0, DType::Float32);
+    const DType dtype = c.floating({0});
     c.grouping(attributes);
-    return {{c.shape(0), DType::Float32, c.in(0).metaShape}};
+    return {{c.shape(0), dtype, c.in(0).metaShape}};
   };
   allReduce.gradient = [](const GradientContext& g) -> R {
     return {ops::replicatedAllReduce(g.dy, g.attributes().reduction, g.attributes().grouping)};
@@ -116,7 +116,7 @@ void addCollectiveOps(OpTable& table) {
   allGather.kind = OpKind::ReplicatedAllGather;
   allGather.shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
     c.arity(1);
-    c.dtype(0, DType::Float32);
+    const DType dtype = c.floating({0});
     const ReplicaGrouping g = c.grouping(attributes);
     if (c.rank(0) != 1)
       c.fail(ErrorCode::InvalidCollective, fmt::format("input {} must be a 1-D shard", c.desc(0)));
@@ -124,7 +124,7 @@ void addCollectiveOps(OpTable& table) {
     if (full.empty()) full = {g.groupSize() * c.shape(0)[0]};
     c.shardFits(full, g.groupSize());
     attributes.shape = full;
-    return {{full, DType::Float32, {}}};
+    return {{full, dtype, {}}};
   };
   allGather.gradient = [](const GradientContext& g) -> R {
     return {ops::replicatedReduceScatter(g.dy, ReductionType::Sum, g.attributes().grouping)};
@@ -169,7 +169,7 @@ void addCollectiveOps(OpTable& table) {
   shardedPad.kind = OpKind::ReplicaShardedPad;
   shardedPad.shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
     c.arity(1);
-    c.dtype(0, DType::Float32);
+    const DType dtype = c.floating({0});
     const ReplicaGrouping g = c.grouping(attributes);
     const Shape full = !attributes.shape.empty() ? attributes.shape : c.in(0).metaShape;
     if (full.empty()) {
@@ -179,7 +179,7 @@ void addCollectiveOps(OpTable& table) {
     }
     c.shardFits(full, g.groupSize());
     attributes.shape = full;
-    return {{full, DType::Float32, {}}};
+    return {{full, dtype, {}}};
   };
   shardedPad.gradient = [](const GradientContext& g) -> R {
     return {ops::replicaShardedSlice(g.dy, g.attributes().grouping)};

@@ -210,8 +210,7 @@ void addConvOps(OpTable& table) {
              .family = OpFamily::Conv,
              .shape = [](const OpChecker& c, OpAttributes& a) -> std::vector<OutputSpec> {
                c.arity(2);
-               c.dtype(0, DType::Float32);
-               c.dtype(1, DType::Float32);
+               const DType dtype = c.floating({0, 1});
                const int64_t r = sameSpatialRank(c);
                const Shape& x = c.shape(0);
                const Shape& w = c.shape(1);
@@ -220,7 +219,7 @@ void addConvOps(OpTable& table) {
                Shape out{x[0], w[0]};
                const Shape spatial = windowOutput(c, spatialOf(x), spatialOf(w), a, false);
                out.insert(out.end(), spatial.begin(), spatial.end());
-               return {{out, DType::Float32, {}}};
+               return {{out, dtype, {}}};
              },
              .gradient = [](const GradientContext& g) -> std::vector<Tensor> {
                std::vector<Tensor> out{Tensor{}, Tensor{}};
@@ -245,8 +244,7 @@ void addConvOps(OpTable& table) {
        .family = OpFamily::Conv,
        .shape = [](const OpChecker& c, OpAttributes& a) -> std::vector<OutputSpec> {
          c.arity(2);
-         c.dtype(0, DType::Float32);
-         c.dtype(1, DType::Float32);
+         const DType dtype = c.floating({0, 1});
          const int64_t r = sameSpatialRank(c);
          const Shape& x = c.shape(0);
          const Shape& w = c.shape(1);
@@ -265,7 +263,7 @@ void addConvOps(OpTable& table) {
          }
          Shape out{x[0], w[1] * a.group};
          out.insert(out.end(), spatial.begin(), spatial.end());
-         return {{out, DType::Float32, {}}};
+         return {{out, dtype, {}}};
        },
        .gradient = [](const GradientContext& g) -> std::vector<Tensor> {
          std::vector<Tensor> out{Tensor{}, Tensor{}};
@@ -289,8 +287,7 @@ void addConvOps(OpTable& table) {
        .family = OpFamily::Conv,
        .shape = [](const OpChecker& c, OpAttributes& a) -> std::vector<OutputSpec> {
          c.arity(2);
-         c.dtype(0, DType::Float32);
-         c.dtype(1, DType::Float32);
+         const DType dtype = c.floating({0, 1});
          const int64_t r = sameSpatialRank(c);
          const Shape& dy = c.shape(0);
          const Shape& x = c.shape(1);
@@ -309,7 +306,7 @@ void addConvOps(OpTable& table) {
                               "[{}, {}, {}]",
                               c.desc(0), c.desc(1), a.shape, x[0], dy[1], fmt::join(spatial, ", ")));
          }
-         return {{a.shape, DType::Float32, {}}};
+         return {{a.shape, dtype, {}}};
        },
        .gradient = [](const GradientContext& g) -> std::vector<Tensor> {
          std::vector<Tensor> out{Tensor{}, Tensor{}};

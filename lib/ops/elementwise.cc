@@ -25,11 +25,13 @@ OpCost perElement(const Graph& graph, const OpNode& op) {
 
 // Shape rules.
 
-// Int32 arithmetic (counters, the seed's `v += 1`) is exact; Div stays float.
+// Int32 arithmetic (counters, the seed's `v += 1`) is exact; Div stays
+// float. Both operands share one dtype: float16 beside float32 is a
+// DTypeMismatch.
 std::vector<OutputSpec> broadcastingShape(const OpChecker& c, OpAttributes& /*attributes*/) {
   c.arity(2);
-  if (c.kind() == OpKind::Div) c.dtype(0, DType::Float32);
-  c.dtype(1, c.in(0).dtype);
+  if (c.kind() == OpKind::Div) c.floating({0});
+  c.sameDType(0, 1);
   auto out = broadcastShapes(c.shape(0), c.shape(1));
   if (!out) {
     c.fail(ErrorCode::ShapeMismatch,
@@ -46,15 +48,14 @@ std::vector<OutputSpec> broadcastingShape(const OpChecker& c, OpAttributes& /*at
 
 std::vector<OutputSpec> unaryShape(const OpChecker& c, OpAttributes& /*attributes*/) {
   c.arity(1);
-  c.dtype(0, DType::Float32);
-  return {{c.shape(0), DType::Float32, c.in(0).metaShape}};
+  const DType dtype = c.floating({0});
+  return {{c.shape(0), dtype, c.in(0).metaShape}};
 }
 
 // (dy, x) of the same shape.
 std::vector<OutputSpec> gradHelperShape(const OpChecker& c, OpAttributes& /*attributes*/) {
   c.arity(2);
-  c.dtype(0, DType::Float32);
-  c.dtype(1, DType::Float32);
+  c.floating({0, 1});
   c.sameShape(0, 1);
   return c.same(0);
 }
@@ -272,7 +273,7 @@ void addElementwiseOps(OpTable& table) {
         const Tensor b = g.in(1);
         R out{Tensor{}, Tensor{}};
         if (g.isWanted(0)) {
-          out[0] = reduceTo(ops::mul(g.dy, ops::mul(b, ops::pow(a, ops::sub(b, ops::scalar(g.graph, 1.0))))),
+          out[0] = reduceTo(ops::mul(g.dy, ops::mul(b, ops::pow(a, ops::sub(b, ops::scalar(g.graph, 1.0, b.dtype()))))),
                             a.shape());
         }
         if (g.isWanted(1)) out[1] = reduceTo(ops::mul(g.dy, ops::mul(g.out(0), ops::log(a))), b.shape());
@@ -313,7 +314,7 @@ void addElementwiseOps(OpTable& table) {
        .inplace = true,
        .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
          c.arity(2);
-         c.dtype(1, c.in(0).dtype);
+         c.sameDType(0, 1);
          if (!broadcastsTo(c.shape(1), c.shape(0))) {
            c.fail(ErrorCode::ShapeMismatch,
                   fmt::format("y {} must broadcast to the shape of the modified x {}", c.desc(1), c.desc(0)));
@@ -353,7 +354,7 @@ void addElementwiseOps(OpTable& table) {
              .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
                c.arity(2);
                c.sameShape(0, 1);
-               c.dtype(1, c.in(0).dtype);
+               c.sameDType(0, 1);
                return {{c.shape(0), c.in(0).dtype, c.in(0).metaShape}};
              },
              .gradient = [](const GradientContext& g) -> R {

@@ -32,12 +32,12 @@ void addGatherOps(OpTable& table) {
              .family = OpFamily::Gather,
              .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
                c.arity(2);
-               c.dtype(0, DType::Float32);
+               const DType dtype = c.floating({0});
                c.dtype(1, DType::Int32);
                c.minRank(0, 1);
                Shape out = c.shape(1);
                out.insert(out.end(), c.shape(0).begin() + 1, c.shape(0).end());
-               return {{out, DType::Float32, {}}};
+               return {{out, dtype, {}}};
              },
              .gradient = [](const GradientContext& g) -> std::vector<Tensor> {
                OpAttributes attributes;
@@ -61,7 +61,7 @@ void addGatherOps(OpTable& table) {
              .family = OpFamily::Gather,
              .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
                c.arity(2);
-               c.dtype(0, DType::Float32);
+               const DType dtype = c.floating({0});
                c.dtype(1, DType::Int32);
                Shape expected = c.shape(1);
                if (!attributes.shape.empty())
@@ -73,7 +73,7 @@ void addGatherOps(OpTable& table) {
                                  c.desc(0), c.desc(1), shapeStr(attributes.shape), shapeStr(expected)));
                }
                numElements(attributes.shape);
-               return {{attributes.shape, DType::Float32, {}}};
+               return {{attributes.shape, dtype, {}}};
              },
              .reference =
                  [](ReferenceOp& r, int64_t replica) {

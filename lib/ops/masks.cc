@@ -2,14 +2,17 @@
 //
 // A mask is a float32 tensor of 0 and 1 (1 = true), so that masks mix with
 // arithmetic without a cast (ONNX's Cast of a bool to float is the value
-// itself) and every input that is not 0 counts as true. Comparisons and
+// itself) and every input that is not 0 counts as true. Masks stay float32
+// when they compare float16 values: 0 and 1 are exact in either dtype, and
+// their consumers (Where's cond, Not, And, Or) take a float16 or float32
+// mask alike, so a mask never forces a cast. Comparisons and
 // logic are piecewise constant: no gradient flows through them. Where is a
 // real select: cond ? x : y never touches the element it does not pick, so
 // a -inf in y (masked_fill in causal attention) stays -inf and NaN never
 // appears where x * m + y * (1 - m) would make one. Dropout draws its mask
 // from (seed, step, element of the global batch): the same on any number of
-// replicas. The casts between float32 and int32 live here too: a mask
-// becomes an integer or a count the same way.
+// replicas. The casts between float32, float16 and int32 live here too: a
+// mask becomes an integer or a count the same way.
 #include "ops/masks.hpp"
 
 #include <algorithm>
@@ -44,19 +47,19 @@ std::optional<Shape> broadcastAll(const OpChecker& c) {
                      operands));
 }
 
-// Comparisons: two float32 or two int32 values.
+// Comparisons: two values of one dtype (float32, float16 or int32).
 std::vector<OutputSpec> compareShape(const OpChecker& c, OpAttributes& /*attributes*/) {
   c.arity(2);
-  c.dtype(1, c.in(0).dtype);
+  c.sameDType(0, 1);
   const auto out = broadcastAll(c);
   if (!out) notBroadcastable(c);
   return {{*out, DType::Float32, {}}};
 }
 
-// Logic: masks (float32).
+// Logic: masks (float32, or float16 ones; they need not share a dtype).
 std::vector<OutputSpec> logicShape(const OpChecker& c, OpAttributes& /*attributes*/) {
   c.arity(c.kind() == OpKind::Not ? 1 : 2);
-  for (std::size_t i = 0; i < c.inputCount(); ++i) c.dtype(i, DType::Float32);
+  for (std::size_t i = 0; i < c.inputCount(); ++i) c.floating({i});
   const auto out = broadcastAll(c);
   if (!out) notBroadcastable(c);
   return {{*out, DType::Float32, {}}};
@@ -113,8 +116,8 @@ void addMaskOps(OpTable& table) {
              .elementwise = true,
              .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
                c.arity(3);
-               c.dtype(0, DType::Float32);
-               c.dtype(2, c.in(1).dtype);
+               c.floating({0});  // the mask: float32 or float16, whatever x and y are
+               c.sameDType(1, 2);
                const auto out = broadcastAll(c);
                if (!out) notBroadcastable(c);
                // A choice between shards (or a shard and a scalar) is a
@@ -127,7 +130,7 @@ void addMaskOps(OpTable& table) {
              },
              .gradient = [](const GradientContext& g) -> R {
                R out(3);
-               const Tensor zero = ops::scalar(g.graph, 0.0);
+               const Tensor zero = ops::scalar(g.graph, 0.0, g.dy.dtype());
                const Tensor cond = g.in(0);
                if (g.isWanted(1)) out[1] = reduceTo(ops::where(cond, g.dy, zero), g.in(1).shape());
                if (g.isWanted(2)) out[2] = reduceTo(ops::where(cond, zero, g.dy), g.in(2).shape());
@@ -148,13 +151,15 @@ void addMaskOps(OpTable& table) {
                  },
              .cost = perElement});
 
-  // Casts: one element from one element; no gradient flows through them.
+  // Casts: one element from one element. No gradient flows through a cast
+  // from or to int32; between float32 and float16 the gradient is the cast
+  // back.
   table.add({.kind = OpKind::CastToInt32,
              .family = OpFamily::Mask,
              .elementwise = true,
              .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
                c.arity(1);
-               c.dtype(0, DType::Float32);
+               c.floating({0});
                return {{c.shape(0), DType::Int32, {}}};
              },
              .gradient = noGradient,
@@ -170,10 +175,30 @@ void addMaskOps(OpTable& table) {
              .elementwise = true,
              .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
                c.arity(1);
-               c.dtype(0, DType::Int32);
-               return {{c.shape(0), DType::Float32, {}}};
+               if (c.in(0).dtype == DType::Float32) {
+                 c.fail(ErrorCode::InvalidOperand,
+                        fmt::format("input 0 {} is float32 already; CastToFloat32 takes int32 or float16",
+                                    c.desc(0)));
+               }
+               return {{c.shape(0), DType::Float32, c.in(0).metaShape}};
              },
-             .gradient = noGradient,
+             .gradient = [](const GradientContext& g) -> R {
+               if (g.in(0).dtype() != DType::Float16) return {Tensor{}};
+               return {ops::cast(g.dy, DType::Float16)};
+             },
+             .reference = [](ReferenceOp& r, int64_t replica) { r.out(replica) = r.in(0, replica); },
+             .cost = perElement});
+  // The output is stored as half: the reference's rounding model (and the
+  // device's) rounds every float16 output, so the op itself is the identity.
+  table.add({.kind = OpKind::CastToFloat16,
+             .family = OpFamily::Mask,
+             .elementwise = true,
+             .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
+               c.arity(1);
+               c.dtype(0, DType::Float32);
+               return {{c.shape(0), DType::Float16, c.in(0).metaShape}};
+             },
+             .gradient = [](const GradientContext& g) -> R { return {ops::cast(g.dy, DType::Float32)}; },
              .reference = [](ReferenceOp& r, int64_t replica) { r.out(replica) = r.in(0, replica); },
              .cost = perElement});
 
@@ -186,7 +211,7 @@ void addMaskOps(OpTable& table) {
        .family = OpFamily::Mask,
        .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
          c.arity(2);
-         c.dtype(0, DType::Float32);
+         const DType dtype = c.floating({0});
          c.dtype(1, DType::Int32);
          if (c.rank(1) != 0)
            c.fail(ErrorCode::ShapeMismatch, fmt::format("the step {} must be a scalar", c.desc(1)));
@@ -195,7 +220,7 @@ void addMaskOps(OpTable& table) {
          if (!(attributes.b >= 0.0 && attributes.b == std::floor(attributes.b)))
            c.fail(ErrorCode::InvalidOperand,
                   fmt::format("seed {} must be a non-negative integer", attributes.b));
-         return {{c.shape(0), DType::Float32, {}}};
+         return {{c.shape(0), dtype, {}}};
        },
        .gradient = [](const GradientContext& g) -> R {
          return {g.make(OpKind::Dropout, {g.dy.id(), g.in(1).id()}, g.attributes()), Tensor{}};

@@ -27,8 +27,7 @@ void addMatMulOps(OpTable& table) {
        .family = OpFamily::MatMul,
        .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
          c.arity(2);
-         c.dtype(0, DType::Float32);
-         c.dtype(1, DType::Float32);
+         const DType dtype = c.floating({0, 1});
          c.minRank(0, 2);
          if (c.rank(1) != 2 || c.shape(0).back() != c.shape(1)[0]) {
            c.fail(ErrorCode::ShapeMismatch,
@@ -38,7 +37,7 @@ void addMatMulOps(OpTable& table) {
          }
          Shape out = c.shape(0);
          out.back() = c.shape(1)[1];
-         return {{out, DType::Float32, {}}};
+         return {{out, dtype, {}}};
        },
        // Each gradient is a GEMM as large as the forward product: build only the wanted ones.
        .gradient = [](const GradientContext& g) -> std::vector<Tensor> {
@@ -82,8 +81,7 @@ void addMatMulOps(OpTable& table) {
              .family = OpFamily::MatMul,
              .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
                c.arity(2);
-               c.dtype(0, DType::Float32);
-               c.dtype(1, DType::Float32);
+               const DType dtype = c.floating({0, 1});
                c.minRank(0, 3);
                const Shape& a = c.shape(0);
                const Shape& b = c.shape(1);
@@ -96,7 +94,7 @@ void addMatMulOps(OpTable& table) {
                }
                Shape out = a;
                out.back() = b.back();
-               return {{out, DType::Float32, {}}};
+               return {{out, dtype, {}}};
              },
              // dA = dY B^T, dB = A^T dY, batch by batch.
              .gradient = [](const GradientContext& g) -> std::vector<Tensor> {

@@ -84,9 +84,9 @@ void addPoolingOps(OpTable& table) {
        .family = OpFamily::Pooling,
        .shape = [](const OpChecker& c, OpAttributes& a) -> std::vector<OutputSpec> {
          c.arity(1);
-         c.dtype(0, DType::Float32);
+         const DType dtype = c.floating({0});
          spatialRank(c, 0);
-         return {{pooled(c, a, c.shape(0)), DType::Float32, {}}};
+         return {{pooled(c, a, c.shape(0)), dtype, {}}};
        },
        .gradient = [](const GradientContext& g) -> std::vector<Tensor> {
          return {g.make(OpKind::MaxPoolGrad, {g.dy.id(), g.in(0).id()}, poolAttributes(g.attributes()))};
@@ -116,8 +116,7 @@ void addPoolingOps(OpTable& table) {
              .family = OpFamily::Pooling,
              .shape = [](const OpChecker& c, OpAttributes& a) -> std::vector<OutputSpec> {
                c.arity(2);
-               c.dtype(0, DType::Float32);
-               c.dtype(1, DType::Float32);
+               c.floating({0, 1});
                spatialRank(c, 1);
                const Shape expected = pooled(c, a, c.shape(1));
                if (c.shape(0) != expected) {
@@ -152,9 +151,9 @@ void addPoolingOps(OpTable& table) {
              .family = OpFamily::Pooling,
              .shape = [](const OpChecker& c, OpAttributes& a) -> std::vector<OutputSpec> {
                c.arity(1);
-               c.dtype(0, DType::Float32);
+               const DType dtype = c.floating({0});
                spatialRank(c, 0);
-               return {{pooled(c, a, c.shape(0)), DType::Float32, {}}};
+               return {{pooled(c, a, c.shape(0)), dtype, {}}};
              },
              .gradient = [](const GradientContext& g) -> std::vector<Tensor> {
                OpAttributes a = poolAttributes(g.attributes());
@@ -192,7 +191,7 @@ void addPoolingOps(OpTable& table) {
        .family = OpFamily::Pooling,
        .shape = [](const OpChecker& c, OpAttributes& a) -> std::vector<OutputSpec> {
          c.arity(1);
-         c.dtype(0, DType::Float32);
+         const DType dtype = c.floating({0});
          spatialRank(c, 0);
          if (a.shape.size() != c.shape(0).size()) {
            c.fail(ErrorCode::InvalidOperand,
@@ -205,7 +204,7 @@ void addPoolingOps(OpTable& table) {
            c.fail(ErrorCode::ShapeMismatch, fmt::format("dy {} must be the AveragePool of `shape` {}: {}",
                                                         c.desc(0), a.shape, shapeStr(expected)));
          }
-         return {{a.shape, DType::Float32, {}}};
+         return {{a.shape, dtype, {}}};
        },
        // Linear in dy: its gradient is the pool itself.
        .gradient = [](const GradientContext& g) -> std::vector<Tensor> {

@@ -38,7 +38,7 @@ Shape reducedShape(const Shape& in, const std::vector<int64_t>& axes, bool keepD
 
 std::vector<OutputSpec> reduceShape(const OpChecker& c, OpAttributes& attributes) {
   c.arity(1);
-  c.dtype(0, DType::Float32);
+  const DType dtype = c.floating({0});
   std::vector<int64_t> axes;
   for (int64_t a : attributes.axes) {
     const int64_t normal = c.axis(a, c.rank(0));
@@ -49,7 +49,7 @@ std::vector<OutputSpec> reduceShape(const OpChecker& c, OpAttributes& attributes
   }
   std::sort(axes.begin(), axes.end());
   attributes.axes = axes;
-  return {{reducedShape(c.shape(0), axes, attributes.keepDims), DType::Float32, {}}};
+  return {{reducedShape(c.shape(0), axes, attributes.keepDims), dtype, {}}};
 }
 
 std::vector<Tensor> reduceGradient(const GradientContext& g) {
@@ -98,13 +98,13 @@ void addReductionOps(OpTable& table) {
              .family = OpFamily::Reduction,
              .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
                c.arity(1);
-               c.dtype(0, DType::Float32);
+               const DType dtype = c.floating({0});
                if (!broadcastsTo(attributes.shape, c.shape(0))) {
                  c.fail(ErrorCode::ShapeMismatch,
                         fmt::format("{} is not a broadcast of {}", c.desc(0), shapeStr(attributes.shape)));
                }
                numElements(attributes.shape);
-               return {{attributes.shape, DType::Float32, {}}};
+               return {{attributes.shape, dtype, {}}};
              },
              .gradient = [](const GradientContext& g) -> std::vector<Tensor> {
                return {ops::broadcastTo(g.dy, g.in(0).shape())};

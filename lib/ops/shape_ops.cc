@@ -185,6 +185,7 @@ void addShapeOps(OpTable& table) {
          attributes.axis = axis;
          Shape out = c.shape(0);
          for (std::size_t i = 1; i < c.inputCount(); ++i) {
+           if (isFloating(c.in(i).dtype) && isFloating(c.in(0).dtype)) c.sameDType(0, i);
            bool fits = c.rank(i) == c.rank(0) && c.in(i).dtype == c.in(0).dtype;
            for (std::size_t d = 0; fits && d < out.size(); ++d)
              fits = static_cast<int64_t>(d) == axis || c.shape(i)[d] == out[d];
@@ -235,13 +236,13 @@ void addShapeOps(OpTable& table) {
              .family = OpFamily::ShapeOp,
              .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
                c.arity(1);
-               c.dtype(0, DType::Float32);
+               const DType dtype = c.floating({0});
                if (!broadcastsTo(c.shape(0), attributes.shape)) {
                  c.fail(ErrorCode::ShapeMismatch,
                         fmt::format("{} does not broadcast to {}", c.desc(0), shapeStr(attributes.shape)));
                }
                numElements(attributes.shape);
-               return {{attributes.shape, DType::Float32, {}}};
+               return {{attributes.shape, dtype, {}}};
              },
              .gradient = [](const GradientContext& g) -> R { return {reduceTo(g.dy, g.in(0).shape())}; },
              .reference =

@@ -29,7 +29,7 @@ Values softmaxRows(const Values& x, std::size_t c) {
 
 std::vector<OutputSpec> rowShape(const OpChecker& c, OpAttributes& /*attributes*/) {
   c.arity(1);
-  c.dtype(0, DType::Float32);
+  c.floating({0});
   c.minRank(0, 1);
   return c.same(0);
 }
@@ -106,7 +106,7 @@ void addSoftmaxOps(OpTable& table) {
              .family = OpFamily::Softmax,
              .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
                c.arity(1);
-               c.dtype(0, DType::Float32);
+               c.floating({0});
                c.minRank(0, 1);
                Shape out = c.shape(0);
                out.pop_back();
@@ -133,14 +133,14 @@ void addSoftmaxOps(OpTable& table) {
        .family = OpFamily::Softmax,
        .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
          c.arity(2);
-         c.dtype(0, DType::Float32);
+         const DType dtype = c.floating({0});
          c.dtype(1, DType::Int32);
          if (c.rank(0) != 2 || c.rank(1) != 1 || c.shape(1)[0] != c.shape(0)[0]) {
            c.fail(ErrorCode::ShapeMismatch, fmt::format("logits {} and labels {}: expected logits [N, C] and "
                                                         "labels [N]",
                                                         c.desc(0), c.desc(1)));
          }
-         return {{Shape{}, DType::Float32, {}}};
+         return {{Shape{}, dtype, {}}};
        },
        .gradient = [](const GradientContext& g) -> R {
          OpAttributes attributes;
@@ -157,8 +157,7 @@ void addSoftmaxOps(OpTable& table) {
        .family = OpFamily::Softmax,
        .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
          c.arity(3);
-         c.dtype(0, DType::Float32);
-         c.dtype(1, DType::Float32);
+         c.floating({0, 1});
          c.dtype(2, DType::Int32);
          if (c.rank(0) != 0 || c.rank(1) != 2 || c.rank(2) != 1 || c.shape(2)[0] != c.shape(1)[0]) {
            c.fail(ErrorCode::ShapeMismatch,

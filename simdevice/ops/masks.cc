@@ -108,6 +108,7 @@ void addMaskKernels(KernelTable& table) {
   table.add({.kind = OpKind::Dropout, .plan = planDropout});
   table.add(unaryKernels<TruncF>(OpKind::CastToInt32));
   table.add(unaryKernels<IdentityF>(OpKind::CastToFloat32));
+  table.add({.kind = OpKind::CastToFloat16, .plan = planLoops<roundToHalfKernel>, .tile = roundToHalfTile});
 }
 
 }  // namespace tessera::sim

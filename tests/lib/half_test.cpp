@@ -152,6 +152,19 @@ TEST_CASE("the bulk conversions give the scalar bits, on F16C and without") {
   CHECK(bulk == expected);
   CHECK(portable == expected);
 
+  // Rounding in place (float16 storage in float slots) gives the bits of
+  // narrowing and widening back, on F16C and without.
+  std::vector<float> rounded = floats;
+  std::vector<float> roundedPortable = floats;
+  tessera::roundToHalves(rounded.data(), rounded.size());
+  tessera::detail::roundToHalvesPortable(roundedPortable.data(), roundedPortable.size());
+  for (std::size_t i = 0; i < floats.size(); ++i) {
+    const uint32_t want = std::bit_cast<uint32_t>(halfToFloat(expected[i]));
+    REQUIRE(std::bit_cast<uint32_t>(rounded[i]) == want);
+    REQUIRE(std::bit_cast<uint32_t>(roundedPortable[i]) == want);
+    REQUIRE(std::bit_cast<uint32_t>(tessera::roundToHalf(floats[i])) == want);
+  }
+
   std::vector<uint16_t> halves(0x10000 + 7);
   for (std::size_t h = 0; h < halves.size(); ++h) halves[h] = static_cast<uint16_t>(h * 40503u);
   std::vector<float> wide(halves.size()), widePortable(halves.size());

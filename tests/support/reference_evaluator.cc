@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "half.hpp"
 #include "op_def.hpp"
 #include "tessera/shard_layout.hpp"
 
@@ -21,6 +22,15 @@ using Values = std::vector<double>;
 }
 
 std::size_t count(const Shape& shape) { return static_cast<std::size_t>(numElements(shape)); }
+
+// The rounding model of float16 storage: a value stored in a float16 tensor
+// is the half nearest to it. Through float first: rounding a double to float
+// (24 bits) and then to half (11 bits) gives the half nearest to the double,
+// since 24 >= 2 * 11 + 2.
+void roundIfHalf(DType dtype, Values& values) {
+  if (dtype != DType::Float16) return;
+  for (double& v : values) v = static_cast<double>(roundToHalf(static_cast<float>(v)));
+}
 
 }  // namespace
 
@@ -52,6 +62,7 @@ void ReferenceEvaluator::initialiseVariable(TensorId t) {
     Values host(first, first + static_cast<std::ptrdiff_t>(n));
     Values value =
         sharded ? reference::shardOf(host, node.shardCount, shardIndexAt(node, replicas_, r)) : host;
+    roundIfHalf(node.dtype, value);
     if (node.remoteBuffer >= 0) {
       buffers_[static_cast<std::size_t>(r)][static_cast<std::size_t>(node.remoteBuffer)]
               [static_cast<std::size_t>(node.remoteEntry)] = value;
@@ -96,6 +107,7 @@ void ReferenceEvaluator::feed(TensorId input, int64_t replica, std::vector<doubl
                      count(node.shape), values.size()));
   }
   if (replica < 0 || replica >= replicas_) fail(fmt::format("replica {} out of range", replica));
+  roundIfHalf(node.dtype, values);
   feeds_[static_cast<std::size_t>(replica)][static_cast<std::size_t>(input)] = std::move(values);
 }
 
@@ -134,8 +146,12 @@ class ReferenceEvaluator::Op final : public ReferenceOp {
   // Stores the outputs computed on `replicas`.
   void commit(std::span<const int64_t> replicas) {
     if (outputs_.empty()) return;
-    for (int64_t r : replicas)
-      evaluator_.slot(op().outputs[0], r) = std::move(outputs_[static_cast<std::size_t>(r)]);
+    const DType dtype = evaluator_.graph_.tensor(op().outputs[0]).dtype;
+    for (int64_t r : replicas) {
+      Values& out = outputs_[static_cast<std::size_t>(r)];
+      roundIfHalf(dtype, out);
+      evaluator_.slot(op().outputs[0], r) = std::move(out);
+    }
   }
 
  private:

@@ -17,6 +17,10 @@
 //    shard i.
 //  - Ops run in Graph::schedule() order; each op's arithmetic is its
 //    family's reference (OpDef::reference, lib/ops/).
+//  - Float16 tensors follow the rounding model of half storage with wider
+//    arithmetic: every value stored in one (an op's output, an initial
+//    value, a fed input) is rounded to the nearest half (ties to even,
+//    beyond the range to inf); the arithmetic between stores is double.
 #pragma once
 
 #include <cstdint>
