@@ -29,6 +29,7 @@ class Sgd final : public Optimizer {
  protected:
   std::vector<std::pair<std::string_view, double>> hyperParameterValues(int64_t step) const override;
   void addUpdate(Graph& graph, Tensor weight, Tensor gradient) override;
+  bool masterWeights() const noexcept override { return options_.masterWeights; }
 
  private:
   SgdOptions options_;
