@@ -71,7 +71,9 @@ void Optimizer::addUpdates(Graph& graph, const std::vector<GradientPair>& pairs,
                                    "updated",
                                    name(), weight.name, weight.dtype, graph.op(weight.producer).kind));
     }
-    if (gradient.shape != weight.shape || gradient.dtype != weight.dtype) {
+    const bool dtypeFits = gradient.dtype == weight.dtype ||
+                           (weight.dtype == DType::Float16 && gradient.dtype == DType::Float32);
+    if (gradient.shape != weight.shape || !dtypeFits) {
       throw GraphError(ErrorCode::ShapeMismatch, weight.name,
                        fmt::format("{}: gradient \"{}\" is {} {} but weight \"{}\" is {} {}; they must match",
                                    name(), gradient.name, gradient.dtype, shapeStr(gradient.shape),

@@ -34,6 +34,9 @@ class Adam final : public Optimizer {
   void addUpdate(Graph& graph, Tensor weight, Tensor gradient) override;
   bool masterWeights() const noexcept override { return options_.masterWeights; }
 
+ public:
+  DType accumType() const noexcept override { return options_.accumType; }
+
  private:
   AdamOptions options_;
 };

@@ -112,6 +112,8 @@ class Optimizer {
   // The options' lossScaling: the static loss scale, or the initial one of
   // automatic loss scaling.
   double lossScaling() const noexcept { return lossScaling_; }
+  // The options' accumType: the dtype of the gradient accumulators.
+  virtual DType accumType() const noexcept { return DType::Float32; }
 
  protected:
   // `learningRate` must be > 0 (ConfigError(OutOfRange)); `lossScaling` is

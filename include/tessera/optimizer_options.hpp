@@ -29,8 +29,10 @@ struct SgdOptions {
   // scaling (tessera/loss_scaling.hpp). > 0 and at most 2^127; 1 changes
   // nothing.
   double lossScaling = 1.0;
-  // PopART's name: the dtype of the momentum (float32 or float16). Its
-  // update is computed in float32 either way.
+  // PopART's names: the dtype of the gradient accumulators of gradient
+  // accumulation (float32 or float16), and of the momentum (float32 or
+  // float16, updated in float32 either way).
+  DType accumType = DType::Float32;
   DType accl1Type = DType::Float32;
   // A float16 weight gets a float32 copy "<weight>.master" (optimizer state)
   // that the update changes; the weight is the master rounded to float16.
@@ -55,8 +57,10 @@ struct AdamOptions {
   bool decoupledWeightDecay = false;  // true for AdamW
   // As SgdOptions::lossScaling.
   double lossScaling = 1.0;
-  // PopART's names: the dtypes of the first (m) and second (v) moments,
+  // PopART's names: the dtype of the gradient accumulators (as
+  // SgdOptions::accumType), and of the first (m) and second (v) moments,
   // float32 or float16; their updates are computed in float32 either way.
+  DType accumType = DType::Float32;
   DType accl1Type = DType::Float32;
   DType accl2Type = DType::Float32;
   // As SgdOptions::masterWeights.

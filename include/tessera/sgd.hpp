@@ -31,6 +31,9 @@ class Sgd final : public Optimizer {
   void addUpdate(Graph& graph, Tensor weight, Tensor gradient) override;
   bool masterWeights() const noexcept override { return options_.masterWeights; }
 
+ public:
+  DType accumType() const noexcept override { return options_.accumType; }
+
  private:
   SgdOptions options_;
 };

@@ -51,6 +51,7 @@ TEST_CASE("the dump of optimizer options names every field") {
                                    {"weightDecay", 0.0},
                                    {"nesterov", false},
                                    {"lossScaling", 1.0},
+                                   {"accumType", "float32"},
                                    {"accl1Type", "float32"},
                                    {"masterWeights", true}});
   CHECK(json(AdamOptions{}) == json{{"learningRate", 0.001},
@@ -61,6 +62,7 @@ TEST_CASE("the dump of optimizer options names every field") {
                                     {"biasCorrection", true},
                                     {"decoupledWeightDecay", false},
                                     {"lossScaling", 1.0},
+                                    {"accumType", "float32"},
                                     {"accl1Type", "float32"},
                                     {"accl2Type", "float32"},
                                     {"masterWeights", true}});

@@ -256,6 +256,7 @@ TEST_CASE("a checkpoint is a safetensors file with tessera's metadata") {
                                                                       {"weightDecay", 0.0},
                                                                       {"nesterov", false},
                                                                       {"lossScaling", 1.0},
+                                                                      {"accumType", "float32"},
                                                                       {"accl1Type", "float32"},
                                                                       {"masterWeights", true}});
   CHECK(metadata["sessionOptions"] == json(SessionOptions{}).dump());

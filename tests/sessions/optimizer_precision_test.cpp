@@ -223,3 +223,28 @@ TEST_CASE("optimizer state is float32 or float16") {
   }
   CHECK(threw);
 }
+
+TEST_CASE("float16 weights accumulate their gradients in the optimizer's accumType") {
+  for (const DType accumType : {DType::Float32, DType::Float16}) {
+    INFO(accumType);
+    SessionOptions options = replicated(1);
+    options.enableGradientAccumulation = true;
+    options.accumulationFactor = 2;
+    OptimizerConfig config = sgd();
+    config.sgd.accumType = accumType;
+    // Two micro-batches of 4 samples make the step's 8.
+    const int64_t batch = kSamplesPerStep / 2;
+    Graph g(1);
+    const Tensor x = ops::input(g, "input", {batch, kFeatures}, DType::Float16);
+    const Tensor labels = ops::input(g, "labels", {batch}, DType::Int32);
+    const Tensor w0 =
+        ops::variable(g, "W0", initialValues(kFeatures * kClasses, 0.0), {kFeatures, kClasses}, std::nullopt,
+                      RetrievalMode::OnePerGroup, TensorCategory::Weight, DType::Float16);
+    const Tensor loss = ops::softmaxCrossEntropy(ops::cast(ops::matmul(x, w0), DType::Float32), labels);
+    TrainingSession session(std::move(g), loss.id(), makeOptimizer(config), options, makeSimDevice());
+    CHECK(node(session, "W0.accum").dtype == accumType);
+    const std::vector<double> losses = train(session, 40);
+    CHECK(losses.back() < 0.7 * losses.front());
+    checkWeightIsRoundedMaster(session, "W0");
+  }
+}

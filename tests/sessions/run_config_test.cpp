@@ -170,6 +170,7 @@ TEST_CASE("the optimizer section is flat and holds the options of its type") {
                           {"weightDecay", 0.0},
                           {"nesterov", false},
                           {"lossScaling", 1.0},
+                          {"accumType", "float32"},
                           {"accl1Type", "float32"},
                           {"masterWeights", true}});
   OptimizerConfig adamw;
