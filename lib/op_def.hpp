@@ -189,6 +189,12 @@ struct OpDef {
   bool acrossReplicas = false;
   // The op's cost on one replica (the table in tessera/time_model.hpp).
   OpCost (*cost)(const Graph& graph, const OpNode& op) = nullptr;
+  // Each output element is an input element, its negation or absolute
+  // value, or zero (shape ops, copies, gathers, selects, max pools, data
+  // moved between replicas or from streaming memory): a float16 output of
+  // float16 operands is a half already, so the device does not round it.
+  // Set with OpTable::keepsHalves.
+  bool keepsHalves = false;
 };
 
 // The record of `kind`; InternalError for a kind nobody registered.
@@ -205,6 +211,8 @@ class OpTable {
  public:
   void add(OpDef def);
   const OpDef* find(OpKind kind) const noexcept;
+  // Marks registered kinds as OpDef::keepsHalves.
+  void keepsHalves(std::initializer_list<OpKind> kinds);
 
  private:
   std::vector<OpDef> defs_;  // indexed by the kind's value

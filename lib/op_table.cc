@@ -58,6 +58,17 @@ void OpTable::add(OpDef def) {
   present_[i] = 1;
 }
 
+void OpTable::keepsHalves(std::initializer_list<OpKind> kinds) {
+  for (const OpKind kind : kinds) {
+    const std::size_t i = indexOf(kind);
+    if (i >= present_.size() || !present_[i]) {
+      throw InternalError(ErrorCode::Internal, "op table",
+                          fmt::format("{} is marked as keeping halves before it is registered", opName(kind)));
+    }
+    defs_[i].keepsHalves = true;
+  }
+}
+
 const OpDef* OpTable::find(OpKind kind) const noexcept {
   const std::size_t i = indexOf(kind);
   return i < present_.size() && present_[i] ? &defs_[i] : nullptr;

@@ -12,6 +12,7 @@
 #include "half.hpp"
 #include "kernel_table.hpp"
 #include "memory_planner.hpp"
+#include "op_def.hpp"
 #include "tessera/communicator.hpp"
 #include "tessera/error.hpp"
 #include "tessera/shard_layout.hpp"
@@ -785,6 +786,16 @@ void SimExecutable::planStep(OpId id) {
   const std::size_t before = steps_.size();
   kernels.plan(planner, step);
   if (steps_.size() == before || op.kind == OpKind::CastToFloat16) return;
+  // Ops that only move, select, negate or zero elements of float16 operands
+  // write halves already.
+  if (opDef(op.kind).keepsHalves) {
+    bool halfOperands = true;
+    for (const TensorId x : op.inputs) {
+      const DType d = graph.tensor(x).dtype;
+      halfOperands = halfOperands && (d == DType::Float16 || !isFloating(d) || op.kind == OpKind::Where);
+    }
+    if (halfOperands) return;
+  }
   // Float16 outputs are held as halves: a rounding step in place over the
   // whole storage follows the op's steps. It is flat, so the chain fusion
   // runs it slice by slice with the op's own kernel when that is flat too:

@@ -153,7 +153,7 @@ struct MemoryReport {
 //    to its last reader in schedule order;
 //  - every remote buffer costs entries x its shape in streaming memory;
 //  - a peak is the most bytes live at any op. float32 and int32 elements
-//    are 4 bytes.
+//    are 4 bytes, float16 elements 2 (dtypeBytes).
 // Throws GraphError(InvalidProgramOrder) for a cyclic graph and
 // DeviceError(InvalidProgram) for a numIOTiles outside [0, tilesPerIpu) or
 // localReplicas below 1.

@@ -195,6 +195,7 @@ void addCollectiveOps(OpTable& table) {
     });
   };
   table.add(shardedPad);
+  table.keepsHalves({OpKind::ReplicatedAllGather, OpKind::ReplicaShardedSlice, OpKind::ReplicaShardedPad});
 }
 
 }  // namespace tessera

@@ -362,6 +362,7 @@ void addElementwiseOps(OpTable& table) {
              },
              .reference = [](ReferenceOp& r, int64_t replica) { r.out(replica) = r.in(1, replica); },
              .cost = perElement<1>});
+  table.keepsHalves({OpKind::Neg, OpKind::Relu, OpKind::Abs, OpKind::Sign, OpKind::ReluGrad, OpKind::Copy, OpKind::CopyInplace});
 }
 
 }  // namespace tessera

@@ -88,6 +88,7 @@ void addGatherOps(OpTable& table) {
                  },
              .cost = [](const Graph& graph,
                         const OpNode& op) { return OpCost{.flops = elementsOf(graph, op.inputs[0])}; }});
+  table.keepsHalves({OpKind::Gather});
 }
 
 }  // namespace tessera

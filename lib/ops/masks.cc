@@ -239,6 +239,7 @@ void addMaskOps(OpTable& table) {
            },
        .cost = [](const Graph& graph,
                   const OpNode& op) { return OpCost{.flops = 8.0 * elementsOf(graph, op.outputs[0])}; }});
+  table.keepsHalves({OpKind::Where});
 }
 
 }  // namespace tessera

@@ -235,6 +235,7 @@ void addPoolingOps(OpTable& table) {
        .cost = [](const Graph& graph, const OpNode& op) -> OpCost {
          return {.flops = poolCost(graph, op, op.inputs[0])};
        }});
+  table.keepsHalves({OpKind::MaxPool});
 }
 
 }  // namespace tessera

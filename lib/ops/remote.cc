@@ -60,6 +60,7 @@ void addRemoteOps(OpTable& table) {
                  },
              .cost = [](const Graph& graph,
                         const OpNode& op) { return OpCost{.streamedBytes = bytesOf(graph, op.inputs[0])}; }});
+  table.keepsHalves({OpKind::RemoteLoad});
 }
 
 }  // namespace tessera

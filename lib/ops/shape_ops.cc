@@ -253,6 +253,7 @@ void addShapeOps(OpTable& table) {
                      out[i] = x[reference::broadcastSource(i, r.outShape(), r.inShape(0))];
                  },
              .cost = perOutputElement});
+  table.keepsHalves({OpKind::Reshape, OpKind::Transpose, OpKind::Slice, OpKind::SlicePad, OpKind::Concat, OpKind::BroadcastTo});
 }
 
 }  // namespace tessera

@@ -402,3 +402,27 @@ TEST_CASE("rounding steps of float16 elementwise ops fuse into the ops' chain") 
     }
   }
 }
+
+// Ops that only move, select, negate or zero elements (OpDef::keepsHalves)
+// write halves already: the device plans no rounding step after them, only
+// after the fed input.
+TEST_CASE("ops that keep halves get no rounding step") {
+  int64_t steps[2] = {0, 0};
+  for (const DType dtype : {DType::Float32, DType::Float16}) {
+    Graph g(2);
+    const Tensor x = ops::input(g, "x", {6, 4}, dtype);
+    const Tensor moved = ops::copy(ops::transpose(ops::neg(ops::relu(x))));
+    const Tensor picked = ops::where(ops::greater(moved, ops::scalar(g, -0.5, dtype)), moved,
+                                     ops::broadcastTo(ops::slice(moved, {0, 0}, {1, 6}), {4, 6}));
+    ops::concat({picked, ops::reshape(x, {4, 6})}, 0);
+    test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::PerReplicaReference);
+    steps[dtype == DType::Float16 ? 1 : 0] = device.sim->stats().steps;
+    const auto feeds = test::makeFeeds(g, 1, 9);
+    test::runDevice(*device.executable, feeds);
+    test::ReferenceEvaluator oracle(g);
+    test::feedOracle(oracle, g, feeds);
+    oracle.run();
+    CHECK(test::compareAll(*device.executable, g, oracle, 0.0) > 0);
+  }
+  CHECK(steps[1] == steps[0] + 1);
+}
