@@ -111,18 +111,21 @@ std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor
 
   if (seed.valid()) {
     checkOperand(graph, seed, "seed");
-    if (seed.dtype() != DType::Float32 || !seed.shape().empty()) {
+    if (!isFloating(seed.dtype()) || !seed.shape().empty()) {
       throw GraphError(ErrorCode::InvalidOperand, seed.name(),
-                       fmt::format("the seed of the loss gradient is {} {}; it must be a float32 scalar "
-                                   "(shape [])",
+                       fmt::format("the seed of the loss gradient is {} {}; it must be a float32 or float16 "
+                                   "scalar (shape []), cast to the loss's dtype",
                                    shapeStr(seed.shape()), seed.dtype()));
     }
   }
   Backward backward(graph);
-  // The seed d loss / d loss = 1 (or the given one, e.g. the loss scale) has
-  // the loss's dtype; each gradient has its tensor's dtype.
-  if (!seed.valid())
+  // The seed d loss / d loss (1, or a given scale) has the loss's dtype; each
+  // gradient has its tensor's dtype.
+  if (!seed.valid()) {
     seed = ops::constant(graph, graph.uniqueName(loss.name() + ".grad"), {1.0f}, {}, loss.dtype());
+  } else if (seed.dtype() != loss.dtype()) {
+    seed = ops::cast(seed, loss.dtype());
+  }
   backward.markNamed(seed.id());
   backward.contribute(loss.id(), seed.id());
   for (OpId o = forwardOps - 1; o >= 0; --o) {

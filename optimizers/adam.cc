@@ -44,12 +44,12 @@ void Adam::addUpdate(Graph& graph, Tensor weight, Tensor gradient) {
   if (options_.weightDecay > 0 && !options_.decoupledWeightDecay) {
     g = ops::add(g, ops::mul(weight, constant(options_.weightDecay)));
   }
-  Tensor m = zeroVariableLike(weight, weight.name() + ".adamM", TensorCategory::OptimizerState);
-  Tensor v = zeroVariableLike(weight, weight.name() + ".adamV", TensorCategory::OptimizerState);
-  m = updateState(
-      m, ops::add(ops::mul(m, constant(options_.beta1)), ops::mul(g, constant(1.0 - options_.beta1))));
-  v = updateState(v, ops::add(ops::mul(v, constant(options_.beta2)),
-                              ops::mul(ops::mul(g, g), constant(1.0 - options_.beta2))));
+  Tensor m = stateVariable(".adamM", options_.accl1Type);
+  Tensor v = stateVariable(".adamV", options_.accl2Type);
+  m = asFloat32(updateState(m, ops::add(ops::mul(asFloat32(m), constant(options_.beta1)),
+                                        ops::mul(g, constant(1.0 - options_.beta1)))));
+  v = asFloat32(updateState(v, ops::add(ops::mul(asFloat32(v), constant(options_.beta2)),
+                                        ops::mul(ops::mul(g, g), constant(1.0 - options_.beta2)))));
   const Tensor denominator =
       ops::add(ops::mul(ops::sqrt(v), hyperParameter(graph, "biasCorrection2")), constant(options_.eps));
   Tensor step = ops::div(ops::mul(m, hyperParameter(graph, "biasCorrection1")), denominator);

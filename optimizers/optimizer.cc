@@ -64,12 +64,16 @@ void Optimizer::addUpdates(Graph& graph, const std::vector<GradientPair>& pairs,
   for (const GradientPair& pair : pairs) {
     const TensorNode& weight = graph.tensor(pair.weight);
     const TensorNode& gradient = graph.tensor(pair.gradient);
-    if (graph.op(weight.producer).kind != OpKind::Variable || weight.dtype != DType::Float32) {
+    if (graph.op(weight.producer).kind != OpKind::Variable ||
+        (weight.dtype != DType::Float32 && weight.dtype != DType::Float16)) {
       throw GraphError(ErrorCode::InvalidOperand, weight.name,
-                       fmt::format("{}: \"{}\" is a {} {} tensor; only float32 variables can be updated",
+                       fmt::format("{}: \"{}\" is a {} {} tensor; only float32 and float16 variables can be "
+                                   "updated",
                                    name(), weight.name, weight.dtype, graph.op(weight.producer).kind));
     }
-    if (gradient.shape != weight.shape || gradient.dtype != weight.dtype) {
+    const bool dtypeFits = gradient.dtype == weight.dtype ||
+                           (weight.dtype == DType::Float16 && gradient.dtype == DType::Float32);
+    if (gradient.shape != weight.shape || !dtypeFits) {
       throw GraphError(ErrorCode::ShapeMismatch, weight.name,
                        fmt::format("{}: gradient \"{}\" is {} {} but weight \"{}\" is {} {}; they must match",
                                    name(), gradient.name, gradient.dtype, shapeStr(gradient.shape),
@@ -90,7 +94,7 @@ void Optimizer::addUpdates(Graph& graph, const std::vector<GradientPair>& pairs,
   std::vector<Tensor> gradients;
   gradients.reserve(pairs.size());
   for (const GradientPair& pair : pairs) {
-    Tensor gradient{&graph, pair.gradient};
+    Tensor gradient = asFloat32(Tensor{&graph, pair.gradient});
     if (scaling.scale != kNoTensor) {
       gradient = ops::div(gradient, Tensor{&graph, scaling.scale});
       graph.rename(gradient.id(), graph.uniqueName(graph.tensor(pair.gradient).name + ".unscaled"));
@@ -103,11 +107,49 @@ void Optimizer::addUpdates(Graph& graph, const std::vector<GradientPair>& pairs,
     finite_ = finite.id();
   }
   for (std::size_t k = 0; k < pairs.size(); ++k)
-    addUpdate(graph, Tensor{&graph, pairs[k].weight}, gradients[k]);
+    addWeightUpdate(graph, Tensor{&graph, pairs[k].weight}, gradients[k]);
+  current_ = kNoTensor;
+  directView_ = kNoTensor;
   // Created after every reader of the scale (the seed's consumers, the
   // divisions above), so the in-place update runs after them.
   if (scaling.automatic.enabled)
     addScaleUpdate(graph, Tensor{&graph, scaling.scale}, finite, scaling.automatic);
+}
+
+void Optimizer::addWeightUpdate(Graph& graph, Tensor weight, Tensor gradient) {
+  current_ = weight.id();
+  currentGraph_ = &graph;
+  directView_ = kNoTensor;
+  if (weight.dtype() == DType::Float32) {
+    addUpdate(graph, weight, gradient);
+    return;
+  }
+  if (!masterWeights()) {
+    const Tensor view = asFloat32(weight);
+    directView_ = view.id();
+    addUpdate(graph, view, gradient);
+    return;
+  }
+  const TensorNode& node = weight.node();
+  const Tensor master = variableLike(weight, node.name + ".master", TensorCategory::OptimizerState,
+                                     DType::Float32, node.initial);
+  addUpdate(graph, master, gradient);
+  // Created after the master's update, so it reads the updated value.
+  updateState(weight, master);
+}
+
+Tensor Optimizer::stateVariable(std::string_view suffix, DType dtype) const {
+  if (current_ == kNoTensor) {
+    throw InternalError(
+        ErrorCode::Internal, std::string(suffix),
+        fmt::format("{}: optimizer state is made only while a weight's update is added", name()));
+  }
+  const Tensor weight{currentGraph_, current_};
+  return zeroVariableLike(weight, weight.name() + std::string(suffix), TensorCategory::OptimizerState, dtype);
+}
+
+Tensor Optimizer::asFloat32(Tensor t) {
+  return t.dtype() == DType::Float32 ? t : ops::cast(t, DType::Float32);
 }
 
 Tensor Optimizer::finiteFlag(Graph& graph, const std::vector<Tensor>& gradients) const {
@@ -151,15 +193,19 @@ void Optimizer::addScaleUpdate(Graph& graph, Tensor scale, Tensor finite,
 }
 
 Tensor Optimizer::updateState(Tensor state, Tensor next) const {
+  if (next.dtype() != state.dtype()) next = ops::cast(next, state.dtype());
   if (finite_ == kNoTensor) return ops::copyInplace(state, next);
   return ops::copyInplace(state, ops::where(Tensor{&state.graph(), finite_}, next, state));
 }
 
 Tensor Optimizer::applyUpdate(Tensor weight, Tensor delta) const {
-  if (finite_ == kNoTensor) return ops::scaledAddInplace(weight, delta, 1.0, -1.0);
   Graph& graph = weight.graph();
-  const Tensor kept = ops::where(Tensor{&graph, finite_}, delta, ops::scalar(graph, 0.0));
-  return ops::scaledAddInplace(weight, kept, 1.0, -1.0);
+  if (finite_ != kNoTensor) delta = ops::where(Tensor{&graph, finite_}, delta, ops::scalar(graph, 0.0));
+  // A float16 weight without a master weight: w = float16(float32(w) - delta).
+  if (weight.id() == directView_) {
+    return ops::copyInplace(Tensor{&graph, current_}, ops::cast(ops::sub(weight, delta), DType::Float16));
+  }
+  return ops::scaledAddInplace(weight, delta, 1.0, -1.0);
 }
 
 void checkLossScaling(double lossScaling, const AutomaticLossScalingSettings& automatic) {
@@ -199,22 +245,30 @@ Tensor Optimizer::hyperParameter(Graph& graph, std::string_view hyperName) const
   return {&graph, it->second};
 }
 
-Tensor zeroVariableLike(Tensor weight, std::string name, TensorCategory category) {
+Tensor zeroVariableLike(Tensor weight, std::string name, TensorCategory category,
+                        std::optional<DType> dtype) {
+  const TensorNode& node = weight.node();
+  const int64_t groups = node.grouping ? node.grouping->numGroups() : 1;
+  const int64_t elements = groups * numElements(node.metaShape.empty() ? node.shape : node.metaShape);
+  return variableLike(weight, std::move(name), category, dtype.value_or(node.dtype),
+                      InitialValues::filled(elements, 0.0F));
+}
+
+Tensor variableLike(Tensor weight, std::string name, TensorCategory category, DType dtype,
+                    InitialValues values) {
   const TensorNode& node = weight.node();
   Graph& graph = weight.graph();
-  const int64_t groups = node.grouping ? node.grouping->numGroups() : 1;
   if (!node.metaShape.empty()) {
-    InitialValues zeros = InitialValues::filled(groups * numElements(node.metaShape), 0.0F);
     const std::optional<ReplicaGrouping> domain = node.shardDomain;
-    const Tensor state = ops::replicaShardedVariable(graph, std::move(name), std::move(zeros), node.metaShape,
-                                                     node.grouping, node.shardCount, category)
+    const Tensor state = ops::replicaShardedVariable(graph, std::move(name), std::move(values),
+                                                     node.metaShape, node.grouping, node.shardCount, category)
                              .shard;
     graph.tensor(state.id()).shardDomain = domain;
+    graph.tensor(state.id()).dtype = dtype;
     return state;
   }
-  InitialValues zeros = InitialValues::filled(groups * numElements(node.shape), 0.0F);
-  return ops::variable(graph, std::move(name), std::move(zeros), node.shape, node.grouping,
-                       node.retrievalMode, category, node.dtype);
+  return ops::variable(graph, std::move(name), std::move(values), node.shape, node.grouping,
+                       node.retrievalMode, category, dtype);
 }
 
 std::unique_ptr<Optimizer> makeOptimizer(const OptimizerConfig& config) {

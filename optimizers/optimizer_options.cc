@@ -23,6 +23,24 @@ constexpr jsonio::FieldSpec kLossScalingSpec{
         "The loss gradient is seeded with it and every gradient divided by it (in float32) before the "
         "update; the initial scale of automatic loss scaling. In (0, 2^127]; 1 changes nothing."};
 
+constexpr jsonio::FieldSpec kAccumTypeSpec{
+    .doc = "The dtype of the gradient accumulators of gradient accumulation: float32 or float16."};
+
+constexpr jsonio::FieldSpec kMasterWeightsSpec{
+    .doc =
+        "A float16 weight gets a float32 copy <weight>.master (optimizer state) that the update changes; "
+        "the weight is the master rounded to float16. false: float16 weights are updated directly and "
+        "updates below half a float16 ulp are lost."};
+
+// Optimizer state is float32 or float16.
+void checkStateType(const jsonio::RuleSite& site, std::string_view field, DType dtype) {
+  if (dtype == DType::Float32 || dtype == DType::Float16) return;
+  const std::string path = site.path(field);
+  throw ConfigError(ErrorCode::InvalidOptimizer, path,
+                    fmt::format("{} is \"{}\"; optimizer state is \"float32\" or \"float16\"{}", field, dtype,
+                                site.origin(path)));
+}
+
 template <class V>
 void visitFields(V& v, SgdOptions& value) {
   v.field("learningRate", value.learningRate, {.exclusiveMin = 0, .doc = "Step size. Must be > 0."});
@@ -36,6 +54,12 @@ void visitFields(V& v, SgdOptions& value) {
           {.min = 0, .doc = "L2 penalty added to the gradient (weightDecay * w). Must be >= 0."});
   v.field("nesterov", value.nesterov, {.doc = "Nesterov momentum; needs momentum > 0 and dampening 0."});
   v.field("lossScaling", value.lossScaling, kLossScalingSpec);
+  v.field("accumType", value.accumType, kAccumTypeSpec);
+  v.field("accl1Type", value.accl1Type,
+          {.doc = "The dtype of the momentum: float32 or float16 (updated in float32 either way)."});
+  v.field("masterWeights", value.masterWeights, kMasterWeightsSpec);
+  v.rule([&value](const jsonio::RuleSite& site) { checkStateType(site, "accumType", value.accumType); });
+  v.rule([&value](const jsonio::RuleSite& site) { checkStateType(site, "accl1Type", value.accl1Type); });
   v.rule([&value](const jsonio::RuleSite& site) {
     if (!value.nesterov || (value.momentum > 0 && value.dampening == 0)) return;
     const std::string path = site.path("nesterov");
@@ -70,6 +94,15 @@ void visitFields(V& v, AdamOptions& value) {
       "decoupledWeightDecay", value.decoupledWeightDecay,
       {.doc = "Apply weight decay to the weights directly (AdamW) instead of adding it to the gradient."});
   v.field("lossScaling", value.lossScaling, kLossScalingSpec);
+  v.field("accumType", value.accumType, kAccumTypeSpec);
+  v.field("accl1Type", value.accl1Type,
+          {.doc = "The dtype of the first moment m: float32 or float16 (updated in float32 either way)."});
+  v.field("accl2Type", value.accl2Type,
+          {.doc = "The dtype of the second moment v: float32 or float16 (updated in float32 either way)."});
+  v.field("masterWeights", value.masterWeights, kMasterWeightsSpec);
+  v.rule([&value](const jsonio::RuleSite& site) { checkStateType(site, "accumType", value.accumType); });
+  v.rule([&value](const jsonio::RuleSite& site) { checkStateType(site, "accl1Type", value.accl1Type); });
+  v.rule([&value](const jsonio::RuleSite& site) { checkStateType(site, "accl2Type", value.accl2Type); });
 }
 
 TESSERA_INSTANTIATE_VISIT_FIELDS(SgdOptions);

@@ -40,12 +40,13 @@ void Sgd::addUpdate(Graph& graph, Tensor weight, Tensor gradient) {
     direction = ops::add(direction, ops::mul(weight, ops::scalar(graph, options_.weightDecay)));
   }
   if (options_.momentum > 0) {
-    Tensor velocity = zeroVariableLike(weight, weight.name() + ".momentum", TensorCategory::OptimizerState);
+    Tensor velocity = stateVariable(".momentum", options_.accl1Type);
     // Without dampening the factor of the gradient is 1 at every step.
     const Tensor damped =
         options_.dampening == 0 ? direction : ops::mul(direction, hyperParameter(graph, "dampeningFactor"));
-    const Tensor next = ops::add(ops::mul(velocity, hyperParameter(graph, "momentumFactor")), damped);
-    velocity = updateState(velocity, next);
+    const Tensor next =
+        ops::add(ops::mul(asFloat32(velocity), hyperParameter(graph, "momentumFactor")), damped);
+    velocity = asFloat32(updateState(velocity, next));
     direction = options_.nesterov
                     ? ops::add(direction, ops::mul(velocity, ops::scalar(graph, options_.momentum)))
                     : velocity;

@@ -15,7 +15,8 @@ std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptio
   pipeline.push_back(std::make_unique<WeightShardingTransform>(options, &tensors));
   pipeline.push_back(std::make_unique<AutodiffTransform>(tensors, optimizer.lossScaling(),
                                                          options.automaticLossScalingSettings.enabled));
-  pipeline.push_back(std::make_unique<GradientAccumulationTransform>(options, tensors));
+  pipeline.push_back(
+      std::make_unique<GradientAccumulationTransform>(options, tensors, optimizer.accumType()));
   pipeline.push_back(std::make_unique<ReplicationTransform>(options, tensors));
   pipeline.push_back(
       std::make_unique<OptimizerUpdateTransform>(optimizer, tensors, options.automaticLossScalingSettings));

@@ -24,8 +24,9 @@ namespace tessera {
 // AutodiffError(NoGradient).
 //
 // `seed` is the gradient of the loss itself: 1 when not given, else a
-// float32 scalar tensor of the graph (shape []; GraphError(InvalidOperand)
-// otherwise), e.g. a loss scale, which then multiplies every gradient.
+// float32 or float16 scalar tensor of the graph (shape [];
+// GraphError(InvalidOperand) otherwise), cast to the loss's dtype, e.g. a
+// loss scale, which then multiplies every gradient.
 std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor>& wrt, Tensor seed = {});
 
 }  // namespace tessera

@@ -85,8 +85,11 @@ class Optimizer {
   // "optimizer.<name>" (once), the state of each weight ("<weight>.momentum",
   // "<weight>.adamM", ...), then the in-place update of each weight. Call it
   // once per graph; a later call targets a new graph and forgets the old
-  // one's scalars. Throws GraphError: InvalidOperand when a weight is not a
-  // float32 variable, ShapeMismatch when a gradient's shape differs from its
+  // one's scalars. A float16 weight is updated through its float32 master
+  // weight "<weight>.master" (optimizer state, initialised with the weight's
+  // initial values; see SgdOptions::masterWeights), from its gradient cast to
+  // float32. Throws GraphError: InvalidOperand when a weight is not a
+  // float32 or float16 variable, ShapeMismatch when a gradient's shape differs from its
   // weight's (subject: the weight), DuplicateTensorName when a state name is
   // taken, InvalidOperand when `scaling` names no float32 scalar (or, for
   // automatic scaling, not the variable kLossScaleTensor).
@@ -109,6 +112,8 @@ class Optimizer {
   // The options' lossScaling: the static loss scale, or the initial one of
   // automatic loss scaling.
   double lossScaling() const noexcept { return lossScaling_; }
+  // The options' accumType: the dtype of the gradient accumulators.
+  virtual DType accumType() const noexcept { return DType::Float32; }
 
  protected:
   // `learningRate` must be > 0 (ConfigError(OutOfRange)); `lossScaling` is
@@ -126,9 +131,17 @@ class Optimizer {
 
   // The in-place updates of addUpdate(): state = next, and weight -= delta.
   // When automatic loss scaling skips the step, both keep the old value
-  // exactly. Return the updated tensor.
+  // exactly. `next` and `delta` are float32; a float16 state gets `next`
+  // rounded. Return the updated tensor.
   Tensor updateState(Tensor state, Tensor next) const;
   Tensor applyUpdate(Tensor weight, Tensor delta) const;
+  // A zero-initialised optimizer state variable "<weight><suffix>" of
+  // `dtype`, like the weight of the current addUpdate() call.
+  Tensor stateVariable(std::string_view suffix, DType dtype) const;
+  // `t` as float32 (a float16 state is read through a cast).
+  static Tensor asFloat32(Tensor t);
+  // Whether float16 weights get float32 master weights.
+  virtual bool masterWeights() const noexcept { return true; }
 
  private:
   // Whether every gradient is finite (1) or not (0), the same on every
@@ -138,8 +151,18 @@ class Optimizer {
   void addScaleUpdate(Graph& graph, Tensor scale, Tensor finite,
                       const AutomaticLossScalingSettings& settings);
 
+  // The update of one weight: a float32 weight directly, a float16 one
+  // through its master weight or a float32 view of it.
+  void addWeightUpdate(Graph& graph, Tensor weight, Tensor gradient);
+
   double learningRate_;
   double lossScaling_;
+  // The variable whose update addUpdate() is adding, and for a float16
+  // weight updated without a master weight, the float32 view given to
+  // addUpdate() in its place.
+  TensorId current_ = kNoTensor;
+  Graph* currentGraph_ = nullptr;
+  TensorId directView_ = kNoTensor;
   std::vector<std::pair<std::string, TensorId>> hyperTensors_;
   // The finite flag of the graph being updated; kNoTensor without
   // automatic loss scaling.
@@ -153,8 +176,14 @@ void checkLossScaling(double lossScaling, const AutomaticLossScalingSettings& au
 
 // A zero-initialised variable `name` of `category` with the shape, grouping
 // and sharding of the variable `weight`: optimizer state, gradient
-// accumulators. Throws GraphError(DuplicateTensorName) when `name` is taken.
-Tensor zeroVariableLike(Tensor weight, std::string name, TensorCategory category);
+// accumulators; of the weight's dtype unless `dtype` is given. Throws
+// GraphError(DuplicateTensorName) when `name` is taken.
+Tensor zeroVariableLike(Tensor weight, std::string name, TensorCategory category,
+                        std::optional<DType> dtype = std::nullopt);
+// As zeroVariableLike, initialised with `values` (one-per-group host order,
+// as the weight's own initial values).
+Tensor variableLike(Tensor weight, std::string name, TensorCategory category, DType dtype,
+                    InitialValues values);
 
 // The optimizer `config` describes: Sgd for sgd, Adam for adam (L2 weight
 // decay) and adamw (decoupled weight decay; the type decides, not

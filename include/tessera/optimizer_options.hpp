@@ -9,6 +9,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "tessera/enum_names.hpp"
+#include "tessera/graph.hpp"
 
 namespace tessera {
 
@@ -28,6 +29,16 @@ struct SgdOptions {
   // scaling (tessera/loss_scaling.hpp). > 0 and at most 2^127; 1 changes
   // nothing.
   double lossScaling = 1.0;
+  // PopART's names: the dtype of the gradient accumulators of gradient
+  // accumulation (float32 or float16), and of the momentum (float32 or
+  // float16, updated in float32 either way).
+  DType accumType = DType::Float32;
+  DType accl1Type = DType::Float32;
+  // A float16 weight gets a float32 copy "<weight>.master" (optimizer state)
+  // that the update changes; the weight is the master rounded to float16.
+  // false: float16 weights are updated directly (in float32 arithmetic,
+  // rounded to float16 every step, so updates below half an ulp are lost).
+  bool masterWeights = true;
   bool operator==(const SgdOptions&) const = default;
 };
 
@@ -46,6 +57,14 @@ struct AdamOptions {
   bool decoupledWeightDecay = false;  // true for AdamW
   // As SgdOptions::lossScaling.
   double lossScaling = 1.0;
+  // PopART's names: the dtype of the gradient accumulators (as
+  // SgdOptions::accumType), and of the first (m) and second (v) moments,
+  // float32 or float16; their updates are computed in float32 either way.
+  DType accumType = DType::Float32;
+  DType accl1Type = DType::Float32;
+  DType accl2Type = DType::Float32;
+  // As SgdOptions::masterWeights.
+  bool masterWeights = true;
   bool operator==(const AdamOptions&) const = default;
 };
 

@@ -29,6 +29,10 @@ class Sgd final : public Optimizer {
  protected:
   std::vector<std::pair<std::string_view, double>> hyperParameterValues(int64_t step) const override;
   void addUpdate(Graph& graph, Tensor weight, Tensor gradient) override;
+  bool masterWeights() const noexcept override { return options_.masterWeights; }
+
+ public:
+  DType accumType() const noexcept override { return options_.accumType; }
 
  private:
   SgdOptions options_;

@@ -33,8 +33,8 @@ struct TrainingTensors {
   // The per-replica loss: a float32 scalar; one value per micro-batch
   // ([accumulationFactor]) after gradient accumulation.
   TensorId loss = kNoTensor;
-  // The trainable weights. Empty: every float32 variable of category Weight,
-  // filled in by autodiff.
+  // The trainable weights. Empty: every float32 or float16 variable of
+  // category Weight, filled in by autodiff.
   std::vector<TensorId> weights{};
   // gradients[i] is what the update of weights[i] consumes: the gradient,
   // then its accumulator, then its all-reduced value.

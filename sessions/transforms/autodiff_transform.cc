@@ -15,7 +15,7 @@ void AutodiffTransform::apply(Graph& graph) {
     for (const OpNode& op : graph.ops()) {
       if (op.kind != OpKind::Variable) continue;
       const TensorNode& node = graph.tensor(op.outputs.front());
-      if (node.category == TensorCategory::Weight && node.dtype == DType::Float32) {
+      if (node.category == TensorCategory::Weight && isFloating(node.dtype)) {
         tensors_.weights.push_back(op.outputs.front());
       }
     }

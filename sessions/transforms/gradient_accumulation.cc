@@ -144,9 +144,9 @@ class Unroller {
 }  // namespace
 
 GradientAccumulationTransform::GradientAccumulationTransform(const SessionOptions& options,
-                                                             TrainingTensors& tensors)
+                                                             TrainingTensors& tensors, DType accumType)
     : options_(options), factor_(options.getAccumulationFactor()), reduction_(options.accumulationAndReplicationReductionType),
-      strategy_(options.meanAccumulationAndReplicationReductionStrategy), tensors_(tensors) {}
+      strategy_(options.meanAccumulationAndReplicationReductionStrategy), tensors_(tensors), accumType_(accumType) {}
 
 void GradientAccumulationTransform::apply(Graph& graph) {
   if (factor_ <= 1) return;
@@ -169,8 +169,11 @@ void GradientAccumulationTransform::apply(Graph& graph) {
     const std::string name = weight.name() + ".accum";
     const std::optional<ReplicaGrouping> domain = accumulatorShardingDomain(options_, weight.node(), name);
     scatterOver.push_back(domain);
-    accumulators.push_back(domain ? shardedZeroVariable(weight, name, *domain)
-                                  : zeroVariableLike(weight, name, TensorCategory::Accumulator));
+    Tensor accumulator = domain ? shardedZeroVariable(weight, name, *domain)
+                                : zeroVariableLike(weight, name, TensorCategory::Accumulator);
+    // float16 weights accumulate in the optimizer's accumType.
+    if (weight.dtype() == DType::Float16) out.tensor(accumulator.id()).dtype = accumType_;
+    accumulators.push_back(accumulator);
   }
   const bool running = reduction_ == ReductionType::Mean && strategy_ == MeanReductionStrategy::Running;
   {
@@ -183,6 +186,7 @@ void GradientAccumulationTransform::apply(Graph& graph) {
         Tensor gradient{&out, unroller.mapped(tensors_.gradients[k], i)};
         if (scatterOver[k]) gradient = ops::replicatedReduceScatter(gradient, ReductionType::Sum, scatterOver[k]);
         Tensor& acc = accumulators[k];
+        if (gradient.dtype() != acc.dtype()) gradient = ops::cast(gradient, acc.dtype());
         if (i == 0) {
           acc = ops::copyInplace(acc, gradient);
         } else if (running) {
@@ -194,8 +198,8 @@ void GradientAccumulationTransform::apply(Graph& graph) {
       }
     }
     if (reduction_ == ReductionType::Mean && !running) {
-      const Tensor zero = ops::scalar(out, 0.0);
       for (Tensor& acc : accumulators) {
+        const Tensor zero = ops::scalar(out, 0.0, acc.dtype());
         acc = ops::scaledAddInplace(acc, zero, 1.0 / static_cast<double>(factor_), 0.0);
       }
     }

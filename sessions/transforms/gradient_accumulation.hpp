@@ -34,7 +34,9 @@ class GradientAccumulationTransform final : public Transform {
  public:
   // Throws ConfigError(AccumulationDisabledButFactor) as
   // SessionOptions::getAccumulationFactor() does.
-  GradientAccumulationTransform(const SessionOptions& options, TrainingTensors& tensors);
+  // Accumulators of float16 weights have `accumType` (the optimizer's).
+  GradientAccumulationTransform(const SessionOptions& options, TrainingTensors& tensors,
+                                DType accumType = DType::Float32);
 
   std::string_view name() const noexcept override { return "gradientAccumulation"; }
   int64_t factor() const noexcept { return factor_; }
@@ -49,6 +51,7 @@ class GradientAccumulationTransform final : public Transform {
   ReductionType reduction_;
   MeanReductionStrategy strategy_;
   TrainingTensors& tensors_;
+  DType accumType_;
 };
 
 }  // namespace tessera

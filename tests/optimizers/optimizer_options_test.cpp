@@ -50,7 +50,10 @@ TEST_CASE("the dump of optimizer options names every field") {
                                    {"dampening", 0.0},
                                    {"weightDecay", 0.0},
                                    {"nesterov", false},
-                                   {"lossScaling", 1.0}});
+                                   {"lossScaling", 1.0},
+                                   {"accumType", "float32"},
+                                   {"accl1Type", "float32"},
+                                   {"masterWeights", true}});
   CHECK(json(AdamOptions{}) == json{{"learningRate", 0.001},
                                     {"beta1", 0.9},
                                     {"beta2", 0.999},
@@ -58,7 +61,11 @@ TEST_CASE("the dump of optimizer options names every field") {
                                     {"weightDecay", 0.0},
                                     {"biasCorrection", true},
                                     {"decoupledWeightDecay", false},
-                                    {"lossScaling", 1.0}});
+                                    {"lossScaling", 1.0},
+                                    {"accumType", "float32"},
+                                    {"accl1Type", "float32"},
+                                    {"accl2Type", "float32"},
+                                    {"masterWeights", true}});
   // Integers are numbers too.
   CHECK(json::parse(R"({"learningRate": 1})").get<SgdOptions>().learningRate == 1.0);
 }

@@ -259,7 +259,10 @@ TEST_CASE("a checkpoint is a safetensors file with tessera's metadata") {
                                                                       {"dampening", 0.0},
                                                                       {"weightDecay", 0.0},
                                                                       {"nesterov", false},
-                                                                      {"lossScaling", 1.0}});
+                                                                      {"lossScaling", 1.0},
+                                                                      {"accumType", "float32"},
+                                                                      {"accl1Type", "float32"},
+                                                                      {"masterWeights", true}});
   CHECK(metadata["sessionOptions"] == json(SessionOptions{}).dump());
   CHECK(metadata["sessionOptionsHash"] == sessionOptionsHash(SessionOptions{}));
   CHECK(json::parse(metadata["tensors"].get<std::string>()) ==

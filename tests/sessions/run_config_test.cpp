@@ -169,7 +169,10 @@ TEST_CASE("the optimizer section is flat and holds the options of its type") {
                           {"dampening", 0.0},
                           {"weightDecay", 0.0},
                           {"nesterov", false},
-                          {"lossScaling", 1.0}});
+                          {"lossScaling", 1.0},
+                          {"accumType", "float32"},
+                          {"accl1Type", "float32"},
+                          {"masterWeights", true}});
   OptimizerConfig adamw;
   adamw.type = OptimizerType::AdamW;
   adamw.adam.decoupledWeightDecay = true;
@@ -764,6 +767,7 @@ TEST_CASE("the run config schema is generated from the field tables") {
       names<CommGroupType>(), names<ReductionType>(), names<MeanReductionStrategy>(),
       names<Activation>(),    names<DatasetKind>(),   names<ScheduleType>(),
       {"float32", "float16"},  // /model/dtype: the floating DTypes
+      names<DType>(),          // optimizer state dtypes
   };
   CHECK(enums == expected);
 
