@@ -144,12 +144,25 @@ TEST_CASE("float16 checkpoints: F16 bits, float32 <-> float16 runs, other replic
   TrainingSession first = makeSession(DType::Float16, 2);
   saveCheckpoint(first, path);
   const Checkpoint saved = readCheckpoint(path);
-  REQUIRE(saved.tensors.size() == 4);
+  // Four float16 weights as F16 and their float32 master weights as F32:
+  // each weight is its master rounded to half.
+  REQUIRE(saved.tensors.size() == 8);
+  const auto isMaster = [](const std::string& name) { return name.ends_with(".master"); };
   for (const CheckpointTensor& tensor : saved.tensors) {
     INFO(tensor.name);
+    CHECK(tensor.value == first.readVariable(tensor.name, RetrievalMode::OnePerGroup));
+    if (isMaster(tensor.name)) {
+      CHECK(tensor.dtype == DType::Float32);
+      continue;
+    }
     CHECK(tensor.dtype == DType::Float16);
     CHECK(std::all_of(tensor.value.data.begin(), tensor.value.data.end(), isHalf));
-    CHECK(tensor.value == first.readVariable(tensor.name, RetrievalMode::OnePerGroup));
+    HostTensor rounded = first.readVariable(tensor.name + ".master", RetrievalMode::OnePerGroup);
+    if (tensor.name.starts_with("W")) {  // He-normal draws (the biases start at zero)
+      CHECK_FALSE(std::all_of(rounded.data.begin(), rounded.data.end(), isHalf));
+    }
+    for (float& v : rounded.data) v = halfToFloat(floatToHalf(v));
+    CHECK(tensor.value == rounded);
   }
 
   // Loaded at 1, 2 and 4 replicas: the same values.
@@ -167,6 +180,7 @@ TEST_CASE("float16 checkpoints: F16 bits, float32 <-> float16 runs, other replic
   TrainingSession wide = makeSession(DType::Float32, 2);
   const CheckpointLoadReport widened = loadCheckpoint(wide, path);
   for (const CheckpointTensor& tensor : saved.tensors) {
+    if (isMaster(tensor.name)) continue;  // a float32 run keeps none
     INFO(tensor.name);
     CHECK(wide.readVariable(tensor.name, RetrievalMode::OnePerGroup) == tensor.value);
   }
@@ -191,6 +205,8 @@ TEST_CASE("float16 checkpoints: F16 bits, float32 <-> float16 runs, other replic
       v = half;
     }
     CHECK(narrow.readVariable(tensor.name, RetrievalMode::OnePerGroup) == expected);
+    // The master weight takes the float32 value exactly.
+    CHECK(narrow.readVariable(tensor.name + ".master", RetrievalMode::OnePerGroup) == tensor.value);
   }
   CHECK(changed > 0);  // the test rounds something
   CHECK(std::any_of(rounded.warnings.begin(), rounded.warnings.end(), [](const std::string& w) {
