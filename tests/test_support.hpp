@@ -11,8 +11,19 @@
 #include <doctest/doctest.h>
 
 #include "tessera/error.hpp"
+#include "tessera/session_options.hpp"
 
 namespace tessera::test {
+
+// Session options of `replicas` replicas (replication on when more than
+// one), the gradients reduced by `reduction` over replicas and micro-batches.
+inline SessionOptions replicated(int64_t replicas, ReductionType reduction = ReductionType::Sum) {
+  SessionOptions options;
+  options.enableReplicatedGraphs = replicas > 1;
+  options.replicatedGraphCount = replicas;
+  options.accumulationAndReplicationReductionType = reduction;
+  return options;
+}
 
 // A path inside the source tree (tests run from the build folder).
 inline std::string sourcePath(const std::string& relative) {

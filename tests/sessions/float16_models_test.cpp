@@ -41,18 +41,10 @@ OptimizerConfig sgd() {
   return config;
 }
 
-SessionOptions replicated(int64_t replicas) {
-  SessionOptions options;
-  options.enableReplicatedGraphs = replicas > 1;
-  options.replicatedGraphCount = replicas;
-  options.accumulationAndReplicationReductionType = ReductionType::Mean;
-  return options;
-}
-
 TrainingSession makeSession(DType dtype, int64_t replicas) {
   MlpGraph mlp = buildMlp(toyModel(dtype), kGlobalBatch / replicas, replicas, 3);
-  return TrainingSession(std::move(mlp.graph), mlp.loss, makeOptimizer(sgd()), replicated(replicas),
-                         makeSimDevice());
+  return TrainingSession(std::move(mlp.graph), mlp.loss, makeOptimizer(sgd()),
+                         test::replicated(replicas, ReductionType::Mean), makeSimDevice());
 }
 
 bool isHalf(float value) { return halfToFloat(floatToHalf(value)) == value || std::isnan(value); }

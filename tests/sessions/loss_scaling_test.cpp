@@ -45,13 +45,6 @@ OptimizerConfig adam(double lossScaling) {
   return config;
 }
 
-SessionOptions replicated(int64_t replicas) {
-  SessionOptions options;
-  options.enableReplicatedGraphs = replicas > 1;
-  options.replicatedGraphCount = replicas;
-  return options;
-}
-
 SessionOptions automatic(SessionOptions options, int64_t updatePeriod = 2000) {
   options.automaticLossScalingSettings.enabled = true;
   options.automaticLossScalingSettings.updatePeriod = updatePeriod;
@@ -125,7 +118,7 @@ TEST_CASE("static loss scaling by a power of two gives the unscaled run's bits")
   for (const bool withAdam : {false, true}) {
     for (const int64_t replicas : {1, 2}) {
       INFO((withAdam ? "adam" : "sgd") << ", " << replicas << " replica(s)");
-      const SessionOptions options = replicated(replicas);
+      const SessionOptions options = test::replicated(replicas);
       const auto reference = trainToy(withAdam ? adam(1) : sgd(1), options, 4);
       CHECK(trainToy(withAdam ? adam(1024) : sgd(1024), options, 4) == reference);
       // Other scales round differently, within float32 rounding.
@@ -263,7 +256,7 @@ TEST_CASE("every replica skips the same step: replicated, sharded and accumulate
   constexpr int64_t n = 8;
   for (const Case& c : cases) {
     INFO(c.name);
-    SessionOptions options = automatic(replicated(c.replicas));
+    SessionOptions options = automatic(test::replicated(c.replicas));
     options.enableGradientAccumulation = c.accumulation > 1;
     options.accumulationFactor = c.accumulation;
     if (c.shardWeights) {

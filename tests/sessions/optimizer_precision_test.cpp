@@ -13,6 +13,7 @@
 #include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/session.hpp"
+#include "test_support.hpp"
 
 using namespace tessera;
 
@@ -75,14 +76,6 @@ OptimizerConfig sgd() {
   return config;
 }
 
-SessionOptions replicated(int64_t replicas) {
-  SessionOptions options;
-  options.enableReplicatedGraphs = replicas > 1;
-  options.replicatedGraphCount = replicas;
-  options.accumulationAndReplicationReductionType = ReductionType::Mean;
-  return options;
-}
-
 const TensorNode& node(const TrainingSession& session, const std::string& name) {
   return session.graph().tensor(session.graph().find(name));
 }
@@ -100,7 +93,7 @@ void checkWeightIsRoundedMaster(const TrainingSession& session, const std::strin
 TEST_CASE("float16 weights train through float32 master weights") {
   for (const bool withAdam : {false, true}) {
     INFO((withAdam ? "adam" : "sgd"));
-    TrainingSession session = mlp16(withAdam ? adam() : sgd(), replicated(1));
+    TrainingSession session = mlp16(withAdam ? adam() : sgd(), test::replicated(1, ReductionType::Mean));
     for (const std::string weight : {"W0", "W1"}) {
       CHECK(node(session, weight).dtype == DType::Float16);
       const TensorNode& master = node(session, weight + ".master");
@@ -127,7 +120,7 @@ TEST_CASE("optimizer state in float16, and float16 weights updated without maste
   // (1 - beta2) g^2 underflows float16 for small gradients: an eps that
   // float16 holds keeps the step finite where v is 0.
   config.adam.eps = 1e-3;
-  TrainingSession session = mlp16(config, replicated(1));
+  TrainingSession session = mlp16(config, test::replicated(1, ReductionType::Mean));
   CHECK_FALSE(session.graph().tryFind("W0.master").has_value());
   CHECK(node(session, "W0.adamM").dtype == DType::Float16);
   CHECK(node(session, "W0.adamV").dtype == DType::Float16);
@@ -137,7 +130,7 @@ TEST_CASE("optimizer state in float16, and float16 weights updated without maste
 
   OptimizerConfig momentum = sgd();
   momentum.sgd.accl1Type = DType::Float16;
-  TrainingSession withMomentum = mlp16(momentum, replicated(1));
+  TrainingSession withMomentum = mlp16(momentum, test::replicated(1, ReductionType::Mean));
   CHECK(node(withMomentum, "W0.momentum").dtype == DType::Float16);
   CHECK(node(withMomentum, "W0.master").dtype == DType::Float32);
   const std::vector<double> sgdLosses = train(withMomentum, 40);
@@ -153,9 +146,9 @@ TEST_CASE("master weights are optimizer state: sharded and in streaming memory l
     return session.memory().perReplica.front().resident;
   };
   std::vector<float> plainMaster, plainWeight;
-  run(replicated(2), plainMaster, plainWeight);
+  run(test::replicated(2, ReductionType::Mean), plainMaster, plainWeight);
 
-  SessionOptions sharded = replicated(2);
+  SessionOptions sharded = test::replicated(2, ReductionType::Mean);
   TensorLocationSettings& state = sharded.optimizerStateTensorLocationSettings;
   state.location.replicatedTensorSharding = ReplicatedTensorSharding::On;
   state.minElementsForReplicatedTensorSharding = 2;
@@ -190,7 +183,7 @@ TEST_CASE("master weights are optimizer state: sharded and in streaming memory l
 }
 
 TEST_CASE("automatic loss scaling finds a scale that float16 gradients survive") {
-  SessionOptions options = replicated(2);
+  SessionOptions options = test::replicated(2, ReductionType::Mean);
   options.automaticLossScalingSettings.enabled = true;
   options.automaticLossScalingSettings.updatePeriod = 10;
   OptimizerConfig config = adam();
@@ -227,7 +220,7 @@ TEST_CASE("optimizer state is float32 or float16") {
 TEST_CASE("float16 weights accumulate their gradients in the optimizer's accumType") {
   for (const DType accumType : {DType::Float32, DType::Float16}) {
     INFO(accumType);
-    SessionOptions options = replicated(1);
+    SessionOptions options = test::replicated(1, ReductionType::Mean);
     options.enableGradientAccumulation = true;
     options.accumulationFactor = 2;
     OptimizerConfig config = sgd();

@@ -38,14 +38,6 @@ inline double worstRelativeDifference(const std::vector<double>& got, const std:
   return worst;
 }
 
-// Session options of `replicas` replicas (replication on when more than one).
-inline SessionOptions replicated(int64_t replicas) {
-  SessionOptions options;
-  options.enableReplicatedGraphs = replicas > 1;
-  options.replicatedGraphCount = replicas;
-  return options;
-}
-
 // The fixture tests/data/onnx/`file` imported for `replicas` replicas with
 // the symbolic "batch" axis bound to `batchPerReplica`.
 inline OnnxModel importWithBatch(const std::string& file, int64_t batchPerReplica, int64_t replicas = 1) {
