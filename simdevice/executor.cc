@@ -1005,7 +1005,13 @@ void SimExecutable::run(std::span<const Feed> inputs) {
     Guard(const Guard&) = delete;
     Guard& operator=(const Guard&) = delete;
   } guard;
-  for (const Step& step : steps_) step.kernel(step);
+  for (const Step& step : steps_) {
+    // Workers poll through the step's serial stretches instead of falling
+    // asleep in one and taking tens of microseconds to wake for the next
+    // parallel step (worker_pool.hpp).
+    pool_->stayAwake();
+    step.kernel(step);
+  }
 }
 
 }  // namespace tessera::sim

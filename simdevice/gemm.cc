@@ -378,12 +378,32 @@ int gemmParts(const GemmPlan& plan, const GemmShape& shape, int threads) {
   return static_cast<int>(std::clamp<int64_t>(std::min(work / kMinPartWork, tiles), 1, threads));
 }
 
-GemmBlock gemmBlock(const GemmPlan& plan, const GemmShape& shape, int part, int parts) {
-  if (parts <= 1 || plan.mr == 0) return {0, shape.m, 0, shape.n};
-  // Whole tiles of the dimension with more of them, split evenly.
+bool splitsByRows(const GemmPlan& plan, const GemmShape& shape, int parts) {
   const int64_t rowTiles = ceilDiv(shape.m, plan.mr);
   const int64_t colTiles = ceilDiv(shape.n, plan.nr);
-  const bool byRows = rowTiles >= colTiles;
+  if (rowTiles < parts || colTiles < parts) return rowTiles >= colTiles;
+  // The floats one part reads (and packs): a block of rows reads its rows of
+  // op(A) and all of op(B), a block of columns all of op(A) and its columns
+  // of op(B). op(B) is packed, into each part's own scratch, when it is
+  // [n, k] or when the kernels do not mask edges (AVX2); the larger
+  // operand is the one worth dividing (the weight against a small batch's
+  // activations, or the batch against a narrow gradient). Rows on a tie.
+  const bool packsB = shape.transB || plan.isa != GemmIsa::Avx512;
+  const int64_t k = std::max<int64_t>(shape.k, 1);
+  const int64_t bCost = packsB ? 2 : 1;
+  const int64_t rowBlock = ceilDiv(rowTiles, parts) * plan.mr;
+  const int64_t colBlock = ceilDiv(colTiles, parts) * plan.nr;
+  const int64_t byRows = std::min(rowBlock, shape.m) * k + bCost * shape.n * k;
+  const int64_t byColumns = shape.m * k + bCost * std::min(colBlock, shape.n) * k;
+  return byRows <= byColumns;
+}
+
+GemmBlock gemmBlock(const GemmPlan& plan, const GemmShape& shape, int part, int parts) {
+  if (parts <= 1 || plan.mr == 0) return {0, shape.m, 0, shape.n};
+  // Whole tiles of the dimension splitsByRows picks, split evenly.
+  const int64_t rowTiles = ceilDiv(shape.m, plan.mr);
+  const int64_t colTiles = ceilDiv(shape.n, plan.nr);
+  const bool byRows = splitsByRows(plan, shape, parts);
   const int64_t tiles = byRows ? rowTiles : colTiles;
   const int64_t step = byRows ? plan.mr : plan.nr;
   const int64_t extent = byRows ? shape.m : shape.n;

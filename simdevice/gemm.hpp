@@ -65,9 +65,14 @@ struct GemmBlock {
 // for small products and for Eigen's kernel, whose sums are not in a fixed
 // order across blocks.
 int gemmParts(const GemmPlan& plan, const GemmShape& shape, int threads);
-// Part `part` of `parts`: whole micro-kernel tiles of rows, or of columns
-// when the product has more tiles across, split evenly. Disjoint, and
-// together all of C.
+// Whether a product split into `parts` is cut into blocks of rows (else of
+// columns): the cut with the fewer floats of A and B read per part (every
+// part reads all of the operand it does not divide, and packs its own copy
+// of a packed B), when both dimensions have a tile for every part; else
+// the dimension with more tiles.
+bool splitsByRows(const GemmPlan& plan, const GemmShape& shape, int parts);
+// Part `part` of `parts`: whole micro-kernel tiles of rows or of columns
+// (splitsByRows), split evenly. Disjoint, and together all of C.
 GemmBlock gemmBlock(const GemmPlan& plan, const GemmShape& shape, int part, int parts);
 // Computes part `part` of `parts` of the product (gemm() is part 0 of 1),
 // with its own lhs and rhs scratch. With the packed kernels the parts

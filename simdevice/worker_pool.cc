@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <charconv>
+#include <chrono>
 #include <cstdlib>
 #include <string_view>
 
@@ -14,10 +15,15 @@
 namespace tessera::sim {
 namespace {
 
-// Polls between jobs: about 20 us on a current x86 core (a pause is 40-140
-// cycles), longer than the serial work between two parallel steps of a
-// training step and far shorter than a scheduler's time slice.
-constexpr int kPollIterations = 1 << 9;
+// Polls between jobs for about 20 us (by the clock: a pause takes 10 to 140
+// cycles depending on the CPU), longer than the serial work between two
+// parallel steps of a training step and far shorter than a scheduler's time
+// slice; while a program runs, the calling thread extends the poll before
+// each step (WorkerPool::stayAwake), so workers sleep only once the calling
+// thread has started no step for that long.
+constexpr int64_t kPollNanoseconds = 20'000;
+// Pauses between two reads of the clock.
+constexpr int kPausesPerCheck = 16;
 
 void relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -27,19 +33,10 @@ void relax() {
 #endif
 }
 
-// Waits until `value` differs from `old`: polls briefly, then sleeps.
-template <class T>
-T awaitChange(const std::atomic<T>& value, T old) {
-  for (int i = 0; i < kPollIterations; ++i) {
-    const T now = value.load(std::memory_order_acquire);
-    if (now != old) return now;
-    relax();
-  }
-  for (;;) {
-    value.wait(old, std::memory_order_acquire);
-    const T now = value.load(std::memory_order_acquire);
-    if (now != old) return now;
-  }
+int64_t nowNanoseconds() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 // job_: generation (bits 40-63), part count (bits 20-39), next part (bits 0-19).
@@ -64,6 +61,34 @@ WorkerPool::~WorkerPool() {
   workers_.clear();  // joins
 }
 
+// Polls until the later of kPollNanoseconds from now and awakeUntil_,
+// then sleeps (counted in sleeping_, so that a change with nobody asleep
+// costs no system call).
+template <class T>
+T WorkerPool::awaitChange(const std::atomic<T>& value, T old) {
+  const int64_t start = nowNanoseconds();
+  for (;;) {
+    for (int i = 0; i < kPausesPerCheck; ++i) {
+      const T now = value.load(std::memory_order_acquire);
+      if (now != old) return now;
+      relax();
+    }
+    const int64_t now = nowNanoseconds();
+    if (now - start > kPollNanoseconds && now > awakeUntil_.load(std::memory_order_relaxed)) break;
+  }
+  for (;;) {
+    sleeping_.fetch_add(1, std::memory_order_seq_cst);
+    value.wait(old, std::memory_order_seq_cst);
+    sleeping_.fetch_sub(1, std::memory_order_relaxed);
+    const T now = value.load(std::memory_order_acquire);
+    if (now != old) return now;
+  }
+}
+
+void WorkerPool::stayAwake() {
+  if (threads_ > 1) awakeUntil_.store(nowNanoseconds() + kPollNanoseconds, std::memory_order_relaxed);
+}
+
 void WorkerPool::runParts(uint64_t generation, int thread) {
   uint64_t job = job_.load(std::memory_order_acquire);
   for (;;) {
@@ -72,7 +97,9 @@ void WorkerPool::runParts(uint64_t generation, int thread) {
       continue;
     const int parts = partsOf(job);
     call_(context_, nextOf(job), thread);
-    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == parts) done_.notify_one();
+    if (done_.fetch_add(1, std::memory_order_seq_cst) + 1 == parts &&
+        sleeping_.load(std::memory_order_seq_cst) > 0)
+      done_.notify_all();
     job = job_.load(std::memory_order_acquire);
   }
 }
@@ -89,8 +116,8 @@ void WorkerPool::dispatch(int parts, Call call, void* context) {
   // The release publishes the job's fields to every acquire of job_.
   job_.store((generation << (2 * kPartBits)) | (static_cast<uint64_t>(parts) << kPartBits),
              std::memory_order_release);
-  generation_.fetch_add(1, std::memory_order_release);
-  generation_.notify_all();
+  generation_.fetch_add(1, std::memory_order_seq_cst);
+  if (sleeping_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
   runParts(generation, 0);
   // Only parts in flight are waited for: a worker that wakes after every
   // part was taken finds none and leaves the job alone.

@@ -5,9 +5,16 @@
 // columns, slices of a chain), and which thread runs a part never changes
 // what the part computes, so every result is the same bits at any thread
 // count. Idle workers sleep on a futex (std::atomic::wait): after a job they
-// poll for the next one for a few microseconds only, which covers the gap
-// between two steps of a run, then block, so a pool does not hold a core
-// that another process (another instance under `tessera launch`) needs.
+// poll for the next one for about 20 microseconds, which covers the serial
+// work between two parallel steps, then block, so a pool does not hold a
+// core that another process (another instance under `tessera launch`)
+// needs. While a program runs, the calling thread calls stayAwake() before
+// each step: a worker then polls until 20 microseconds after the latest
+// call instead of falling asleep in a serial stretch of the step (waking a
+// thread costs the waker a system call and the woken thread tens of
+// microseconds on a virtual machine, longer than many parallel steps take),
+// so it spins only while the program it serves is running, and at most 20
+// microseconds after the program's last step began.
 #pragma once
 
 #include <atomic>
@@ -33,6 +40,12 @@ class WorkerPool {
 
   int threads() const noexcept { return threads_; }
 
+  // The calling thread is running a program and may hand out parts soon:
+  // polling workers keep polling for the next 20 microseconds rather than
+  // fall asleep. A sleeping worker is left asleep (a program without
+  // parallel steps never wakes it); the next job wakes it. One clock read.
+  void stayAwake();
+
   // Calls task(part, thread) for every part in [0, parts), spread over the
   // threads, and returns when every call has returned. `thread` is below
   // threads() and no two calls running at once get the same one (it picks
@@ -52,6 +65,9 @@ class WorkerPool {
   using Call = void (*)(void*, int, int);
   void dispatch(int parts, Call call, void* context);
   void work(const std::stop_token& stop, int thread);
+  // Waits until `value` differs from `old`: polls, then sleeps.
+  template <class T>
+  T awaitChange(const std::atomic<T>& value, T old);
   // Takes and runs parts of job `generation` while it has some left.
   void runParts(uint64_t generation, int thread);
 
@@ -67,6 +83,8 @@ class WorkerPool {
   alignas(64) std::atomic<uint64_t> job_{0};
   alignas(64) std::atomic<int> done_{0};             // parts of the current job that have returned
   alignas(64) std::atomic<uint32_t> generation_{0};  // the futex the workers sleep on
+  alignas(64) std::atomic<int64_t> awakeUntil_{0};   // steady-clock nanoseconds (stayAwake)
+  std::atomic<int> sleeping_{0};                     // threads blocked in a futex wait
   std::vector<std::jthread> workers_;
 };
 

@@ -79,10 +79,12 @@ const std::vector<Case>& cases() {
     std::vector<Case> out;
     // Whole tiles, edges in both directions, sums split into several
     // blocks (k > 256), more columns than one packed block (n > 512), the
-    // benchmark MLP's shapes, and degenerate sizes.
+    // benchmark MLP's shapes, odd sizes that threads split by columns
+    // (37 x 224) and by rows (200 x 37), and degenerate sizes.
     const int64_t shapes[][3] = {{1, 1, 1},    {8, 32, 16},  {12, 16, 7},  {13, 33, 5},   {64, 256, 784},
                                  {64, 10, 128}, {128, 10, 64}, {784, 40, 64}, {7, 600, 300}, {30, 17, 513},
-                                 {5, 3, 0},    {3, 70, 2},   {25, 1, 9},   {96, 48, 257}};
+                                 {5, 3, 0},    {3, 70, 2},   {25, 1, 9},   {96, 48, 257}, {37, 224, 300},
+                                 {200, 37, 129}};
     for (const auto& s : shapes)
       for (int t = 0; t < 4; ++t) out.push_back({s[0], s[1], s[2], (t & 1) != 0, (t & 2) != 0});
     return out;
@@ -249,6 +251,46 @@ TEST_CASE("packed kernels: the parts of a product split over threads cover it on
         }
         CHECK(split == whole);
       }
+    }
+  }
+}
+
+TEST_CASE("a product is split across the operand that costs each part more to read") {
+  for (GemmIsa isa : availableGemmIsas()) {
+    if (isa == GemmIsa::Portable) continue;
+    CAPTURE(std::string(gemmIsaName(isa)));
+    // The MLP's first layer: a batch of 64 against a 784 x 256 weight. By
+    // rows each part would read the whole weight; by columns, its half.
+    const GemmShape forward{64, 256, 784, false, false};
+    const GemmPlan forwardPlan = planGemm(isa, forward.m, forward.n, forward.k);
+    CHECK_FALSE(splitsByRows(forwardPlan, forward, 2));
+    const GemmBlock half = gemmBlock(forwardPlan, forward, 0, 2);
+    CHECK(half.row0 == 0);
+    CHECK(half.row1 == 64);
+    CHECK(half.col0 == 0);
+    CHECK(half.col1 == 128);
+    // Its weight gradient: 784 rows of x^T against the batch's 256-wide
+    // gradient; by rows each part reads its rows of x and the narrow
+    // operand.
+    const GemmShape gradient{784, 256, 64, true, false};
+    CHECK(splitsByRows(planGemm(isa, gradient.m, gradient.n, gradient.k), gradient, 2));
+    // Fewer column tiles than parts: rows.
+    const GemmShape narrow{640, 10, 784, false, false};
+    CHECK(splitsByRows(planGemm(isa, narrow.m, narrow.n, narrow.k), narrow, 2));
+    // The test cases cut both ways at every part count the cover test runs,
+    // so the bits of both cuts are checked there.
+    for (int parts = 2; parts <= 5; ++parts) {
+      CAPTURE(parts);
+      int byRows = 0;
+      int byColumns = 0;
+      for (const Case& c : cases()) {
+        const GemmShape shape{c.m, c.n, c.k, c.transA, c.transB};
+        const GemmPlan plan = planGemm(isa, c.m, c.n, c.k);
+        if (gemmParts(plan, shape, parts) < 2) continue;
+        (splitsByRows(plan, shape, parts) ? byRows : byColumns) += 1;
+      }
+      CHECK(byRows > 0);
+      CHECK(byColumns > 0);
     }
   }
 }

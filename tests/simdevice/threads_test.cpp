@@ -1,10 +1,13 @@
 // The device's host threads: every result is the same bits at any thread
 // count, and the thread count comes from the spec, TESSERA_NUM_THREADS or
 // the CPU affinity.
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -23,7 +26,8 @@ namespace {
 
 // Large enough that the products and the optimizer's chains are split
 // (a first layer deeper than one block of the sum, rows that leave edge
-// tiles), small enough to train a few steps quickly.
+// tiles; the forward products by columns, the weight gradients by rows),
+// small enough to train a few steps quickly.
 constexpr int64_t kFeatures = 300;
 constexpr int64_t kGlobalBatch = 48;
 constexpr int64_t kSteps = 3;
@@ -76,7 +80,7 @@ Trained train(int64_t replicas, int threads, bool rts) {
 
 }  // namespace
 
-TEST_CASE("losses, weights and checkpoint bytes are the same bits at 1, 2 and 3 threads") {
+TEST_CASE("losses, weights and checkpoint bytes are the same bits at 1, 2, 3 and 4 threads") {
   struct Case {
     int64_t replicas;
     bool rts;
@@ -88,7 +92,7 @@ TEST_CASE("losses, weights and checkpoint bytes are the same bits at 1, 2 and 3 
     REQUIRE(one.losses.size() == kSteps);
     // The run trains: a loss that did not move would compare equal trivially.
     CHECK(one.losses.front() != one.losses.back());
-    for (int threads : {2, 3}) {
+    for (int threads : {2, 3, 4}) {
       CAPTURE(threads);
       const Trained other = train(c.replicas, threads, c.rts);
       CHECK(other.losses == one.losses);  // exact: doubles of float sums
@@ -122,6 +126,30 @@ TEST_CASE("the worker pool runs every part once, each on a thread below its coun
         CHECK(thread[static_cast<size_t>(p)] >= 0);
         CHECK(thread[static_cast<size_t>(p)] < threads);
       }
+    }
+  }
+}
+
+TEST_CASE("the worker pool keeps its workers polling while a program runs, and wakes them when they slept") {
+  for (int threads : {2, 3, 4}) {
+    CAPTURE(threads);
+    sim::WorkerPool pool(threads);
+    for (int round = 0; round < 4; ++round) {
+      CAPTURE(round);
+      // Rounds 1 and 3 start after the workers have given up polling (20 us)
+      // and gone to sleep; rounds 2 and 3 keep them polling between jobs.
+      if (round % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::vector<std::atomic<int>> runs(16);
+      std::atomic<int> outOfRange{0};
+      for (int job = 0; job < 50; ++job) {
+        if (round >= 2) pool.stayAwake();
+        pool.run(16, [&](int part, int t) {
+          if (t < 0 || t >= threads) outOfRange.fetch_add(1);
+          runs[static_cast<size_t>(part)].fetch_add(1);
+        });
+      }
+      CHECK(outOfRange.load() == 0);
+      for (const std::atomic<int>& r : runs) CHECK(r.load() == 50);
     }
   }
 }
