@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <bit>
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
@@ -39,12 +40,35 @@ int64_t nowNanoseconds() {
       .count();
 }
 
-// job_: generation (bits 40-63), part count (bits 20-39), next part (bits 0-19).
+// job_: generation (bits 40-63), part count (bits 20-39), and the parts
+// taken (bits 0-19): a mask of them when the job has at most kPartBits
+// parts, else the count taken so far (parts are taken in order).
 constexpr int kPartBits = 20;
 constexpr uint64_t kPartMask = (uint64_t{1} << kPartBits) - 1;
 uint64_t generationOf(uint64_t job) { return job >> (2 * kPartBits); }
 int partsOf(uint64_t job) { return static_cast<int>((job >> kPartBits) & kPartMask); }
-int nextOf(uint64_t job) { return static_cast<int>(job & kPartMask); }
+uint64_t takenOf(uint64_t job) { return job & kPartMask; }
+
+// The part `thread` takes next from `job`, or -1 when every part is taken.
+// With a mask, a thread takes the part of its own index first when it is
+// free, then the lowest free one: while every thread is awake, part p of a
+// job of `threads` parts runs on thread p at every step, so a buffer that
+// one step's part writes is read by the same core in the next step's part
+// instead of crossing to another core's cache (a thread that comes late
+// finds its part taken and the job done).
+int partToTake(uint64_t job, int thread) {
+  const int parts = partsOf(job);
+  const uint64_t taken = takenOf(job);
+  if (parts > kPartBits) return taken < static_cast<uint64_t>(parts) ? static_cast<int>(taken) : -1;
+  const uint64_t free = ~taken & ((uint64_t{1} << parts) - 1);
+  if (free == 0) return -1;
+  if (thread < parts && ((free >> thread) & 1) != 0) return thread;
+  return std::countr_zero(free);
+}
+
+uint64_t withPartTaken(uint64_t job, int part) {
+  return partsOf(job) > kPartBits ? job + 1 : job | (uint64_t{1} << part);
+}
 
 }  // namespace
 
@@ -92,11 +116,14 @@ void WorkerPool::stayAwake() {
 void WorkerPool::runParts(uint64_t generation, int thread) {
   uint64_t job = job_.load(std::memory_order_acquire);
   for (;;) {
-    if (generationOf(job) != generation || nextOf(job) >= partsOf(job)) return;
-    if (!job_.compare_exchange_weak(job, job + 1, std::memory_order_acq_rel, std::memory_order_acquire))
+    if (generationOf(job) != generation) return;
+    const int part = partToTake(job, thread);
+    if (part < 0) return;
+    if (!job_.compare_exchange_weak(job, withPartTaken(job, part), std::memory_order_acq_rel,
+                                    std::memory_order_acquire))
       continue;
     const int parts = partsOf(job);
-    call_(context_, nextOf(job), thread);
+    call_(context_, part, thread);
     if (done_.fetch_add(1, std::memory_order_seq_cst) + 1 == parts &&
         sleeping_.load(std::memory_order_seq_cst) > 0)
       done_.notify_all();

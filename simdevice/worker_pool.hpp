@@ -49,7 +49,11 @@ class WorkerPool {
   // Calls task(part, thread) for every part in [0, parts), spread over the
   // threads, and returns when every call has returned. `thread` is below
   // threads() and no two calls running at once get the same one (it picks
-  // per-thread scratch). One job at a time: run() is not reentrant.
+  // per-thread scratch). A job of at most 20 parts runs part p on thread p
+  // whenever that thread is there to take it (the calling thread is thread
+  // 0), so that consecutive jobs split alike keep each part's data in one
+  // core's cache; free parts go to whichever thread comes first. One job at
+  // a time: run() is not reentrant.
   template <class Task>
   void run(int parts, Task&& task) {
     if (parts <= 1 || threads_ == 1) {

@@ -154,6 +154,36 @@ TEST_CASE("the worker pool keeps its workers polling while a program runs, and w
   }
 }
 
+TEST_CASE("a job of as many parts as threads runs part p on thread p") {
+  for (int threads : {2, 3, 4}) {
+    CAPTURE(threads);
+    sim::WorkerPool pool(threads);
+    for (int job = 0; job < 20; ++job) {
+      CAPTURE(job);
+      if (job % 5 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // workers asleep
+      // Every part waits until all have started, so each thread runs one
+      // part and none can take a second before the others have taken theirs.
+      std::atomic<int> started{0};
+      std::atomic<int> timedOut{0};
+      std::vector<int> thread(static_cast<size_t>(threads), -1);
+      pool.run(threads, [&](int part, int t) {
+        thread[static_cast<size_t>(part)] = t;
+        started.fetch_add(1);
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (started.load() < threads) {
+          if (std::chrono::steady_clock::now() > deadline) {
+            timedOut.fetch_add(1);
+            break;
+          }
+          std::this_thread::yield();
+        }
+      });
+      CHECK(timedOut.load() == 0);
+      for (int p = 0; p < threads; ++p) CHECK(thread[static_cast<size_t>(p)] == p);
+    }
+  }
+}
+
 TEST_CASE("the thread count: the spec, else TESSERA_NUM_THREADS, else the CPU affinity") {
   const char* saved = std::getenv("TESSERA_NUM_THREADS");
   const std::string restore = saved == nullptr ? "" : saved;
