@@ -85,11 +85,30 @@ void copyRuns(const Step& s) {
   }
 }
 
-void feedKernel(const Step& s) { std::copy(s.feed->begin(), s.feed->end(), s.out); }
-
 // Slices of a chain per thread at the least: below this, handing slices
 // to another thread costs more than it saves.
 constexpr int64_t kMinSlicesPerPart = 8;
+
+// The host's values for an Input, copied into the arena. A large input
+// (the batch) is copied by every thread, a run of whole slices each, so
+// that the threads that read it next find their share in their own cache
+// instead of all of it in the calling thread's.
+void feedKernel(const Step& s) {
+  const auto n = static_cast<int64_t>(s.feed->size());
+  const int64_t slices = (n + kChainSlice - 1) / kChainSlice;
+  const int threads = s.pool == nullptr ? 1 : s.pool->threads();
+  const int parts = static_cast<int>(std::clamp<int64_t>(slices / kMinSlicesPerPart, 1, threads));
+  if (parts == 1) {
+    std::copy(s.feed->begin(), s.feed->end(), s.out);
+    return;
+  }
+  const float* from = s.feed->data();
+  s.pool->run(parts, [&](int part, int) {
+    const int64_t begin = std::min(n, slices * part / parts * kChainSlice);
+    const int64_t end = std::min(n, slices * (part + 1) / parts * kChainSlice);
+    std::copy(from + begin, from + end, s.out + begin);
+  });
+}
 
 // Slices [first, last) of a chain; slices are independent (see
 // sliceable() in the executor), so any split gives the same bits.
