@@ -130,7 +130,7 @@ TEST_CASE("the worker pool runs every part once, each on a thread below its coun
   }
 }
 
-TEST_CASE("the worker pool keeps its workers polling while a program runs, and wakes them when they slept") {
+TEST_CASE("the worker pool runs every part once whether its workers were kept polling or had gone to sleep") {
   for (int threads : {2, 3, 4}) {
     CAPTURE(threads);
     sim::WorkerPool pool(threads);
