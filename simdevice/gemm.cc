@@ -106,7 +106,28 @@ constexpr int64_t kBlockN = 512;
 // saves.
 constexpr int64_t kMinPartWork = int64_t{1} << 16;
 
-template <int kNR>
+// Transposes columns [j, j + nr) of B [n, k] for steps [p0, p0 + kc) into a
+// [kc, kNR] strip whose columns from nr on are zero (a copy: the order of
+// no sum depends on it).
+using StripTransposer = void (*)(const float* b, int64_t k, int64_t p0, int64_t kc, int64_t j, int64_t nr,
+                                 int64_t kNR, float* out);
+
+// Portable: 8 steps at a time, a [8, kNR] block of the strip.
+void transposeStrip(const float* b, int64_t k, int64_t p0, int64_t kc, int64_t j, int64_t nr, int64_t kNR,
+                    float* out) {
+  constexpr int64_t kSteps = 8;
+  for (int64_t p = 0; p < kc; p += kSteps) {
+    const int64_t steps = std::min(kSteps, kc - p);
+    float* dst = out + p * kNR;
+    for (int64_t jj = 0; jj < nr; ++jj) {
+      const float* src = b + (j + jj) * k + p0 + p;
+      for (int64_t q = 0; q < steps; ++q) dst[q * kNR + jj] = src[q];
+    }
+    for (int64_t q = 0; q < steps; ++q) std::fill(dst + q * kNR + nr, dst + (q + 1) * kNR, 0.0f);
+  }
+}
+
+template <int kNR, StripTransposer kTranspose>
 void packB(const GemmShape& s, const float* b, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
   for (int64_t jr = 0; jr < nc; jr += kNR, out += kNR * kc) {
     const int64_t nr = std::min<int64_t>(kNR, nc - jr);
@@ -117,17 +138,8 @@ void packB(const GemmShape& s, const float* b, int64_t p0, int64_t kc, int64_t j
         float* dst = out + p * kNR;
         for (int64_t j = 0; j < kNR; ++j) dst[j] = j < nr ? src[j] : 0.0f;
       }
-    } else {  // B is [n, k]: transposed 8 steps at a time, a [8, kNR] block of the strip
-      constexpr int64_t kSteps = 8;
-      for (int64_t p = 0; p < kc; p += kSteps) {
-        const int64_t steps = std::min(kSteps, kc - p);
-        float* dst = out + p * kNR;
-        for (int64_t j = 0; j < nr; ++j) {
-          const float* src = b + (j0 + jr + j) * s.k + p0 + p;
-          for (int64_t q = 0; q < steps; ++q) dst[q * kNR + j] = src[q];
-        }
-        for (int64_t q = 0; q < steps; ++q) std::fill(dst + q * kNR + nr, dst + (q + 1) * kNR, 0.0f);
-      }
+    } else {  // B is [n, k]
+      kTranspose(b, s.k, p0, kc, j0 + jr, nr, kNR, out);
     }
   }
 }
@@ -149,7 +161,7 @@ void packEdgeA(const GemmShape& s, const float* a, int64_t i0, int64_t mr, int64
 // kEdges: the kernels mask, so an edge tile is computed in place and a
 // last strip of row-major B is read where it is; otherwise an edge tile
 // goes through a whole tile in registers' image and the strip is packed.
-template <int kMR, int kNR, MicroKernel kRows, MicroKernel kTransposed, bool kEdges>
+template <int kMR, int kNR, MicroKernel kRows, MicroKernel kTransposed, bool kEdges, StripTransposer kTranspose>
 void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const float* b, float* c,
                 float alpha, float* lhs, float* rhs, GemmBlock block) {
   if (s.k == 0) {
@@ -167,7 +179,7 @@ void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const 
     const bool accumulate = kb > 0;
     for (int64_t j0 = block.col0; j0 < block.col1; j0 += plan.nc) {
       const int64_t nc = std::min(plan.nc, block.col1 - j0);
-      if (s.transB || !kEdges) packB<kNR>(s, b, p0, kc, j0, nc, rhs);
+      if (s.transB || !kEdges) packB<kNR, kTranspose>(s, b, p0, kc, j0, nc, rhs);
       for (int64_t i0 = block.row0; i0 < block.row1; i0 += kMR) {
         const int64_t mr = std::min<int64_t>(kMR, block.row1 - i0);
         MicroKernel kernel = s.transA ? kTransposed : kRows;
@@ -250,8 +262,58 @@ __attribute__((target("avx512f"))) void kernelAvx512(int64_t kc, const float* a,
     if (i == rows) break;
     for (int v = 0; v < kNV; ++v) {
       __m512 r = _mm512_mul_ps(acc[i][v], scale);
+      // Rounded before the addition: without the barrier the compiler may
+      // fuse the two into one multiply-add in some builds and not others.
+      asm("" : "+v"(r));
       if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask[v], c + 16 * v));
       _mm512_mask_storeu_ps(c + 16 * v, mask[v], r);
+    }
+  }
+}
+
+// 16 x 16 blocks transposed in registers: 16 (masked) loads of 16 steps of
+// 16 columns, 64 shuffles, 16 stores.
+__attribute__((target("avx512f"))) void transposeStripAvx512(const float* b, int64_t k, int64_t p0, int64_t kc,
+                                                             int64_t j, int64_t nr, int64_t kNR, float* out) {
+  // All lanes through the zero-masked forms: the unmasked ones start from
+  // an undefined vector, which g++ 12 reports as maybe uninitialized.
+  constexpr __mmask16 kAll16 = 0xFFFF;
+  constexpr __mmask8 kAll8 = 0xFF;
+  for (int64_t jv = 0; jv < kNR; jv += 16) {
+    const int64_t cols = std::clamp<int64_t>(nr - jv, 0, 16);
+    for (int64_t p = 0; p < kc; p += 16) {
+      const int64_t steps = std::min<int64_t>(16, kc - p);
+      const auto mask = static_cast<__mmask16>((uint32_t{1} << steps) - 1);
+      __m512 r[16];
+      for (int64_t t = 0; t < 16; ++t)
+        r[t] = t < cols ? _mm512_maskz_loadu_ps(mask, b + (j + jv + t) * k + p0 + p) : _mm512_setzero_ps();
+      __m512 u[16];
+      for (int t = 0; t < 16; t += 2) {
+        u[t] = _mm512_maskz_unpacklo_ps(kAll16, r[t], r[t + 1]);
+        u[t + 1] = _mm512_maskz_unpackhi_ps(kAll16, r[t], r[t + 1]);
+      }
+      // u[4g + c]: rows 4g..4g+3 of column c + 4L in lane L.
+      for (int g = 0; g < 16; g += 4) {
+        const __m512d t0 = _mm512_castps_pd(u[g]);
+        const __m512d t1 = _mm512_castps_pd(u[g + 1]);
+        const __m512d t2 = _mm512_castps_pd(u[g + 2]);
+        const __m512d t3 = _mm512_castps_pd(u[g + 3]);
+        r[g] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(kAll8, t0, t2));
+        r[g + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(kAll8, t0, t2));
+        r[g + 2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(kAll8, t1, t3));
+        r[g + 3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(kAll8, t1, t3));
+      }
+      for (int c = 0; c < 4; ++c) {
+        const __m512 v0 = _mm512_maskz_shuffle_f32x4(kAll16, r[c], r[4 + c], 0x44);
+        const __m512 v1 = _mm512_maskz_shuffle_f32x4(kAll16, r[c], r[4 + c], 0xEE);
+        const __m512 w0 = _mm512_maskz_shuffle_f32x4(kAll16, r[8 + c], r[12 + c], 0x44);
+        const __m512 w1 = _mm512_maskz_shuffle_f32x4(kAll16, r[8 + c], r[12 + c], 0xEE);
+        u[c] = _mm512_maskz_shuffle_f32x4(kAll16, v0, w0, 0x88);
+        u[4 + c] = _mm512_maskz_shuffle_f32x4(kAll16, v0, w0, 0xDD);
+        u[8 + c] = _mm512_maskz_shuffle_f32x4(kAll16, v1, w1, 0x88);
+        u[12 + c] = _mm512_maskz_shuffle_f32x4(kAll16, v1, w1, 0xDD);
+      }
+      for (int64_t q = 0; q < steps; ++q) _mm512_storeu_ps(out + (p + q) * kNR + jv, u[q]);
     }
   }
 }
@@ -277,6 +339,7 @@ __attribute__((target("avx2,fma"))) void kernelAvx2(int64_t kc, const float* a, 
   for (int i = 0; i < kMR; ++i, c += ldc) {
     for (int v = 0; v < kNV; ++v) {
       __m256 r = _mm256_mul_ps(acc[i][v], scale);
+      asm("" : "+x"(r));  // rounded before the addition, as above
       if (accumulate) r = _mm256_add_ps(r, _mm256_loadu_ps(c + 8 * v));
       _mm256_storeu_ps(c + 8 * v, r);
     }
@@ -286,19 +349,26 @@ __attribute__((target("avx2,fma"))) void kernelAvx2(int64_t kc, const float* a, 
 template <int kMR, int kNV>
 constexpr PackedVariant avx512Variant() {
   return {GemmIsa::Avx512, kMR, 16 * kNV,
-          packedGemm<kMR, 16 * kNV, kernelAvx512<kMR, kNV, false>, kernelAvx512<kMR, kNV, true>, true>};
+          packedGemm<kMR, 16 * kNV, kernelAvx512<kMR, kNV, false>, kernelAvx512<kMR, kNV, true>, true,
+                     transposeStripAvx512>};
 }
 
 template <int kMR, int kNV>
 constexpr PackedVariant avx2Variant() {
   return {GemmIsa::Avx2, kMR, 8 * kNV,
-          packedGemm<kMR, 8 * kNV, kernelAvx2<kMR, kNV, false>, kernelAvx2<kMR, kNV, true>, false>};
+          packedGemm<kMR, 8 * kNV, kernelAvx2<kMR, kNV, false>, kernelAvx2<kMR, kNV, true>, false,
+                     transposeStrip>};
 }
 
 // Per instruction set, the tile shapes from the narrowest; a product takes
-// the first whose columns its n fills, else the widest.
+// the first whose columns its n fills, else the widest it may take: a tile
+// wider than kWideTile columns only for at least kTallRows rows that fill
+// it (6 x 64 reads 4 vectors of B per 6 broadcasts of A where 8 x 32 reads 2
+// per 8, which pays for the weight gradients, 256 x 128 x 64 A^T: 114 ->
+// 132 GFLOP/s; with 64 rows its 6-row strips leave a 4-row edge strip and
+// it loses, 150 -> 136 at 64 x 256 x 784).
 constexpr PackedVariant kVariants[] = {
-    avx512Variant<12, 1>(), avx512Variant<8, 2>(),
+    avx512Variant<12, 1>(), avx512Variant<8, 2>(), avx512Variant<6, 4>(),
     avx2Variant<6, 1>(),    avx2Variant<6, 2>(),
 };
 
@@ -320,23 +390,31 @@ const PackedVariant* variantOf(const GemmPlan& plan) {
   return nullptr;
 }
 
-GemmPlan planPacked(GemmIsa isa, int64_t m, int64_t n, int64_t k) {
-  const PackedVariant* chosen = nullptr;
-  for (const PackedVariant& v : kVariants) {
-    if (v.run == nullptr || v.isa != isa) continue;
-    if (chosen != nullptr && n <= chosen->nr) break;
-    chosen = &v;
-  }
-  if (chosen == nullptr) return planEigen(m, n, k);
+constexpr int kWideTile = 32;
+constexpr int64_t kTallRows = 192;
+
+GemmPlan planVariant(const PackedVariant& chosen, int64_t n, int64_t k) {
   GemmPlan plan;
-  plan.isa = isa;
-  plan.mr = chosen->mr;
-  plan.nr = chosen->nr;
+  plan.isa = chosen.isa;
+  plan.mr = chosen.mr;
+  plan.nr = chosen.nr;
   plan.kc = std::max<int64_t>(std::min(k, kBlockK), 1);
   plan.nc = kBlockN;
   plan.lhsFloats = plan.mr * plan.kc;
   plan.rhsFloats = roundUp(std::clamp<int64_t>(n, 1, kBlockN), plan.nr) * plan.kc;
   return plan;
+}
+
+GemmPlan planPacked(GemmIsa isa, int64_t m, int64_t n, int64_t k) {
+  const PackedVariant* chosen = nullptr;
+  for (const PackedVariant& v : kVariants) {
+    if (v.run == nullptr || v.isa != isa) continue;
+    if (chosen != nullptr && n <= chosen->nr) break;
+    if (chosen != nullptr && v.nr > kWideTile && (m < kTallRows || n < v.nr)) break;
+    chosen = &v;
+  }
+  if (chosen == nullptr) return planEigen(m, n, k);
+  return planVariant(*chosen, n, k);
 }
 
 }  // namespace
@@ -364,6 +442,13 @@ GemmIsa bestGemmIsa() {
 
 GemmPlan planGemm(GemmIsa isa, int64_t m, int64_t n, int64_t k) {
   return isa == GemmIsa::Portable ? planEigen(m, n, k) : planPacked(isa, m, n, k);
+}
+
+std::vector<GemmPlan> gemmTilePlans(GemmIsa isa, int64_t n, int64_t k) {
+  std::vector<GemmPlan> plans;
+  for (const PackedVariant& v : kVariants)
+    if (v.run != nullptr && v.isa == isa) plans.push_back(planVariant(v, n, k));
+  return plans;
 }
 
 void gemm(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c, float alpha,

@@ -44,6 +44,10 @@ struct GemmPlan {
 };
 
 GemmPlan planGemm(GemmIsa isa, int64_t m, int64_t n, int64_t k);
+// A plan for products up to n columns and k deep with each tile shape of
+// the packed kernels of `isa` (none for Portable), whichever planGemm would
+// pick: any of them gives the same bits.
+std::vector<GemmPlan> gemmTilePlans(GemmIsa isa, int64_t n, int64_t k);
 
 // Runs one product. lhs and rhs hold the plan's lhsFloats and rhsFloats and
 // are 64-byte aligned. With the packed kernels each element of C is summed

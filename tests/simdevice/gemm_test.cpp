@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -252,6 +253,88 @@ TEST_CASE("packed kernels: the parts of a product split over threads cover it on
         CHECK(split == whole);
       }
     }
+  }
+}
+
+// The packed kernels' documented order: k cut into ceil(k / 256) blocks that
+// depend on k alone (block b is [k b / blocks, k (b + 1) / blocks)), each
+// block's products added into a float from 0 in order of p with one
+// rounding per step (a fused multiply-add), scaled by alpha, and added to
+// the sum of the blocks before it.
+std::vector<float> summedInOrder(const Case& c, const std::vector<float>& a, const std::vector<float>& b,
+                                 float alpha) {
+  std::vector<float> out(static_cast<std::size_t>(c.m * c.n), 0.0f);
+  const int64_t blocks = (c.k + 255) / 256;
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int64_t p0 = c.k * kb / blocks;
+    const int64_t p1 = c.k * (kb + 1) / blocks;
+    for (int64_t i = 0; i < c.m; ++i) {
+      for (int64_t j = 0; j < c.n; ++j) {
+        float acc = 0.0f;
+        for (int64_t p = p0; p < p1; ++p) {
+          const float x = a[static_cast<std::size_t>(c.transA ? p * c.m + i : i * c.k + p)];
+          const float y = b[static_cast<std::size_t>(c.transB ? j * c.k + p : p * c.n + j)];
+          acc = std::fma(x, y, acc);
+        }
+        // Rounded before the addition (volatile: never fused into one).
+        const volatile float scaled = acc * alpha;
+        float& element = out[static_cast<std::size_t>(i * c.n + j)];
+        element = kb == 0 ? scaled : scaled + element;
+      }
+    }
+  }
+  return out;
+}
+
+TEST_CASE("packed kernels: every tile shape sums each element in the documented order, split or not") {
+  // The test cases up to 2 M multiply-adds and shapes with edges for every
+  // tile (6, 8, 12 rows; 16, 32, 64 columns), tall enough for the widest.
+  std::vector<Case> shapes;
+  for (const Case& c : cases())
+    if (c.m * c.n * c.k <= (int64_t{1} << 21)) shapes.push_back(c);
+  const int64_t extra[][3] = {{197, 130, 300}, {250, 64, 33}, {13, 65, 17}, {61, 97, 520}, {192, 200, 1}};
+  for (const auto& s : extra)
+    for (int t = 0; t < 4; ++t) shapes.push_back({s[0], s[1], s[2], (t & 1) != 0, (t & 2) != 0});
+  for (GemmIsa isa : availableGemmIsas()) {
+    if (isa == GemmIsa::Portable) continue;
+    for (const Case& c : shapes) {
+      const auto a = test::pseudoRandom(static_cast<std::size_t>(c.m * c.k), 41 + c.m);
+      const auto b = test::pseudoRandom(static_cast<std::size_t>(c.k * c.n), 43 + c.n);
+      const float alpha = 0.3f;
+      const std::vector<float> want = summedInOrder(c, a, b, alpha);
+      const GemmShape shape{c.m, c.n, c.k, c.transA, c.transB};
+      const std::vector<GemmPlan> plans = gemmTilePlans(isa, c.n, c.k);
+      CHECK(plans.size() >= 2);
+      for (const GemmPlan& plan : plans) {
+        const std::string tile = describe(isa, c) + " tile " + std::to_string(plan.mr) + "x" + std::to_string(plan.nr);
+        CAPTURE(tile);
+        for (int parts = 1; parts <= 3; parts += 2) {
+          CAPTURE(parts);
+          std::vector<float> got(want.size(), std::numeric_limits<float>::quiet_NaN());
+          for (int p = 0; p < parts; ++p) {
+            Aligned lhs(plan.lhsFloats);
+            Aligned rhs(plan.rhsFloats);
+            gemmPart(plan, shape, a.data(), b.data(), got.data(), alpha, lhs.data.get(), rhs.data.get(), p, parts);
+          }
+          int64_t different = 0;
+          for (std::size_t i = 0; i < got.size(); ++i)
+            different += std::memcmp(&got[i], &want[i], sizeof(float)) != 0 ? 1 : 0;
+          CHECK(different == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the widest tile is taken only by products tall and wide enough to fill it") {
+  for (GemmIsa isa : availableGemmIsas()) {
+    if (isa != GemmIsa::Avx512) continue;
+    CHECK(planGemm(isa, 64, 256, 784).nr == 32);   // the MLP's forward product: 8 x 32
+    CHECK(planGemm(isa, 64, 256, 784).mr == 8);
+    CHECK(planGemm(isa, 256, 128, 64).nr == 64);   // its weight gradient: 6 x 64
+    CHECK(planGemm(isa, 256, 128, 64).mr == 6);
+    CHECK(planGemm(isa, 256, 40, 64).nr == 32);    // too narrow for 64 columns
+    CHECK(planGemm(isa, 100, 10, 64).nr == 16);
   }
 }
 
