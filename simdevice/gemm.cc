@@ -161,7 +161,8 @@ void packEdgeA(const GemmShape& s, const float* a, int64_t i0, int64_t mr, int64
 // kEdges: the kernels mask, so an edge tile is computed in place and a
 // last strip of row-major B is read where it is; otherwise an edge tile
 // goes through a whole tile in registers' image and the strip is packed.
-template <int kMR, int kNR, MicroKernel kRows, MicroKernel kTransposed, bool kEdges, StripTransposer kTranspose>
+template <int kMR, int kNR, MicroKernel kRows, MicroKernel kTransposed, bool kEdges,
+          StripTransposer kTranspose>
 void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const float* b, float* c,
                 float alpha, float* lhs, float* rhs, GemmBlock block) {
   if (s.k == 0) {
@@ -273,8 +274,9 @@ __attribute__((target("avx512f"))) void kernelAvx512(int64_t kc, const float* a,
 
 // 16 x 16 blocks transposed in registers: 16 (masked) loads of 16 steps of
 // 16 columns, 64 shuffles, 16 stores.
-__attribute__((target("avx512f"))) void transposeStripAvx512(const float* b, int64_t k, int64_t p0, int64_t kc,
-                                                             int64_t j, int64_t nr, int64_t kNR, float* out) {
+__attribute__((target("avx512f"))) void transposeStripAvx512(const float* b, int64_t k, int64_t p0,
+                                                             int64_t kc, int64_t j, int64_t nr, int64_t kNR,
+                                                             float* out) {
   // All lanes through the zero-masked forms: the unmasked ones start from
   // an undefined vector, which g++ 12 reports as maybe uninitialized.
   constexpr __mmask16 kAll16 = 0xFFFF;

@@ -306,7 +306,8 @@ TEST_CASE("packed kernels: every tile shape sums each element in the documented 
       const std::vector<GemmPlan> plans = gemmTilePlans(isa, c.n, c.k);
       CHECK(plans.size() >= 2);
       for (const GemmPlan& plan : plans) {
-        const std::string tile = describe(isa, c) + " tile " + std::to_string(plan.mr) + "x" + std::to_string(plan.nr);
+        const std::string tile =
+            describe(isa, c) + " tile " + std::to_string(plan.mr) + "x" + std::to_string(plan.nr);
         CAPTURE(tile);
         for (int parts = 1; parts <= 3; parts += 2) {
           CAPTURE(parts);
@@ -314,7 +315,8 @@ TEST_CASE("packed kernels: every tile shape sums each element in the documented 
           for (int p = 0; p < parts; ++p) {
             Aligned lhs(plan.lhsFloats);
             Aligned rhs(plan.rhsFloats);
-            gemmPart(plan, shape, a.data(), b.data(), got.data(), alpha, lhs.data.get(), rhs.data.get(), p, parts);
+            gemmPart(plan, shape, a.data(), b.data(), got.data(), alpha, lhs.data.get(), rhs.data.get(), p,
+                     parts);
           }
           int64_t different = 0;
           for (std::size_t i = 0; i < got.size(); ++i)
