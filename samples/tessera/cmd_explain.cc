@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
+#include "tessera/config_notes.hpp"
 #include "tessera/json.hpp"
 #include "tessera/placement.hpp"
 #include "tessera/replica_grouping.hpp"
@@ -260,9 +261,13 @@ nlohmann::json explainJson(const LoadedRunConfig& loaded) {
     entry["commGroup"] = use.location.shardingDomain;
     domains.push_back(std::move(entry));
   }
+  nlohmann::json notes = nlohmann::json::array();
+  for (const ConfigNote& note : configNotes(loaded.config))
+    notes.push_back({{"id", noteId(note.code)}, {"path", note.path}, {"message", note.message}});
   nlohmann::json out = {
       {"config", loaded.config},
       {"provenance", std::move(provenance)},
+      {"notes", std::move(notes)},
       {"shardingDomains", std::move(domains)},
       {"replication", replicationJson(options)},
   };
@@ -320,14 +325,16 @@ void printPlan(const RunPlan& plan) {
   for (const TensorPlacement& t : plan.tensors) {
     if (t.category == TensorCategory::Activation) continue;
     rows.push_back({t.name, std::string(toString(t.category)), std::string(toString(t.dtype)),
-                    std::to_string(t.elements), std::string(toString(t.storage)), std::string(toString(t.storageTileSet)),
+                    std::to_string(t.elements), std::string(toString(t.storage)),
+                    std::string(toString(t.storageTileSet)),
                     t.shardingDomain ? fmt::format("{} over {}", toString(t.replicatedTensorSharding),
                                                    t.shardingDomain->groupSize())
                                      : std::string(toString(t.replicatedTensorSharding)),
                     std::to_string(t.shardElements), std::to_string(t.padding)});
   }
   fmt::print("\nVariables of the training program (activations: --json):\n");
-  fmt::print("{}", formatTable({"name", "category", "dtype", "elements", "storage", "tiles", "RTS", "per replica", "padding"},
+  fmt::print("{}", formatTable({"name", "category", "dtype", "elements", "storage", "tiles", "RTS",
+                                "per replica", "padding"},
                                rows));
   rows.clear();
   for (const ReplicaMemory& m : plan.memory.perReplica) {
@@ -372,7 +379,8 @@ void printWhatIf(const std::vector<std::string>& settings, const RunPlan& before
   for (std::size_t r = 0; r < before.memory.perReplica.size() && r < after.memory.perReplica.size(); ++r) {
     const ReplicaMemory& a = before.memory.perReplica[r];
     const ReplicaMemory& b = after.memory.perReplica[r];
-    rows.push_back({std::to_string(a.replica), fmt::format("{} -> {}", bytes(a.computeTilesBytes), bytes(b.computeTilesBytes)),
+    rows.push_back({std::to_string(a.replica),
+                    fmt::format("{} -> {}", bytes(a.computeTilesBytes), bytes(b.computeTilesBytes)),
                     fmt::format("{} -> {}", bytes(a.ioTilesBytes), bytes(b.ioTilesBytes)),
                     fmt::format("{} -> {}", bytes(a.streamingBytes), bytes(b.streamingBytes))});
   }
@@ -388,15 +396,17 @@ void printWhatIf(const std::vector<std::string>& settings, const RunPlan& before
     }
     fmt::print("model state of replica {}: {}\n", a.replica, fmt::join(changes, ", "));
   }
-  fmt::print("modelled step time {} -> {}\n", seconds(before.time.stepSeconds), seconds(after.time.stepSeconds));
+  fmt::print("modelled step time {} -> {}\n", seconds(before.time.stepSeconds),
+             seconds(after.time.stepSeconds));
   for (const TensorPlacement& b : after.tensors) {
     if (b.category == TensorCategory::Activation) continue;
     for (const TensorPlacement& a : before.tensors) {
       if (a.name != b.name) continue;
-      if (a.storage != b.storage || a.shardElements != b.shardElements || a.storageTileSet != b.storageTileSet) {
+      if (a.storage != b.storage || a.shardElements != b.shardElements ||
+          a.storageTileSet != b.storageTileSet) {
         fmt::print("  {}: {} {} {} elements -> {} {} {} elements\n", b.name, toString(a.storage),
-                   toString(a.storageTileSet), a.shardElements, toString(b.storage), toString(b.storageTileSet),
-                   b.shardElements);
+                   toString(a.storageTileSet), a.shardElements, toString(b.storage),
+                   toString(b.storageTileSet), b.shardElements);
       }
     }
   }
@@ -418,6 +428,12 @@ std::string indent(const std::string& text, std::string_view prefix) {
 void printText(const std::string& source, const LoadedRunConfig& loaded) {
   const SessionOptions& options = loaded.config.sessionOptions;
   fmt::print("{}: valid\n\n", source);
+  const std::vector<ConfigNote> notes = configNotes(loaded.config);
+  if (!notes.empty()) {
+    fmt::print("Warnings (the config runs as written; docs/errors.md explains each id):\n");
+    for (const ConfigNote& note : notes) fmt::print("  warning: {}\n", note.text());
+    fmt::print("\n");
+  }
 
   std::vector<ValueLine> lines;
   collectValues(nlohmann::json(loaded.config), "", loaded.provenance, Provenance::Default, lines);
@@ -466,9 +482,10 @@ void printText(const std::string& source, const LoadedRunConfig& loaded) {
 Action attachExplain(CLI::App& command) {
   auto args = std::make_shared<ExplainArgs>();
   addConfigArgs(command, args->config);
-  command.add_option("--what-if", args->whatIf,
-                     "Also show the program with PATH set to VALUE (a JSON value, or a bare string), beside "
-                     "the config's; repeatable")
+  command
+      .add_option("--what-if", args->whatIf,
+                  "Also show the program with PATH set to VALUE (a JSON value, or a bare string), beside "
+                  "the config's; repeatable")
       ->type_name("PATH=VALUE");
   command.add_flag("--json", args->json, "Print JSON instead of text");
   return [args] {

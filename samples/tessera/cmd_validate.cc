@@ -4,7 +4,9 @@
 #include <fmt/core.h>
 
 #include "cli.hpp"
+#include "tessera/config_notes.hpp"
 #include "tessera/output_check.hpp"
+#include "tessera/run_config.hpp"
 
 namespace tessera::cli {
 
@@ -16,6 +18,8 @@ Action attachValidate(CLI::App& command) {
     // A config is valid only where its outputs can be written.
     checkOutputs(loaded.config.output);
     fmt::print("{}: valid\n", args->path);
+    // Combinations that run but probably are not what was meant.
+    for (const ConfigNote& note : configNotes(loaded.config)) fmt::print("warning: {}\n", note.text());
     return kExitOk;
   };
 }

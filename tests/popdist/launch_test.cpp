@@ -165,6 +165,35 @@ TEST_CASE("tessera launch: 2 x 2 and 4 x 1 instances train like 1 x 4 replicas")
   }
 }
 
+// The float16 MLP of samples/configs/mlp_float16.json (Adam, float32 master
+// weights, automatic loss scaling) started at a scale of 2^24, which
+// overflows the float16 gradients: the steps skipped are decided over every
+// replica of every instance. The weights and the Adam state are sharded over
+// all 4 replicas, so the weights instance 0 dumps hold the shards instance 1
+// updated: had it skipped other steps, they would differ.
+TEST_CASE(
+    "tessera launch: a float16 run whose loss scale overflows skips the same steps on 2 x 2 as on 1 x 4") {
+  const std::vector<std::string> sets{
+      "/optimizer/lossScaling=16777216",
+      "/sessionOptions/weightTensorLocationSettings/location/replicatedTensorSharding=On",
+      "/sessionOptions/weightTensorLocationSettings/minElementsForReplicatedTensorSharding=2",
+      "/sessionOptions/optimizerStateTensorLocationSettings/location/replicatedTensorSharding=On",
+      "/sessionOptions/optimizerStateTensorLocationSettings/minElementsForReplicatedTensorSharding=2"};
+  const Run one = train("samples/configs/mlp_float16.json", sets, 0);
+  const Run split = train("samples/configs/mlp_float16.json", sets, 2);
+  CHECK(one.summary["steps"] == 16);
+  // Seen: steps 0 to 7 overflow, the scale ends at 2^16 (the sharded
+  // gradients are summed in half before the Mean's 1/4; see README).
+  const json skipped = one.summary["skippedStepIndices"];
+  CHECK(skipped.size() >= 2);
+  CHECK(split.summary["skippedStepIndices"] == skipped);
+  CHECK(split.summary["lossScale"] == one.summary["lossScale"]);
+  // The same arithmetic on the same replicas: the same bits.
+  CHECK(split.summary["losses"] == one.summary["losses"]);
+  CHECK(split.weights == one.weights);
+  checkSameTraining(split, one);
+}
+
 TEST_CASE("a 2 x 2 run writes one checkpoint, and one instance resumes it like an uninterrupted run") {
   const TempDir dir;
   const std::string checkpoint = (dir.path() / "run.safetensors").string();

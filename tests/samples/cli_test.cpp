@@ -61,6 +61,40 @@ TEST_CASE("validate accepts every sample run config") {
   }
 }
 
+TEST_CASE("validate and explain print the config's warning-level notes with their ids") {
+  const std::string path = tessera::test::sourcePath("samples/configs/mlp_float16.json");
+  const std::vector<std::string> set = {"--set", "/optimizer/masterWeights=false", "--set",
+                                        "/optimizer/accl2Type=float16"};
+  std::vector<std::string> validate = {"validate", path};
+  validate.insert(validate.end(), set.begin(), set.end());
+  const CliResult valid = runCli(validate);
+  INFO("stderr: ", valid.err);
+  CHECK(valid.exitCode == 0);
+  CHECK(startsWith(valid.out, path + ": valid\nwarning: [tessera.note.801] /optimizer/masterWeights: "
+                                     "masterWeights is false on a float16 model"));
+  CHECK(valid.out.find("accl2Type float16") != std::string::npos);
+
+  std::vector<std::string> explain = {"explain", path};
+  explain.insert(explain.end(), set.begin(), set.end());
+  const CliResult text = runCli(explain);
+  CHECK(text.exitCode == 0);
+  CHECK(text.out.find("  warning: [tessera.note.801] /optimizer/masterWeights:") != std::string::npos);
+  explain.push_back("--json");
+  const json report = parseJson(runCli(explain));
+  REQUIRE(report.at("notes").size() == 1);
+  CHECK(report.at("notes")[0].at("id") == "tessera.note.801");
+  CHECK(report.at("notes")[0].at("path") == "/optimizer/masterWeights");
+
+  // Loss scaling on the float32 MNIST config.
+  const std::string mnist = tessera::test::sourcePath("samples/configs/mnist.json");
+  const CliResult scaled = runCli({"validate", mnist, "--set", "/optimizer/lossScaling=64"});
+  CHECK(scaled.exitCode == 0);
+  CHECK(scaled.out.find("warning: [tessera.note.802] /optimizer/lossScaling: lossScaling is 64 on a float32 "
+                        "model") != std::string::npos);
+  // The samples have no notes.
+  CHECK(parseJson(runCli({"explain", path, "--json"})).at("notes").empty());
+}
+
 TEST_CASE("explain on an ONNX config lists every initializer with its category, location and shards") {
   const std::string path = tessera::test::sourcePath("samples/configs/mlp_onnx.json");
   const CliResult valid = runCli({"validate", path});

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <numbers>
 #include <random>
 #include <set>
@@ -15,6 +16,7 @@
 
 #include "json_reader.hpp"
 #include "tessera/json.hpp"
+#include "tessera/config_notes.hpp"
 #include "tessera/run_config.hpp"
 #include "test_support.hpp"
 
@@ -914,6 +916,74 @@ TEST_CASE("the model's dtype is float32 or float16") {
   RunConfig integer;
   integer.model.dtype = DType::Int32;
   TESSERA_CHECK_ERROR(validate(integer), ConfigError, ErrorCode::InvalidModel);
+}
+
+TEST_CASE("configNotes warns of float16 weights without master weights and of loss scaling in float32") {
+  // Sensible configs have no notes: float32 without loss scaling, float16
+  // with master weights and loss scaling (the sample's settings).
+  CHECK(configNotes(RunConfig{}).empty());
+  CHECK(configNotes(parse(R"({"model": {"dtype": "float16"}, "optimizer": {"type": "adam", "lossScaling": 1024},
+                              "sessionOptions": {"automaticLossScalingSettings": {"enabled": true}}})")
+                        .config)
+            .empty());
+  // A float16 model with master weights and float16 state keeps float32
+  // masters: no note.
+  CHECK(configNotes(parse(R"({"model": {"dtype": "float16"},
+                              "optimizer": {"type": "adam", "accl1Type": "float16"}})")
+                        .config)
+            .empty());
+
+  const std::vector<ConfigNote> sgd =
+      configNotes(parse(R"({"model": {"dtype": "float16"}, "optimizer": {"masterWeights": false}})").config);
+  REQUIRE(sgd.size() == 1);
+  CHECK(sgd[0].code == NoteCode::Float16WeightsWithoutMasterWeights);
+  CHECK(sgd[0].path == "/optimizer/masterWeights");
+  CHECK(sgd[0].text() ==
+        "[tessera.note.801] /optimizer/masterWeights: masterWeights is false on a float16 model: the sgd "
+        "update writes the float16 weights directly, and an update below half a float16 ulp of a weight "
+        "(2^-11 of its value) is lost; the rest of the optimizer state is float32; set masterWeights to true "
+        "to keep float32 master weights as optimizer state");
+
+  const std::vector<ConfigNote> adam = configNotes(
+      parse(R"({"model": {"dtype": "float16"},
+                "optimizer": {"type": "adam", "masterWeights": false, "accl1Type": "float16", "accl2Type": "float16"}})")
+          .config);
+  REQUIRE(adam.size() == 1);
+  CHECK(adam[0].code == NoteCode::Float16WeightsWithoutMasterWeights);
+  INFO(adam[0].message);
+  CHECK(adam[0].message.find("accl1Type float16, accl2Type float16 keep(s) the optimizer state in half too") !=
+        std::string::npos);
+
+  // masterWeights false on a float32 model changes nothing: no note.
+  CHECK(configNotes(parse(R"({"optimizer": {"masterWeights": false}})").config).empty());
+
+  const std::vector<ConfigNote> fixed = configNotes(parse(R"({"optimizer": {"lossScaling": 128}})").config);
+  REQUIRE(fixed.size() == 1);
+  CHECK(fixed[0].code == NoteCode::LossScalingWithoutFloat16);
+  CHECK(fixed[0].path == "/optimizer/lossScaling");
+  CHECK(fixed[0].text().starts_with("[tessera.note.802] /optimizer/lossScaling: lossScaling is 128 on a "
+                                    "float32 model: it runs as asked"));
+  const std::vector<ConfigNote> automatic = configNotes(
+      parse(R"({"sessionOptions": {"automaticLossScalingSettings": {"enabled": true}}})").config);
+  REQUIRE(automatic.size() == 1);
+  CHECK(automatic[0].code == NoteCode::LossScalingWithoutFloat16);
+  CHECK(automatic[0].path == "/sessionOptions/automaticLossScalingSettings/enabled");
+  // A note is not an error: the configs validate.
+  CHECK_NOTHROW(validate(parse(R"({"optimizer": {"lossScaling": 128}})").config));
+  CHECK_NOTHROW(validate(parse(R"({"model": {"dtype": "float16"}, "optimizer": {"masterWeights": false}})").config));
+}
+
+TEST_CASE("docs/errors.md documents every note id with an example") {
+  std::ifstream in(test::sourcePath("docs/errors.md"));
+  REQUIRE(in.good());
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const NoteCode code : {NoteCode::Float16WeightsWithoutMasterWeights, NoteCode::LossScalingWithoutFloat16}) {
+    const std::string id = noteId(code);
+    INFO(id);
+    const auto at = text.find("`" + id + "`");
+    CHECK(at != std::string::npos);
+    CHECK(text.find("[" + id + "]", at) != std::string::npos);
+  }
 }
 
 TEST_CASE("the limits section is read strictly and survives a round trip") {
