@@ -135,8 +135,7 @@ class Relocator {
     for (const OpNode& op : in_.ops()) {
       if (op.kind != OpKind::Variable) continue;
       const TensorNode& node = in_.tensor(op.outputs[0]);
-      if (node.dtype != DType::Float32 || node.remoteBuffer >= 0 || (sharded(node) && !node.shardDomain))
-        continue;
+      if (!isFloating(node.dtype) || node.remoteBuffer >= 0 || (sharded(node) && !node.shardDomain)) continue;
       const ResolvedLocation resolved =
           resolveTensorLocation(options_, {node.name, node.category, logicalElements(node)});
       if (resolved.location.storage == TensorStorage::OffChip ||
@@ -204,7 +203,7 @@ class Relocator {
       }
       for (TensorId t : op.outputs) {
         const TensorNode& node = in_.tensor(t);
-        if (node.category != TensorCategory::Activation || node.dtype != DType::Float32 || sharded(node) ||
+        if (node.category != TensorCategory::Activation || !isFloating(node.dtype) || sharded(node) ||
             node.aliasOf != kNoTensor) {
           continue;
         }
@@ -228,7 +227,7 @@ class Relocator {
     // Variables placed by hand (in a remote buffer, or sharded without a
     // domain) say where they live themselves.
     const bool placedByHand = node.remoteBuffer >= 0 || (sharded(node) && !node.shardDomain);
-    if (node.dtype != DType::Float32 || placedByHand) {
+    if (!isFloating(node.dtype) || placedByHand) {
       const TensorId v = copy_.copySource(id, node);
       values_[index(t)] = {v, sharded(node), inDomain(t)};
       return;
@@ -412,7 +411,7 @@ class Relocator {
   // Every input has the op's shape or one element: the op can run on shards.
   bool shardable(const OpNode& op) const {
     if (!isElementwise(op.kind) || op.outputs.empty()) return false;
-    if (in_.tensor(op.outputs[0]).dtype != DType::Float32) return false;
+    if (!isFloating(in_.tensor(op.outputs[0]).dtype)) return false;
     const Shape& shape = in_.tensor(isInplace(op.kind) ? op.inputs[0] : op.outputs[0]).shape;
     for (TensorId t : op.inputs) {
       if (in_.tensor(t).shape != shape && !scalarInput(t)) return false;
@@ -503,7 +502,7 @@ class Relocator {
         off.kept = kept.id();
         continue;
       }
-      off.buffer = out().addRemoteBuffer({out().tensor(value.id).shape, DType::Float32, 1, {}});
+      off.buffer = out().addRemoteBuffer({out().tensor(value.id).shape, out().tensor(value.id).dtype, 1, {}});
       Tensor source = outTensor(value.id);
       if (off.viaIoTiles) {
         source = ops::copy(source);
@@ -623,7 +622,7 @@ void WeightShardingTransform::apply(Graph& graph) {
     const OpNode& op = graph.ops()[i];
     if (op.kind != OpKind::Variable) continue;
     const TensorNode& node = graph.tensor(op.outputs[0]);
-    if (node.category != TensorCategory::Weight || node.dtype != DType::Float32 || sharded(node) ||
+    if (node.category != TensorCategory::Weight || !isFloating(node.dtype) || sharded(node) ||
         node.remoteBuffer >= 0) {
       continue;
     }

@@ -72,7 +72,9 @@ void ReplicationTransform::reduceShardGradient(Graph& graph, std::size_t k, cons
     gradient = ops::replicatedAllReduce(gradient, ReductionType::Sum, over);
   }
   if (reduction_ == ReductionType::Mean) {
-    gradient = ops::mul(gradient, ops::scalar(graph, 1.0 / static_cast<double>(grouping.groupSize())));
+    // In the gradient's dtype: 1/groupSize of a float16 gradient is a float16 scalar.
+    gradient = ops::mul(
+        gradient, ops::scalar(graph, 1.0 / static_cast<double>(grouping.groupSize()), gradient.dtype()));
   }
   if (gradient.id() == tensors_.gradients[k]) return;
   graph.rename(gradient.id(), graph.uniqueName(name + ".reduced"));
@@ -83,7 +85,8 @@ void ReplicationTransform::reduceShardGradient(Graph& graph, std::size_t k, cons
 // was reduce-scattered over the accumulator's domain micro-batch by
 // micro-batch: all-reduce it over the replicas holding the same shard, scale
 // a Mean, and gather the whole gradient for the update.
-void ReplicationTransform::reduceScatteredGradient(Graph& graph, std::size_t k, const ReplicaGrouping& grouping) {
+void ReplicationTransform::reduceScatteredGradient(Graph& graph, std::size_t k,
+                                                   const ReplicaGrouping& grouping) {
   const TensorNode& accumulator = graph.tensor(graph.storageOf(tensors_.gradients[k]));
   const TensorNode& weight = graph.tensor(tensors_.weights[k]);
   if (!accumulator.shardDomain) {
@@ -98,7 +101,9 @@ void ReplicationTransform::reduceScatteredGradient(Graph& graph, std::size_t k, 
   Tensor gradient{&graph, tensors_.gradients[k]};
   if (holders.groupSize() > 1) gradient = ops::replicatedAllReduce(gradient, ReductionType::Sum, holders);
   if (reduction_ == ReductionType::Mean) {
-    gradient = ops::mul(gradient, ops::scalar(graph, 1.0 / static_cast<double>(grouping.groupSize())));
+    // In the gradient's dtype: 1/groupSize of a float16 gradient is a float16 scalar.
+    gradient = ops::mul(
+        gradient, ops::scalar(graph, 1.0 / static_cast<double>(grouping.groupSize()), gradient.dtype()));
   }
   gradient = ops::replicatedAllGather(gradient, domain, shape);
   graph.rename(gradient.id(), graph.uniqueName(name + ".reduced"));
