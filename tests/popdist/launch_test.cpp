@@ -165,6 +165,41 @@ TEST_CASE("tessera launch: 2 x 2 and 4 x 1 instances train like 1 x 4 replicas")
   }
 }
 
+// The float16 MLP of samples/configs/mlp_float16.json (float16 weights and
+// activations, float32 master weights and Adam moments, automatic loss
+// scaling) with its weights and optimizer state sharded over the 4 replicas,
+// started at a loss scale of 2^24: the first steps' float16 gradients
+// overflow and are skipped. 2 instances x 2 replicas give 1 x 4's bits: the
+// same losses, skipped steps and final scale, and the same weights, half of
+// whose shards instance 1 holds and updates (a step it applied that instance
+// 0 skipped, or the reverse, would change them).
+TEST_CASE("tessera launch: a float16 run with skipped overflow steps gives 1 x 4 replicas' bits") {
+  const std::vector<std::string> sets{
+      "/optimizer/lossScaling=16777216",
+      "/sessionOptions/weightTensorLocationSettings/location/replicatedTensorSharding=On",
+      "/sessionOptions/optimizerStateTensorLocationSettings/location/replicatedTensorSharding=On"};
+  const Run one = train("samples/configs/mlp_float16.json", sets, 0);
+  const Run split = train("samples/configs/mlp_float16.json", sets, 2);
+  CHECK(one.summary["steps"] == 16);
+  const std::vector<int64_t> skipped = one.summary["skippedStepIndices"].get<std::vector<int64_t>>();
+  CHECK_FALSE(skipped.empty());
+  CHECK(skipped.front() == 0);
+  CHECK(skipped.size() < 16);
+  CHECK(split.summary["skippedStepIndices"] == one.summary["skippedStepIndices"]);
+  CHECK(split.summary["lossScale"] == one.summary["lossScale"]);
+  CHECK(one.summary["lossScale"].get<double>() < 16777216.0);
+  CHECK(split.summary["losses"] == one.summary["losses"]);
+  CHECK(split.summary["testAccuracy"] == one.summary["testAccuracy"]);
+  REQUIRE(split.weights.size() == one.weights.size());
+  CHECK(one.weights.size() == 6);
+  for (const auto& item : one.weights.items()) {
+    const std::string name = item.key();
+    INFO("weight " << name);
+    REQUIRE(split.weights.contains(name));
+    CHECK(split.weights[name] == item.value());
+  }
+}
+
 TEST_CASE("a 2 x 2 run writes one checkpoint, and one instance resumes it like an uninterrupted run") {
   const TempDir dir;
   const std::string checkpoint = (dir.path() / "run.safetensors").string();
