@@ -507,7 +507,12 @@ TEST_CASE("reading a variable grouped or sharded across instances gathers it on 
 TEST_CASE("automatic loss scaling skips the same steps on every instance") {
   // loss = sum(w * x) over 4 replicas on 2 instances, w sharded over all 4;
   // step 1 overflows only in the last replica's x, on instance 1 and in the
-  // last shard, yet both instances skip it and keep every shard.
+  // last shard, yet both instances skip it and keep every shard. In float32
+  // and with a float16 w and x (the loss cast to float32, w's float32 master
+  // weight sharded like it).
+  for (const DType dtype : {DType::Float32, DType::Float16}) {
+  const bool half = dtype == DType::Float16;
+  CAPTURE(half);
   struct Seen {
     std::vector<bool> skipped;
     std::vector<double> scales;
@@ -518,11 +523,14 @@ TEST_CASE("automatic loss scaling skips the same steps on every instance") {
   constexpr int64_t n = 8;
   requireNoErrors(onInstances(2, [&](int64_t instance, std::shared_ptr<Communicator> communicator) {
     Graph g(4);
-    const Tensor x = ops::input(g, "x", {n});
-    const Tensor w = ops::variable(g, "w", pseudoRandom(static_cast<size_t>(n), 3), {n});
-    const Tensor loss = ops::reduceSum(ops::mul(w, x));
+    const Tensor x = ops::input(g, "x", {n}, dtype);
+    const Tensor w = ops::variable(g, "w", pseudoRandom(static_cast<size_t>(n), 3), {n}, std::nullopt,
+                                   RetrievalMode::OnePerGroup, TensorCategory::Weight, dtype);
+    const Tensor product = ops::reduceSum(ops::mul(w, x));
+    const Tensor loss = half ? ops::cast(product, DType::Float32) : product;
     SessionOptions options = mlpOptions(4, 2, instance, "All");
     options.weightTensorLocationSettings.minElementsForReplicatedTensorSharding = 0;
+    options.optimizerStateTensorLocationSettings.minElementsForReplicatedTensorSharding = 0;
     options.automaticLossScalingSettings.enabled = true;
     OptimizerConfig adam;
     adam.type = OptimizerType::Adam;
@@ -541,6 +549,9 @@ TEST_CASE("automatic loss scaling skips the same steps on every instance") {
       out.moments.push_back(session.readVariable("w.adamV"));
     }
     CHECK(session.skippedSteps() == 1);
+    const TensorNode& weight = session.graph().tensor(session.graph().find("w"));
+    CHECK(weight.dtype == dtype);
+    CHECK(weight.shape == Shape{n / 4});  // sharded, float16 too
   }));
   for (const Seen& s : seen) {
     CHECK(s.skipped == std::vector<bool>{false, true, false});
@@ -550,5 +561,6 @@ TEST_CASE("automatic loss scaling skips the same steps on every instance") {
     CHECK(s.weights[2] != s.weights[1]);
     CHECK(s.weights == seen[0].weights);
     CHECK(s.moments == seen[0].moments);
+  }
   }
 }
