@@ -78,7 +78,7 @@ class OpChecker {
 
   void arity(std::size_t expected) const;
   void dtype(std::size_t i, DType expected) const;
-  // The float operands `indices` (float32 or float16) share one dtype, which
+  // The float operands `indices` (float32, float16 or float64) share one dtype, which
   // is returned: the dtype of the op's float outputs. InvalidOperand for an
   // operand that is not floating; DTypeMismatch for float16 beside float32
   // (naming both tensors: cast one with ops::cast).
@@ -195,6 +195,10 @@ struct OpDef {
   // float16 operands is a half already, so the device does not round it.
   // Set with OpTable::keepsHalves.
   bool keepsHalves = false;
+  // Takes float64 operands (computed in double). Any other op refuses a
+  // float64 operand (InvalidOperand naming the op). Set with
+  // OpTable::float64.
+  bool float64 = false;
 };
 
 // The record of `kind`; InternalError for a kind nobody registered.
@@ -213,6 +217,8 @@ class OpTable {
   const OpDef* find(OpKind kind) const noexcept;
   // Marks registered kinds as OpDef::keepsHalves.
   void keepsHalves(std::initializer_list<OpKind> kinds);
+  // Marks registered kinds as OpDef::float64.
+  void float64(std::initializer_list<OpKind> kinds);
 
  private:
   std::vector<OpDef> defs_;  // indexed by the kind's value

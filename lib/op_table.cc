@@ -69,6 +69,17 @@ void OpTable::keepsHalves(std::initializer_list<OpKind> kinds) {
   }
 }
 
+void OpTable::float64(std::initializer_list<OpKind> kinds) {
+  for (const OpKind kind : kinds) {
+    const std::size_t i = indexOf(kind);
+    if (i >= present_.size() || !present_[i]) {
+      throw InternalError(ErrorCode::Internal, "op table",
+                          fmt::format("{} is marked as taking float64 before it is registered", opName(kind)));
+    }
+    defs_[i].float64 = true;
+  }
+}
+
 const OpDef* OpTable::find(OpKind kind) const noexcept {
   const std::size_t i = indexOf(kind);
   return i < present_.size() && present_[i] ? &defs_[i] : nullptr;
@@ -104,6 +115,15 @@ std::vector<OutputSpec> inferOutputs(const Graph& graph, OpKind kind, std::span<
   const OpDef* def = opTable().find(kind);
   if (def == nullptr) c.fail(ErrorCode::InvalidOperand, "unknown op kind");
   if (def->shape == nullptr) c.fail(ErrorCode::InvalidOperand, "sources are added with Graph::addSource");
+  if (!def->float64) {
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (c.in(i).dtype != DType::Float64) continue;
+      c.fail(ErrorCode::InvalidOperand,
+             fmt::format("input {} {} is float64, which this op does not take; float64 runs through the "
+                         "elementwise ops, Where, the casts and the shape ops (cast to float32 with ops::cast)",
+                         i, c.desc(i)));
+    }
+  }
   return def->shape(c, attributes);
 }
 
@@ -151,7 +171,7 @@ DType OpChecker::floating(std::initializer_list<std::size_t> indices) const {
   std::optional<std::size_t> first;
   for (const std::size_t i : indices) {
     if (!isFloating(in(i).dtype)) {
-      fail(ErrorCode::InvalidOperand, fmt::format("input {} {} must be float32 or float16", i, desc(i)));
+      fail(ErrorCode::InvalidOperand, fmt::format("input {} {} must be float32, float16 or float64", i, desc(i)));
     }
     if (!first) {
       first = i;

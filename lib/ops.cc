@@ -100,6 +100,12 @@ Tensor input(Graph& graph, std::string name, Shape shape, DType dtype) {
 Tensor variable(Graph& graph, std::string name, InitialValues hostData, Shape shape,
                 std::optional<ReplicaGrouping> grouping, RetrievalMode retrievalMode, TensorCategory category,
                 DType dtype) {
+  if (dtype == DType::Float64) {
+    throw GraphError(ErrorCode::InvalidOperand, name,
+                     fmt::format("variable \"{}\" {} is float64; variables are float32, float16 or int32 (float64 "
+                                 "runs in inputs, constants and the ops computed from them)",
+                                 name, shapeStr(shape)));
+  }
   const ReplicaGrouping g = variableGrouping(graph, name, grouping);
   checkHostData(name, hostData, shape, g);
   TensorNode node;
@@ -124,13 +130,34 @@ Tensor constant(Graph& graph, std::string name, std::vector<float> data, Shape s
   node.name = std::move(name);
   node.shape = std::move(shape);
   node.dtype = dtype;
-  node.data = std::move(data);
+  if (dtype == DType::Float64) {
+    // Float64 constants hold each double's bytes in two floats.
+    node.data = packDoubles(std::vector<double>(data.begin(), data.end()));
+  } else {
+    node.data = std::move(data);
+  }
   // Float16 constants hold their values as half (rounded to nearest even).
   if (dtype == DType::Float16) roundToHalves(node.data.data(), node.data.size());
   return {&graph, graph.addSource(OpKind::Constant, std::move(node))};
 }
 
+Tensor constantFloat64(Graph& graph, std::string name, const std::vector<double>& data, Shape shape) {
+  const int64_t expected = numElements(shape);
+  if (static_cast<int64_t>(data.size()) != expected) {
+    throw GraphError(ErrorCode::HostShapeMismatch, name,
+                     fmt::format("constant data has {} elements; shape {} needs {}", data.size(),
+                                 shapeStr(shape), expected));
+  }
+  TensorNode node;
+  node.name = std::move(name);
+  node.shape = std::move(shape);
+  node.dtype = DType::Float64;
+  node.data = packDoubles(data);
+  return {&graph, graph.addSource(OpKind::Constant, std::move(node))};
+}
+
 Tensor scalar(Graph& graph, double value, DType dtype) {
+  if (dtype == DType::Float64) return constantFloat64(graph, graph.uniqueName("scalar"), {value}, {});
   return constant(graph, graph.uniqueName("scalar"), {static_cast<float>(value)}, {}, dtype);
 }
 
@@ -250,11 +277,13 @@ Tensor cast(Tensor x, DType dtype) {
       return castToFloat32(x);
     case DType::Int32:
       return castToInt32(x);
+    case DType::Float64:
+      return unary(OpKind::CastToFloat64, x);
     case DType::Float16:
       if (x.dtype() != DType::Float32) {
         throw GraphError(ErrorCode::InvalidOperand, x.name(),
                          fmt::format("Cast: \"{}\" {} {} cannot be cast to float16 directly; only float32 casts "
-                                     "to float16 (cast int32 to float32 first)",
+                                     "to float16 (cast int32 or float64 to float32 first)",
                                      x.name(), shapeStr(x.shape()), x.dtype()));
       }
       return unary(OpKind::CastToFloat16, x);

@@ -66,6 +66,7 @@ std::string_view dtypeName(DType dtype) {
     case DType::Float32: return "F32";
     case DType::Float16: return "F16";
     case DType::Int32: return "I32";
+    case DType::Float64: return "F64";  // no variable is float64 (ops::variable refuses it)
   }
   return "F32";
 }

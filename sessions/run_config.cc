@@ -124,7 +124,7 @@ bool isDimensionValue(std::string_view text) {
 // The rules of a model section: a known type, and for onnx a path and
 // dimension values that mean something.
 void checkModel(const ModelConfig& value, const jsonio::RuleSite& site) {
-  if (!isFloating(value.dtype)) {
+  if (!isFloating(value.dtype) || value.dtype == DType::Float64) {
     const std::string path = site.path("dtype");
     throw ConfigError(ErrorCode::InvalidModel, path,
                       fmt::format("dtype \"{}\" is not a model dtype: weights and activations are floats; "

@@ -159,6 +159,19 @@ SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionM
 
 void SimExecutable::checkProgram() const {
   const Program& p = program_;
+  // The device holds float32, float16 and int32 values; a float64 tensor is
+  // refused here, naming the op that makes it.
+  for (const OpNode& op : p.graph.ops()) {
+    for (const TensorId y : op.outputs) {
+      const TensorNode& node = p.graph.tensor(y);
+      if (node.dtype != DType::Float64) continue;
+      throw DeviceError(ErrorCode::InvalidProgram, op.name,
+                        fmt::format("op \"{}\" ({}) makes \"{}\" {} float64; the simulated device runs float32, "
+                                    "float16 and int32 tensors only (cast to float32 with ops::cast before the "
+                                    "device, or import ONNX doubles with doubleAsFloat)",
+                                    op.name, op.kind, node.name, shapeStr(node.shape)));
+    }
+  }
   // Every op needs kernels here (an op registered at run time may have none).
   for (const OpNode& op : p.graph.ops()) kernelDef(op.kind, op.name);
   if (p.globalReplicas != p.graph.replicationFactor()) {

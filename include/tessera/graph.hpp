@@ -26,6 +26,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -46,20 +47,39 @@ namespace tessera {
 
 // Element types. Float16 is IEEE half: stored as half, computed with float32
 // arithmetic (GEMMs and reductions accumulate in float32) and rounded to
-// nearest even when stored.
-enum class DType { Float32, Int32, Float16 };
+// nearest even when stored. Float64 is IEEE double: stored and computed as
+// double by the ops that take it (OpDef::float64); other ops refuse it.
+enum class DType { Float32, Int32, Float16, Float64 };
 
 template <>
 struct EnumNames<DType> {
   static constexpr std::string_view kTypeName = "DType";
   static constexpr std::array kNames = {std::pair{DType::Float32, std::string_view{"float32"}},
                                         std::pair{DType::Int32, std::string_view{"int32"}},
-                                        std::pair{DType::Float16, std::string_view{"float16"}}};
+                                        std::pair{DType::Float16, std::string_view{"float16"}},
+                                        std::pair{DType::Float64, std::string_view{"float64"}}};
 };
 
 // Bytes of one element on the device (and in checkpoints).
-constexpr int64_t dtypeBytes(DType dtype) noexcept { return dtype == DType::Float16 ? 2 : 4; }
-// float32 or float16.
+constexpr int64_t dtypeBytes(DType dtype) noexcept {
+  return dtype == DType::Float16 ? 2 : dtype == DType::Float64 ? 8 : 4;
+}
+// Float slots one element takes in host and device float buffers: a float64
+// element is its double's 8 bytes in two floats.
+constexpr int64_t dtypeSlots(DType dtype) noexcept { return dtype == DType::Float64 ? 2 : 1; }
+// Doubles as their bytes in two floats each (float64 constants, host and
+// device buffers), and back.
+inline std::vector<float> packDoubles(std::span<const double> values) {
+  std::vector<float> packed(2 * values.size());
+  if (!values.empty()) std::memcpy(packed.data(), values.data(), values.size() * sizeof(double));
+  return packed;
+}
+inline std::vector<double> unpackDoubles(std::span<const float> packed) {
+  std::vector<double> values(packed.size() / 2);
+  if (!values.empty()) std::memcpy(values.data(), packed.data(), values.size() * sizeof(double));
+  return values;
+}
+// float32, float16 or float64.
 constexpr bool isFloating(DType dtype) noexcept { return dtype != DType::Int32; }
 
 using Shape = std::vector<int64_t>;
@@ -150,6 +170,7 @@ enum class OpKind : uint16_t {
   CastToInt32,    // float32 or float16 -> int32, truncated toward zero; no gradient
   CastToFloat32,  // int32 -> float32 (the same value, no gradient) or float16 -> float32 (exact)
   CastToFloat16,  // float32 -> float16, round to nearest even; the gradient is the cast back
+  CastToFloat64,  // int32, float32 or float16 -> float64 (exact); the gradient is the cast back
   // Gradient helpers, produced by autodiff (also usable directly).
   ReluGrad,                 // (dy, x) -> dy * (x > 0)
   GeluGrad,                 // (dy, x) -> dy * gelu'(x)
@@ -238,6 +259,7 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::CastToInt32, std::string_view{"CastToInt32"}},
       std::pair{OpKind::CastToFloat32, std::string_view{"CastToFloat32"}},
       std::pair{OpKind::CastToFloat16, std::string_view{"CastToFloat16"}},
+      std::pair{OpKind::CastToFloat64, std::string_view{"CastToFloat64"}},
       std::pair{OpKind::ReluGrad, std::string_view{"ReluGrad"}},
       std::pair{OpKind::GeluGrad, std::string_view{"GeluGrad"}},
       std::pair{OpKind::LeakyReluGrad, std::string_view{"LeakyReluGrad"}},
@@ -362,7 +384,9 @@ struct TensorNode {
   std::optional<ReplicaGrouping> grouping;
   RetrievalMode retrievalMode = RetrievalMode::OnePerGroup;
   InitialValues initial;
-  // Constants: their value. Int32 values are stored exactly as floats.
+  // Constants: their value. Int32 values are stored exactly as floats;
+  // float64 values as their doubles' bytes, two floats per element
+  // (dtypeSlots).
   std::vector<float> data;
   // Sharded tensors: the full (unsharded) shape; shape is then [ceil(n/k)].
   // Empty when not sharded. Collectives set it on their sharded outputs.

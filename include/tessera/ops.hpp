@@ -104,6 +104,9 @@ Tensor constant(Graph& graph, std::string name, std::vector<float> data, Shape s
 // A constant holding one value, shape [] (broadcasts against anything), in
 // `dtype` (a float16 scalar holds the value rounded to half).
 Tensor scalar(Graph& graph, double value, DType dtype = DType::Float32);
+// A float64 constant holding `data` exactly (TensorNode::data keeps each
+// double's bytes in two floats). HostShapeMismatch when the sizes differ.
+Tensor constantFloat64(Graph& graph, std::string name, const std::vector<double>& data, Shape shape);
 
 // --- Dense math (float32 or float16; an op's float operands share one dtype) ---
 Tensor matmul(Tensor a, Tensor b);  // [.., M, K] x [K, N] -> [.., M, N]
@@ -197,8 +200,11 @@ Tensor dropout(Tensor x, Tensor step, double ratio, uint64_t seed = 0);
 // truncates toward zero (float32 values beyond 2^24 are not held exactly),
 // int32 -> float32 is the same value (int32 -> float16 goes through float32:
 // cast twice). Casts between float32 and float16 have a gradient (the cast
-// back); casts from or to int32 have none. x itself when it has `dtype`.
-// InvalidOperand for int32 -> float16.
+// back); casts from or to int32 have none. Any of int32, float32 and
+// float16 -> float64 is exact; float64 -> float32 rounds to nearest even,
+// float64 -> int32 truncates; casts between float64 and float32 or float16
+// have a gradient. x itself when it has `dtype`. InvalidOperand for int32 ->
+// float16 and float64 -> float16 (cast to float32 first).
 Tensor cast(Tensor x, DType dtype);
 // float32 or float16 -> int32 (CastToInt32), and int32 or float16 -> float32
 // (CastToFloat32).

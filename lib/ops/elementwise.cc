@@ -363,6 +363,9 @@ void addElementwiseOps(OpTable& table) {
              .reference = [](ReferenceOp& r, int64_t replica) { r.out(replica) = r.in(1, replica); },
              .cost = perElement<1>});
   table.keepsHalves({OpKind::Neg, OpKind::Relu, OpKind::Abs, OpKind::Sign, OpKind::ReluGrad, OpKind::Copy, OpKind::CopyInplace});
+  table.float64({OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Pow, OpKind::Neg, OpKind::Abs, OpKind::Sign,
+                 OpKind::Relu, OpKind::Sqrt, OpKind::Exp, OpKind::Log, OpKind::Reciprocal, OpKind::Tanh,
+                 OpKind::Sigmoid, OpKind::Copy});
 }
 
 }  // namespace tessera

@@ -177,16 +177,24 @@ void addMaskOps(OpTable& table) {
                c.arity(1);
                if (c.in(0).dtype == DType::Float32) {
                  c.fail(ErrorCode::InvalidOperand,
-                        fmt::format("input 0 {} is float32 already; CastToFloat32 takes int32 or float16",
+                        fmt::format("input 0 {} is float32 already; CastToFloat32 takes int32, float16 or float64",
                                     c.desc(0)));
                }
                return {{c.shape(0), DType::Float32, c.in(0).metaShape}};
              },
              .gradient = [](const GradientContext& g) -> R {
-               if (g.in(0).dtype() != DType::Float16) return {Tensor{}};
-               return {ops::cast(g.dy, DType::Float16)};
+               const DType from = g.in(0).dtype();
+               if (from == DType::Int32) return {Tensor{}};
+               return {ops::cast(g.dy, from)};
              },
-             .reference = [](ReferenceOp& r, int64_t replica) { r.out(replica) = r.in(0, replica); },
+             // From float64 the value is rounded to float32; int32 and
+             // float16 values are float32 values already.
+             .reference =
+                 [](ReferenceOp& r, int64_t replica) {
+                   const Values& x = r.in(0, replica);
+                   Values& out = r.out(replica);
+                   for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<double>(static_cast<float>(x[i]));
+                 },
              .cost = perElement});
   // The output is stored as half: the reference's rounding model (and the
   // device's) rounds every float16 output, so the op itself is the identity.
@@ -199,6 +207,26 @@ void addMaskOps(OpTable& table) {
                return {{c.shape(0), DType::Float16, c.in(0).metaShape}};
              },
              .gradient = [](const GradientContext& g) -> R { return {ops::cast(g.dy, DType::Float32)}; },
+             .reference = [](ReferenceOp& r, int64_t replica) { r.out(replica) = r.in(0, replica); },
+             .cost = perElement});
+
+  table.add({.kind = OpKind::CastToFloat64,
+             .family = OpFamily::Mask,
+             .elementwise = true,
+             .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
+               c.arity(1);
+               if (c.in(0).dtype == DType::Float64) {
+                 c.fail(ErrorCode::InvalidOperand,
+                        fmt::format("input 0 {} is float64 already; CastToFloat64 takes int32, float32 or float16",
+                                    c.desc(0)));
+               }
+               return {{c.shape(0), DType::Float64, c.in(0).metaShape}};
+             },
+             .gradient = [](const GradientContext& g) -> R {
+               const DType from = g.in(0).dtype();
+               if (from == DType::Int32) return {Tensor{}};
+               return {ops::cast(g.dy, from)};
+             },
              .reference = [](ReferenceOp& r, int64_t replica) { r.out(replica) = r.in(0, replica); },
              .cost = perElement});
 
@@ -240,6 +268,7 @@ void addMaskOps(OpTable& table) {
        .cost = [](const Graph& graph,
                   const OpNode& op) { return OpCost{.flops = 8.0 * elementsOf(graph, op.outputs[0])}; }});
   table.keepsHalves({OpKind::Where});
+  table.float64({OpKind::Where, OpKind::CastToInt32, OpKind::CastToFloat32, OpKind::CastToFloat64});
 }
 
 }  // namespace tessera

@@ -254,6 +254,7 @@ void addShapeOps(OpTable& table) {
                  },
              .cost = perOutputElement});
   table.keepsHalves({OpKind::Reshape, OpKind::Transpose, OpKind::Slice, OpKind::SlicePad, OpKind::Concat, OpKind::BroadcastTo});
+  table.float64({OpKind::Reshape, OpKind::Transpose, OpKind::Slice, OpKind::Concat, OpKind::BroadcastTo});
 }
 
 }  // namespace tessera

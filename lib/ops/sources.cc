@@ -25,8 +25,12 @@ void addSourceOps(OpTable& table) {
              .family = OpFamily::Source,
              .work = OpWork::None,
              .reference = [](ReferenceOp& r, int64_t replica) {
-               const std::vector<float>& data = r.graph().tensor(r.op().outputs[0]).data;
-               r.out(replica).assign(data.begin(), data.end());
+               const TensorNode& node = r.graph().tensor(r.op().outputs[0]);
+               if (node.dtype == DType::Float64) {
+                 r.out(replica) = unpackDoubles(node.data);
+                 return;
+               }
+               r.out(replica).assign(node.data.begin(), node.data.end());
              }});
 }
 

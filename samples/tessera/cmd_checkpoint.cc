@@ -35,6 +35,7 @@ std::string dtypeName(DType dtype) {
     case DType::Float32: return "F32";
     case DType::Float16: return "F16";
     case DType::Int32: return "I32";
+    case DType::Float64: return "F64";
   }
   return "F32";
 }

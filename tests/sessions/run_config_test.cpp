@@ -904,6 +904,11 @@ TEST_CASE("the model's dtype is float32 or float16") {
   CHECK(error->detail().starts_with(
       "dtype \"int32\" is not a model dtype: weights and activations are floats; expected one of "
       "\"float32\", \"float16\""));
+  // float64 is an IR dtype, not a model dtype (variables are never float64).
+  const auto wide = test::catchError<ConfigError>([] { parse(R"({"model": {"dtype": "float64"}})"); });
+  REQUIRE(wide);
+  CHECK(wide->code() == ErrorCode::InvalidModel);
+  CHECK(wide->detail().starts_with("dtype \"float64\" is not a model dtype"));
   // An onnx model keeps its own dtype.
   const auto onnx = test::catchError<ConfigError>(
       [] { parse(R"({"model": {"type": "onnx", "path": "m.onnx", "dtype": "float16"}})"); });
