@@ -15,6 +15,7 @@
 
 #include "cli.hpp"
 #include "tessera/communicator.hpp"
+#include "tessera/config_notes.hpp"
 #include "tessera/dist.hpp"
 #include "tessera/error.hpp"
 #include "tessera/output_check.hpp"
@@ -170,6 +171,9 @@ Action attachTrain(CLI::App& command) {
     if (reports) {
       checkOutputPath(args->summaryPath, "--json-summary");
       checkOutputPath(args->weightsPath, "--dump-weights");
+      // The warnings of `tessera validate`, before the run rather than after it.
+      for (const ConfigNote& note : configNotes(loaded.config))
+        fmt::print(stderr, "warning: {}\n", note.text());
     }
     ProgressPrinter progress(args->quiet || !reports);
     TrainControl control;

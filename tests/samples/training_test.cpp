@@ -108,6 +108,9 @@ TEST_CASE("tessera train reports the loss scale and the steps automatic loss sca
   const ProcessResult result = tessera::test::runProgram(program("TESSERA_CLI"), args);
   INFO("stderr: " << result.err);
   REQUIRE(result.exitCode == 0);
+  // Loss scaling on a float32 model: train warns before it starts, as validate does.
+  CHECK(result.err.find("warning: [tessera.note.802] /sessionOptions/automaticLossScalingSettings/enabled: "
+                        "automatic loss scaling is enabled") != std::string::npos);
   const json summary = json::parse(tessera::test::readFile(summaryPath));
   const auto skipped = summary["skippedSteps"].get<int64_t>();
   CHECK(skipped > 0);
