@@ -1,6 +1,7 @@
 // The op table and the pieces every family shares.
 #include <algorithm>
 #include <mutex>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -58,26 +59,30 @@ void OpTable::add(OpDef def) {
   present_[i] = 1;
 }
 
-void OpTable::keepsHalves(std::initializer_list<OpKind> kinds) {
+namespace {
+
+// Sets `flag` on the registered `kinds`; a kind not registered yet is a bug
+// of the table's construction.
+void markRegistered(std::vector<OpDef>& defs, const std::vector<char>& present,
+                    std::initializer_list<OpKind> kinds, bool OpDef::*flag, std::string_view what) {
   for (const OpKind kind : kinds) {
     const std::size_t i = indexOf(kind);
-    if (i >= present_.size() || !present_[i]) {
+    if (i >= present.size() || !present[i]) {
       throw InternalError(ErrorCode::Internal, "op table",
-                          fmt::format("{} is marked as keeping halves before it is registered", opName(kind)));
+                          fmt::format("{} is marked as {} before it is registered", opName(kind), what));
     }
-    defs_[i].keepsHalves = true;
+    defs[i].*flag = true;
   }
 }
 
+}  // namespace
+
+void OpTable::keepsHalves(std::initializer_list<OpKind> kinds) {
+  markRegistered(defs_, present_, kinds, &OpDef::keepsHalves, "keeping halves");
+}
+
 void OpTable::float64(std::initializer_list<OpKind> kinds) {
-  for (const OpKind kind : kinds) {
-    const std::size_t i = indexOf(kind);
-    if (i >= present_.size() || !present_[i]) {
-      throw InternalError(ErrorCode::Internal, "op table",
-                          fmt::format("{} is marked as taking float64 before it is registered", opName(kind)));
-    }
-    defs_[i].float64 = true;
-  }
+  markRegistered(defs_, present_, kinds, &OpDef::float64, "taking float64");
 }
 
 const OpDef* OpTable::find(OpKind kind) const noexcept {

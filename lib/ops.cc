@@ -120,6 +120,10 @@ Tensor variable(Graph& graph, std::string name, InitialValues hostData, Shape sh
 }
 
 Tensor constant(Graph& graph, std::string name, std::vector<float> data, Shape shape, DType dtype) {
+  // Float64 constants hold each double's bytes in two floats.
+  if (dtype == DType::Float64)
+    return constantFloat64(graph, std::move(name), std::vector<double>(data.begin(), data.end()),
+                           std::move(shape));
   const int64_t expected = numElements(shape);
   if (static_cast<int64_t>(data.size()) != expected) {
     throw GraphError(ErrorCode::HostShapeMismatch, name,
@@ -130,12 +134,7 @@ Tensor constant(Graph& graph, std::string name, std::vector<float> data, Shape s
   node.name = std::move(name);
   node.shape = std::move(shape);
   node.dtype = dtype;
-  if (dtype == DType::Float64) {
-    // Float64 constants hold each double's bytes in two floats.
-    node.data = packDoubles(std::vector<double>(data.begin(), data.end()));
-  } else {
-    node.data = std::move(data);
-  }
+  node.data = std::move(data);
   // Float16 constants hold their values as half (rounded to nearest even).
   if (dtype == DType::Float16) roundToHalves(node.data.data(), node.data.size());
   return {&graph, graph.addSource(OpKind::Constant, std::move(node))};
