@@ -119,15 +119,15 @@ Tensor variable(Graph& graph, std::string name, InitialValues hostData, Shape sh
   return {&graph, graph.addSource(OpKind::Variable, std::move(node))};
 }
 
-Tensor constant(Graph& graph, std::string name, std::vector<float> data, Shape shape, DType dtype) {
-  // Float64 constants hold each double's bytes in two floats.
-  if (dtype == DType::Float64)
-    return constantFloat64(graph, std::move(name), std::vector<double>(data.begin(), data.end()),
-                           std::move(shape));
+namespace {
+
+// A Constant of `elements` host values (checked against the shape) holding `data`.
+Tensor addConstant(Graph& graph, std::string name, std::size_t elements, std::vector<float> data, Shape shape,
+                   DType dtype) {
   const int64_t expected = numElements(shape);
-  if (static_cast<int64_t>(data.size()) != expected) {
+  if (static_cast<int64_t>(elements) != expected) {
     throw GraphError(ErrorCode::HostShapeMismatch, name,
-                     fmt::format("constant data has {} elements; shape {} needs {}", data.size(),
+                     fmt::format("constant data has {} elements; shape {} needs {}", elements,
                                  shapeStr(shape), expected));
   }
   TensorNode node;
@@ -140,19 +140,20 @@ Tensor constant(Graph& graph, std::string name, std::vector<float> data, Shape s
   return {&graph, graph.addSource(OpKind::Constant, std::move(node))};
 }
 
+}  // namespace
+
+Tensor constant(Graph& graph, std::string name, std::vector<float> data, Shape shape, DType dtype) {
+  if (dtype == DType::Float64)
+    return constantFloat64(graph, std::move(name), std::vector<double>(data.begin(), data.end()),
+                           std::move(shape));
+  const std::size_t elements = data.size();
+  return addConstant(graph, std::move(name), elements, std::move(data), std::move(shape), dtype);
+}
+
+// Float64 constants hold each double's bytes in two floats.
 Tensor constantFloat64(Graph& graph, std::string name, const std::vector<double>& data, Shape shape) {
-  const int64_t expected = numElements(shape);
-  if (static_cast<int64_t>(data.size()) != expected) {
-    throw GraphError(ErrorCode::HostShapeMismatch, name,
-                     fmt::format("constant data has {} elements; shape {} needs {}", data.size(),
-                                 shapeStr(shape), expected));
-  }
-  TensorNode node;
-  node.name = std::move(name);
-  node.shape = std::move(shape);
-  node.dtype = DType::Float64;
-  node.data = packDoubles(data);
-  return {&graph, graph.addSource(OpKind::Constant, std::move(node))};
+  return addConstant(graph, std::move(name), data.size(), packDoubles(data), std::move(shape),
+                     DType::Float64);
 }
 
 Tensor scalar(Graph& graph, double value, DType dtype) {
