@@ -28,7 +28,7 @@
 #include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/trainer.hpp"
-#include "support/toy_data.hpp"
+#include "support/toy_training.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;
@@ -109,25 +109,7 @@ TrainingSession makeSession(const Setup& setup, const OptimizerConfig& optimizer
 // Runs steps [first, first + count) of the toy data, the same 8 samples per
 // step whatever the split into replicas and micro-batches.
 std::vector<double> runSteps(TrainingSession& session, const ToyData& data, int64_t first, int64_t count) {
-  std::vector<double> losses;
-  for (int64_t s = first; s < first + count; ++s) {
-    session.run({StepInput("input", std::span<const float>(data.images)
-                                        .subspan(static_cast<size_t>(s * kGlobalBatch * kFeatures),
-                                                 static_cast<size_t>(kGlobalBatch * kFeatures))),
-                 StepInput("labels", std::span<const int32_t>(data.labels)
-                                         .subspan(static_cast<size_t>(s * kGlobalBatch),
-                                                  static_cast<size_t>(kGlobalBatch)))});
-    losses.push_back(session.meanLoss());
-  }
-  return losses;
-}
-
-// Every saved variable of a session, by name.
-std::map<std::string, HostTensor> savedValues(const TrainingSession& session) {
-  std::map<std::string, HostTensor> values;
-  for (CheckpointTensor& tensor : makeCheckpoint(session).tensors)
-    values.emplace(tensor.name, std::move(tensor.value));
-  return values;
+  return test::trainToySteps(session, data, kGlobalBatch, first, count);
 }
 
 // The largest difference relative to the magnitude of what is compared:
@@ -599,7 +581,7 @@ TEST_CASE(
     TrainingSession reference = makeSession(source, optimizer);
     REQUIRE(isSharded(reference, "W0"));
     const std::vector<double> referenceLosses = runSteps(reference, data, 0, kBefore + kAfter);
-    const std::map<std::string, HostTensor> referenceValues = savedValues(reference);
+    const std::map<std::string, HostTensor> referenceValues = test::checkpointValues(reference);
 
     const test::TempDir dir;
     const std::string path = (dir.path() / "model.safetensors").string();
@@ -620,7 +602,7 @@ TEST_CASE(
       const std::vector<double> losses = runSteps(resumed, data, kBefore, kAfter);
       const std::vector<double> expected(referenceLosses.begin() + kBefore, referenceLosses.end());
       CHECK(worstLossDifference(losses, expected) <= 1e-6);
-      CHECK(worstTensorDifference(savedValues(resumed), referenceValues) <= 1e-6);
+      CHECK(worstTensorDifference(test::checkpointValues(resumed), referenceValues) <= 1e-6);
       CHECK(report.warnings.size() == (target.replicas == 4 && target.rts ? 0u : 1u));
     }
 
@@ -647,7 +629,7 @@ TEST_CASE("a float16 run resumed from its checkpoint continues exactly, and in o
     REQUIRE(reference.graph().tensor(reference.graph().find("W0")).dtype == DType::Float16);
     REQUIRE(reference.graph().tryFind("W0.master"));
     const std::vector<double> referenceLosses = runSteps(reference, data, 0, kBefore + kAfter);
-    const std::map<std::string, HostTensor> referenceValues = savedValues(reference);
+    const std::map<std::string, HostTensor> referenceValues = test::checkpointValues(reference);
     const std::vector<double> expected(referenceLosses.begin() + kBefore, referenceLosses.end());
 
     const test::TempDir dir;
@@ -660,7 +642,7 @@ TEST_CASE("a float16 run resumed from its checkpoint continues exactly, and in o
     TrainingSession same = makeSession(source, optimizer, 8, DType::Float16);
     loadCheckpoint(same, path);
     CHECK(runSteps(same, data, kBefore, kAfter) == expected);
-    CHECK(savedValues(same) == referenceValues);
+    CHECK(test::checkpointValues(same) == referenceValues);
 
     // Other splits of the same global batch (R, accumulation, sharded or
     // OffChip state): the float16 rounding of other partial sums.
@@ -675,7 +657,7 @@ TEST_CASE("a float16 run resumed from its checkpoint continues exactly, and in o
       // Seen: losses within 4.3e-5, tensors within 4.0e-4 of their largest
       // element (half's ulp is 9.8e-4 of a value).
       CHECK(worstLossDifference(losses, expected) <= 1e-4);
-      CHECK(worstTensorDifference(savedValues(resumed), referenceValues) <= 1e-3);
+      CHECK(worstTensorDifference(test::checkpointValues(resumed), referenceValues) <= 1e-3);
     }
   }
 }
@@ -732,14 +714,14 @@ TEST_CASE("a checkpoint that does not fit the model is rejected before anything 
   for (const Case& c : cases) {
     INFO(std::string(c.name));
     TrainingSession target = c.make();
-    const std::map<std::string, HostTensor> before = savedValues(target);
+    const std::map<std::string, HostTensor> before = test::checkpointValues(target);
     const auto error = test::catchError<IoError>([&] { loadCheckpoint(target, path); });
     REQUIRE(error);
     INFO(std::string(error->what()));
     CHECK(error->code() == ErrorCode::CheckpointMismatch);
     CHECK(error->subject() == path);
     CHECK(error->detail().find(c.message) != std::string::npos);
-    CHECK(savedValues(target) == before);
+    CHECK(test::checkpointValues(target) == before);
     CHECK(target.step() == 0);
   }
 
@@ -787,7 +769,7 @@ TEST_CASE("F16 tensors load into float32 variables exactly; integers and floats 
   Checkpoint integers = saved;
   integers.tensors.front().dtype = DType::Int32;
   for (float& v : integers.tensors.front().value.data) v = std::round(v);
-  const std::map<std::string, HostTensor> before = savedValues(target);
+  const std::map<std::string, HostTensor> before = test::checkpointValues(target);
   const auto error = test::catchError<IoError>([&] { restoreCheckpoint(target, integers, "ints"); });
   REQUIRE(error);
   CHECK(error->code() == ErrorCode::CheckpointMismatch);
@@ -795,7 +777,7 @@ TEST_CASE("F16 tensors load into float32 variables exactly; integers and floats 
         fmt::format("tensor \"{}\" is I32 in the checkpoint but F32 (float32) in the model; F32 and F16 "
                     "convert into each other, integers into nothing else",
                     integers.tensors.front().name));
-  CHECK(savedValues(target) == before);
+  CHECK(test::checkpointValues(target) == before);
 }
 
 TEST_CASE("master weights: taken from their weight when the checkpoint lacks them, skipped when the run has none") {

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "support/toy_data.hpp"
+#include "support/toy_training.hpp"
 #include "tessera/mlp.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/session.hpp"
@@ -83,23 +83,8 @@ Trained train(const SessionOptions& options, const OptimizerConfig& optimizer) {
   MlpGraph mlp = buildMlp(toyModel(), kGlobalBatch / (kReplicas * options.accumulationFactor), kReplicas, 5);
   TrainingSession session(std::move(mlp.graph), mlp.loss, makeOptimizer(optimizer), options, makeSimDevice());
   Trained result;
-  for (int64_t s = 0; s < kSteps; ++s) {
-    session.run({StepInput("input", std::span<const float>(data.images)
-                                        .subspan(static_cast<size_t>(s * kGlobalBatch * kFeatures),
-                                                 static_cast<size_t>(kGlobalBatch * kFeatures))),
-                 StepInput("labels", std::span<const int32_t>(data.labels)
-                                         .subspan(static_cast<size_t>(s * kGlobalBatch), kGlobalBatch))});
-    result.losses.push_back(session.meanLoss());
-  }
-  result.variables = session.readWeights();
-  for (const TensorNode& node : session.graph().tensors()) {
-    if (node.category == TensorCategory::OptimizerState && node.producer != kNoOp &&
-        session.graph().op(node.producer).kind == OpKind::Variable && !node.name.starts_with("optimizer.")) {
-      result.variables.emplace_back(node.name, session.readVariable(node.name));
-    }
-  }
-  std::sort(result.variables.begin(), result.variables.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
+  result.losses = test::trainToySteps(session, data, kGlobalBatch, 0, kSteps);
+  result.variables = test::trainedVariables(session);
   result.graph = session.graph();
   result.memory = session.memory();
   return result;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "support/toy_data.hpp"
+#include "support/toy_training.hpp"
 #include "tessera/checkpoint.hpp"
 #include "tessera/mlp.hpp"
 #include "tessera/optimizer.hpp"
@@ -87,19 +87,7 @@ struct Run {
 
 Run train(TrainingSession& session) {
   const test::ToyData data = test::toyData(kGlobalBatch * kSteps, kFeatures, 7);
-  Run run;
-  for (int64_t s = 0; s < kSteps; ++s) {
-    session.run({StepInput("input", std::span<const float>(data.images)
-                                        .subspan(static_cast<size_t>(s * kGlobalBatch * kFeatures),
-                                                 static_cast<size_t>(kGlobalBatch * kFeatures))),
-                 StepInput("labels", std::span<const int32_t>(data.labels)
-                                         .subspan(static_cast<size_t>(s * kGlobalBatch),
-                                                  static_cast<size_t>(kGlobalBatch)))});
-    run.losses.push_back(session.meanLoss());
-  }
-  for (CheckpointTensor& tensor : makeCheckpoint(session).tensors)
-    run.values.emplace(tensor.name, std::move(tensor.value));
-  return run;
+  return {test::trainToySteps(session, data, kGlobalBatch, 0, kSteps), test::checkpointValues(session)};
 }
 
 double worstLoss(const Run& a, const Run& b) {

@@ -18,7 +18,7 @@
 #include "tessera/optimizer.hpp"
 #include "tessera/placement.hpp"
 #include "tessera/session.hpp"
-#include "support/toy_data.hpp"
+#include "support/toy_training.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;
@@ -79,23 +79,8 @@ Trained train(const SessionOptions& options, const OptimizerConfig& optimizer) {
   MlpGraph mlp = buildMlp(toyModel(), batch, kReplicas, 5);
   TrainingSession session(std::move(mlp.graph), mlp.loss, makeOptimizer(optimizer), options, makeSimDevice());
   Trained result;
-  for (int64_t s = 0; s < kSteps; ++s) {
-    session.run({StepInput("input", std::span<const float>(data.images)
-                                        .subspan(static_cast<size_t>(s * kGlobalBatch * kFeatures),
-                                                 static_cast<size_t>(kGlobalBatch * kFeatures))),
-                 StepInput("labels", std::span<const int32_t>(data.labels)
-                                         .subspan(static_cast<size_t>(s * kGlobalBatch), kGlobalBatch))});
-    result.losses.push_back(session.meanLoss());
-  }
-  result.variables = session.readWeights();
-  for (const TensorNode& node : session.graph().tensors()) {
-    if (node.category == TensorCategory::OptimizerState && node.producer != kNoOp &&
-        session.graph().op(node.producer).kind == OpKind::Variable && !node.name.starts_with("optimizer.")) {
-      result.variables.emplace_back(node.name, session.readVariable(node.name));
-    }
-  }
-  std::sort(result.variables.begin(), result.variables.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
+  result.losses = test::trainToySteps(session, data, kGlobalBatch, 0, kSteps);
+  result.variables = test::trainedVariables(session);
   result.graph = session.graph();
   return result;
 }
