@@ -420,10 +420,12 @@ bool Importer::addInput(const onnx::ValueInfoProto& input) {
   DType dtype = DType::Float32;
   if (type.elem_type() == onnx::TensorProto::INT64 || type.elem_type() == onnx::TensorProto::INT32) {
     dtype = DType::Int32;
+  } else if (type.elem_type() == onnx::TensorProto::DOUBLE) {
+    dtype = DType::Float64;
   } else if (type.elem_type() != onnx::TensorProto::FLOAT && type.elem_type() != onnx::TensorProto::BOOL) {
     throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,
-              fmt::format("element type {} is not supported; graph inputs may be float, bool (a float32 0/1 "
-                          "mask), int64 or int32",
+              fmt::format("element type {} is not supported; graph inputs may be float, double, bool (a "
+                          "float32 0/1 mask), int64 or int32",
                           typeName(type.elem_type())));
   }
   const auto frozen = options_.constantInputs.find(input.name());
@@ -524,11 +526,17 @@ TensorId Importer::materialize(const std::string& name, const std::string& subje
     data.reserve(known.i.size());
     for (int64_t v : known.i) data.push_back(v != 0 ? 1.0F : 0.0F);
   } else if (known.isFloat()) {
-    if (known.type != onnx::TensorProto::FLOAT)
+    if (known.type == onnx::TensorProto::DOUBLE) {
+      // float64: each double's bytes in two floats.
+      dtype = DType::Float64;
+      data = packDoubles(known.f);
+    } else if (known.type != onnx::TensorProto::FLOAT) {
       throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,
-                fmt::format("value \"{}\" has element type {}; the device computes in float (float32)", name,
-                            typeName(known.type)));
-    data.assign(known.f.begin(), known.f.end());
+                fmt::format("value \"{}\" has element type {}; the device computes in float32 and float64",
+                            name, typeName(known.type)));
+    } else {
+      data.assign(known.f.begin(), known.f.end());
+    }
   } else {
     dtype = DType::Int32;
     data.reserve(known.i.size());
@@ -552,9 +560,16 @@ void Importer::bindOutput(const std::string& name) {
     throwOnnx(ErrorCode::OnnxInvalidGraph, subject, "no node produces the graph output");
   TensorId id = materialize(name, subject);
   // A graph output is a tensor of its own, named as in the model: a source
-  // (an input passed through, a folded value) is copied.
+  // (an input passed through, a folded value) is copied, and so is a value
+  // that an earlier graph output is already (an identity cast between them).
   const OpKind producerKind = graph_.op(graph_.tensor(id).producer).kind;
-  if (producerKind == OpKind::Input || producerKind == OpKind::Variable || producerKind == OpKind::Constant)
+  bool boundAlready = false;
+  for (const auto& earlier : model_.graph().output()) {
+    if (earlier.name() == name) break;
+    boundAlready = boundAlready || graph_.tensor(id).name == earlier.name();
+  }
+  if (producerKind == OpKind::Input || producerKind == OpKind::Variable || producerKind == OpKind::Constant ||
+      boundAlready)
     id = graph_.op(graph_.addOp(OpKind::Copy, {id}, {}, name)).outputs.at(0);
   if (graph_.tensor(id).name != name) {
     if (const auto taken = graph_.tryFind(name)) graph_.rename(*taken, graph_.uniqueName(name + ".value"));

@@ -743,8 +743,10 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
   }
   if (op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" || op == "Exp" || op == "Log" ||
       op == "Sqrt") {
+    // float32, or float64 computed in double.
     Tensor x = operand(node, 0, subject);
-    requireFloat(x, node, 0, subject);
+    const bool wide = x.dtype() == DType::Float64;
+    if (!wide) requireFloat(x, node, 0, subject);
     Tensor y = op == "Neg"       ? ops::neg(x)
                : op == "Relu"    ? ops::relu(x)
                : op == "Tanh"    ? ops::tanh(x)
@@ -752,7 +754,7 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
                : op == "Exp"     ? ops::exp(x)
                : op == "Log"     ? ops::log(x)
                                  : ops::sqrt(x);
-    setOutput(node, 0, y);
+    setOutput(node, 0, y, wide ? onnx::TensorProto::DOUBLE : onnx::TensorProto::FLOAT);
     return;
   }
   if (op == "Dropout") {
@@ -984,6 +986,19 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     }
     const bool fromInt = in.type == onnx::TensorProto::INT64 || in.type == onnx::TensorProto::INT32;
     const bool toInt = to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32;
+    // float64: exact from float32 and integers; to float32 the nearest
+    // float, to integers truncated toward zero.
+    const bool fromDouble = in.type == onnx::TensorProto::DOUBLE;
+    if (to == onnx::TensorProto::DOUBLE && (in.type == onnx::TensorProto::FLOAT || fromInt)) {
+      setOutput(node, 0, ops::cast(operand(node, 0, subject), DType::Float64), onnx::TensorProto::DOUBLE);
+      return;
+    }
+    if (fromDouble && (to == onnx::TensorProto::FLOAT || toInt)) {
+      const Tensor x = operand(node, 0, subject);
+      setOutput(node, 0, toInt ? ops::castToInt32(x) : ops::cast(x, DType::Float32),
+                static_cast<int32_t>(to));
+      return;
+    }
     if ((in.type == onnx::TensorProto::FLOAT || in.type == onnx::TensorProto::BOOL) && toInt) {
       // Truncated toward zero, as numpy's astype (a mask gives 0 and 1).
       setOutput(node, 0, ops::castToInt32(operand(node, 0, subject)), static_cast<int32_t>(to));
@@ -993,13 +1008,14 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       setOutput(node, 0, ops::castToFloat32(operand(node, 0, subject)), onnx::TensorProto::FLOAT);
       return;
     }
-    const bool floatToFloat = in.type == onnx::TensorProto::FLOAT && to == onnx::TensorProto::FLOAT;
+    const bool floatToFloat = (in.type == onnx::TensorProto::FLOAT && to == onnx::TensorProto::FLOAT) ||
+                              (fromDouble && to == onnx::TensorProto::DOUBLE);
     const bool intToInt = (in.type == onnx::TensorProto::INT64 || in.type == onnx::TensorProto::INT32) &&
                           (to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32);
     if (!floatToFloat && !intToInt)
       unsupported(
-          fmt::format("cast from {} to {} of a computed value: the device casts between float32, int32/int64 "
-                      "and bool only",
+          fmt::format("cast from {} to {} of a computed value: the device casts between float32, float64, "
+                      "int32/int64 and bool only",
                       typeName(in.type), typeName(static_cast<int32_t>(to))));
     Value out = in;
     out.type = static_cast<int32_t>(to);

@@ -1,6 +1,7 @@
 #include "session_runtime.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -164,14 +165,18 @@ SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, std::
     s.derivation =
         fmt::format("[accumulationFactor={}, localReplicas={}, ...{}] with size-1 dimensions omitted",
                     accumulationFactor_, program().localReplicas, shapeStr(micro));
-    s.device.assign(static_cast<size_t>(program().localReplicas * numElements(node.shape)), 0.0f);
+    s.device.assign(
+        static_cast<size_t>(program().localReplicas * numElements(node.shape) * dtypeSlots(node.dtype)),
+        0.0f);
     streams_.push_back(std::move(s));
   }
   for (TensorId t : outputs) {
     Output out;
     out.tensor = t;
     const ReplicaGrouping layout = executable_->layout(t);
-    out.groups.assign(static_cast<size_t>(layout.numGroups() * numElements(g.tensor(t).shape)), 0.0f);
+    out.groups.assign(static_cast<size_t>(layout.numGroups() * numElements(g.tensor(t).shape) *
+                                          dtypeSlots(g.tensor(t).dtype)),
+                      0.0f);
     outputs_.push_back(std::move(out));
   }
   // The device wrote every variable's initial values when it loaded the
@@ -226,28 +231,43 @@ void SessionRuntime::run(std::span<const StepInput> inputs) {
     Stream& s = stream(input.name);
     const TensorNode& node = program().graph.tensor(s.tensor);
     const auto expected = static_cast<size_t>(numElements(s.hostShape));
-    const size_t received = input.ints.empty() ? input.floats.size() : input.ints.size();
+    const int given = static_cast<int>(!input.floats.empty()) + static_cast<int>(!input.ints.empty()) +
+                      static_cast<int>(!input.doubles.empty());
+    const size_t received = input.floats.size() + input.ints.size() + input.doubles.size();
     if (s.fed) {
       throw GraphError(ErrorCode::HostShapeMismatch, node.name, "the stream was given twice in one step");
     }
-    if (received != expected || (!input.ints.empty() && !input.floats.empty())) {
+    if (received != expected || given > 1) {
       throw GraphError(ErrorCode::HostShapeMismatch, node.name,
                        fmt::format("expected host shape {} = {} elements, {}; received {} elements",
                                    shapeStr(s.hostShape), expected, s.derivation, received));
     }
     if (!input.ints.empty() && s.dtype != DType::Int32) {
-      throw GraphError(ErrorCode::HostShapeMismatch, node.name, "int32 data given for a float32 stream");
+      throw GraphError(ErrorCode::HostShapeMismatch, node.name,
+                       fmt::format("int32 data given for a {} stream", s.dtype));
+    }
+    if (!input.doubles.empty() && s.dtype != DType::Float64) {
+      throw GraphError(ErrorCode::HostShapeMismatch, node.name,
+                       fmt::format("float64 data given for a {} stream; give floats", s.dtype));
     }
     // Host order is [micro-batch, replica, ...]; the device keeps each
     // replica's micro-batches together: [replica, micro-batch, ...].
     const int64_t af = accumulationFactor_;
     const int64_t replicas = program().localReplicas;
     const auto block = static_cast<size_t>(numElements(node.shape) / af);
+    const auto slots = static_cast<size_t>(dtypeSlots(s.dtype));
     for (int64_t a = 0; a < af; ++a) {
       for (int64_t r = 0; r < replicas; ++r) {
         const size_t from = static_cast<size_t>(a * replicas + r) * block;
-        float* to = s.device.data() + static_cast<size_t>(r * af + a) * block;
-        if (input.ints.empty()) {
+        float* to = s.device.data() + static_cast<size_t>(r * af + a) * block * slots;
+        if (s.dtype == DType::Float64) {
+          // Doubles are held as their bytes, two floats each.
+          for (size_t k = 0; k < block; ++k) {
+            const double v =
+                input.doubles.empty() ? static_cast<double>(input.floats[from + k]) : input.doubles[from + k];
+            std::memcpy(to + 2 * k, &v, sizeof v);
+          }
+        } else if (input.ints.empty()) {
           std::copy_n(input.floats.data() + from, block, to);
         } else {
           std::transform(input.ints.data() + from, input.ints.data() + from + block, to,
@@ -277,7 +297,7 @@ void SessionRuntime::readOutputs() {
     const TensorNode& node = program().graph.tensor(out.tensor);
     const ReplicaGrouping layout = executable_->layout(out.tensor);
     executable_->read(out.tensor, out.groups);
-    const int64_t elements = numElements(node.shape);
+    const int64_t elements = numElements(node.shape) * dtypeSlots(node.dtype);
     const int64_t lead = out.microBatchLeading && !node.shape.empty() ? node.shape.front() : 1;
     const Shape rest = out.microBatchLeading && !node.shape.empty()
                            ? Shape(node.shape.begin() + 1, node.shape.end())
@@ -290,6 +310,10 @@ void SessionRuntime::readOutputs() {
       for (int64_t a = 0; a < lead; ++a) {
         std::copy_n(value + a * block, block, out.host.data.data() + (a * replicas + r) * block);
       }
+    }
+    if (node.dtype == DType::Float64) {
+      out.host.doubles = unpackDoubles(out.host.data);
+      out.host.data.clear();
     }
   }
 }

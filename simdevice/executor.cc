@@ -27,6 +27,17 @@ std::size_t at(int64_t i) { return static_cast<std::size_t>(i); }
 
 int64_t alignUp(int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
 
+// Floats one value of a tensor takes in the arena and in host buffers (a
+// float64 element takes two).
+int64_t floatsOf(const TensorNode& node) { return numElements(node.shape) * dtypeSlots(node.dtype); }
+
+// Whether an op reads or makes a float64 tensor (its steps compute in double).
+bool touchesFloat64(const Graph& graph, const OpNode& op) {
+  const auto wide = [&](TensorId t) { return graph.tensor(t).dtype == DType::Float64; };
+  return std::any_of(op.inputs.begin(), op.inputs.end(), wide) ||
+         std::any_of(op.outputs.begin(), op.outputs.end(), wide);
+}
+
 // One operand of a step: its layout, elements per group and an extra offset
 // inside each group (slices).
 struct Operand {
@@ -81,7 +92,8 @@ std::vector<Run> makeRuns(const ReplicaGrouping& out, int64_t outElements, int64
 // at most one dimension over contiguous output, inputs read contiguously at
 // the output's index or as a scalar. -1 for any other step.
 int64_t flatElements(const Step& step) {
-  if (tileKernel(step.kind) == nullptr || step.runs.size() != 1 || step.zeroFirst || step.outLoopOffset != 0)
+  if (tileKernel(step.kind) == nullptr || step.float64 || step.runs.size() != 1 || step.zeroFirst ||
+      step.outLoopOffset != 0)
     return -1;
   const Run& run = step.runs.front();
   const StridedLoop& loop = run.loop;
@@ -159,21 +171,19 @@ SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionM
 
 void SimExecutable::checkProgram() const {
   const Program& p = program_;
-  // The device holds float32, float16 and int32 values; a float64 tensor is
-  // refused here, naming the op that makes it.
+  // Every op needs kernels here (an op registered at run time may have none),
+  // and a float64 kernel when it reads or makes a float64 tensor.
   for (const OpNode& op : p.graph.ops()) {
-    for (const TensorId y : op.outputs) {
-      const TensorNode& node = p.graph.tensor(y);
-      if (node.dtype != DType::Float64) continue;
-      throw DeviceError(ErrorCode::InvalidProgram, op.name,
-                        fmt::format("op \"{}\" ({}) makes \"{}\" {} float64; the simulated device runs float32, "
-                                    "float16 and int32 tensors only (cast to float32 with ops::cast before the "
-                                    "device, or import ONNX doubles with doubleAsFloat)",
-                                    op.name, op.kind, node.name, shapeStr(node.shape)));
-    }
+    const KernelDef& kernels = kernelDef(op.kind, op.name);
+    if (kernels.planFloat64 != nullptr || kernels.plan == nullptr || !touchesFloat64(p.graph, op)) continue;
+    throw DeviceError(
+        ErrorCode::InvalidProgram, op.name,
+        fmt::format("op \"{}\" ({}) reads or makes a float64 tensor, and the simulated device has "
+                    "no float64 kernel for {} (it computes float64 in the elementwise ops, Where, "
+                    "the casts and the shape ops); cast to float32 with ops::cast around the op, "
+                    "or import ONNX doubles with doubleAsFloat",
+                    op.name, op.kind, op.kind));
   }
-  // Every op needs kernels here (an op registered at run time may have none).
-  for (const OpNode& op : p.graph.ops()) kernelDef(op.kind, op.name);
   if (p.globalReplicas != p.graph.replicationFactor()) {
     throw DeviceError(
         ErrorCode::InvalidProgram, "Program.globalReplicas",
@@ -314,7 +324,7 @@ void SimExecutable::planBuffers() {
     if (foldedTranspose_[at(producer)] || fusedInto_[at(producer)] != kNoOp) continue;
     if (aliasOf_[t].first >= 0) continue;
     offset_[t] = total;
-    total += alignUp(layouts_[t].numGroups() * numElements(node.shape));
+    total += alignUp(layouts_[t].numGroups() * floatsOf(node));
   }
   stats_.arenaFloats = total;
   // Remote buffers follow in the same array, so that a loaded value can
@@ -417,7 +427,7 @@ void SimExecutable::initialiseValues() {
     const TensorId t = op.outputs[0];
     const TensorNode& node = graph.tensor(t);
     const ReplicaGrouping& layout = layouts_[at(t)];
-    const int64_t n = numElements(node.shape);
+    const int64_t n = floatsOf(node);
     float* base = arena_.data() + offset_[at(t)];
     // A variable's host values are made here, once, and only while it is
     // written to the arena.
@@ -785,20 +795,23 @@ void SimExecutable::planStep(OpId id) {
   const OpNode& op = graph.op(id);
   if (foldedTranspose_[at(id)] || fusedInto_[at(id)] != kNoOp || elided_[at(id)]) return;
   const KernelDef& kernels = kernelDef(op.kind, op.name);
-  if (kernels.plan == nullptr) return;
+  const bool float64 = touchesFloat64(graph, op);
+  const auto plan = float64 ? kernels.planFloat64 : kernels.plan;
+  if (plan == nullptr) return;
   Step step;
   step.kind = op.kind;
   step.op = id;
   step.name = op.name;
+  step.float64 = float64;
   if (!op.outputs.empty()) {
     const TensorId y = op.outputs[0];
     step.out = arena_.data() + offset_[at(graph.storageOf(y))];
-    step.outElements = numElements(graph.tensor(y).shape);
+    step.outElements = floatsOf(graph.tensor(y));
   }
   StepPlanner planner(*this, id);
   const std::size_t before = steps_.size();
-  kernels.plan(planner, step);
-  if (steps_.size() == before || op.kind == OpKind::CastToFloat16) return;
+  plan(planner, step);
+  if (steps_.size() == before || op.kind == OpKind::CastToFloat16 || float64) return;
   // Ops that only move, select, negate or zero elements of float16 operands
   // write halves already.
   if (opDef(op.kind).keepsHalves) {
@@ -847,7 +860,7 @@ float* StepPlanner::buffer(TensorId t) const {
   return executable_.arena_.data() + executable_.offset_[at(graph().storageOf(t))];
 }
 
-int64_t StepPlanner::elements(TensorId t) const { return numElements(graph().tensor(t).shape); }
+int64_t StepPlanner::elements(TensorId t) const { return floatsOf(graph().tensor(t)); }
 const Shape& StepPlanner::shape(TensorId t) const { return graph().tensor(t).shape; }
 const ReplicaGrouping& StepPlanner::layout(TensorId t) const { return executable_.layouts_[at(t)]; }
 
@@ -858,12 +871,16 @@ void StepPlanner::runsOver(Step& step, std::initializer_list<std::pair<TensorId,
   std::vector<Operand> operands;
   std::size_t i = 0;
   for (const auto& [t, extra] : inputs) {
+    const int64_t slots = dtypeSlots(graph().tensor(t).dtype);
     step.in[i] = buffer(t);
     step.inElements[i] = elements(t);
-    operands.push_back({&layout(t), elements(t), extra});
+    step.slots[i + 1] = slots;
+    operands.push_back({&layout(t), elements(t), extra * slots});
     ++i;
   }
-  step.runs = makeRuns(layout(op().outputs[0]), step.outElements, outOffset, operands, maxCount);
+  const TensorId y = op().outputs[0];
+  step.slots[0] = dtypeSlots(graph().tensor(y).dtype);
+  step.runs = makeRuns(layout(y), step.outElements, outOffset * step.slots[0], operands, maxCount);
 }
 
 void StepPlanner::emit(Step step) { executable_.steps_.push_back(std::move(step)); }
@@ -923,7 +940,7 @@ std::span<float> SimExecutable::hostBuffer(TensorId tensor, std::string_view who
                     "read the tensor it feeds instead",
                     who));
   }
-  const auto size = at(layouts_[at(tensor)].numGroups() * numElements(node.shape));
+  const auto size = at(layouts_[at(tensor)].numGroups() * floatsOf(node));
   return {const_cast<float*>(arena_.data()) + offset, size};
 }
 
@@ -931,9 +948,9 @@ void SimExecutable::write(TensorId tensor, std::span<const float> groups) {
   const std::span<float> target = hostBuffer(tensor, "write");
   if (groups.size() != target.size()) {
     throw DeviceError(ErrorCode::InvalidProgram, program_.graph.tensor(tensor).name,
-                      fmt::format("write: {} values given; the layout {} needs {} groups x {} elements = {}",
+                      fmt::format("write: {} values given; the layout {} needs {} groups x {} floats = {}",
                                   groups.size(), layouts_[at(tensor)].str(), layouts_[at(tensor)].numGroups(),
-                                  numElements(program_.graph.tensor(tensor).shape), target.size()));
+                                  floatsOf(program_.graph.tensor(tensor)), target.size()));
   }
   std::copy(groups.begin(), groups.end(), target.begin());
   if (program_.graph.tensor(tensor).dtype == DType::Float16) roundToHalves(target.data(), target.size());
@@ -944,9 +961,9 @@ void SimExecutable::read(TensorId tensor, std::span<float> groups) const {
   if (groups.size() != source.size()) {
     throw DeviceError(
         ErrorCode::InvalidProgram, program_.graph.tensor(tensor).name,
-        fmt::format("read: room for {} values given; the layout {} holds {} groups x {} elements = {}",
+        fmt::format("read: room for {} values given; the layout {} holds {} groups x {} floats = {}",
                     groups.size(), layouts_[at(tensor)].str(), layouts_[at(tensor)].numGroups(),
-                    numElements(program_.graph.tensor(tensor).shape), source.size()));
+                    floatsOf(program_.graph.tensor(tensor)), source.size()));
   }
   std::copy(source.begin(), source.end(), groups.begin());
 }
@@ -995,12 +1012,13 @@ void SimExecutable::run(std::span<const Feed> inputs) {
                         "run: the fed tensor is not an Input of the program");
     }
     const TensorNode& node = graph.tensor(feed.tensor);
-    const auto expected = at(program_.localReplicas * numElements(node.shape));
+    const auto expected = at(program_.localReplicas * floatsOf(node));
     if (feed.data.size() != expected) {
       throw DeviceError(
           ErrorCode::InvalidProgram, node.name,
-          fmt::format("run: {} values fed; the input needs [{} replicas] + {} = {} values", feed.data.size(),
-                      program_.localReplicas, shapeStr(node.shape), expected));
+          fmt::format("run: {} floats fed; the input needs [{} replicas] + {}{} = {} floats",
+                      feed.data.size(), program_.localReplicas, shapeStr(node.shape),
+                      node.dtype == DType::Float64 ? " float64 (2 floats an element)" : "", expected));
     }
     const auto slot = at(inputSlot_[at(feed.tensor)]);
     feeds_[slot] = feed.data;

@@ -94,7 +94,7 @@ void makeLoops(Step& step, const std::vector<int64_t>& size,
     loop.push(run.count, groupStrides);
     for (std::size_t d = 0; d < size.size(); ++d) {
       std::array<int64_t, kMaxOperands> s{};
-      for (std::size_t i = 0; i < strides.size(); ++i) s[i] = strides[i][d];
+      for (std::size_t i = 0; i < strides.size(); ++i) s[i] = strides[i][d] * step.slots[i];
       loop.push(size[d], s);
     }
     loop.coalesce();
@@ -124,6 +124,9 @@ void planBroadcastLoops(StepPlanner& planner, Step& step) {
 
 void planFlatCopy(StepPlanner& planner, Step& step, TensorId source) {
   planner.runsOver(step, {{source, 0}});
+  // A whole copy moves floats whatever the element type (a float64 value's
+  // two floats are copied as they are).
+  step.slots.fill(1);
   makeLoops(step, {step.outElements}, {{1}, {1}});
   step.kernel = copyKernel();
   planner.emit(std::move(step));

@@ -77,6 +77,11 @@ struct KernelDef {
   void (*plan)(StepPlanner& planner, Step& step) = nullptr;
   // Flat elementwise ops: the kernel of one slice of a fused chain, or null.
   TileKernel tile = nullptr;
+  // The plan when the op reads or makes a float64 tensor: its steps compute
+  // in double (Step::slots, loadDouble/storeDouble). Null: the device has no
+  // float64 kernel for the op, and a program that needs one is refused at
+  // load (tessera.device.402).
+  void (*planFloat64)(StepPlanner& planner, Step& step) = nullptr;
 };
 
 class KernelTable {
@@ -117,7 +122,8 @@ void addRemoteKernels(KernelTable& table);
 std::vector<int64_t> contiguousStrides(const Shape& shape);
 std::vector<int64_t> broadcastStrides(const Shape& small, const Shape& big);
 // Fills every run's loop: the run's groups, then `size` with the given
-// per-operand strides (output first) inside a group.
+// per-operand strides (output first, in elements) inside a group. Strides
+// are scaled to floats by Step::slots (runsOver sets them).
 void makeLoops(Step& step, const std::vector<int64_t>& size,
                const std::vector<std::vector<int64_t>>& strides);
 
@@ -128,17 +134,32 @@ void makeLoops(Step& step, const std::vector<int64_t>& size,
 void planBroadcastLoops(StepPlanner& planner, Step& step);
 void planFlatCopy(StepPlanner& planner, Step& step, TensorId source);
 
-// The plan of a unary elementwise op computing F per element.
-template <class F>
-void planUnary(StepPlanner& planner, Step& step) {
+// The plan of an elementwise op whose kernel runs over its inputs' broadcast
+// loops.
+template <Kernel kKernel>
+void planBroadcast(StepPlanner& planner, Step& step) {
   planBroadcastLoops(planner, step);
-  step.kernel = unaryKernel<F>;
+  step.kernel = kKernel;
   planner.emit(std::move(step));
 }
+
 // The kernels of a unary elementwise op computing F (float -> float).
 template <class F>
 KernelDef unaryKernels(OpKind kind) {
-  return {.kind = kind, .plan = planUnary<F>, .tile = unaryTile<F>};
+  return {.kind = kind, .plan = planBroadcast<unaryKernel<F>>, .tile = unaryTile<F>};
+}
+// The kernels of a binary elementwise op computing F (float, float -> float).
+template <class F>
+KernelDef binaryKernels(OpKind kind) {
+  return {.kind = kind, .plan = planBroadcast<binaryKernel<F>>, .tile = binaryTile<F>};
+}
+// The unary kernels, computing F in double on float64 operands
+// (KernelDef::planFloat64).
+template <class F>
+KernelDef unaryKernelsWithDouble(OpKind kind) {
+  KernelDef def = unaryKernels<F>(kind);
+  def.planFloat64 = planBroadcast<unaryDoubleKernel<F>>;
+  return def;
 }
 
 }  // namespace tessera::sim

@@ -85,6 +85,14 @@ void copyRuns(const Step& s) {
   }
 }
 
+void copyDoubleRuns(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* x = inOf(s, run, 0);
+    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t) { std::memcpy(o + io, x + ix, sizeof(double)); });
+  }
+}
+
 // Slices of a chain per thread at the least: below this, handing slices
 // to another thread costs more than it saves.
 constexpr int64_t kMinSlicesPerPart = 8;
@@ -144,6 +152,7 @@ void runChain(const Step& s) {
 }  // namespace
 
 Kernel copyKernel() { return copyRuns; }
+Kernel copyDoublesKernel() { return copyDoubleRuns; }
 Kernel inputKernel() { return feedKernel; }
 Kernel chainKernel() { return runChain; }
 

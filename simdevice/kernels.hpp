@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -103,6 +104,14 @@ struct Step {
   int64_t outElements = 0;  // per group
   std::array<int64_t, kMaxOperands> inElements{};
   std::vector<Run> runs;
+  // Float slots per element of the output and of each input: 2 for a
+  // float64 tensor (a double's bytes in two floats), else 1. Run offsets,
+  // outElements, inElements and loop strides count floats, so a loop over
+  // elements moves a float64 operand by 2 floats an element.
+  std::array<int64_t, kMaxOperands> slots{1, 1, 1, 1};
+  // Computed in double (the op reads or makes a float64 tensor): never fused
+  // into a chain.
+  bool float64 = false;
 
   // Scalars: the attributes a and b (ScaledAddInplace, the parameterised
   // activations); the factor of means, Mean cross entropy and Mean
@@ -180,6 +189,7 @@ Kernel matmulShardsKernel();
 // Per group, one product per batch index (Step::groups of them).
 Kernel batchedMatmulKernel();
 Kernel copyKernel();  // strided copy (Copy, Reshape, Transpose, Slice, pads, Concat parts)
+Kernel copyDoublesKernel();  // the same over float64 operands: a whole double per element
 Kernel inputKernel();
 Kernel chainKernel();
 
@@ -370,7 +380,43 @@ void binaryParamTile(const Step& s, const TileOperands& t, int64_t n) {
 }
 
 struct IdentityF {
-  float operator()(float x) const { return x; }
+  template <class T>
+  T operator()(T x) const {
+    return x;
+  }
 };
+
+// Float64 values in float slots: a double's 8 bytes in two floats, read and
+// written whole (buffers start on cache lines and every group and element
+// offset of a float64 tensor is even, so doubles are 8-byte aligned).
+inline double loadDouble(const float* p) {
+  double v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void storeDouble(float* p, double v) { std::memcpy(p, &v, sizeof v); }
+
+// Strided kernels computing F in double over float64 operands (the plans of
+// KernelDef::planFloat64): F{}(x) per element of one input, F{}(x, y) of two.
+template <class F>
+void unaryDoubleKernel(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* x = inOf(s, run, 0);
+    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t) { storeDouble(o + io, F{}(loadDouble(x + ix))); });
+  }
+}
+
+template <class F>
+void binaryDoubleKernel(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* x = inOf(s, run, 0);
+    const float* y = inOf(s, run, 1);
+    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t iy) {
+      storeDouble(o + io, F{}(loadDouble(x + ix), loadDouble(y + iy)));
+    });
+  }
+}
 
 }  // namespace tessera::sim

@@ -35,21 +35,26 @@
 namespace tessera {
 
 // A host tensor: a shape and its values (int32 tensors hold exact integer
-// values as floats).
+// values as floats). A float64 tensor (an output of a float64 graph) holds
+// its values in `doubles` and leaves `data` empty.
 struct HostTensor {
   Shape shape;
   std::vector<float> data;
+  std::vector<double> doubles;
   bool operator==(const HostTensor&) const = default;
 };
 
 // One host input of a step: the stream's name and its data in host shape.
-// Int32 streams (labels) may be given as int32 or as exact floats.
+// Int32 streams (labels) may be given as int32 or as exact floats; float64
+// streams as doubles, or as floats (exact in double).
 struct StepInput {
   std::string_view name;
   std::span<const float> floats{};
   std::span<const int32_t> ints{};
+  std::span<const double> doubles{};
   StepInput(std::string_view n, std::span<const float> values) : name(n), floats(values) {}
   StepInput(std::string_view n, std::span<const int32_t> values) : name(n), ints(values) {}
+  StepInput(std::string_view n, std::span<const double> values) : name(n), doubles(values) {}
 };
 
 class TrainingSession {

@@ -10,16 +10,28 @@ namespace tessera::sim {
 namespace {
 
 struct AddF {
-  float operator()(float x, float y) const { return x + y; }
+  template <class T>
+  T operator()(T x, T y) const {
+    return x + y;
+  }
 };
 struct SubF {
-  float operator()(float x, float y) const { return x - y; }
+  template <class T>
+  T operator()(T x, T y) const {
+    return x - y;
+  }
 };
 struct MulF {
-  float operator()(float x, float y) const { return x * y; }
+  template <class T>
+  T operator()(T x, T y) const {
+    return x * y;
+  }
 };
 struct DivF {
-  float operator()(float x, float y) const { return x / y; }
+  template <class T>
+  T operator()(T x, T y) const {
+    return x / y;
+  }
 };
 struct ReluGradF {
   float operator()(float dy, float x) const { return x > 0.0f ? dy : 0.0f; }
@@ -28,43 +40,71 @@ struct GeluGradF {
   float operator()(float dy, float x) const { return static_cast<float>(dy * geluDerivative(x)); }
 };
 struct NegF {
-  float operator()(float x) const { return -x; }
+  template <class T>
+  T operator()(T x) const {
+    return -x;
+  }
 };
 struct ReluF {
-  float operator()(float x) const { return x > 0.0f ? x : 0.0f; }
+  template <class T>
+  T operator()(T x) const {
+    return x > T(0) ? x : T(0);
+  }
 };
 struct GeluF {
   float operator()(float x) const { return static_cast<float>(geluOf(x)); }
 };
 struct TanhF {
-  float operator()(float x) const { return std::tanh(x); }
+  template <class T>
+  T operator()(T x) const {
+    return std::tanh(x);
+  }
 };
 struct SigmoidF {
-  float operator()(float x) const {
-    return static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x))));
+  template <class T>
+  T operator()(T x) const {
+    return static_cast<T>(1.0 / (1.0 + std::exp(-static_cast<double>(x))));
   }
 };
 struct ExpF {
-  float operator()(float x) const { return std::exp(x); }
+  template <class T>
+  T operator()(T x) const {
+    return std::exp(x);
+  }
 };
 struct LogF {
-  float operator()(float x) const { return std::log(x); }
+  template <class T>
+  T operator()(T x) const {
+    return std::log(x);
+  }
 };
 struct SqrtF {
-  float operator()(float x) const { return std::sqrt(x); }
+  template <class T>
+  T operator()(T x) const {
+    return std::sqrt(x);
+  }
 };
 
 struct AbsF {
-  float operator()(float x) const { return std::abs(x); }
+  template <class T>
+  T operator()(T x) const {
+    return std::abs(x);
+  }
 };
 struct SignF {
-  float operator()(float x) const { return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f; }
+  template <class T>
+  T operator()(T x) const {
+    return x > T(0) ? T(1) : x < T(0) ? T(-1) : T(0);
+  }
 };
 struct ErfF {
   float operator()(float x) const { return std::erf(x); }
 };
 struct ReciprocalF {
-  float operator()(float x) const { return 1.0f / x; }
+  template <class T>
+  T operator()(T x) const {
+    return T(1) / x;
+  }
 };
 // Without overflow: max(x, 0) + log(1 + exp(-|x|)).
 struct SoftplusF {
@@ -74,7 +114,10 @@ struct SoftplusF {
   }
 };
 struct PowF {
-  float operator()(float x, float y) const { return std::pow(x, y); }
+  template <class T>
+  T operator()(T x, T y) const {
+    return std::pow(x, y);
+  }
 };
 struct LeakyReluF {
   float operator()(float x, float alpha, float /*unused*/) const { return x > 0.0f ? x : alpha * x; }
@@ -135,18 +178,15 @@ void scaledAddTile(const Step& s, const TileOperands& t, int64_t n) {
            [&](int64_t io, int64_t ix, int64_t iy) { o[io] = static_cast<float>(a * x[ix] + b * y[iy]); });
 }
 
-// A binary op over its inputs' broadcast strides.
+// A binary op computing F in float and, on float64 operands, in double.
 template <class F>
-void planBinary(StepPlanner& planner, Step& step) {
-  planBroadcastLoops(planner, step);
-  step.kernel = binaryKernel<F>;
-  planner.emit(std::move(step));
+KernelDef binaryKernelsWithDouble(OpKind kind) {
+  KernelDef def = binaryKernels<F>(kind);
+  def.planFloat64 = planBroadcast<binaryDoubleKernel<F>>;
+  return def;
 }
 
-template <class F>
-KernelDef binaryKernels(OpKind kind) {
-  return {.kind = kind, .plan = planBinary<F>, .tile = binaryTile<F>};
-}
+void planCopy(StepPlanner& planner, Step& step) { planFlatCopy(planner, step, planner.op().inputs[0]); }
 
 // Ops with the scalar attributes a and b.
 template <Kernel kKernel>
@@ -171,26 +211,26 @@ KernelDef binaryParamKernels(OpKind kind) {
 }  // namespace
 
 void addElementwiseKernels(KernelTable& table) {
-  table.add(binaryKernels<AddF>(OpKind::Add));
-  table.add(binaryKernels<SubF>(OpKind::Sub));
-  table.add(binaryKernels<MulF>(OpKind::Mul));
-  table.add(binaryKernels<DivF>(OpKind::Div));
+  table.add(binaryKernelsWithDouble<AddF>(OpKind::Add));
+  table.add(binaryKernelsWithDouble<SubF>(OpKind::Sub));
+  table.add(binaryKernelsWithDouble<MulF>(OpKind::Mul));
+  table.add(binaryKernelsWithDouble<DivF>(OpKind::Div));
   table.add(binaryKernels<ReluGradF>(OpKind::ReluGrad));
   table.add(binaryKernels<GeluGradF>(OpKind::GeluGrad));
-  table.add(unaryKernels<NegF>(OpKind::Neg));
-  table.add(unaryKernels<ReluF>(OpKind::Relu));
+  table.add(unaryKernelsWithDouble<NegF>(OpKind::Neg));
+  table.add(unaryKernelsWithDouble<ReluF>(OpKind::Relu));
   table.add(unaryKernels<GeluF>(OpKind::Gelu));
-  table.add(unaryKernels<TanhF>(OpKind::Tanh));
-  table.add(unaryKernels<SigmoidF>(OpKind::Sigmoid));
-  table.add(unaryKernels<ExpF>(OpKind::Exp));
-  table.add(unaryKernels<LogF>(OpKind::Log));
-  table.add(unaryKernels<SqrtF>(OpKind::Sqrt));
-  table.add(unaryKernels<AbsF>(OpKind::Abs));
-  table.add(unaryKernels<SignF>(OpKind::Sign));
+  table.add(unaryKernelsWithDouble<TanhF>(OpKind::Tanh));
+  table.add(unaryKernelsWithDouble<SigmoidF>(OpKind::Sigmoid));
+  table.add(unaryKernelsWithDouble<ExpF>(OpKind::Exp));
+  table.add(unaryKernelsWithDouble<LogF>(OpKind::Log));
+  table.add(unaryKernelsWithDouble<SqrtF>(OpKind::Sqrt));
+  table.add(unaryKernelsWithDouble<AbsF>(OpKind::Abs));
+  table.add(unaryKernelsWithDouble<SignF>(OpKind::Sign));
   table.add(unaryKernels<ErfF>(OpKind::Erf));
-  table.add(unaryKernels<ReciprocalF>(OpKind::Reciprocal));
+  table.add(unaryKernelsWithDouble<ReciprocalF>(OpKind::Reciprocal));
   table.add(unaryKernels<SoftplusF>(OpKind::Softplus));
-  table.add(binaryKernels<PowF>(OpKind::Pow));
+  table.add(binaryKernelsWithDouble<PowF>(OpKind::Pow));
   table.add(unaryParamKernels<LeakyReluF>(OpKind::LeakyRelu));
   table.add(unaryParamKernels<EluF>(OpKind::Elu));
   table.add(unaryParamKernels<SeluF>(OpKind::Selu));
@@ -209,10 +249,7 @@ void addElementwiseKernels(KernelTable& table) {
                    planner.emit(std::move(step));
                  },
              .tile = scaledAddTile});
-  table.add(
-      {.kind = OpKind::Copy,
-       .plan = [](StepPlanner& planner, Step& step) { planFlatCopy(planner, step, planner.op().inputs[0]); },
-       .tile = unaryTile<IdentityF>});
+  table.add({.kind = OpKind::Copy, .plan = planCopy, .tile = unaryTile<IdentityF>, .planFloat64 = planCopy});
   // (dst, src): the source is copied into the destination's storage.
   table.add(
       {.kind = OpKind::CopyInplace,

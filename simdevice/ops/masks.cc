@@ -31,18 +31,6 @@ struct NotF {
   float operator()(float x) const { return x == 0.0f ? 1.0f : 0.0f; }
 };
 
-template <Kernel kKernel>
-void planLoops(StepPlanner& planner, Step& step) {
-  planBroadcastLoops(planner, step);
-  step.kernel = kKernel;
-  planner.emit(std::move(step));
-}
-
-template <class F>
-KernelDef binaryMaskKernels(OpKind kind) {
-  return {.kind = kind, .plan = planLoops<binaryKernel<F>>, .tile = binaryTile<F>};
-}
-
 void whereKernel(const Step& s) {
   for (const Run& run : s.runs) {
     float* o = outOf(s, run);
@@ -59,6 +47,42 @@ void whereTile(const Step& s, const TileOperands& t, int64_t n) {
   const int64_t sx = s.tileStride[1];
   const int64_t sy = s.tileStride[2];
   for (int64_t i = 0; i < n; ++i) t.out[i] = t.in[0][i * sc] != 0.0f ? t.in[1][i * sx] : t.in[2][i * sy];
+}
+
+// Where over float64 x and y (the condition is a float 0/1 mask).
+void whereDoubleKernel(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* c = inOf(s, run, 0);
+    const float* x = inOf(s, run, 1);
+    const float* y = inOf(s, run, 2);
+    forEach3(run.loop, [&](int64_t io, int64_t ic, int64_t ix, int64_t iy) {
+      storeDouble(o + io, c[ic] != 0.0f ? loadDouble(x + ix) : loadDouble(y + iy));
+    });
+  }
+}
+
+// Casts to and from float64: int32, float32 and float16 values are exact
+// doubles; a double becomes the nearest float32, or an int32 truncated.
+void toDoubleKernel(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* x = inOf(s, run, 0);
+    forEach(run.loop,
+            [&](int64_t io, int64_t ix, int64_t) { storeDouble(o + io, static_cast<double>(x[ix])); });
+  }
+}
+
+template <bool kTruncate>
+void fromDoubleKernel(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* x = inOf(s, run, 0);
+    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t) {
+      const double v = loadDouble(x + ix);
+      o[io] = static_cast<float>(kTruncate ? std::trunc(v) : v);
+    });
+  }
 }
 
 // Per output group g: table[g] the global replica whose value the group
@@ -98,17 +122,26 @@ void planDropout(StepPlanner& planner, Step& step) {
 }  // namespace
 
 void addMaskKernels(KernelTable& table) {
-  table.add(binaryMaskKernels<EqualF>(OpKind::Equal));
-  table.add(binaryMaskKernels<LessF>(OpKind::Less));
-  table.add(binaryMaskKernels<GreaterF>(OpKind::Greater));
-  table.add(binaryMaskKernels<AndF>(OpKind::And));
-  table.add(binaryMaskKernels<OrF>(OpKind::Or));
+  table.add(binaryKernels<EqualF>(OpKind::Equal));
+  table.add(binaryKernels<LessF>(OpKind::Less));
+  table.add(binaryKernels<GreaterF>(OpKind::Greater));
+  table.add(binaryKernels<AndF>(OpKind::And));
+  table.add(binaryKernels<OrF>(OpKind::Or));
   table.add(unaryKernels<NotF>(OpKind::Not));
-  table.add({.kind = OpKind::Where, .plan = planLoops<whereKernel>, .tile = whereTile});
+  table.add({.kind = OpKind::Where,
+             .plan = planBroadcast<whereKernel>,
+             .tile = whereTile,
+             .planFloat64 = planBroadcast<whereDoubleKernel>});
   table.add({.kind = OpKind::Dropout, .plan = planDropout});
-  table.add(unaryKernels<TruncF>(OpKind::CastToInt32));
-  table.add(unaryKernels<IdentityF>(OpKind::CastToFloat32));
-  table.add({.kind = OpKind::CastToFloat16, .plan = planLoops<roundToHalfKernel>, .tile = roundToHalfTile});
+  KernelDef toInt32 = unaryKernels<TruncF>(OpKind::CastToInt32);
+  toInt32.planFloat64 = planBroadcast<fromDoubleKernel<true>>;
+  table.add(toInt32);
+  KernelDef toFloat32 = unaryKernels<IdentityF>(OpKind::CastToFloat32);
+  toFloat32.planFloat64 = planBroadcast<fromDoubleKernel<false>>;
+  table.add(toFloat32);
+  table.add({.kind = OpKind::CastToFloat64, .planFloat64 = planBroadcast<toDoubleKernel>});
+  table.add(
+      {.kind = OpKind::CastToFloat16, .plan = planBroadcast<roundToHalfKernel>, .tile = roundToHalfTile});
 }
 
 }  // namespace tessera::sim

@@ -5,12 +5,20 @@
 
 namespace tessera::sim {
 
+namespace {
+
+// The feed holds the step's floats (a float64 input's doubles two floats
+// each), copied as they are.
+void planInput(StepPlanner& planner, Step& step) {
+  planner.takeInputSlot();
+  step.kernel = inputKernel();
+  planner.emit(std::move(step));
+}
+
+}  // namespace
+
 void addSourceKernels(KernelTable& table) {
-  table.add({.kind = OpKind::Input, .plan = [](StepPlanner& planner, Step& step) {
-               planner.takeInputSlot();
-               step.kernel = inputKernel();
-               planner.emit(std::move(step));
-             }});
+  table.add({.kind = OpKind::Input, .plan = planInput, .planFloat64 = planInput});
   table.add({.kind = OpKind::Variable});
   table.add({.kind = OpKind::Constant});
 }

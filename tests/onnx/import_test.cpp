@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <map>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -162,19 +163,60 @@ TEST_CASE("a model of opset 6 is upgraded by ONNX's version converter and comput
   }
 }
 
-TEST_CASE("doubleAsFloat imports a double model as float32; without it a double input is refused") {
-  const std::string path = test::sourcePath("tests/data/bad/onnx/double-input.onnx");
-  CHECK_THROWS_AS(importOnnx(path, {}), OnnxError);
+TEST_CASE(
+    "a double model computes in double on the device, at any replica count; doubleAsFloat makes it float32") {
+  const std::string path = test::sourcePath("tests/data/onnx/double_relu.onnx");
+  // y = relu(x) + shift, z = float(y); shift = [1e200, 1 + 2^-40, -0.5, 1e-300].
+  const std::vector<double> shift = {1e200, 1.0 + 0x1p-40, -0.5, 1e-300};
+  const std::vector<double> x = {-1.5, 0x1p-45, 0.0, 3.25, 1e300, 1.0, -2.0, 0x1.0000000001p0};
+  for (int64_t replicas : {1, 2}) {
+    INFO("R = " << replicas);
+    OnnxImportOptions options;
+    options.dimensions = {{"batch", 2 / replicas}};
+    options.replicationFactor = replicas;
+    OnnxModel model = importOnnx(path, options);
+    CHECK(model.graph.tensor(model.graph.find("x")).dtype == DType::Float64);
+    CHECK(model.graph.tensor(model.graph.find("shift")).dtype == DType::Float64);
+    CHECK(model.graph.tensor(model.graph.find("y")).dtype == DType::Float64);
+    CHECK(model.graph.tensor(model.graph.find("z")).dtype == DType::Float32);
+    InferenceSession session(std::move(model.graph), {"y", "z"}, replicated(replicas), makeSimDevice());
+    session.run({StepInput("x", std::span<const double>(x))});
+    const HostTensor& y = session.output("y");
+    const HostTensor& z = session.output("z");
+    CHECK(y.data.empty());
+    REQUIRE(y.doubles.size() == x.size());
+    REQUIRE(z.data.size() == x.size());
+    for (std::size_t k = 0; k < x.size(); ++k) {
+      const double want = std::max(0.0, x[k]) + shift[k % 4];
+      INFO("element " << k);
+      CHECK(y.doubles[k] == want);  // bit for bit: 1e200 and 1 + 2^-40 are not float32 values
+      CHECK(z.data[k] == static_cast<float>(want));
+    }
+    // float64 streams take doubles, or floats (exact in double); not int32.
+    const std::vector<float> xf = {-1.5f, 2.0f, 0.0f, 3.25f, -0.5f, 1.0f, -2.0f, 4.0f};
+    session.run({StepInput("x", xf)});
+    CHECK(session.output("y").doubles[1] == 2.0 + 1.0 + 0x1p-40);
+    const std::vector<int32_t> xi(8, 1);
+    const auto wrongType = test::catchError<GraphError>([&] { session.run({StepInput("x", xi)}); });
+    REQUIRE(wrongType);
+    CHECK(wrongType->code() == ErrorCode::HostShapeMismatch);
+    CHECK(std::string(wrongType->what()).find("int32 data given for a float64 stream") != std::string::npos);
+  }
+  // As float32, 1e200 is beyond range: the input refuses it, and the constant becomes +inf.
   OnnxImportOptions options;
+  options.dimensions = {{"batch", 2}};
   options.doubleAsFloat = true;
   OnnxModel model = importOnnx(path, options);
   CHECK(model.graph.tensor(model.graph.find("x")).dtype == DType::Float32);
+  CHECK(model.graph.tensor(model.graph.find("y")).dtype == DType::Float32);
   InferenceSession session(std::move(model.graph), {"y"}, replicated(1), makeSimDevice());
-  const std::vector<float> x = {-1.5f, 2.0f, 0.0f, 3.25f, -0.5f, 1.0f, -2.0f, 4.0f};
-  session.run({StepInput("x", x)});
+  const std::vector<float> xf = {-1.5f, 2.0f, 0.0f, 3.25f, -0.5f, 1.0f, -2.0f, 4.0f};
+  session.run({StepInput("x", xf)});
   const HostTensor& y = session.output("y");
-  REQUIRE(y.data.size() == x.size());
-  for (std::size_t k = 0; k < x.size(); ++k) CHECK(y.data[k] == std::max(0.0f, x[k]));
+  REQUIRE(y.data.size() == xf.size());
+  CHECK(y.doubles.empty());
+  CHECK(y.data[1] == 3.0f);  // 2 + (1 + 2^-40) rounds to 3 in float32
+  CHECK(y.data[2] == -0.5f);
 }
 
 TEST_CASE("a symbolic dimension without a value names the input, the axis and the dimension") {
@@ -237,10 +279,9 @@ TEST_CASE("bad models are refused with their id and a message that names the nod
        "at import (a constant, or shape arithmetic on constants)"},
       {"where-float-condition.onnx", ErrorCode::OnnxUnsupportedFeature,
        ": node where (Where, opset 14): the condition \"x\" is float; bool expected"},
-      {"double-input.onnx", ErrorCode::OnnxUnsupportedFeature,
-       ": input x: element type double is not supported; graph inputs may be float, bool (a float32 0/1 "
-       "mask), "
-       "int64 or int32"},
+      {"uint8-input.onnx", ErrorCode::OnnxUnsupportedFeature,
+       ": input x: element type uint8 is not supported; graph inputs may be float, double, bool (a float32 "
+       "0/1 mask), int64 or int32"},
   };
   OnnxImportOptions options;
   options.dimensions = {{"batch", 2}};

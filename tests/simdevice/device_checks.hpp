@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "executor.hpp"
@@ -31,7 +32,8 @@ inline std::vector<float> pseudoRandom(std::size_t n, uint64_t seed, float lo = 
 }
 
 // Host data of every Input, [replicas, ...shape]: floats in [-1, 1) for
-// float inputs, integers in [0, classes) for int32 inputs.
+// float inputs (float64 inputs: those values as doubles, two floats each),
+// integers in [0, classes) for int32 inputs.
 inline std::map<TensorId, std::vector<float>> makeFeeds(const Graph& graph, int64_t classes, uint64_t seed) {
   std::map<TensorId, std::vector<float>> feeds;
   for (const OpNode& op : graph.ops()) {
@@ -42,6 +44,7 @@ inline std::map<TensorId, std::vector<float>> makeFeeds(const Graph& graph, int6
     if (node.dtype == DType::Int32) {
       for (float& v : data) v = std::floor((v + 1.0f) / 2.0f * static_cast<float>(classes));
     }
+    if (node.dtype == DType::Float64) data = packDoubles(std::vector<double>(data.begin(), data.end()));
     feeds[op.outputs[0]] = std::move(data);
   }
   return feeds;
@@ -75,18 +78,22 @@ inline void feedOracle(ReferenceEvaluator& oracle, const Graph& graph,
   for (const auto& [t, data] : feeds) {
     const auto n = data.size() / static_cast<std::size_t>(replicas);
     for (int64_t r = 0; r < replicas; ++r) {
-      const auto first = data.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * n);
-      oracle.feed(t, r, std::vector<double>(first, first + static_cast<std::ptrdiff_t>(n)));
+      const std::span<const float> value(data.data() + static_cast<std::size_t>(r) * n, n);
+      oracle.feed(t, r,
+                  graph.tensor(t).dtype == DType::Float64 ? unpackDoubles(value)
+                                                          : std::vector<double>(value.begin(), value.end()));
     }
   }
 }
 
-// Replica r's value of a tensor on the device, or empty when the device does
-// not store the tensor (fused away).
+// Replica r's value of a tensor on the device as its floats (a float64
+// tensor's doubles two floats each), or empty when the device does not store
+// the tensor (fused away).
 inline std::vector<float> deviceValue(const Executable& executable, const Graph& graph, TensorId t,
                                       int64_t r) {
   const ReplicaGrouping layout = executable.layout(t);
-  const auto n = static_cast<std::size_t>(numElements(graph.tensor(t).shape));
+  const auto n =
+      static_cast<std::size_t>(numElements(graph.tensor(t).shape) * dtypeSlots(graph.tensor(t).dtype));
   std::vector<float> all(static_cast<std::size_t>(layout.numGroups()) * n);
   try {
     executable.read(t, all);
@@ -96,6 +103,14 @@ inline std::vector<float> deviceValue(const Executable& executable, const Graph&
   const auto first =
       all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(layout.groupAt(r)) * n);
   return {first, first + static_cast<std::ptrdiff_t>(n)};
+}
+
+// The same as the values' doubles.
+inline std::vector<double> deviceDoubles(const Executable& executable, const Graph& graph, TensorId t,
+                                         int64_t r) {
+  const std::vector<float> floats = deviceValue(executable, graph, t, r);
+  if (graph.tensor(t).dtype == DType::Float64) return unpackDoubles(floats);
+  return {floats.begin(), floats.end()};
 }
 
 inline bool close(double device, double expected, double tolerance) {
@@ -113,7 +128,7 @@ inline int64_t compareAll(const Executable& executable, const Graph& graph, cons
     const TensorNode& node = graph.tensor(t);
     bool stored = true;
     for (int64_t r = 0; r < graph.replicationFactor() && stored; ++r) {
-      const std::vector<float> got = deviceValue(executable, graph, t, r);
+      const std::vector<double> got = deviceDoubles(executable, graph, t, r);
       const std::vector<double>& want = oracle.value(t, r);
       if (got.empty() && !want.empty()) {
         stored = false;

@@ -26,6 +26,8 @@ namespace {
 constexpr auto kCube = static_cast<OpKind>(kFirstExtensionOpKind);
 // Known to the op table but given no kernels.
 constexpr auto kNoKernels = static_cast<OpKind>(kFirstExtensionOpKind + 1);
+// Takes float64 in the IR, but has float kernels only.
+constexpr auto kAnyFloat = static_cast<OpKind>(kFirstExtensionOpKind + 5);
 
 // What lib/ops/<family>.cc would hold.
 OpDef cubeDefinition(OpKind kind, std::string_view name) {
@@ -62,6 +64,14 @@ void registerOnce() {
     registerOp(cubeDefinition(kCube, "Cube"));
     sim::registerKernel(sim::unaryKernels<CubeF>(kCube));
     registerOp(cubeDefinition(kNoKernels, "CubeWithoutKernels"));
+    OpDef anyFloat = cubeDefinition(kAnyFloat, "CubeOfAnyFloat");
+    anyFloat.float64 = true;
+    anyFloat.shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
+      c.arity(1);
+      return {{c.shape(0), c.floating({0}), c.in(0).metaShape}};
+    };
+    registerOp(anyFloat);
+    sim::registerKernel(sim::unaryKernels<CubeF>(kAnyFloat));
     return true;
   }();
   (void)registered;
@@ -198,5 +208,24 @@ TEST_CASE("the op and kernel tables refuse what they cannot hold") {
     CHECK(e.code() == ErrorCode::InvalidProgram);
     CHECK(e.subject() == "lonely");
     CHECK(std::string(e.what()).find("no kernel for CubeWithoutKernels") != std::string::npos);
+  }
+
+  // Float64 in the IR but no float64 kernel (KernelDef::planFloat64): the
+  // float32 program loads, the float64 one is refused, naming the op.
+  Graph f;
+  const Tensor wide = ops::input(f, "wide", {3}, DType::Float64);
+  f.addOp(kAnyFloat, {ops::input(f, "narrow", {3}).id()}, {}, "narrow cube");
+  CHECK_NOTHROW(test::loadOnDevice(f, ExecutionMode::Vectorized));
+  f.addOp(kAnyFloat, {wide.id()}, {}, "wide cube");
+  try {
+    test::loadOnDevice(f, ExecutionMode::PerReplicaReference);
+    FAIL("a float64 op without a float64 kernel was loaded");
+  } catch (const DeviceError& e) {
+    CHECK(e.code() == ErrorCode::InvalidProgram);
+    CHECK(e.subject() == "wide cube");
+    const std::string message = e.what();
+    INFO(message);
+    CHECK(message.find("CubeOfAnyFloat") != std::string::npos);
+    CHECK(message.find("no float64 kernel") != std::string::npos);
   }
 }

@@ -306,6 +306,22 @@ def write_old_opset_model():
         out.write(m.SerializeToString())
 
 
+def write_double_model():
+    """A model of double tensors (tests/onnx/import_test.cpp): y = relu(x) + shift in double, z = y cast
+    to float; shift holds values beyond float32's range and below its precision."""
+    shift = helper.make_tensor("shift", TensorProto.DOUBLE, [4], [1e200, 1.0 + 2.0 ** -40, -0.5, 1e-300])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "shift"], ["y"], name="shift"),
+             helper.make_node("Cast", ["y"], ["z"], name="narrow", to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "double_relu", [tensor("x", ["batch", 4], TensorProto.DOUBLE)],
+                              [tensor("y", ["batch", 4], TensorProto.DOUBLE), tensor("z", ["batch", 4])],
+                              initializer=[shift])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], producer_name="tessera-tests")
+    onnx.checker.check_model(m)
+    with open(os.path.join(HERE, "double_relu.onnx"), "wb") as out:
+        out.write(m.SerializeToString())
+
+
 def write_bad_models():
     os.makedirs(BAD, exist_ok=True)
     x = tensor("x", ["batch", 4])
@@ -349,8 +365,8 @@ def write_bad_models():
                                           [x], [y], [helper.make_tensor("ratio", TensorProto.FLOAT, [0], [])]),
         "where-float-condition.onnx": model([helper.make_node("Where", ["x", "x", "x"], ["y"], name="where")],
                                             [x], [y]),
-        "double-input.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
-                                   [tensor("x", [2, 4], TensorProto.DOUBLE)], [tensor("y", [2, 4], TensorProto.DOUBLE)]),
+        "uint8-input.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                                  [tensor("x", [2, 4], TensorProto.UINT8)], [tensor("y", [2, 4], TensorProto.UINT8)]),
     }
     for name, value in models.items():
         data = value if isinstance(value, bytes) else value.SerializeToString()
@@ -785,6 +801,7 @@ if __name__ == "__main__":
     batchnorm_train()
     dropout_train()
     write_bad_models()
+    write_double_model()
     write_training_reference()
     write_bad_tensor_files()
     write_lenet_training_reference()
