@@ -184,6 +184,12 @@ void SimExecutable::checkProgram() const {
                     "or import ONNX doubles with doubleAsFloat",
                     op.name, op.kind, op.kind));
   }
+  for (std::size_t b = 0; b < p.graph.remoteBuffers().size(); ++b) {
+    if (p.graph.remoteBuffers()[b].dtype != DType::Float64) continue;
+    throw DeviceError(ErrorCode::InvalidProgram, fmt::format("remote buffer #{}", b),
+                      "the buffer holds float64 values; streaming memory holds float32, float16 and int32 "
+                      "tensors (keep float64 values on chip)");
+  }
   if (p.globalReplicas != p.graph.replicationFactor()) {
     throw DeviceError(
         ErrorCode::InvalidProgram, "Program.globalReplicas",

@@ -40,7 +40,7 @@ namespace tessera {
 struct HostTensor {
   Shape shape;
   std::vector<float> data;
-  std::vector<double> doubles;
+  std::vector<double> doubles{};
   bool operator==(const HostTensor&) const = default;
 };
 

@@ -203,8 +203,9 @@ class Relocator {
       }
       for (TensorId t : op.outputs) {
         const TensorNode& node = in_.tensor(t);
-        if (node.category != TensorCategory::Activation || !isFloating(node.dtype) || sharded(node) ||
-            node.aliasOf != kNoTensor) {
+        // Float64 values (computed beside a float model) stay on chip.
+        if (node.category != TensorCategory::Activation || !isFloating(node.dtype) ||
+            node.dtype == DType::Float64 || sharded(node) || node.aliasOf != kNoTensor) {
           continue;
         }
         bool readLater = false;
@@ -411,7 +412,8 @@ class Relocator {
   // Every input has the op's shape or one element: the op can run on shards.
   bool shardable(const OpNode& op) const {
     if (!isElementwise(op.kind) || op.outputs.empty()) return false;
-    if (!isFloating(in_.tensor(op.outputs[0]).dtype)) return false;
+    const DType dtype = in_.tensor(op.outputs[0]).dtype;
+    if (!isFloating(dtype) || dtype == DType::Float64) return false;
     const Shape& shape = in_.tensor(isInplace(op.kind) ? op.inputs[0] : op.outputs[0]).shape;
     for (TensorId t : op.inputs) {
       if (in_.tensor(t).shape != shape && !scalarInput(t)) return false;

@@ -12,6 +12,7 @@
 
 #include "device_checks.hpp"
 #include "tessera/ops.hpp"
+#include "test_support.hpp"
 
 using namespace tessera;
 
@@ -121,5 +122,22 @@ TEST_CASE("float64 tensors take 8 bytes an element in the memory report and two 
   } catch (const DeviceError& e) {
     INFO(e.what());
     CHECK(std::string(e.what()).find("float64 (2 floats an element) = 512 floats") != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "float64 values stay on chip: no remote store takes them, and a float64 remote buffer is refused at "
+    "load") {
+  Graph g(1);
+  const Tensor x = ops::input(g, "x", {4}, kF64);
+  const RemoteBuffer buffer = ops::remoteBuffer(g, {4}, kF64);
+  TESSERA_CHECK_ERROR(ops::remoteStore(g, buffer, 0, ops::add(x, x)), GraphError, ErrorCode::InvalidOperand);
+  try {
+    test::loadOnDevice(g, ExecutionMode::Vectorized);
+    FAIL("a float64 remote buffer was loaded");
+  } catch (const DeviceError& e) {
+    CHECK(e.code() == ErrorCode::InvalidProgram);
+    CHECK(e.subject() == "remote buffer #0");
+    CHECK(std::string(e.what()).find("float64") != std::string::npos);
   }
 }
