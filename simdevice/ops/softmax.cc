@@ -124,21 +124,30 @@ void crossEntropyKernel(const Step& s) {
     }
     const int64_t rows = run.count * n;
     forRowBlocks(s, rowParts(s, rows, c), rows, [&](int64_t first, int64_t end) {
-      for (int64_t row = first; row < end; ++row) {
-        const int64_t g = row / n;
-        const int64_t r = row - g * n;
-        const float* x = operand(kLogits, g) + r * c;
-        const auto label = static_cast<int64_t>(operand(kLogits + 1, g)[r]);
+      // The block's rows, group by group (none when the groups have no rows).
+      for (int64_t g = n == 0 ? run.count : first / n; g * n < end; ++g) {
+        const int64_t begin = std::max(first, g * n) - g * n;
+        const int64_t stop = std::min(end, (g + 1) * n) - g * n;
+        const float* logits = operand(kLogits, g);
+        const float* labels = operand(kLogits + 1, g);
         if constexpr (kGrad) {
           const double factor = static_cast<double>(*operand(0, g)) * s.scale;
-          const double lse = logSumExp(x, c);
-          float* o = outOf(s, run) + g * s.outElements + r * c;
-          for (int64_t j = 0; j < c; ++j) {
-            const double p = std::exp(static_cast<double>(x[j]) - lse);
-            o[j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * factor);
+          float* o = outOf(s, run) + g * s.outElements;
+          for (int64_t r = begin; r < stop; ++r) {
+            const float* x = logits + r * c;
+            const double lse = logSumExp(x, c);
+            const auto label = static_cast<int64_t>(labels[r]);
+            for (int64_t j = 0; j < c; ++j) {
+              const double p = std::exp(static_cast<double>(x[j]) - lse);
+              o[r * c + j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * factor);
+            }
           }
         } else {
-          s.rowTerms[static_cast<std::size_t>(row)] = logSumExp(x, c) - static_cast<double>(x[label]);
+          double* terms = s.rowTerms.data() + g * n;
+          for (int64_t r = begin; r < stop; ++r) {
+            const float* x = logits + r * c;
+            terms[r] = logSumExp(x, c) - static_cast<double>(x[static_cast<int64_t>(labels[r])]);
+          }
         }
       }
     });
