@@ -138,12 +138,6 @@ struct Step {
   std::vector<int64_t> table2;
   int64_t groups = 0;
   int64_t groupSize = 0;
-  // Row-wise reductions to one value (the summed or mean cross entropy):
-  // one term per row of every group, sized at load time. The rows' terms
-  // are computed in parts over the threads, then added in row order on the
-  // calling thread, so the sum is the same bits at any thread count. The
-  // kernel's own scratch, written while the step runs.
-  mutable std::vector<double> rowTerms;
 
   // Input: the host data for this run (set by the executor before run).
   const std::span<const float>* feed = nullptr;

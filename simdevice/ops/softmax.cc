@@ -10,30 +10,7 @@
 namespace tessera::sim {
 namespace {
 
-// Floats of rows per part of a row-wise kernel split over threads (each
-// element costs one or two exponentials in double): below this, handing a
-// part to another thread costs more than it saves.
-constexpr int64_t kMinPartRowElements = 256;
-
-// How many parts `rows` rows of `cols` are split into: whole rows each, at
-// least kMinPartRowElements floats per part, at most one per thread.
-int rowParts(const Step& s, int64_t rows, int64_t cols) {
-  if (s.pool == nullptr || rows <= 1) return 1;
-  return static_cast<int>(std::clamp<int64_t>(std::min(rows * cols / kMinPartRowElements, rows), 1, s.pool->threads()));
-}
-
-// Calls f(firstRow, endRow) for `parts` consecutive blocks of [0, rows).
-template <class F>
-void forRowBlocks(const Step& s, int parts, int64_t rows, F&& f) {
-  if (parts == 1) {
-    f(int64_t{0}, rows);
-    return;
-  }
-  s.pool->run(parts, [&](int part, int) { f(rows * part / parts, rows * (part + 1) / parts); });
-}
-
-// Numerically stable softmax / log-softmax over rows of `cols`. Rows are
-// independent: over threads each part takes a block of whole rows.
+// Numerically stable softmax / log-softmax over rows of `cols`.
 template <bool kLog>
 void softmaxKernel(const Step& s) {
   const int64_t c = s.cols;
@@ -42,23 +19,21 @@ void softmaxKernel(const Step& s) {
     const int64_t rows = run.count * s.outElements / c;
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
-    forRowBlocks(s, rowParts(s, rows, c), rows, [&](int64_t first, int64_t end) {
-      for (int64_t r = first; r < end; ++r) {
-        const float* xr = x + r * c;
-        float* orow = o + r * c;
-        const float max = *std::max_element(xr, xr + c);
-        double sum = 0.0;
-        for (int64_t j = 0; j < c; ++j) sum += std::exp(static_cast<double>(xr[j] - max));
-        if (kLog) {
-          const double logSum = std::log(sum);
-          for (int64_t j = 0; j < c; ++j)
-            orow[j] = static_cast<float>(static_cast<double>(xr[j] - max) - logSum);
-        } else {
-          for (int64_t j = 0; j < c; ++j)
-            orow[j] = static_cast<float>(std::exp(static_cast<double>(xr[j] - max)) / sum);
-        }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * c;
+      float* orow = o + r * c;
+      const float max = *std::max_element(xr, xr + c);
+      double sum = 0.0;
+      for (int64_t j = 0; j < c; ++j) sum += std::exp(static_cast<double>(xr[j] - max));
+      if (kLog) {
+        const double logSum = std::log(sum);
+        for (int64_t j = 0; j < c; ++j)
+          orow[j] = static_cast<float>(static_cast<double>(xr[j] - max) - logSum);
+      } else {
+        for (int64_t j = 0; j < c; ++j)
+          orow[j] = static_cast<float>(std::exp(static_cast<double>(xr[j] - max)) / sum);
       }
-    });
+    }
   }
 }
 
@@ -102,60 +77,39 @@ int64_t labelAt(const Step& s, const float* labels, int64_t row, int64_t classes
   return static_cast<int64_t>(label);
 }
 
-// (logits, labels) operands 0, 1; or (dloss, logits, labels) for the
-// gradient. Every label is checked first, in row order, on the calling
-// thread; then the rows of all the run's groups are split over threads in
-// blocks of whole rows. The gradient's rows are independent. The loss adds
-// one term per row: the parts write the terms (Step::rowTerms) and the
-// calling thread adds each group's in row order, the order of one thread.
+// (logits, labels) operands 0, 1; or (dloss, logits, labels) for the gradient.
 template <bool kGrad>
 void crossEntropyKernel(const Step& s) {
   constexpr std::size_t kLogits = kGrad ? 1 : 0;
   const int64_t c = s.cols;
   const int64_t n = s.rows;
-  if (c == 0) return;
   for (const Run& run : s.runs) {
-    auto operand = [&](std::size_t i, int64_t g) {
-      return inOf(s, run, i) + (run.advance[i] ? g * s.inElements[i] : 0);
-    };
     for (int64_t g = 0; g < run.count; ++g) {
-      const float* labels = operand(kLogits + 1, g);
-      for (int64_t r = 0; r < n; ++r) labelAt(s, labels, r, c);
-    }
-    const int64_t rows = run.count * n;
-    forRowBlocks(s, rowParts(s, rows, c), rows, [&](int64_t first, int64_t end) {
-      // The block's rows, group by group (none when the groups have no rows).
-      for (int64_t g = n == 0 ? run.count : first / n; g * n < end; ++g) {
-        const int64_t begin = std::max(first, g * n) - g * n;
-        const int64_t stop = std::min(end, (g + 1) * n) - g * n;
-        const float* logits = operand(kLogits, g);
-        const float* labels = operand(kLogits + 1, g);
-        if constexpr (kGrad) {
-          const double factor = static_cast<double>(*operand(0, g)) * s.scale;
-          float* o = outOf(s, run) + g * s.outElements;
-          for (int64_t r = begin; r < stop; ++r) {
-            const float* x = logits + r * c;
-            const double lse = logSumExp(x, c);
-            const auto label = static_cast<int64_t>(labels[r]);
-            for (int64_t j = 0; j < c; ++j) {
-              const double p = std::exp(static_cast<double>(x[j]) - lse);
-              o[r * c + j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * factor);
-            }
-          }
-        } else {
-          double* terms = s.rowTerms.data() + g * n;
-          for (int64_t r = begin; r < stop; ++r) {
-            const float* x = logits + r * c;
-            terms[r] = logSumExp(x, c) - static_cast<double>(x[static_cast<int64_t>(labels[r])]);
+      auto operand = [&](std::size_t i) {
+        return inOf(s, run, i) + (run.advance[i] ? g * s.inElements[i] : 0);
+      };
+      const float* logits = operand(kLogits);
+      const float* labels = operand(kLogits + 1);
+      float* o = outOf(s, run) + g * s.outElements;
+      if (c == 0) continue;
+      if constexpr (kGrad) {
+        const double factor = static_cast<double>(*operand(0)) * s.scale;
+        for (int64_t r = 0; r < n; ++r) {
+          const float* x = logits + r * c;
+          const double lse = logSumExp(x, c);
+          const int64_t label = labelAt(s, labels, r, c);
+          for (int64_t j = 0; j < c; ++j) {
+            const double p = std::exp(static_cast<double>(x[j]) - lse);
+            o[r * c + j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * factor);
           }
         }
-      }
-    });
-    if constexpr (!kGrad) {
-      for (int64_t g = 0; g < run.count; ++g) {
+      } else {
         double loss = 0.0;
-        for (int64_t r = 0; r < n; ++r) loss += s.rowTerms[static_cast<std::size_t>(g * n + r)];
-        outOf(s, run)[g * s.outElements] = static_cast<float>(loss * s.scale);
+        for (int64_t r = 0; r < n; ++r) {
+          const float* x = logits + r * c;
+          loss += logSumExp(x, c) - static_cast<double>(x[labelAt(s, labels, r, c)]);
+        }
+        o[0] = static_cast<float>(loss * s.scale);
       }
     }
   }
@@ -183,11 +137,6 @@ void planCrossEntropy(StepPlanner& planner, Step& step) {
   step.cols = logits[1];
   if (op.attributes.reduction == ReductionType::Mean && step.rows > 0) {
     step.scale = 1.0f / static_cast<float>(step.rows);
-  }
-  if (!kGrad) {
-    int64_t widest = 0;
-    for (const Run& run : step.runs) widest = std::max(widest, run.count);
-    step.rowTerms.assign(static_cast<std::size_t>(widest * step.rows), 0.0);
   }
   step.kernel = crossEntropyKernel<kGrad>;
   planner.emit(std::move(step));

@@ -154,8 +154,8 @@ RowOutputs runRowOps(int64_t replicas, int64_t rows, int64_t cols, int threads) 
 
 }  // namespace
 
-TEST_CASE("row-wise steps split over threads by rows: the same bits at 1 to 4 threads, the loss in row order") {
-  // 3 x 200 rows of 13: split over every thread; 3 x 5 rows of 13 stay on one.
+TEST_CASE("row-wise steps: the same bits at 1 to 4 threads, the loss summed in row order") {
+  // Many rows and few: a split of the rows over threads must keep both checks.
   for (const int64_t rows : {int64_t{200}, int64_t{5}}) {
     const int64_t replicas = 3;
     const int64_t cols = 13;
