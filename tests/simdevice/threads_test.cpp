@@ -1,8 +1,10 @@
 // The device's host threads: every result is the same bits at any thread
 // count, and the thread count comes from the spec, TESSERA_NUM_THREADS or
 // the CPU affinity.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -12,10 +14,12 @@
 
 #include <doctest/doctest.h>
 
+#include "device_checks.hpp"
 #include "tessera/checkpoint.hpp"
 #include "tessera/device.hpp"
 #include "tessera/error.hpp"
 #include "tessera/mlp.hpp"
+#include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/session.hpp"
 #include "worker_pool.hpp"
@@ -102,6 +106,88 @@ TEST_CASE("losses, weights and checkpoint bytes are the same bits at 1, 2, 3 and
         CHECK(other.weights.at(weight.first) == weight.second);
       }
       CHECK(other.checkpoint == one.checkpoint);
+    }
+  }
+}
+
+namespace {
+
+// Softmax, log-softmax, cross entropy (summed and mean) and its gradient
+// over `replicas` x rows x cols: every output of a run at `threads`.
+struct RowOutputs {
+  std::vector<std::vector<float>> values;
+  std::vector<float> logits;
+  std::vector<float> labels;
+};
+
+RowOutputs runRowOps(int64_t replicas, int64_t rows, int64_t cols, int threads) {
+  Graph g(replicas);
+  const Tensor logits = ops::input(g, "logits", {rows, cols});
+  const Tensor labels = ops::input(g, "labels", {rows}, DType::Int32);
+  const Tensor sum = ops::softmaxCrossEntropy(logits, labels, ReductionType::Sum);
+  const Tensor mean = ops::softmaxCrossEntropy(logits, labels, ReductionType::Mean);
+  OpAttributes meanAttributes;
+  meanAttributes.reduction = ReductionType::Mean;
+  const Tensor factor = ops::mul(mean, ops::scalar(g, 3.0));
+  const OpNode& gradOp = g.op(g.addOp(OpKind::SoftmaxCrossEntropyGrad, {factor.id(), logits.id(), labels.id()},
+                                      std::move(meanAttributes)));
+  const Tensor grad{&g, gradOp.outputs[0]};
+  const std::vector<Tensor> outputs = {ops::softmax(logits), ops::logSoftmax(logits), sum, mean, grad};
+
+  RowOutputs out;
+  // Logits over a wide range, so that every row's exponentials and sums
+  // are far from round numbers.
+  out.logits = test::pseudoRandom(static_cast<std::size_t>(replicas * rows * cols), 31, -20.0f, 20.0f);
+  out.labels = test::pseudoRandom(static_cast<std::size_t>(replicas * rows), 32, 0.0f, static_cast<float>(cols));
+  for (float& v : out.labels) v = std::floor(v);
+  DeviceSpec spec;
+  spec.numThreads = threads;
+  test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized, spec);
+  test::runDevice(*device.executable, {{logits.id(), out.logits}, {labels.id(), out.labels}});
+  for (const Tensor& t : outputs) {
+    std::vector<float> values(static_cast<std::size_t>(replicas * numElements(t.shape())));
+    device.executable->read(t.id(), values);
+    out.values.push_back(std::move(values));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("row-wise steps: the same bits at 1 to 4 threads, the loss summed in row order") {
+  // Many rows and few: a split of the rows over threads must keep both checks.
+  for (const int64_t rows : {int64_t{200}, int64_t{5}}) {
+    const int64_t replicas = 3;
+    const int64_t cols = 13;
+    CAPTURE(rows);
+    const RowOutputs one = runRowOps(replicas, rows, cols, 1);
+    // The loss is each row's log-sum-exp minus its label's logit, added in
+    // row order in double: a split that added blocks of rows in another
+    // order, or dropped or repeated a row, gives other bits here.
+    for (int64_t r = 0; r < replicas; ++r) {
+      double loss = 0.0;
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* x = one.logits.data() + (r * rows + i) * cols;
+        const float max = *std::max_element(x, x + cols);
+        double exps = 0.0;
+        for (int64_t j = 0; j < cols; ++j) exps += std::exp(static_cast<double>(x[j] - max));
+        const auto label = static_cast<int64_t>(one.labels[static_cast<std::size_t>(r * rows + i)]);
+        loss += static_cast<double>(max) + std::log(exps) - static_cast<double>(x[label]);
+      }
+      const int64_t replica = r;
+      CAPTURE(replica);
+      CHECK(one.values[2][static_cast<std::size_t>(r)] == static_cast<float>(loss));
+      CHECK(one.values[3][static_cast<std::size_t>(r)] ==
+            static_cast<float>(loss * static_cast<double>(1.0f / static_cast<float>(rows))));
+    }
+    for (int threads : {2, 3, 4}) {
+      CAPTURE(threads);
+      const RowOutputs other = runRowOps(replicas, rows, cols, threads);
+      REQUIRE(other.values.size() == one.values.size());
+      for (std::size_t i = 0; i < one.values.size(); ++i) {
+        CAPTURE(i);
+        CHECK(other.values[i] == one.values[i]);
+      }
     }
   }
 }
