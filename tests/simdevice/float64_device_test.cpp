@@ -2,7 +2,8 @@
 // computed in double by the elementwise ops, Where, the casts and the shape
 // ops, bit for bit as the double reference computes them (values beyond
 // float32's range and below its precision), at any replica count, in both
-// execution modes, and counted at 8 bytes an element.
+// execution modes, and counted at 8 bytes an element; gradients through a
+// float64 graph; float64 values never in streaming memory.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "device_checks.hpp"
+#include "tessera/autodiff.hpp"
 #include "tessera/ops.hpp"
 #include "test_support.hpp"
 
@@ -139,5 +141,33 @@ TEST_CASE(
     CHECK(e.code() == ErrorCode::InvalidProgram);
     CHECK(e.subject() == "remote buffer #0");
     CHECK(std::string(e.what()).find("float64") != std::string::npos);
+  }
+}
+
+TEST_CASE("gradients through a float64 graph run on the device as the reference computes them") {
+  for (const int64_t replicas : {int64_t{1}, int64_t{2}}) {
+    INFO("R = " << replicas);
+    Graph g(replicas);
+    const Tensor w = ops::input(g, "w", {3});
+    const Tensor x = ops::input(g, "x", {3}, kF64);
+    const Tensor y = ops::mul(ops::cast(w, kF64), ops::exp(x));
+    const Tensor back = ops::cast(ops::sqrt(ops::add(ops::mul(y, y), ops::exp(x))), DType::Float32);
+    const Tensor loss = ops::reduceSum(back);
+    const std::vector<Tensor> grads = autodiff(g, loss, {w, x});
+    REQUIRE(grads.size() == 2);
+    CHECK(grads[1].dtype() == kF64);
+    const auto feeds = test::makeFeeds(g, 5, 9);
+    test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized);
+    test::ReferenceEvaluator oracle(g);
+    test::feedOracle(oracle, g, feeds);
+    test::runDevice(*device.executable, feeds);
+    oracle.run();
+    // The float32 stretch (the loss and the gradient entering the casts)
+    // keeps float32's precision.
+    CHECK(test::compareAll(*device.executable, g, oracle, 1e-5) > 0);
+    const std::vector<double> dx = test::deviceDoubles(*device.executable, g, grads[1].id(), 0);
+    REQUIRE(dx.size() == 3);
+    for (std::size_t k = 0; k < 3; ++k)
+      CHECK(dx[k] == doctest::Approx(oracle.value(grads[1].id(), 0)[k]).epsilon(1e-6));
   }
 }
