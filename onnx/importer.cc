@@ -16,6 +16,7 @@
 #include <onnx/shape_inference/implementation.h>
 #include <onnx/version_converter/convert.h>
 
+#include "half.hpp"
 #include "importer.hpp"
 #include "tessera/error.hpp"
 #include "tessera/onnx.hpp"
@@ -242,6 +243,10 @@ OnnxModel Importer::run() {
   if (options_.replicationFactor < 1)
     throwOnnx(ErrorCode::OnnxInvalidGraph, source_,
               fmt::format("replicationFactor is {}; it must be >= 1", options_.replicationFactor));
+  if (options_.floatType != DType::Float32 && options_.floatType != DType::Float16)
+    throwOnnx(ErrorCode::OnnxUnsupportedFeature, source_,
+              fmt::format("floatType is {}; the model's float tensors import as float32 or float16",
+                          toString(options_.floatType)));
   opset_ = defaultOpset(model_, source_);
   const auto& g = model_.graph();
 
@@ -262,7 +267,7 @@ OnnxModel Importer::run() {
     if (value.type == onnx::TensorProto::FLOAT && weightNames.count(init.name())) {
       const std::vector<float> data(value.f.begin(), value.f.end());
       const TensorId id =
-          addSource(OpKind::Variable, init.name(), DType::Float32, value.shape, data, subject);
+          addSource(OpKind::Variable, init.name(), options_.floatType, value.shape, data, subject);
       values_[init.name()] = Value{std::nullopt, id, onnx::TensorProto::FLOAT};
       result.weights.push_back(init.name());
     } else {
@@ -399,11 +404,14 @@ TensorId Importer::addSource(OpKind kind, const std::string& name, DType dtype, 
     node.name = graph_.tryFind(name) ? graph_.uniqueName(name) : name;
     node.dtype = dtype;
     node.shape = shape;
+    // Float16 sources hold their values as halves (rounded to nearest even).
+    std::vector<float> values = data;
+    if (dtype == DType::Float16) roundToHalves(values.data(), values.size());
     if (kind == OpKind::Variable) {
-      node.initial = InitialValues(data);
+      node.initial = InitialValues(values);
       node.category = TensorCategory::Weight;
     } else {
-      node.data = data;
+      node.data = std::move(values);
     }
     return graph_.addSource(kind, std::move(node));
   } catch (const GraphError& e) {
@@ -417,7 +425,8 @@ bool Importer::addInput(const onnx::ValueInfoProto& input) {
     throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,
               "the input is not a tensor (sequences and maps are not supported)");
   const auto& type = input.type().tensor_type();
-  DType dtype = DType::Float32;
+  // A bool input is a float32 0/1 mask; a float one has the import's float type.
+  DType dtype = type.elem_type() == onnx::TensorProto::FLOAT ? options_.floatType : DType::Float32;
   if (type.elem_type() == onnx::TensorProto::INT64 || type.elem_type() == onnx::TensorProto::INT32) {
     dtype = DType::Int32;
   } else if (type.elem_type() == onnx::TensorProto::DOUBLE) {
@@ -535,6 +544,7 @@ TensorId Importer::materialize(const std::string& name, const std::string& subje
                 fmt::format("value \"{}\" has element type {}; the device computes in float32 and float64",
                             name, typeName(known.type)));
     } else {
+      dtype = options_.floatType;
       data.assign(known.f.begin(), known.f.end());
     }
   } else {

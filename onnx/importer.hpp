@@ -62,6 +62,9 @@ class Importer {
   void requireFloat(const Tensor& t, const onnx::NodeProto& node, int k, const std::string& subject) const;
   void setOutput(const onnx::NodeProto& node, int k, Tensor t, int32_t type = onnx::TensorProto::FLOAT);
   Tensor scalar(double value);
+  // `t` (a float32 mask, int32, float32 or float64) in the import's float
+  // type: float16 is made from float32 only.
+  Tensor toFloatType(Tensor t);
   // Input k, an initializer, made a Variable of category OptimizerState that
   // the node updates in place (OnnxModel::state).
   Tensor stateVariable(const onnx::NodeProto& node, int k, const std::string& subject);

@@ -204,10 +204,10 @@ Tensor Importer::operand(const onnx::NodeProto& node, int k, const std::string& 
 
 void Importer::requireFloat(const Tensor& t, const onnx::NodeProto& node, int k,
                             const std::string& subject) const {
-  if (t.dtype() != DType::Float32)
+  if (t.dtype() != DType::Float32 && t.dtype() != DType::Float16)
     throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,
-              fmt::format("input {} (\"{}\") is {}; the device computes {} on float32 only", k, node.input(k),
-                          typeName(values_.at(node.input(k)).type), node.op_type()));
+              fmt::format("input {} (\"{}\") is {}; the device computes {} on float32 or float16 only", k,
+                          node.input(k), typeName(values_.at(node.input(k)).type), node.op_type()));
 }
 
 void Importer::setOutput(const onnx::NodeProto& node, int k, Tensor t, int32_t type) {
@@ -219,7 +219,14 @@ void Importer::setOutput(const onnx::NodeProto& node, int k, Tensor t, int32_t t
   values_[name] = Value{std::nullopt, t.id(), type};
 }
 
-Tensor Importer::scalar(double value) { return ops::scalar(graph_, value); }
+// Scalars of the float ops have the import's float type (OnnxImportOptions::floatType).
+Tensor Importer::scalar(double value) { return ops::scalar(graph_, value, options_.floatType); }
+
+Tensor Importer::toFloatType(Tensor t) {
+  if (t.dtype() == options_.floatType) return t;
+  if (t.dtype() != DType::Float32) t = ops::cast(t, DType::Float32);
+  return ops::cast(t, options_.floatType);
+}
 
 Tensor Importer::stateVariable(const onnx::NodeProto& node, int k, const std::string& subject) {
   const std::string& name = node.input(k);
@@ -230,7 +237,7 @@ Tensor Importer::stateVariable(const onnx::NodeProto& node, int k, const std::st
                           "initializer that no other node has used before",
                           k, name));
   const Known known = *value.known;
-  const TensorId id = addSource(OpKind::Variable, name, DType::Float32, known.shape,
+  const TensorId id = addSource(OpKind::Variable, name, options_.floatType, known.shape,
                                 std::vector<float>(known.f.begin(), known.f.end()), subject);
   graph_.tensor(id).category = TensorCategory::OptimizerState;
   values_[name] = Value{std::nullopt, id, onnx::TensorProto::FLOAT};
@@ -353,7 +360,7 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     if (in.empty()) throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("{} without inputs", op));
     const int32_t type = values_.at(node.input(0)).type;
     for (std::size_t k = 0; k < in.size(); ++k)
-      if (in[k].dtype() != in[0].dtype() || (op == "Mean" && in[k].dtype() != DType::Float32))
+      if (in[k].dtype() != in[0].dtype() || (op == "Mean" && in[k].dtype() == DType::Int32))
         unsupported(
             fmt::format("inputs of different types (or a Mean of integers): {} needs float32 operands, "
                         "or int32 ones for Sum, Max and Min",
@@ -581,7 +588,7 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
   if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
     Tensor a = operand(node, 0, subject);
     Tensor b = operand(node, 1, subject);
-    if (a.dtype() != b.dtype() || (op == "Div" && a.dtype() != DType::Float32))
+    if (a.dtype() != b.dtype() || (op == "Div" && a.dtype() == DType::Int32))
       unsupported(fmt::format(
           "inputs of types {} and {}: the device computes {} on two float32 or two int32 values "
           "(Div on float32 only)",
@@ -610,7 +617,8 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     } else if (e != nullptr) {
       std::vector<float> exponent(e->size());
       for (std::size_t i = 0; i < exponent.size(); ++i) exponent[i] = static_cast<float>(e->at(i));
-      const Tensor b = ops::constant(graph_, graph_.uniqueName(node.input(1)), std::move(exponent), e->shape);
+      const Tensor b =
+          ops::constant(graph_, graph_.uniqueName(node.input(1)), std::move(exponent), e->shape, x.dtype());
       setOutput(node, 0, ops::pow(x, b));
     } else {
       Tensor b = operand(node, 1, subject);
@@ -714,7 +722,8 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     const Tensor mean = ops::reduceMean(x, axes, true);
     const Tensor centred = ops::sub(x, mean);
     const Tensor variance = ops::reduceMean(ops::mul(centred, centred), axes, true);
-    const Tensor invStdDev = ops::reciprocal(ops::sqrt(ops::add(variance, ops::scalar(graph_, epsilon))));
+    const Tensor invStdDev =
+        ops::reciprocal(ops::sqrt(ops::add(variance, ops::scalar(graph_, epsilon, x.dtype()))));
     Tensor y = ops::mul(ops::mul(centred, invStdDev), scale);
     if (node.input_size() > 2 && !node.input(2).empty()) {
       Tensor bias = operand(node, 2, subject);
@@ -966,11 +975,16 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     const int64_t to = intAttribute(node, "to", -1, subject);
     const Value& in = values_.at(node.input(0));
     if (in.type == onnx::TensorProto::BOOL &&
-        (to == onnx::TensorProto::FLOAT || to == onnx::TensorProto::BOOL)) {
+        (to == onnx::TensorProto::BOOL ||
+         (to == onnx::TensorProto::FLOAT && options_.floatType == DType::Float32))) {
       // A mask is float32 0/1 already.
       Value out = in;
       out.type = static_cast<int32_t>(to);
       values_[node.output(0)] = out;
+      return;
+    }
+    if (in.type == onnx::TensorProto::BOOL && to == onnx::TensorProto::FLOAT) {
+      setOutput(node, 0, toFloatType(operand(node, 0, subject)), onnx::TensorProto::FLOAT);
       return;
     }
     if (to == onnx::TensorProto::BOOL &&
@@ -978,8 +992,8 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
          in.type == onnx::TensorProto::INT32)) {
       // Anything not zero is true (NaN too, as numpy casts it).
       Tensor x = operand(node, 0, subject);
-      const Tensor zero = x.dtype() == DType::Float32
-                              ? scalar(0.0)
+      const Tensor zero = x.dtype() != DType::Int32
+                              ? ops::scalar(graph_, 0.0, x.dtype())
                               : ops::constant(graph_, graph_.uniqueName("zero"), {0.0F}, {}, DType::Int32);
       setOutput(node, 0, ops::logicalNot(ops::equal(x, zero)), onnx::TensorProto::BOOL);
       return;
@@ -995,8 +1009,7 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     }
     if (fromDouble && (to == onnx::TensorProto::FLOAT || toInt)) {
       const Tensor x = operand(node, 0, subject);
-      setOutput(node, 0, toInt ? ops::castToInt32(x) : ops::cast(x, DType::Float32),
-                static_cast<int32_t>(to));
+      setOutput(node, 0, toInt ? ops::castToInt32(x) : toFloatType(x), static_cast<int32_t>(to));
       return;
     }
     if ((in.type == onnx::TensorProto::FLOAT || in.type == onnx::TensorProto::BOOL) && toInt) {
@@ -1005,7 +1018,8 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       return;
     }
     if (fromInt && to == onnx::TensorProto::FLOAT) {
-      setOutput(node, 0, ops::castToFloat32(operand(node, 0, subject)), onnx::TensorProto::FLOAT);
+      // To the import's float type (float16 under OnnxImportOptions::floatType).
+      setOutput(node, 0, toFloatType(operand(node, 0, subject)), onnx::TensorProto::FLOAT);
       return;
     }
     const bool floatToFloat = (in.type == onnx::TensorProto::FLOAT && to == onnx::TensorProto::FLOAT) ||
@@ -1113,6 +1127,10 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     const bool softmax = op == "SoftmaxCrossEntropyLoss";
     Tensor scores = operand(node, 0, subject);
     requireFloat(scores, node, 0, subject);
+    // Float16 scores (OnnxImportOptions::floatType) are cast to float32 first,
+    // as mixed-precision training casts its logits: the loss, its
+    // log-probabilities and their gradient are float32.
+    if (scores.dtype() == DType::Float16) scores = ops::cast(scores, DType::Float32);
     const Shape shape = scores.shape();
     const auto rank = static_cast<int64_t>(shape.size());
     if (rank < 2) unsupported(fmt::format("scores {} need a class axis: [N, C, d1...]", shapeStr(shape)));
@@ -1162,6 +1180,7 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     if (hasWeights) {
       Tensor weights = operand(node, 2, subject);
       requireFloat(weights, node, 2, subject);
+      if (weights.dtype() == DType::Float16) weights = ops::cast(weights, DType::Float32);
       if (weights.shape() != Shape{classes})
         throwOnnx(ErrorCode::OnnxNodeShape, subject,
                   fmt::format("weights {} must be [C] = [{}]", shapeStr(weights.shape()), classes));

@@ -48,7 +48,8 @@ constexpr jsonio::FieldSpec kModelDTypeSpec{
     .doc =
         "The element type of the weights and activations: \"float32\" or \"float16\". float16 (mlp and "
         "transformer): float16 weights, inputs and activations with the logits cast to float32 before the "
-        "loss. An onnx model is imported in its own dtype: float32 only."};
+        "loss. float16 (onnx): the float32 model is cast on import (OnnxImportOptions::floatType): float "
+        "initializers, inputs and ops in float16, the loss ops' float inputs cast to float32."};
 
 // The fields of one model type; `type` itself is visited by the caller.
 template <class V>
@@ -139,14 +140,6 @@ void checkModel(const ModelConfig& value, const jsonio::RuleSite& site) {
                                   jsonio::quotedList(kModelTypes),
                                   closest ? fmt::format(" (did you mean \"{}\"?)", *closest) : std::string(),
                                   site.origin(path)));
-  }
-  if (value.type == kOnnxModel && value.dtype != DType::Float32) {
-    const std::string path = site.path("dtype");
-    throw ConfigError(ErrorCode::InvalidModel, path,
-                      fmt::format("dtype \"{}\": an onnx model is imported in its own dtype, float32; casting "
-                                  "it to float16 on import is not supported; set dtype to \"float32\" or "
-                                  "remove it{}",
-                                  toString(value.dtype), site.origin(path)));
   }
   if (value.type == kTransformerModel) {
     const TransformerConfig& t = value.transformer;

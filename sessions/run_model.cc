@@ -115,7 +115,7 @@ void bindDataInputs(const RunConfig& config, RunModel& run) {
   const ModelConfig& model = config.model;
   const bool idx = config.data.dataset != DatasetKind::Tensors;
   if (idx || !model.images.empty())
-    run.images = pickInput(config, run, model.images, "/model/images", DType::Float32, "the images");
+    run.images = pickInput(config, run, model.images, "/model/images", model.dtype, "the images");
   if (idx || !model.labels.empty() || !model.logits.empty())
     run.labels = pickInput(config, run, model.labels, "/model/labels", DType::Int32, "the class labels");
   if (!run.labels.empty()) {
@@ -158,15 +158,15 @@ void addPredictions(const RunConfig& config, const std::vector<std::string>& out
   const TensorId logits = graph.find(model.logits);
   const TensorNode& node = graph.tensor(logits);
   const Shape& labels = graph.tensor(graph.find(run.labels)).shape;
-  if (node.dtype != DType::Float32 || node.shape.size() != 2 || node.shape[0] != labels[0] ||
+  if (node.dtype != model.dtype || node.shape.size() != 2 || node.shape[0] != labels[0] ||
       node.shape[1] < 1) {
     throw ConfigError(
         ErrorCode::InvalidModel, "/model/logits",
         fmt::format(
-            "output \"{}\" of {} is {} [{}]; logits are float32 [batch, classes], one row per label of "
-            "input \"{}\" [{}]",
-            model.logits, model.path, toString(node.dtype), fmt::join(node.shape, ", "), run.labels,
-            fmt::join(labels, ", ")));
+            "output \"{}\" of {} is {} [{}]; logits are {} (the model's dtype) [batch, classes], one row "
+            "per label of input \"{}\" [{}]",
+            model.logits, model.path, toString(node.dtype), fmt::join(node.shape, ", "),
+            toString(model.dtype), run.labels, fmt::join(labels, ", ")));
   }
   run.predictions = graph.tensor(ops::argmax(Tensor{&graph, logits}).id()).name;
 }
@@ -176,6 +176,8 @@ RunModel importModel(const RunConfig& config, int64_t batchSize, int64_t replica
   OnnxImportOptions options;
   options.replicationFactor = replicationFactor;
   options.dimensions = boundDimensions(model, batchSize);
+  // /model/dtype float16 casts the float32 model on import.
+  options.floatType = model.dtype;
   OnnxModel imported = importOnnx(model.path, options);
 
   std::string loss = model.loss;
@@ -198,8 +200,13 @@ RunModel importModel(const RunConfig& config, int64_t batchSize, int64_t replica
   const TensorNode& node = imported.graph.tensor(*id);
   if (!node.shape.empty() || node.dtype != DType::Float32) {
     throw ConfigError(ErrorCode::InvalidModel, "/model/loss",
-                      fmt::format("tensor \"{}\" of {} is {} [{}]; a loss must be a float32 scalar", loss,
-                                  model.path, toString(node.dtype), fmt::join(node.shape, ", ")));
+                      fmt::format("tensor \"{}\" of {} is {} [{}]; a loss must be a float32 scalar{}", loss,
+                                  model.path, toString(node.dtype), fmt::join(node.shape, ", "),
+                                  model.dtype == DType::Float16 && node.shape.empty()
+                                      ? " (with /model/dtype float16 the float inputs of "
+                                        "SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss are cast to "
+                                        "float32; a loss computed by other ops stays float16)"
+                                      : ""));
   }
   RunModel run;
   run.loss = *id;

@@ -74,6 +74,21 @@ struct OnnxImportOptions {
   // tessera.onnx.705.
   bool doubleAsFloat = false;
 
+  // The element type of the model's float (float32) tensors on the device:
+  // Float32 (the default) or Float16, which imports a float32 model as
+  // float16: float initializers become float16 Variables and Constants (their
+  // values rounded to the nearest half, ties to even), float graph inputs
+  // float16 host streams, and every float op computes in float16, the
+  // scalars and constants the import builds included. Integer and bool
+  // tensors and what is folded at import (shape arithmetic) are untouched.
+  // The float input of a loss (SoftmaxCrossEntropyLoss,
+  // NegativeLogLikelihoodLoss: the logits or log-probabilities, and the
+  // class weights) is cast to float32, so the loss and its gradient there
+  // are float32, as mixed-precision training keeps them. Composes with
+  // doubleAsFloat (double tensors become float, then float16). Any other
+  // dtype is tessera.onnx.705.
+  DType floatType = DType::Float32;
+
   // ----- Replication -----
 
   // The global replication factor of the graph (Graph's constructor

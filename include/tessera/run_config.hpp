@@ -89,8 +89,9 @@ struct ModelConfig {
   // builders make float16 weights, inputs and activations and cast the
   // logits to float32 before the loss (mixed-precision training). The host
   // feeds float inputs as float; the device rounds them to half on store.
-  // An onnx model is imported in its own dtype: float32 only (float16 is
-  // InvalidModel at /model/dtype).
+  // float16 (onnx): the float32 model is imported as float16
+  // (OnnxImportOptions::floatType), the float inputs of its loss ops cast to
+  // float32.
   DType dtype = DType::Float32;
 
   // ----- type "mlp" -----

@@ -45,8 +45,8 @@ bool startsWith(const std::string& text, const std::string& prefix) { return tex
 // ---------------------------------------------------------------------------
 
 TEST_CASE("validate accepts every sample run config") {
-  for (const char* name :
-       {"mnist.json", "mnist_rts.json", "rts_recipe.json", "multipod_recipe.json", "mlp_float16.json"}) {
+  for (const char* name : {"mnist.json", "mnist_rts.json", "rts_recipe.json", "multipod_recipe.json",
+                           "mlp_float16.json", "lenet_float16.json"}) {
     CAPTURE(name);
     const std::string path = tessera::test::sourcePath(std::string("samples/configs/") + name);
     const CliResult result = runCli({"validate", path});

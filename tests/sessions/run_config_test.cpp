@@ -909,12 +909,14 @@ TEST_CASE("the model's dtype is float32 or float16") {
   REQUIRE(wide);
   CHECK(wide->code() == ErrorCode::InvalidModel);
   CHECK(wide->detail().starts_with("dtype \"float64\" is not a model dtype"));
-  // An onnx model keeps its own dtype.
-  const auto onnx = test::catchError<ConfigError>(
-      [] { parse(R"({"model": {"type": "onnx", "path": "m.onnx", "dtype": "float16"}})"); });
-  REQUIRE(onnx);
-  CHECK(onnx->code() == ErrorCode::InvalidModel);
-  CHECK(onnx->subject() == "/model/dtype");
+  // An onnx model is cast to float16 on import when asked.
+  CHECK(parse(R"({"model": {"type": "onnx", "path": "m.onnx", "dtype": "float16"}})").config.model.dtype ==
+        DType::Float16);
+  const auto onnxInteger = test::catchError<ConfigError>(
+      [] { parse(R"({"model": {"type": "onnx", "path": "m.onnx", "dtype": "int32"}})"); });
+  REQUIRE(onnxInteger);
+  CHECK(onnxInteger->code() == ErrorCode::InvalidModel);
+  CHECK(onnxInteger->subject() == "/model/dtype");
   CHECK(parse(R"({"model": {"type": "onnx", "path": "m.onnx", "dtype": "float32"}})").config.model.dtype ==
         DType::Float32);
   // A C++ config is checked by validate().

@@ -322,6 +322,25 @@ def write_double_model():
         out.write(m.SerializeToString())
 
 
+def write_casts_model():
+    """Casts to float of integers, masks and doubles (tests/onnx/float16_import_test.cpp): y = float(n) * x +
+    float(x > 0) + float(d), with n int64, x float and d double."""
+    nodes = [helper.make_node("Cast", ["n"], ["nf"], name="from_int", to=TensorProto.FLOAT),
+             helper.make_node("Greater", ["x", "zero"], ["positive"], name="positive"),
+             helper.make_node("Cast", ["positive"], ["mask"], name="from_bool", to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["d"], ["df"], name="from_double", to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["nf", "x"], ["scaled"], name="scale"),
+             helper.make_node("Add", ["scaled", "mask"], ["shifted"], name="shift"),
+             helper.make_node("Add", ["shifted", "df"], ["y"], name="y")]
+    graph = helper.make_graph(nodes, "casts", [tensor("x", [2, 3]), tensor("n", [2, 3], TensorProto.INT64),
+                                               tensor("d", [2, 3], TensorProto.DOUBLE)],
+                              [tensor("y", [2, 3])], initializer=[helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], producer_name="tessera-tests")
+    onnx.checker.check_model(m)
+    with open(os.path.join(HERE, "casts.onnx"), "wb") as out:
+        out.write(m.SerializeToString())
+
+
 def write_bad_models():
     os.makedirs(BAD, exist_ok=True)
     x = tensor("x", ["batch", 4])
@@ -802,6 +821,7 @@ if __name__ == "__main__":
     dropout_train()
     write_bad_models()
     write_double_model()
+    write_casts_model()
     write_training_reference()
     write_bad_tensor_files()
     write_lenet_training_reference()
