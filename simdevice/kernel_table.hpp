@@ -31,8 +31,8 @@ class StepPlanner {
   const Graph& graph() const;
   OpId opId() const noexcept { return op_; }
   const OpNode& op() const;
-  // The tensor's storage in the arena, its elements per group, shape and
-  // replica layout.
+  // The tensor's storage in the arena, its floats per group (elements x
+  // dtypeSlots: a float64 element takes two), shape and replica layout.
   float* buffer(TensorId t) const;
   int64_t elements(TensorId t) const;
   const Shape& shape(TensorId t) const;
