@@ -362,8 +362,8 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     for (std::size_t k = 0; k < in.size(); ++k)
       if (in[k].dtype() != in[0].dtype() || (op == "Mean" && in[k].dtype() == DType::Int32))
         unsupported(
-            fmt::format("inputs of different types (or a Mean of integers): {} needs float32 operands, "
-                        "or int32 ones for Sum, Max and Min",
+            fmt::format("inputs of different types (or a Mean of integers): {} needs float operands of one "
+                        "type, or int32 ones for Sum, Max and Min",
                         op));
     Tensor y = in[0];
     for (std::size_t k = 1; k < in.size(); ++k) {
@@ -590,8 +590,8 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     Tensor b = operand(node, 1, subject);
     if (a.dtype() != b.dtype() || (op == "Div" && a.dtype() == DType::Int32))
       unsupported(fmt::format(
-          "inputs of types {} and {}: the device computes {} on two float32 or two int32 values "
-          "(Div on float32 only)",
+          "inputs of types {} and {}: the device computes {} on two values of one type, float or int32 "
+          "(Div on floats only)",
           typeName(values_.at(node.input(0)).type), typeName(values_.at(node.input(1)).type), op));
     const int32_t type = values_.at(node.input(0)).type;
     Tensor y = op == "Add"   ? ops::add(a, b)

@@ -312,7 +312,10 @@ void SessionRuntime::readOutputs() {
       }
     }
     if (node.dtype == DType::Float64) {
-      out.host.doubles = unpackDoubles(out.host.data);
+      // The doubles' bytes, into the output's own buffer (no allocation
+      // after the first step).
+      out.host.doubles.resize(out.host.data.size() / 2);
+      std::memcpy(out.host.doubles.data(), out.host.data.data(), out.host.doubles.size() * sizeof(double));
       out.host.data.clear();
     }
   }

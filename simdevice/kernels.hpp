@@ -19,6 +19,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gemm.hpp"
@@ -395,15 +396,30 @@ inline double loadDouble(const float* p) {
   return v;
 }
 inline void storeDouble(float* p, double v) { std::memcpy(p, &v, sizeof v); }
+// A value read as T (a float from one slot, a double from two), and a value
+// stored as its own type.
+template <class T>
+T loadSlots(const float* p) {
+  if constexpr (std::is_same_v<T, double>) {
+    return loadDouble(p);
+  } else {
+    return *p;
+  }
+}
+inline void storeSlots(float* p, float v) { *p = v; }
+inline void storeSlots(float* p, double v) { storeDouble(p, v); }
 
-// Strided kernels computing F in double over float64 operands (the plans of
-// KernelDef::planFloat64): F{}(x) per element of one input, F{}(x, y) of two.
-template <class F>
+// Strided kernels of the plans of KernelDef::planFloat64. Unary: F{}(x) per
+// element, x read as In (a double by default; float for casts to float64)
+// and the result stored as F's type (a cast from float64 returns a float).
+// Binary: F{}(x, y) in double.
+template <class F, class In = double>
 void unaryDoubleKernel(const Step& s) {
   for (const Run& run : s.runs) {
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
-    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t) { storeDouble(o + io, F{}(loadDouble(x + ix))); });
+    forEach(run.loop,
+            [&](int64_t io, int64_t ix, int64_t) { storeSlots(o + io, F{}(loadSlots<In>(x + ix))); });
   }
 }
 

@@ -64,26 +64,15 @@ void whereDoubleKernel(const Step& s) {
 
 // Casts to and from float64: int32, float32 and float16 values are exact
 // doubles; a double becomes the nearest float32, or an int32 truncated.
-void toDoubleKernel(const Step& s) {
-  for (const Run& run : s.runs) {
-    float* o = outOf(s, run);
-    const float* x = inOf(s, run, 0);
-    forEach(run.loop,
-            [&](int64_t io, int64_t ix, int64_t) { storeDouble(o + io, static_cast<double>(x[ix])); });
-  }
-}
-
-template <bool kTruncate>
-void fromDoubleKernel(const Step& s) {
-  for (const Run& run : s.runs) {
-    float* o = outOf(s, run);
-    const float* x = inOf(s, run, 0);
-    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t) {
-      const double v = loadDouble(x + ix);
-      o[io] = static_cast<float>(kTruncate ? std::trunc(v) : v);
-    });
-  }
-}
+struct WidenF {
+  double operator()(float x) const { return x; }
+};
+struct NarrowF {
+  float operator()(double x) const { return static_cast<float>(x); }
+};
+struct TruncNarrowF {
+  float operator()(double x) const { return static_cast<float>(std::trunc(x)); }
+};
 
 // Per output group g: table[g] the global replica whose value the group
 // holds (its first replica: a value that replicas share has one mask);
@@ -134,12 +123,12 @@ void addMaskKernels(KernelTable& table) {
              .planFloat64 = planBroadcast<whereDoubleKernel>});
   table.add({.kind = OpKind::Dropout, .plan = planDropout});
   KernelDef toInt32 = unaryKernels<TruncF>(OpKind::CastToInt32);
-  toInt32.planFloat64 = planBroadcast<fromDoubleKernel<true>>;
+  toInt32.planFloat64 = planBroadcast<unaryDoubleKernel<TruncNarrowF>>;
   table.add(toInt32);
   KernelDef toFloat32 = unaryKernels<IdentityF>(OpKind::CastToFloat32);
-  toFloat32.planFloat64 = planBroadcast<fromDoubleKernel<false>>;
+  toFloat32.planFloat64 = planBroadcast<unaryDoubleKernel<NarrowF>>;
   table.add(toFloat32);
-  table.add({.kind = OpKind::CastToFloat64, .planFloat64 = planBroadcast<toDoubleKernel>});
+  table.add({.kind = OpKind::CastToFloat64, .planFloat64 = planBroadcast<unaryDoubleKernel<WidenF, float>>});
   table.add(
       {.kind = OpKind::CastToFloat16, .plan = planBroadcast<roundToHalfKernel>, .tile = roundToHalfTile});
 }
