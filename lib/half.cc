@@ -86,8 +86,8 @@ void floatsToHalvesPortable(const float* in, uint16_t* out, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) out[i] = floatToHalf(in[i]);
 }
 
-void roundToHalvesPortable(float* data, std::size_t count) {
-  for (std::size_t i = 0; i < count; ++i) data[i] = halfToFloat(floatToHalf(data[i]));
+void roundToHalvesPortable(const float* in, float* out, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) out[i] = halfToFloat(floatToHalf(in[i]));
 }
 
 void halvesToFloatsPortable(const uint16_t* in, float* out, std::size_t count) {
@@ -129,14 +129,14 @@ __attribute__((target("avx,f16c"))) void halvesToFloatsF16c(const uint16_t* in, 
   for (; i < count; ++i) out[i] = halfToFloat(in[i]);
 }
 
-__attribute__((target("avx,f16c"))) void roundToHalvesF16c(float* data, std::size_t count) {
+__attribute__((target("avx,f16c"))) void roundToHalvesF16c(const float* in, float* out, std::size_t count) {
   std::size_t i = 0;
   for (; i + 8 <= count; i += 8) {
     const __m128i halves =
-        _mm256_cvtps_ph(_mm256_loadu_ps(data + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm256_storeu_ps(data + i, _mm256_cvtph_ps(halves));
+        _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(halves));
   }
-  for (; i < count; ++i) data[i] = halfToFloat(floatToHalf(data[i]));
+  for (; i < count; ++i) out[i] = halfToFloat(floatToHalf(in[i]));
 }
 
 #endif
@@ -144,7 +144,7 @@ __attribute__((target("avx,f16c"))) void roundToHalvesF16c(float* data, std::siz
 struct Converters {
   void (*toHalves)(const float*, uint16_t*, std::size_t) = detail::floatsToHalvesPortable;
   void (*toFloats)(const uint16_t*, float*, std::size_t) = detail::halvesToFloatsPortable;
-  void (*round)(float*, std::size_t) = detail::roundToHalvesPortable;
+  void (*round)(const float*, float*, std::size_t) = detail::roundToHalvesPortable;
   bool f16c = false;
 };
 
@@ -174,7 +174,7 @@ void halvesToFloats(const uint16_t* in, float* out, std::size_t count) {
   converters().toFloats(in, out, count);
 }
 
-void roundToHalves(float* data, std::size_t count) { converters().round(data, count); }
+void roundToHalves(const float* in, float* out, std::size_t count) { converters().round(in, out, count); }
 
 bool halfConversionUsesF16c() { return converters().f16c; }
 

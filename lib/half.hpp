@@ -34,9 +34,10 @@ void halvesToFloats(const uint16_t* in, float* out, std::size_t count);
 // half and read back.
 inline float roundToHalf(float value) { return halfToFloat(floatToHalf(value)); }
 
-// data[i] = roundToHalf(data[i]) for i < count, in place (float16 storage
-// held in float slots).
-void roundToHalves(float* data, std::size_t count);
+// out[i] = roundToHalf(in[i]) for i < count (float16 storage held in float
+// slots); `out` may be `in`.
+void roundToHalves(const float* in, float* out, std::size_t count);
+inline void roundToHalves(float* data, std::size_t count) { roundToHalves(data, data, count); }
 
 // Whether the bulk conversions run on F16C instructions on this CPU (for the
 // benchmarks and the tests, which check both paths).
@@ -47,7 +48,7 @@ namespace detail {
 // with the F16C ones).
 void floatsToHalvesPortable(const float* in, uint16_t* out, std::size_t count);
 void halvesToFloatsPortable(const uint16_t* in, float* out, std::size_t count);
-void roundToHalvesPortable(float* data, std::size_t count);
+void roundToHalvesPortable(const float* in, float* out, std::size_t count);
 }  // namespace detail
 
 }  // namespace tessera

@@ -56,8 +56,7 @@ void roundToHalfKernel(const Step& s) {
     const float* x = inOf(s, run, 0);
     const StridedLoop& loop = run.loop;
     if (loop.rank == 1 && loop.stride[0][0] == 1 && loop.stride[1][0] == 1) {
-      if (o != x) std::copy_n(x, loop.size[0], o);
-      roundToHalves(o, static_cast<std::size_t>(loop.size[0]));
+      roundToHalves(x, o, static_cast<std::size_t>(loop.size[0]));
       continue;
     }
     forEach(loop, [&](int64_t io, int64_t ix, int64_t) { o[io] = roundToHalf(x[ix]); });
@@ -66,8 +65,7 @@ void roundToHalfKernel(const Step& s) {
 
 void roundToHalfTile(const Step& s, const TileOperands& t, int64_t n) {
   if (s.tileStride[0] == 1) {
-    if (t.out != t.in[0]) std::copy_n(t.in[0], n, t.out);
-    roundToHalves(t.out, static_cast<std::size_t>(n));
+    roundToHalves(t.in[0], t.out, static_cast<std::size_t>(n));
     return;
   }
   const float value = roundToHalf(t.in[0][0]);

@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -152,16 +153,25 @@ TEST_CASE("the bulk conversions give the scalar bits, on F16C and without") {
   CHECK(bulk == expected);
   CHECK(portable == expected);
 
-  // Rounding in place (float16 storage in float slots) gives the bits of
-  // narrowing and widening back, on F16C and without.
+  // Rounding in place and into another buffer (float16 storage in float
+  // slots) gives the bits of narrowing and widening back, on F16C and
+  // without; the source of the copy is left as it was.
   std::vector<float> rounded = floats;
   std::vector<float> roundedPortable = floats;
   tessera::roundToHalves(rounded.data(), rounded.size());
-  tessera::detail::roundToHalvesPortable(roundedPortable.data(), roundedPortable.size());
+  tessera::detail::roundToHalvesPortable(roundedPortable.data(), roundedPortable.data(), roundedPortable.size());
+  const std::vector<float> source = floats;
+  std::vector<float> copied(floats.size(), -1.0f);
+  std::vector<float> copiedPortable(floats.size(), -1.0f);
+  tessera::roundToHalves(source.data(), copied.data(), source.size());
+  tessera::detail::roundToHalvesPortable(source.data(), copiedPortable.data(), source.size());
+  CHECK(std::memcmp(source.data(), floats.data(), floats.size() * sizeof(float)) == 0);
   for (std::size_t i = 0; i < floats.size(); ++i) {
     const uint32_t want = std::bit_cast<uint32_t>(halfToFloat(expected[i]));
     REQUIRE(std::bit_cast<uint32_t>(rounded[i]) == want);
     REQUIRE(std::bit_cast<uint32_t>(roundedPortable[i]) == want);
+    REQUIRE(std::bit_cast<uint32_t>(copied[i]) == want);
+    REQUIRE(std::bit_cast<uint32_t>(copiedPortable[i]) == want);
     REQUIRE(std::bit_cast<uint32_t>(tessera::roundToHalf(floats[i])) == want);
   }
 
