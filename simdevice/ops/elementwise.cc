@@ -161,59 +161,101 @@ struct ClipGradF {
   float operator()(float dy, float x, float lo, float hi) const { return x >= lo && x <= hi ? dy : 0.0f; }
 };
 
-// Mul's flat steps (the momentum's decay in the optimizers' chains). An x86
-// core takes a microcode assist of about 150 cycles for every multiply whose
-// float result is subnormal: the momentum of a weight that gets no gradient
-// (a pixel that is 0 in every image) decays by the momentum factor each step
-// through float32's subnormal range, and a 784 x 256 product then took
-// 500 us where it takes 20. With AVX-512 the product is computed in double
-// and rounded once to float: the product of two floats is exact in double,
-// so the bits are those of the float multiply, subnormal or not, and no
-// assist is taken. (A compiler folds the scalar form of this back into a
-// float multiply, hence the intrinsics.)
+// Mul's, Div's and Sqrt's flat steps. An x86 core takes a microcode assist
+// of about 150 cycles for every multiply, division or square root that
+// reads a subnormal float (or makes one): the momentum of a weight that gets
+// no gradient (a pixel that is 0 in every image) decays by the momentum
+// factor each step through float32's subnormal range, and a 784 x 256 Mul of
+// such values takes 1.6 ms where it takes 20 us. With AVX-512 these steps run
+// 16 floats at a time, and a block holding a subnormal operand is computed
+// in double and rounded once to float: a product of two floats is exact in
+// double, and a quotient or square root rounded to double and then to float
+// is the correctly rounded float (double has more than twice float's
+// precision, plus 2 bits), so the bits are those of the float operation
+// either way. (A compiler folds the scalar form back into a float operation,
+// hence the intrinsics.)
 #ifdef TESSERA_ELEMENTWISE_X86
-__attribute__((target("avx512f"))) inline __m256 productThroughDouble(__m256 a, __m256 b) {
-  // (The zero-masked conversions: the plain ones start from an undefined
-  // register, which g++ 12 reports as maybe uninitialized.)
+struct MulOp {
+  __attribute__((target("avx512f"))) static __m512 inFloat(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
+  __attribute__((target("avx512f"))) static __m512d inDouble(__m512d a, __m512d b) { return _mm512_mul_pd(a, b); }
+  static float scalar(float a, float b) { return a * b; }
+};
+struct DivOp {
+  __attribute__((target("avx512f"))) static __m512 inFloat(__m512 a, __m512 b) { return _mm512_div_ps(a, b); }
+  __attribute__((target("avx512f"))) static __m512d inDouble(__m512d a, __m512d b) { return _mm512_div_pd(a, b); }
+  static float scalar(float a, float b) { return a / b; }
+};
+// Unary: the second operand is the first again.
+struct SqrtOp {
+  __attribute__((target("avx512f"))) static __m512 inFloat(__m512 a, __m512) { return _mm512_maskz_sqrt_ps(0xffff, a); }
+  __attribute__((target("avx512f"))) static __m512d inDouble(__m512d a, __m512d) { return _mm512_maskz_sqrt_pd(0xff, a); }
+  static float scalar(float a, float) { return std::sqrt(a); }
+};
+
+// 8 floats of Op through double. (The zero-masked forms here: the plain ones
+// start from an undefined register, which g++ 12 reports as maybe
+// uninitialized.)
+template <class Op>
+__attribute__((target("avx512f"))) inline __m256 throughDouble(__m256 a, __m256 b) {
   const __mmask8 all = 0xff;
-  return _mm512_maskz_cvtpd_ps(all, _mm512_mul_pd(_mm512_maskz_cvtps_pd(all, a), _mm512_maskz_cvtps_pd(all, b)));
+  return _mm512_maskz_cvtpd_ps(all, Op::inDouble(_mm512_maskz_cvtps_pd(all, a), _mm512_maskz_cvtps_pd(all, b)));
 }
 
-// n floats of x * y; a stride of 0 is a scalar.
-template <int64_t kSx, int64_t kSy>
-__attribute__((target("avx512f"))) void mulThroughDoubleAvx512(float* o, const float* x, const float* y,
-                                                               int64_t n) {
-  const __m256 xs = _mm256_set1_ps(*x);
-  const __m256 ys = _mm256_set1_ps(*y);
+// n floats of Op(x, y); a stride of 0 is a scalar.
+template <class Op, int64_t kSx, int64_t kSy>
+__attribute__((target("avx512f,avx512dq"))) void subnormalSafeAvx512(float* o, const float* x, const float* y,
+                                                                     int64_t n) {
+  constexpr int kSubnormal = 0x20;  // vfpclassps: denormal
+  const __m512 xs = _mm512_set1_ps(*x);
+  const __m512 ys = _mm512_set1_ps(*y);
+  const __m256 xs8 = _mm256_set1_ps(*x);
+  const __m256 ys8 = _mm256_set1_ps(*y);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 a = kSx == 0 ? xs : _mm256_loadu_ps(x + i);
-    const __m256 b = kSy == 0 ? ys : _mm256_loadu_ps(y + i);
-    _mm256_storeu_ps(o + i, productThroughDouble(a, b));
+  for (; i + 16 <= n; i += 16) {
+    const __m512 a = kSx == 0 ? xs : _mm512_loadu_ps(x + i);
+    const __m512 b = kSy == 0 ? ys : _mm512_loadu_ps(y + i);
+    if ((_mm512_fpclass_ps_mask(a, kSubnormal) | _mm512_fpclass_ps_mask(b, kSubnormal)) == 0) {
+      _mm512_storeu_ps(o + i, Op::inFloat(a, b));
+      continue;
+    }
+    for (int64_t h = i; h < i + 16; h += 8) {
+      const __m256 ha = kSx == 0 ? xs8 : _mm256_loadu_ps(x + h);
+      const __m256 hb = kSy == 0 ? ys8 : _mm256_loadu_ps(y + h);
+      _mm256_storeu_ps(o + h, throughDouble<Op>(ha, hb));
+    }
   }
-  for (; i < n; ++i) o[i] = x[i * kSx] * y[i * kSy];
+  for (; i < n; ++i) o[i] = Op::scalar(x[i * kSx], y[i * kSy]);
 }
 
 bool cpuHasAvx512() {
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
+    return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512dq") != 0;
   }();
   return has;
 }
 #endif
 
-void mulTile(const Step& s, const TileOperands& t, int64_t n) {
+template <class Op, class F>
+void subnormalSafeBinaryTile(const Step& s, const TileOperands& t, int64_t n) {
 #ifdef TESSERA_ELEMENTWISE_X86
   const int64_t sx = s.tileStride[0];
   const int64_t sy = s.tileStride[1];
   if (cpuHasAvx512()) {
-    if (sx == 1 && sy == 1) return mulThroughDoubleAvx512<1, 1>(t.out, t.in[0], t.in[1], n);
-    if (sx == 1 && sy == 0) return mulThroughDoubleAvx512<1, 0>(t.out, t.in[0], t.in[1], n);
-    if (sx == 0 && sy == 1) return mulThroughDoubleAvx512<0, 1>(t.out, t.in[0], t.in[1], n);
+    if (sx == 1 && sy == 1) return subnormalSafeAvx512<Op, 1, 1>(t.out, t.in[0], t.in[1], n);
+    if (sx == 1 && sy == 0) return subnormalSafeAvx512<Op, 1, 0>(t.out, t.in[0], t.in[1], n);
+    if (sx == 0 && sy == 1) return subnormalSafeAvx512<Op, 0, 1>(t.out, t.in[0], t.in[1], n);
   }
 #endif
-  binaryTile<MulF>(s, t, n);
+  binaryTile<F>(s, t, n);
+}
+
+template <class Op, class F>
+void subnormalSafeUnaryTile(const Step& s, const TileOperands& t, int64_t n) {
+#ifdef TESSERA_ELEMENTWISE_X86
+  if (cpuHasAvx512() && s.tileStride[0] == 1) return subnormalSafeAvx512<Op, 1, 1>(t.out, t.in[0], t.in[0], n);
+#endif
+  unaryTile<F>(s, t, n);
 }
 
 void scaledAddKernel(const Step& s) {
@@ -305,9 +347,11 @@ void addElementwiseKernels(KernelTable& table) {
   table.add(binaryKernelsWithDouble<AddF>(OpKind::Add));
   table.add(binaryKernelsWithDouble<SubF>(OpKind::Sub));
   KernelDef mul = binaryKernelsWithDouble<MulF>(OpKind::Mul);
-  mul.tile = mulTile;
+  mul.tile = subnormalSafeBinaryTile<MulOp, MulF>;
   table.add(mul);
-  table.add(binaryKernelsWithDouble<DivF>(OpKind::Div));
+  KernelDef div = binaryKernelsWithDouble<DivF>(OpKind::Div);
+  div.tile = subnormalSafeBinaryTile<DivOp, DivF>;
+  table.add(div);
   table.add(binaryKernels<ReluGradF>(OpKind::ReluGrad));
   table.add(binaryKernels<GeluGradF>(OpKind::GeluGrad));
   table.add(unaryKernelsWithDouble<NegF>(OpKind::Neg));
@@ -317,7 +361,9 @@ void addElementwiseKernels(KernelTable& table) {
   table.add(unaryKernelsWithDouble<SigmoidF>(OpKind::Sigmoid));
   table.add(unaryKernelsWithDouble<ExpF>(OpKind::Exp));
   table.add(unaryKernelsWithDouble<LogF>(OpKind::Log));
-  table.add(unaryKernelsWithDouble<SqrtF>(OpKind::Sqrt));
+  KernelDef sqrt = unaryKernelsWithDouble<SqrtF>(OpKind::Sqrt);
+  sqrt.tile = subnormalSafeUnaryTile<SqrtOp, SqrtF>;
+  table.add(sqrt);
   table.add(unaryKernelsWithDouble<AbsF>(OpKind::Abs));
   table.add(unaryKernelsWithDouble<SignF>(OpKind::Sign));
   table.add(unaryKernels<ErfF>(OpKind::Erf));

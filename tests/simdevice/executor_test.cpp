@@ -1054,7 +1054,9 @@ namespace {
 
 // Floats of every class from their bits: subnormals, normals near the bottom
 // of the range and near the top (products underflow, round into the
-// subnormals and overflow), zeros of both signs, infinities and NaNs.
+// subnormals and overflow), zeros of both signs, infinities and NaNs. Every
+// third block of 16 holds normals around 1 only (the kernels treat blocks
+// without subnormals apart).
 std::vector<float> floatsOfEveryClass(std::size_t n, uint64_t seed) {
   std::vector<float> out(n);
   uint64_t state = seed * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -1064,7 +1066,7 @@ std::vector<float> floatsOfEveryClass(std::size_t n, uint64_t seed) {
     const uint32_t sign = bits & 0x80000000u;
     const uint32_t mantissa = bits & 0x007fffffu;
     uint32_t exponent = 0;
-    switch ((state >> 20) % 8) {
+    switch ((i / 16) % 3 == 0 ? 3 : (state >> 20) % 8) {
       case 0: exponent = 0; break;                        // subnormal
       case 1: case 2: exponent = 1 + (bits >> 23) % 40; break;  // tiny
       case 3: case 4: exponent = 100 + (bits >> 23) % 50; break;  // around 1
@@ -1087,11 +1089,11 @@ bool sameFloat(float got, float want) {
 
 }  // namespace
 
-TEST_CASE("Mul and ScaledAddInplace in chains give the float formulas' bits, subnormal results included") {
-  // Mul runs through double on AVX-512 (no microcode assist for subnormal
-  // results) and ScaledAddInplace vectorized: both must keep the bits of
-  // the scalar formulas at every tail length, with tensor and scalar
-  // operands.
+TEST_CASE("Mul, Div, Sqrt and ScaledAddInplace in chains keep the float operations' bits, subnormals included") {
+  // On AVX-512, Mul, Div and Sqrt take blocks with a subnormal operand
+  // through double (no microcode assist) and ScaledAddInplace runs
+  // vectorized: all must keep the bits of the scalar float operations at
+  // every tail length, with tensor and scalar operands.
   for (const int64_t n : {1, 7, 8, 9, 15, 17, 1031}) {
     CAPTURE(n);
     Graph g{1};
@@ -1103,6 +1105,9 @@ TEST_CASE("Mul and ScaledAddInplace in chains give the float formulas' bits, sub
     Tensor both = ops::mul(x, y);
     Tensor scaled = ops::mul(x, ops::scalar(g, factor));
     Tensor scaledFirst = ops::mul(ops::scalar(g, 3.0e-30f), y);
+    Tensor quotient = ops::div(x, y);
+    Tensor quotientScalar = ops::div(x, ops::scalar(g, 3.0e10f));
+    Tensor root = ops::sqrt(y);
     Tensor moved = ops::scaledAddInplace(w, scaled, 0.75, -0.1);
     std::map<TensorId, std::vector<float>> feeds;
     feeds[x.id()] = floatsOfEveryClass(static_cast<std::size_t>(n), 1);
@@ -1117,6 +1122,9 @@ TEST_CASE("Mul and ScaledAddInplace in chains give the float formulas' bits, sub
     const std::vector<float> gotScaled = test::deviceValue(*device.executable, g, scaled.id(), 0);
     const std::vector<float> gotFirst = test::deviceValue(*device.executable, g, scaledFirst.id(), 0);
     const std::vector<float> gotMoved = test::deviceValue(*device.executable, g, moved.id(), 0);
+    const std::vector<float> gotQuotient = test::deviceValue(*device.executable, g, quotient.id(), 0);
+    const std::vector<float> gotQuotientScalar = test::deviceValue(*device.executable, g, quotientScalar.id(), 0);
+    const std::vector<float> gotRoot = test::deviceValue(*device.executable, g, root.id(), 0);
     REQUIRE(gotBoth.size() == static_cast<std::size_t>(n));
     REQUIRE(gotMoved.size() == static_cast<std::size_t>(n));
     int subnormalResults = 0;
@@ -1130,9 +1138,13 @@ TEST_CASE("Mul and ScaledAddInplace in chains give the float formulas' bits, sub
       REQUIRE(sameFloat(gotScaled[i], scaledWant));
       REQUIRE(sameFloat(gotFirst[i], 3.0e-30f * ys[i]));
       REQUIRE(sameFloat(gotMoved[i], static_cast<float>(a + b)));
-      if (std::fpclassify(gotBoth[i]) == FP_SUBNORMAL) ++subnormalResults;
+      REQUIRE(sameFloat(gotQuotient[i], xs[i] / ys[i]));
+      REQUIRE(sameFloat(gotQuotientScalar[i], xs[i] / 3.0e10f));
+      REQUIRE(sameFloat(gotRoot[i], std::sqrt(ys[i])));
+      for (const float v : {gotBoth[i], gotQuotient[i], gotQuotientScalar[i]})
+        if (std::fpclassify(v) == FP_SUBNORMAL) ++subnormalResults;
     }
-    if (n == 1031) CHECK(subnormalResults > 20);
+    if (n == 1031) CHECK(subnormalResults > 100);
   }
 }
 
