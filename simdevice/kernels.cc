@@ -63,6 +63,14 @@ void roundToHalfKernel(const Step& s) {
   }
 }
 
+void copyTile(const Step& s, const TileOperands& t, int64_t n) {
+  if (s.tileStride[0] == 0) {
+    std::fill_n(t.out, n, t.in[0][0]);
+  } else if (t.out != t.in[0]) {
+    std::memmove(t.out, t.in[0], static_cast<std::size_t>(n) * sizeof(float));
+  }
+}
+
 void roundToHalfTile(const Step& s, const TileOperands& t, int64_t n) {
   if (s.tileStride[0] == 1) {
     roundToHalves(t.in[0], t.out, static_cast<std::size_t>(n));

@@ -302,6 +302,11 @@ void zeroRun(const Step& s, const Run& run);
 void roundToHalfKernel(const Step& s);
 void roundToHalfTile(const Step& s, const TileOperands& t, int64_t n);
 
+// The flat step of the copies (Copy, CopyInplace, Reshape, BroadcastTo and
+// casts that keep the float slots): a block copy, nothing when the output is
+// the input, or the scalar repeated.
+void copyTile(const Step& s, const TileOperands& t, int64_t n);
+
 // A strided kernel computing F per element of one input, or of two.
 template <class F>
 void unaryKernel(const Step& s) {

@@ -161,32 +161,60 @@ struct ClipGradF {
   float operator()(float dy, float x, float lo, float hi) const { return x >= lo && x <= hi ? dy : 0.0f; }
 };
 
-// Mul's, Div's and Sqrt's flat steps. An x86 core takes a microcode assist
-// of about 150 cycles for every multiply, division or square root that
-// reads a subnormal float (or makes one): the momentum of a weight that gets
-// no gradient (a pixel that is 0 in every image) decays by the momentum
-// factor each step through float32's subnormal range, and a 784 x 256 Mul of
-// such values takes 1.6 ms where it takes 20 us. With AVX-512 these steps run
-// 16 floats at a time, and a block holding a subnormal operand is computed
-// in double and rounded once to float: a product of two floats is exact in
+// The flat steps (chains' tiles) of the hottest ops run 16 floats at a time
+// on AVX-512: Add, Sub, Relu, ReluGrad, Mul, Div and Sqrt (the build targets
+// baseline x86-64, so the portable tiles use 4). An x86 core also takes a
+// microcode assist of about 150 cycles for every multiply, division or
+// square root that reads a subnormal float (or makes one): the momentum of a
+// weight that gets no gradient (a pixel that is 0 in every image) decays by
+// the momentum factor each step through float32's subnormal range, and a
+// 784 x 256 Mul of such values took 1.6 ms where it takes 20 us. A block of
+// Mul, Div or Sqrt holding a subnormal operand is therefore computed in
+// double and rounded once to float: a product of two floats is exact in
 // double, and a quotient or square root rounded to double and then to float
 // is the correctly rounded float (double has more than twice float's
 // precision, plus 2 bits), so the bits are those of the float operation
 // either way. (A compiler folds the scalar form back into a float operation,
 // hence the intrinsics.)
 #ifdef TESSERA_ELEMENTWISE_X86
+// The ops' vector forms (Op::inFloat, and Op::inDouble where a subnormal
+// operand takes an assist) and scalar forms for the tails.
+struct AddOp {
+  __attribute__((target("avx512f"))) static __m512 inFloat(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
+  static float scalar(float a, float b) { return a + b; }
+};
+struct SubOp {
+  __attribute__((target("avx512f"))) static __m512 inFloat(__m512 a, __m512 b) { return _mm512_sub_ps(a, b); }
+  static float scalar(float a, float b) { return a - b; }
+};
+// ReluGrad(dy, x): dy where x > 0 (false for NaN), else 0.
+struct ReluGradOp {
+  __attribute__((target("avx512f"))) static __m512 inFloat(__m512 dy, __m512 x) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), dy);
+  }
+  static float scalar(float dy, float x) { return ReluGradF{}(dy, x); }
+};
+// Unary ops: the second operand is the first again.
+struct ReluOp {
+  __attribute__((target("avx512f"))) static __m512 inFloat(__m512 x, __m512) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), x);
+  }
+  static float scalar(float x, float) { return ReluF{}(x); }
+};
 struct MulOp {
+  static constexpr bool kSubnormalAssist = true;
   __attribute__((target("avx512f"))) static __m512 inFloat(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
   __attribute__((target("avx512f"))) static __m512d inDouble(__m512d a, __m512d b) { return _mm512_mul_pd(a, b); }
   static float scalar(float a, float b) { return a * b; }
 };
 struct DivOp {
+  static constexpr bool kSubnormalAssist = true;
   __attribute__((target("avx512f"))) static __m512 inFloat(__m512 a, __m512 b) { return _mm512_div_ps(a, b); }
   __attribute__((target("avx512f"))) static __m512d inDouble(__m512d a, __m512d b) { return _mm512_div_pd(a, b); }
   static float scalar(float a, float b) { return a / b; }
 };
-// Unary: the second operand is the first again.
 struct SqrtOp {
+  static constexpr bool kSubnormalAssist = true;
   __attribute__((target("avx512f"))) static __m512 inFloat(__m512 a, __m512) { return _mm512_maskz_sqrt_ps(0xffff, a); }
   __attribute__((target("avx512f"))) static __m512d inDouble(__m512d a, __m512d) { return _mm512_maskz_sqrt_pd(0xff, a); }
   static float scalar(float a, float) { return std::sqrt(a); }
@@ -201,10 +229,13 @@ __attribute__((target("avx512f"))) inline __m256 throughDouble(__m256 a, __m256 
   return _mm512_maskz_cvtpd_ps(all, Op::inDouble(_mm512_maskz_cvtps_pd(all, a), _mm512_maskz_cvtps_pd(all, b)));
 }
 
+template <class Op>
+concept AssistsOnSubnormals = Op::kSubnormalAssist;
+
 // n floats of Op(x, y); a stride of 0 is a scalar.
 template <class Op, int64_t kSx, int64_t kSy>
-__attribute__((target("avx512f,avx512dq"))) void subnormalSafeAvx512(float* o, const float* x, const float* y,
-                                                                     int64_t n) {
+__attribute__((target("avx512f,avx512dq"))) void vectorAvx512(float* o, const float* x, const float* y,
+                                                              int64_t n) {
   constexpr int kSubnormal = 0x20;  // vfpclassps: denormal
   const __m512 xs = _mm512_set1_ps(*x);
   const __m512 ys = _mm512_set1_ps(*y);
@@ -214,15 +245,17 @@ __attribute__((target("avx512f,avx512dq"))) void subnormalSafeAvx512(float* o, c
   for (; i + 16 <= n; i += 16) {
     const __m512 a = kSx == 0 ? xs : _mm512_loadu_ps(x + i);
     const __m512 b = kSy == 0 ? ys : _mm512_loadu_ps(y + i);
-    if ((_mm512_fpclass_ps_mask(a, kSubnormal) | _mm512_fpclass_ps_mask(b, kSubnormal)) == 0) {
-      _mm512_storeu_ps(o + i, Op::inFloat(a, b));
-      continue;
+    if constexpr (AssistsOnSubnormals<Op>) {
+      if ((_mm512_fpclass_ps_mask(a, kSubnormal) | _mm512_fpclass_ps_mask(b, kSubnormal)) != 0) {
+        for (int64_t h = i; h < i + 16; h += 8) {
+          const __m256 ha = kSx == 0 ? xs8 : _mm256_loadu_ps(x + h);
+          const __m256 hb = kSy == 0 ? ys8 : _mm256_loadu_ps(y + h);
+          _mm256_storeu_ps(o + h, throughDouble<Op>(ha, hb));
+        }
+        continue;
+      }
     }
-    for (int64_t h = i; h < i + 16; h += 8) {
-      const __m256 ha = kSx == 0 ? xs8 : _mm256_loadu_ps(x + h);
-      const __m256 hb = kSy == 0 ? ys8 : _mm256_loadu_ps(y + h);
-      _mm256_storeu_ps(o + h, throughDouble<Op>(ha, hb));
-    }
+    _mm512_storeu_ps(o + i, Op::inFloat(a, b));
   }
   for (; i < n; ++i) o[i] = Op::scalar(x[i * kSx], y[i * kSy]);
 }
@@ -237,23 +270,23 @@ bool cpuHasAvx512() {
 #endif
 
 template <class Op, class F>
-void subnormalSafeBinaryTile(const Step& s, const TileOperands& t, int64_t n) {
+void vectorBinaryTile(const Step& s, const TileOperands& t, int64_t n) {
 #ifdef TESSERA_ELEMENTWISE_X86
   const int64_t sx = s.tileStride[0];
   const int64_t sy = s.tileStride[1];
   if (cpuHasAvx512()) {
-    if (sx == 1 && sy == 1) return subnormalSafeAvx512<Op, 1, 1>(t.out, t.in[0], t.in[1], n);
-    if (sx == 1 && sy == 0) return subnormalSafeAvx512<Op, 1, 0>(t.out, t.in[0], t.in[1], n);
-    if (sx == 0 && sy == 1) return subnormalSafeAvx512<Op, 0, 1>(t.out, t.in[0], t.in[1], n);
+    if (sx == 1 && sy == 1) return vectorAvx512<Op, 1, 1>(t.out, t.in[0], t.in[1], n);
+    if (sx == 1 && sy == 0) return vectorAvx512<Op, 1, 0>(t.out, t.in[0], t.in[1], n);
+    if (sx == 0 && sy == 1) return vectorAvx512<Op, 0, 1>(t.out, t.in[0], t.in[1], n);
   }
 #endif
   binaryTile<F>(s, t, n);
 }
 
 template <class Op, class F>
-void subnormalSafeUnaryTile(const Step& s, const TileOperands& t, int64_t n) {
+void vectorUnaryTile(const Step& s, const TileOperands& t, int64_t n) {
 #ifdef TESSERA_ELEMENTWISE_X86
-  if (cpuHasAvx512() && s.tileStride[0] == 1) return subnormalSafeAvx512<Op, 1, 1>(t.out, t.in[0], t.in[0], n);
+  if (cpuHasAvx512() && s.tileStride[0] == 1) return vectorAvx512<Op, 1, 1>(t.out, t.in[0], t.in[0], n);
 #endif
   unaryTile<F>(s, t, n);
 }
@@ -344,25 +377,33 @@ KernelDef binaryParamKernels(OpKind kind) {
 }  // namespace
 
 void addElementwiseKernels(KernelTable& table) {
-  table.add(binaryKernelsWithDouble<AddF>(OpKind::Add));
-  table.add(binaryKernelsWithDouble<SubF>(OpKind::Sub));
+  KernelDef add = binaryKernelsWithDouble<AddF>(OpKind::Add);
+  add.tile = vectorBinaryTile<AddOp, AddF>;
+  table.add(add);
+  KernelDef subtract = binaryKernelsWithDouble<SubF>(OpKind::Sub);
+  subtract.tile = vectorBinaryTile<SubOp, SubF>;
+  table.add(subtract);
   KernelDef mul = binaryKernelsWithDouble<MulF>(OpKind::Mul);
-  mul.tile = subnormalSafeBinaryTile<MulOp, MulF>;
+  mul.tile = vectorBinaryTile<MulOp, MulF>;
   table.add(mul);
   KernelDef div = binaryKernelsWithDouble<DivF>(OpKind::Div);
-  div.tile = subnormalSafeBinaryTile<DivOp, DivF>;
+  div.tile = vectorBinaryTile<DivOp, DivF>;
   table.add(div);
-  table.add(binaryKernels<ReluGradF>(OpKind::ReluGrad));
+  KernelDef reluGrad = binaryKernels<ReluGradF>(OpKind::ReluGrad);
+  reluGrad.tile = vectorBinaryTile<ReluGradOp, ReluGradF>;
+  table.add(reluGrad);
   table.add(binaryKernels<GeluGradF>(OpKind::GeluGrad));
   table.add(unaryKernelsWithDouble<NegF>(OpKind::Neg));
-  table.add(unaryKernelsWithDouble<ReluF>(OpKind::Relu));
+  KernelDef relu = unaryKernelsWithDouble<ReluF>(OpKind::Relu);
+  relu.tile = vectorUnaryTile<ReluOp, ReluF>;
+  table.add(relu);
   table.add(unaryKernels<GeluF>(OpKind::Gelu));
   table.add(unaryKernelsWithDouble<TanhF>(OpKind::Tanh));
   table.add(unaryKernelsWithDouble<SigmoidF>(OpKind::Sigmoid));
   table.add(unaryKernelsWithDouble<ExpF>(OpKind::Exp));
   table.add(unaryKernelsWithDouble<LogF>(OpKind::Log));
   KernelDef sqrt = unaryKernelsWithDouble<SqrtF>(OpKind::Sqrt);
-  sqrt.tile = subnormalSafeUnaryTile<SqrtOp, SqrtF>;
+  sqrt.tile = vectorUnaryTile<SqrtOp, SqrtF>;
   table.add(sqrt);
   table.add(unaryKernelsWithDouble<AbsF>(OpKind::Abs));
   table.add(unaryKernelsWithDouble<SignF>(OpKind::Sign));
@@ -388,12 +429,12 @@ void addElementwiseKernels(KernelTable& table) {
                    planner.emit(std::move(step));
                  },
              .tile = scaledAddTile});
-  table.add({.kind = OpKind::Copy, .plan = planCopy, .tile = unaryTile<IdentityF>, .planFloat64 = planCopy});
+  table.add({.kind = OpKind::Copy, .plan = planCopy, .tile = copyTile, .planFloat64 = planCopy});
   // (dst, src): the source is copied into the destination's storage.
   table.add(
       {.kind = OpKind::CopyInplace,
        .plan = [](StepPlanner& planner, Step& step) { planFlatCopy(planner, step, planner.op().inputs[1]); },
-       .tile = unaryTile<IdentityF>});
+       .tile = copyTile});
 }
 
 }  // namespace tessera::sim

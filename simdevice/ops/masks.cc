@@ -126,6 +126,7 @@ void addMaskKernels(KernelTable& table) {
   toInt32.planFloat64 = planBroadcast<unaryDoubleKernel<TruncNarrowF>>;
   table.add(toInt32);
   KernelDef toFloat32 = unaryKernels<IdentityF>(OpKind::CastToFloat32);
+  toFloat32.tile = copyTile;
   toFloat32.planFloat64 = planBroadcast<unaryDoubleKernel<NarrowF>>;
   table.add(toFloat32);
   table.add({.kind = OpKind::CastToFloat64, .planFloat64 = planBroadcast<unaryDoubleKernel<WidenF, float>>});

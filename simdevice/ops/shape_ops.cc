@@ -75,9 +75,11 @@ void planConcat(StepPlanner& planner, Step& step) {
 void addShapeKernels(KernelTable& table) {
   table.add({.kind = OpKind::Reshape,
              .plan = planReshape,
-             .tile = unaryTile<IdentityF>,
+             .tile = copyTile,
              .planFloat64 = planReshape});
-  table.add(unaryKernelsWithDouble<IdentityF>(OpKind::BroadcastTo));
+  KernelDef broadcast = unaryKernelsWithDouble<IdentityF>(OpKind::BroadcastTo);
+  broadcast.tile = copyTile;
+  table.add(broadcast);
   table.add({.kind = OpKind::Transpose, .plan = planTranspose<false>, .planFloat64 = planTranspose<true>});
   table.add({.kind = OpKind::Slice, .plan = planSlice<false>, .planFloat64 = planSlice<true>});
   table.add({.kind = OpKind::SlicePad, .plan = planSlicePad});

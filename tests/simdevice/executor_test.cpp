@@ -1089,11 +1089,12 @@ bool sameFloat(float got, float want) {
 
 }  // namespace
 
-TEST_CASE("Mul, Div, Sqrt and ScaledAddInplace in chains keep the float operations' bits, subnormals included") {
-  // On AVX-512, Mul, Div and Sqrt take blocks with a subnormal operand
-  // through double (no microcode assist) and ScaledAddInplace runs
-  // vectorized: all must keep the bits of the scalar float operations at
-  // every tail length, with tensor and scalar operands.
+TEST_CASE("the vectorized flat steps keep the scalar float operations' bits, subnormals included") {
+  // On AVX-512, the flat steps of Add, Sub, Mul, Div, Sqrt, Relu, ReluGrad
+  // and ScaledAddInplace run 16 floats at a time, and Mul, Div and Sqrt take
+  // blocks with a subnormal operand through double (no microcode assist);
+  // copies are block copies. All must keep the bits of the scalar float
+  // operations at every tail length, with tensor and scalar operands.
   for (const int64_t n : {1, 7, 8, 9, 15, 17, 1031}) {
     CAPTURE(n);
     Graph g{1};
@@ -1108,6 +1109,11 @@ TEST_CASE("Mul, Div, Sqrt and ScaledAddInplace in chains keep the float operatio
     Tensor quotient = ops::div(x, y);
     Tensor quotientScalar = ops::div(x, ops::scalar(g, 3.0e10f));
     Tensor root = ops::sqrt(y);
+    Tensor sum = ops::add(x, y);
+    Tensor difference = ops::sub(ops::scalar(g, 1.5f), y);
+    Tensor rectified = ops::relu(x);
+    Tensor masked{&g, g.op(g.addOp(OpKind::ReluGrad, {y.id(), x.id()})).outputs[0]};
+    Tensor copied = ops::copy(ops::reshape(y, {1, n}));
     Tensor moved = ops::scaledAddInplace(w, scaled, 0.75, -0.1);
     std::map<TensorId, std::vector<float>> feeds;
     feeds[x.id()] = floatsOfEveryClass(static_cast<std::size_t>(n), 1);
@@ -1125,6 +1131,11 @@ TEST_CASE("Mul, Div, Sqrt and ScaledAddInplace in chains keep the float operatio
     const std::vector<float> gotQuotient = test::deviceValue(*device.executable, g, quotient.id(), 0);
     const std::vector<float> gotQuotientScalar = test::deviceValue(*device.executable, g, quotientScalar.id(), 0);
     const std::vector<float> gotRoot = test::deviceValue(*device.executable, g, root.id(), 0);
+    const std::vector<float> gotSum = test::deviceValue(*device.executable, g, sum.id(), 0);
+    const std::vector<float> gotDifference = test::deviceValue(*device.executable, g, difference.id(), 0);
+    const std::vector<float> gotRectified = test::deviceValue(*device.executable, g, rectified.id(), 0);
+    const std::vector<float> gotMasked = test::deviceValue(*device.executable, g, masked.id(), 0);
+    const std::vector<float> gotCopied = test::deviceValue(*device.executable, g, copied.id(), 0);
     REQUIRE(gotBoth.size() == static_cast<std::size_t>(n));
     REQUIRE(gotMoved.size() == static_cast<std::size_t>(n));
     int subnormalResults = 0;
@@ -1141,6 +1152,12 @@ TEST_CASE("Mul, Div, Sqrt and ScaledAddInplace in chains keep the float operatio
       REQUIRE(sameFloat(gotQuotient[i], xs[i] / ys[i]));
       REQUIRE(sameFloat(gotQuotientScalar[i], xs[i] / 3.0e10f));
       REQUIRE(sameFloat(gotRoot[i], std::sqrt(ys[i])));
+      REQUIRE(sameFloat(gotSum[i], xs[i] + ys[i]));
+      REQUIRE(sameFloat(gotDifference[i], 1.5f - ys[i]));
+      REQUIRE(sameFloat(gotRectified[i], xs[i] > 0.0f ? xs[i] : 0.0f));
+      REQUIRE(sameFloat(gotMasked[i], xs[i] > 0.0f ? ys[i] : 0.0f));
+      // A copy keeps NaN payloads too.
+      REQUIRE(std::bit_cast<uint32_t>(gotCopied[i]) == std::bit_cast<uint32_t>(ys[i]));
       for (const float v : {gotBoth[i], gotQuotient[i], gotQuotientScalar[i]})
         if (std::fpclassify(v) == FP_SUBNORMAL) ++subnormalResults;
     }
