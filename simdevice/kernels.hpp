@@ -219,13 +219,15 @@ void inner(int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1
   for (int64_t i = 0; i < n; ++i) f(o0 + i * s0, o1 + i * s1, o2 + i * s2);
 }
 
-// Calls f(outOffset, in0Offset, in1Offset) for every point of the loop.
-template <class F>
-void forEach(const StridedLoop& loop, F&& f) {
+// Calls row(n, s0, s1, s2, o0, o1, o2) for every row of the loop's innermost
+// dimension: n points from offsets o0 (output), o1 and o2 (inputs) with
+// strides s0, s1 and s2. A loop of rank 0 is one row of one point.
+template <class Row>
+void forEachRow(const StridedLoop& loop, Row&& row) {
   for (int d = 0; d < loop.rank; ++d)
     if (loop.size[static_cast<std::size_t>(d)] == 0) return;
   if (loop.rank == 0) {
-    f(int64_t{0}, int64_t{0}, int64_t{0});
+    row(int64_t{1}, int64_t{0}, int64_t{0}, int64_t{0}, int64_t{0}, int64_t{0}, int64_t{0});
     return;
   }
   const auto innermost = static_cast<std::size_t>(loop.rank - 1);
@@ -238,7 +240,7 @@ void forEach(const StridedLoop& loop, F&& f) {
   int64_t o1 = 0;
   int64_t o2 = 0;
   for (;;) {
-    inner(n, s0, s1, s2, o0, o1, o2, f);
+    row(n, s0, s1, s2, o0, o1, o2);
     std::size_t d = innermost;
     for (;;) {
       if (d == 0) return;
@@ -255,6 +257,14 @@ void forEach(const StridedLoop& loop, F&& f) {
       index[d] = 0;
     }
   }
+}
+
+// Calls f(outOffset, in0Offset, in1Offset) for every point of the loop.
+template <class F>
+void forEach(const StridedLoop& loop, F&& f) {
+  forEachRow(loop, [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
+    inner(n, s0, s1, s2, o0, o1, o2, f);
+  });
 }
 
 // Calls f(outOffset, in0Offset, in1Offset, in2Offset) for every point of

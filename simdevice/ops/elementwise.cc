@@ -269,26 +269,71 @@ bool cpuHasAvx512() {
 }
 #endif
 
+// Runs n points of Op with output stride 1 and input strides sx and sy (1,
+// or 0 for a scalar) vectorized when the CPU can; false when it cannot.
+template <class Op>
+bool vectorRow(float* o, const float* x, const float* y, int64_t n, int64_t sx, int64_t sy) {
+#ifdef TESSERA_ELEMENTWISE_X86
+  if (!cpuHasAvx512()) return false;
+  if (sx == 1 && sy == 1) return vectorAvx512<Op, 1, 1>(o, x, y, n), true;
+  if (sx == 1 && sy == 0) return vectorAvx512<Op, 1, 0>(o, x, y, n), true;
+  if (sx == 0 && sy == 1) return vectorAvx512<Op, 0, 1>(o, x, y, n), true;
+#else
+  (void)o, (void)x, (void)y, (void)n, (void)sx, (void)sy;
+#endif
+  return false;
+}
+
+// Op's strided kernels and flat steps (unary ops: the input is read as both
+// operands), falling back on F's.
+template <class Op, class F>
+void vectorBinaryKernel(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* x = inOf(s, run, 0);
+    const float* y = inOf(s, run, 1);
+    const auto f = [&](int64_t io, int64_t ix, int64_t iy) { o[io] = F{}(x[ix], y[iy]); };
+    forEachRow(run.loop, [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
+      if (s0 != 1 || !vectorRow<Op>(o + o0, x + o1, y + o2, n, s1, s2)) inner(n, s0, s1, s2, o0, o1, o2, f);
+    });
+  }
+}
+
+template <class Op, class F>
+void vectorUnaryKernel(const Step& s) {
+  for (const Run& run : s.runs) {
+    float* o = outOf(s, run);
+    const float* x = inOf(s, run, 0);
+    const auto f = [&](int64_t io, int64_t ix, int64_t) { o[io] = F{}(x[ix]); };
+    forEachRow(run.loop, [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
+      if (s0 != 1 || s1 != 1 || !vectorRow<Op>(o + o0, x + o1, x + o1, n, 1, 1)) inner(n, s0, s1, s2, o0, o1, o2, f);
+    });
+  }
+}
+
 template <class Op, class F>
 void vectorBinaryTile(const Step& s, const TileOperands& t, int64_t n) {
-#ifdef TESSERA_ELEMENTWISE_X86
-  const int64_t sx = s.tileStride[0];
-  const int64_t sy = s.tileStride[1];
-  if (cpuHasAvx512()) {
-    if (sx == 1 && sy == 1) return vectorAvx512<Op, 1, 1>(t.out, t.in[0], t.in[1], n);
-    if (sx == 1 && sy == 0) return vectorAvx512<Op, 1, 0>(t.out, t.in[0], t.in[1], n);
-    if (sx == 0 && sy == 1) return vectorAvx512<Op, 0, 1>(t.out, t.in[0], t.in[1], n);
-  }
-#endif
-  binaryTile<F>(s, t, n);
+  if (!vectorRow<Op>(t.out, t.in[0], t.in[1], n, s.tileStride[0], s.tileStride[1])) binaryTile<F>(s, t, n);
 }
 
 template <class Op, class F>
 void vectorUnaryTile(const Step& s, const TileOperands& t, int64_t n) {
-#ifdef TESSERA_ELEMENTWISE_X86
-  if (cpuHasAvx512() && s.tileStride[0] == 1) return vectorAvx512<Op, 1, 1>(t.out, t.in[0], t.in[0], n);
-#endif
-  unaryTile<F>(s, t, n);
+  if (s.tileStride[0] != 1 || !vectorRow<Op>(t.out, t.in[0], t.in[0], n, 1, 1)) unaryTile<F>(s, t, n);
+}
+
+// `def` (F's kernels) with Op's strided kernel and flat step.
+template <class Op, class F>
+KernelDef vectorBinary(KernelDef def) {
+  def.plan = planBroadcast<vectorBinaryKernel<Op, F>>;
+  def.tile = vectorBinaryTile<Op, F>;
+  return def;
+}
+
+template <class Op, class F>
+KernelDef vectorUnary(KernelDef def) {
+  def.plan = planBroadcast<vectorUnaryKernel<Op, F>>;
+  def.tile = vectorUnaryTile<Op, F>;
+  return def;
 }
 
 void scaledAddKernel(const Step& s) {
@@ -377,34 +422,20 @@ KernelDef binaryParamKernels(OpKind kind) {
 }  // namespace
 
 void addElementwiseKernels(KernelTable& table) {
-  KernelDef add = binaryKernelsWithDouble<AddF>(OpKind::Add);
-  add.tile = vectorBinaryTile<AddOp, AddF>;
-  table.add(add);
-  KernelDef subtract = binaryKernelsWithDouble<SubF>(OpKind::Sub);
-  subtract.tile = vectorBinaryTile<SubOp, SubF>;
-  table.add(subtract);
-  KernelDef mul = binaryKernelsWithDouble<MulF>(OpKind::Mul);
-  mul.tile = vectorBinaryTile<MulOp, MulF>;
-  table.add(mul);
-  KernelDef div = binaryKernelsWithDouble<DivF>(OpKind::Div);
-  div.tile = vectorBinaryTile<DivOp, DivF>;
-  table.add(div);
-  KernelDef reluGrad = binaryKernels<ReluGradF>(OpKind::ReluGrad);
-  reluGrad.tile = vectorBinaryTile<ReluGradOp, ReluGradF>;
-  table.add(reluGrad);
+  table.add(vectorBinary<AddOp, AddF>(binaryKernelsWithDouble<AddF>(OpKind::Add)));
+  table.add(vectorBinary<SubOp, SubF>(binaryKernelsWithDouble<SubF>(OpKind::Sub)));
+  table.add(vectorBinary<MulOp, MulF>(binaryKernelsWithDouble<MulF>(OpKind::Mul)));
+  table.add(vectorBinary<DivOp, DivF>(binaryKernelsWithDouble<DivF>(OpKind::Div)));
+  table.add(vectorBinary<ReluGradOp, ReluGradF>(binaryKernels<ReluGradF>(OpKind::ReluGrad)));
   table.add(binaryKernels<GeluGradF>(OpKind::GeluGrad));
   table.add(unaryKernelsWithDouble<NegF>(OpKind::Neg));
-  KernelDef relu = unaryKernelsWithDouble<ReluF>(OpKind::Relu);
-  relu.tile = vectorUnaryTile<ReluOp, ReluF>;
-  table.add(relu);
+  table.add(vectorUnary<ReluOp, ReluF>(unaryKernelsWithDouble<ReluF>(OpKind::Relu)));
   table.add(unaryKernels<GeluF>(OpKind::Gelu));
   table.add(unaryKernelsWithDouble<TanhF>(OpKind::Tanh));
   table.add(unaryKernelsWithDouble<SigmoidF>(OpKind::Sigmoid));
   table.add(unaryKernelsWithDouble<ExpF>(OpKind::Exp));
   table.add(unaryKernelsWithDouble<LogF>(OpKind::Log));
-  KernelDef sqrt = unaryKernelsWithDouble<SqrtF>(OpKind::Sqrt);
-  sqrt.tile = vectorUnaryTile<SqrtOp, SqrtF>;
-  table.add(sqrt);
+  table.add(vectorUnary<SqrtOp, SqrtF>(unaryKernelsWithDouble<SqrtF>(OpKind::Sqrt)));
   table.add(unaryKernelsWithDouble<AbsF>(OpKind::Abs));
   table.add(unaryKernelsWithDouble<SignF>(OpKind::Sign));
   table.add(unaryKernels<ErfF>(OpKind::Erf));

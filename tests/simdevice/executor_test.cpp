@@ -1089,12 +1089,13 @@ bool sameFloat(float got, float want) {
 
 }  // namespace
 
-TEST_CASE("the vectorized flat steps keep the scalar float operations' bits, subnormals included") {
-  // On AVX-512, the flat steps of Add, Sub, Mul, Div, Sqrt, Relu, ReluGrad
-  // and ScaledAddInplace run 16 floats at a time, and Mul, Div and Sqrt take
-  // blocks with a subnormal operand through double (no microcode assist);
-  // copies are block copies. All must keep the bits of the scalar float
-  // operations at every tail length, with tensor and scalar operands.
+TEST_CASE("the vectorized elementwise kernels keep the scalar float operations' bits, subnormals included") {
+  // On AVX-512, the flat steps and strided rows of Add, Sub, Mul, Div, Sqrt,
+  // Relu and ReluGrad and the flat steps of ScaledAddInplace run 16 floats
+  // at a time, and Mul, Div and Sqrt take blocks with a subnormal operand
+  // through double (no microcode assist); copies are block copies. All must
+  // keep the bits of the scalar float operations at every tail length, with
+  // tensor and scalar operands, fused or not.
   for (const int64_t n : {1, 7, 8, 9, 15, 17, 1031}) {
     CAPTURE(n);
     Graph g{1};
@@ -1115,53 +1116,66 @@ TEST_CASE("the vectorized flat steps keep the scalar float operations' bits, sub
     Tensor masked{&g, g.op(g.addOp(OpKind::ReluGrad, {y.id(), x.id()})).outputs[0]};
     Tensor copied = ops::copy(ops::reshape(y, {1, n}));
     Tensor moved = ops::scaledAddInplace(w, scaled, 0.75, -0.1);
+    // A broadcast (a bias addition): strided rows, never a flat step.
+    Tensor rows = ops::input(g, "rows", {3, n});
+    Tensor biased = ops::add(rows, y);
     std::map<TensorId, std::vector<float>> feeds;
+    feeds[rows.id()] = floatsOfEveryClass(3 * static_cast<std::size_t>(n), 4);
+    const std::vector<float>& rowValues = feeds[rows.id()];
     feeds[x.id()] = floatsOfEveryClass(static_cast<std::size_t>(n), 1);
     feeds[y.id()] = floatsOfEveryClass(static_cast<std::size_t>(n), 2);
     const std::vector<float>& xs = feeds[x.id()];
     const std::vector<float>& ys = feeds[y.id()];
 
-    test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized);
-    CHECK(device.sim->stats().fusedChains >= 1);
-    test::runDevice(*device.executable, feeds);
-    const std::vector<float> gotBoth = test::deviceValue(*device.executable, g, both.id(), 0);
-    const std::vector<float> gotScaled = test::deviceValue(*device.executable, g, scaled.id(), 0);
-    const std::vector<float> gotFirst = test::deviceValue(*device.executable, g, scaledFirst.id(), 0);
-    const std::vector<float> gotMoved = test::deviceValue(*device.executable, g, moved.id(), 0);
-    const std::vector<float> gotQuotient = test::deviceValue(*device.executable, g, quotient.id(), 0);
-    const std::vector<float> gotQuotientScalar = test::deviceValue(*device.executable, g, quotientScalar.id(), 0);
-    const std::vector<float> gotRoot = test::deviceValue(*device.executable, g, root.id(), 0);
-    const std::vector<float> gotSum = test::deviceValue(*device.executable, g, sum.id(), 0);
-    const std::vector<float> gotDifference = test::deviceValue(*device.executable, g, difference.id(), 0);
-    const std::vector<float> gotRectified = test::deviceValue(*device.executable, g, rectified.id(), 0);
-    const std::vector<float> gotMasked = test::deviceValue(*device.executable, g, masked.id(), 0);
-    const std::vector<float> gotCopied = test::deviceValue(*device.executable, g, copied.id(), 0);
-    REQUIRE(gotBoth.size() == static_cast<std::size_t>(n));
-    REQUIRE(gotMoved.size() == static_cast<std::size_t>(n));
-    int subnormalResults = 0;
-    for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
-      CAPTURE(i);
-      const float scaledWant = xs[i] * factor;
-      // Both products rounded to double before the sum, then to float.
-      const double a = static_cast<double>(0.75f) * wInit[i];
-      const double b = static_cast<double>(-0.1f) * scaledWant;
-      REQUIRE(sameFloat(gotBoth[i], xs[i] * ys[i]));
-      REQUIRE(sameFloat(gotScaled[i], scaledWant));
-      REQUIRE(sameFloat(gotFirst[i], 3.0e-30f * ys[i]));
-      REQUIRE(sameFloat(gotMoved[i], static_cast<float>(a + b)));
-      REQUIRE(sameFloat(gotQuotient[i], xs[i] / ys[i]));
-      REQUIRE(sameFloat(gotQuotientScalar[i], xs[i] / 3.0e10f));
-      REQUIRE(sameFloat(gotRoot[i], std::sqrt(ys[i])));
-      REQUIRE(sameFloat(gotSum[i], xs[i] + ys[i]));
-      REQUIRE(sameFloat(gotDifference[i], 1.5f - ys[i]));
-      REQUIRE(sameFloat(gotRectified[i], xs[i] > 0.0f ? xs[i] : 0.0f));
-      REQUIRE(sameFloat(gotMasked[i], xs[i] > 0.0f ? ys[i] : 0.0f));
-      // A copy keeps NaN payloads too.
-      REQUIRE(std::bit_cast<uint32_t>(gotCopied[i]) == std::bit_cast<uint32_t>(ys[i]));
-      for (const float v : {gotBoth[i], gotQuotient[i], gotQuotientScalar[i]})
-        if (std::fpclassify(v) == FP_SUBNORMAL) ++subnormalResults;
+    for (const ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {
+      CAPTURE(static_cast<int>(mode));
+      test::DeviceRun device = test::loadOnDevice(g, mode);
+      if (mode == ExecutionMode::Vectorized) CHECK(device.sim->stats().fusedChains >= 1);
+      test::runDevice(*device.executable, feeds);
+      const std::vector<float> gotBoth = test::deviceValue(*device.executable, g, both.id(), 0);
+      const std::vector<float> gotScaled = test::deviceValue(*device.executable, g, scaled.id(), 0);
+      const std::vector<float> gotFirst = test::deviceValue(*device.executable, g, scaledFirst.id(), 0);
+      const std::vector<float> gotMoved = test::deviceValue(*device.executable, g, moved.id(), 0);
+      const std::vector<float> gotQuotient = test::deviceValue(*device.executable, g, quotient.id(), 0);
+      const std::vector<float> gotQuotientScalar = test::deviceValue(*device.executable, g, quotientScalar.id(), 0);
+      const std::vector<float> gotRoot = test::deviceValue(*device.executable, g, root.id(), 0);
+      const std::vector<float> gotSum = test::deviceValue(*device.executable, g, sum.id(), 0);
+      const std::vector<float> gotDifference = test::deviceValue(*device.executable, g, difference.id(), 0);
+      const std::vector<float> gotRectified = test::deviceValue(*device.executable, g, rectified.id(), 0);
+      const std::vector<float> gotMasked = test::deviceValue(*device.executable, g, masked.id(), 0);
+      const std::vector<float> gotCopied = test::deviceValue(*device.executable, g, copied.id(), 0);
+      const std::vector<float> gotBiased = test::deviceValue(*device.executable, g, biased.id(), 0);
+      REQUIRE(gotBoth.size() == static_cast<std::size_t>(n));
+      REQUIRE(gotMoved.size() == static_cast<std::size_t>(n));
+      int subnormalResults = 0;
+      for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
+        CAPTURE(i);
+        const float scaledWant = xs[i] * factor;
+        // Both products rounded to double before the sum, then to float.
+        const double a = static_cast<double>(0.75f) * wInit[i];
+        const double b = static_cast<double>(-0.1f) * scaledWant;
+        REQUIRE(sameFloat(gotBoth[i], xs[i] * ys[i]));
+        REQUIRE(sameFloat(gotScaled[i], scaledWant));
+        REQUIRE(sameFloat(gotFirst[i], 3.0e-30f * ys[i]));
+        REQUIRE(sameFloat(gotMoved[i], static_cast<float>(a + b)));
+        REQUIRE(sameFloat(gotQuotient[i], xs[i] / ys[i]));
+        REQUIRE(sameFloat(gotQuotientScalar[i], xs[i] / 3.0e10f));
+        REQUIRE(sameFloat(gotRoot[i], std::sqrt(ys[i])));
+        REQUIRE(sameFloat(gotSum[i], xs[i] + ys[i]));
+        REQUIRE(sameFloat(gotDifference[i], 1.5f - ys[i]));
+        REQUIRE(sameFloat(gotRectified[i], xs[i] > 0.0f ? xs[i] : 0.0f));
+        REQUIRE(sameFloat(gotMasked[i], xs[i] > 0.0f ? ys[i] : 0.0f));
+        // A copy keeps NaN payloads too.
+        REQUIRE(std::bit_cast<uint32_t>(gotCopied[i]) == std::bit_cast<uint32_t>(ys[i]));
+        for (const float v : {gotBoth[i], gotQuotient[i], gotQuotientScalar[i]})
+          if (std::fpclassify(v) == FP_SUBNORMAL) ++subnormalResults;
+      }
+      for (std::size_t i = 0; i < 3 * static_cast<std::size_t>(n); ++i) {
+        CAPTURE(i);
+        REQUIRE(sameFloat(gotBiased[i], rowValues[i] + ys[i % static_cast<std::size_t>(n)]));
+      }
+      if (n == 1031) CHECK(subnormalResults > 100);
     }
-    if (n == 1031) CHECK(subnormalResults > 100);
   }
 }
 
