@@ -168,10 +168,11 @@ TEST_CASE("a float16 model trains as its float twin imported with floatType Floa
 }
 
 TEST_CASE("a model mixing float16 and float tensors keeps each tensor's type, the Casts between them") {
-  // y = half(LayerNorm(float(x @ w1))) @ w2: float16 MatMuls, a float32 LayerNormalization.
+  // y = half(LayerNorm(float(x @ w1))) @ w2 + shift: float16 MatMuls and a float16 Constant, a float32
+  // LayerNormalization.
   OnnxModel model = import("half_mixed.onnx", DType::Float32, 2);
   const Graph& g = model.graph;
-  for (const std::string name : {"x", "w1", "h", "n", "w2", "y"}) {
+  for (const std::string name : {"x", "w1", "h", "n", "w2", "z", "shift", "y"}) {
     CAPTURE(name);
     CHECK(g.tensor(g.find(name)).dtype == DType::Float16);
   }
@@ -185,6 +186,9 @@ TEST_CASE("a model mixing float16 and float tensors keeps each tensor's type, th
   const std::vector<float> bias = g.tensor(g.find("ln.bias")).initial.values();
   REQUIRE(w1.size() == 48);
   REQUIRE(w2.size() == 24);
+  // The Constant's halves, exactly.
+  const std::vector<float> shift = {roundToHalf(0.1f), roundToHalf(-0.2f), roundToHalf(0.3f)};
+  CHECK(g.tensor(g.find("shift")).data == shift);
   const std::vector<float> x = {0.5f,  -1.25f, 2.0f, 0.125f, -0.75f, 1.5f,
                                 -2.5f, 0.25f,  1.0f, -0.5f,  0.75f,  3.0f};
   InferenceSession session(std::move(model.graph), {"y"}, test::replicated(1), makeSimDevice());
@@ -213,7 +217,8 @@ TEST_CASE("a model mixing float16 and float tensors keeps each tensor's type, th
       float sum = 0;
       for (int i = 0; i < 8; ++i)
         sum += n[static_cast<std::size_t>(i)] * w2[static_cast<std::size_t>(i * 3 + j)];
-      want[static_cast<std::size_t>(r * 3 + j)] = roundToHalf(sum);
+      want[static_cast<std::size_t>(r * 3 + j)] =
+          roundToHalf(roundToHalf(sum) + shift[static_cast<std::size_t>(j)]);
       scaleOfY = std::max(scaleOfY, std::fabs(want[static_cast<std::size_t>(r * 3 + j)]));
     }
   }

@@ -403,7 +403,8 @@ def write_half_models():
         json.dump(reference, out, indent=1)
         out.write("\n")
 
-    # y = LayerNorm(float(x @ w1)) in float32, then half(.) @ w2 in float16.
+    # y = half(LayerNorm(float(x @ w1))) @ w2 + shift: float16 MatMuls and a float16 Constant around a
+    # float32 LayerNormalization.
     generator = torch.Generator().manual_seed(31)
     w1 = torch.randn(6, 8, generator=generator).half()
     w2 = torch.randn(8, 3, generator=generator).half()
@@ -419,7 +420,10 @@ def write_half_models():
                  helper.make_node("Cast", ["h"], ["h32"], name="widen", to=TensorProto.FLOAT),
                  helper.make_node("LayerNormalization", ["h32", "ln.scale", "ln.bias"], ["n32"], name="ln", axis=-1),
                  helper.make_node("Cast", ["n32"], ["n"], name="narrow", to=dtype),
-                 helper.make_node("MatMul", ["n", "w2"], ["y"], name="fc2")]
+                 helper.make_node("MatMul", ["n", "w2"], ["z"], name="fc2"),
+                 helper.make_node("Constant", [], ["shift"], name="shift",
+                                  value=helper.make_tensor("shift", dtype, [3], [0.1, -0.2, 0.3])),
+                 helper.make_node("Add", ["z", "shift"], ["y"], name="add")]
         graph = helper.make_graph(nodes, "half_mixed", [tensor("x", ["batch", 6], dtype)],
                                   [tensor("y", ["batch", 3], dtype)], initializer=inits)
         m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tessera-tests")
