@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "half.hpp"
 #include "onnx_internal.hpp"
 #include "tessera/error.hpp"
 
@@ -59,7 +60,9 @@ Known gatherElements(const Known& in, Shape shape, const std::vector<int64_t>& f
   return out;
 }
 
+// float16 through float32, as the device narrows.
 double roundTo(int32_t type, double v) {
+  if (type == TensorProto::FLOAT16) return static_cast<double>(roundToHalf(static_cast<float>(v)));
   return type == TensorProto::FLOAT ? static_cast<double>(static_cast<float>(v)) : v;
 }
 

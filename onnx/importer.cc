@@ -264,11 +264,14 @@ OnnxModel Importer::run() {
   for (const auto& init : g.initializer()) {
     const std::string subject = source_ + ": initializer " + init.name();
     Known value = readTensor(init, subject);
-    if (value.type == onnx::TensorProto::FLOAT && weightNames.count(init.name())) {
+    const bool half = value.type == onnx::TensorProto::FLOAT16;
+    if ((value.type == onnx::TensorProto::FLOAT || half) && weightNames.count(init.name())) {
+      // float16 initializers are float16 Variables holding their halves
+      // exactly; float ones follow floatType.
       const std::vector<float> data(value.f.begin(), value.f.end());
-      const TensorId id =
-          addSource(OpKind::Variable, init.name(), options_.floatType, value.shape, data, subject);
-      values_[init.name()] = Value{std::nullopt, id, onnx::TensorProto::FLOAT};
+      const TensorId id = addSource(OpKind::Variable, init.name(), half ? DType::Float16 : options_.floatType,
+                                    value.shape, data, subject);
+      values_[init.name()] = Value{std::nullopt, id, value.type};
       result.weights.push_back(init.name());
     } else {
       values_[init.name()] = Value{std::move(value), kNoTensor, init.data_type()};
@@ -377,7 +380,8 @@ std::unordered_set<std::string> Importer::gradientReached(
   for (const auto& output : g.output()) {
     // An output whose type the model does not declare counts as float.
     const int32_t type = output.type().tensor_type().elem_type();
-    const bool isFloat = type == onnx::TensorProto::FLOAT || type == onnx::TensorProto::UNDEFINED;
+    const bool isFloat = type == onnx::TensorProto::FLOAT || type == onnx::TensorProto::FLOAT16 ||
+                         type == onnx::TensorProto::UNDEFINED;
     if (isFloat && reached.insert(output.name()).second) work.push_back(output.name());
   }
   while (!work.empty()) {
@@ -425,17 +429,24 @@ bool Importer::addInput(const onnx::ValueInfoProto& input) {
     throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,
               "the input is not a tensor (sequences and maps are not supported)");
   const auto& type = input.type().tensor_type();
-  // A bool input is a float32 0/1 mask; a float one has the import's float type.
+  // A bool input is a float32 0/1 mask; a float one has the import's float
+  // type, a float16 one is a float16 stream.
   DType dtype = type.elem_type() == onnx::TensorProto::FLOAT ? options_.floatType : DType::Float32;
   if (type.elem_type() == onnx::TensorProto::INT64 || type.elem_type() == onnx::TensorProto::INT32) {
     dtype = DType::Int32;
   } else if (type.elem_type() == onnx::TensorProto::DOUBLE) {
     dtype = DType::Float64;
+  } else if (type.elem_type() == onnx::TensorProto::FLOAT16) {
+    dtype = DType::Float16;
   } else if (type.elem_type() != onnx::TensorProto::FLOAT && type.elem_type() != onnx::TensorProto::BOOL) {
-    throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,
-              fmt::format("element type {} is not supported; graph inputs may be float, double, bool (a "
-                          "float32 0/1 mask), int64 or int32",
-                          typeName(type.elem_type())));
+    throwOnnx(
+        ErrorCode::OnnxUnsupportedFeature, subject,
+        fmt::format("element type {} is not supported; graph inputs may be float, float16, double, bool "
+                    "(a float32 0/1 mask), int64 or int32{}",
+                    typeName(type.elem_type()),
+                    type.elem_type() == onnx::TensorProto::BFLOAT16
+                        ? " (bfloat16 has no device dtype: convert the model to float16 or float)"
+                        : ""));
   }
   const auto frozen = options_.constantInputs.find(input.name());
   if (!type.has_shape() && frozen == options_.constantInputs.end())
@@ -539,10 +550,18 @@ TensorId Importer::materialize(const std::string& name, const std::string& subje
       // float64: each double's bytes in two floats.
       dtype = DType::Float64;
       data = packDoubles(known.f);
+    } else if (known.type == onnx::TensorProto::FLOAT16) {
+      // The halves as they are (exact in float slots).
+      dtype = DType::Float16;
+      data.assign(known.f.begin(), known.f.end());
     } else if (known.type != onnx::TensorProto::FLOAT) {
       throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,
-                fmt::format("value \"{}\" has element type {}; the device computes in float32 and float64",
-                            name, typeName(known.type)));
+                fmt::format("value \"{}\" has element type {}; the device computes in float32, float16 and "
+                            "float64{}",
+                            name, typeName(known.type),
+                            known.type == onnx::TensorProto::BFLOAT16
+                                ? " (bfloat16 has no device dtype: convert the model to float16 or float)"
+                                : ""));
     } else {
       dtype = options_.floatType;
       data.assign(known.f.begin(), known.f.end());

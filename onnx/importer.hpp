@@ -61,10 +61,18 @@ class Importer {
                             std::string_view what) const;
   void requireFloat(const Tensor& t, const onnx::NodeProto& node, int k, const std::string& subject) const;
   void setOutput(const onnx::NodeProto& node, int k, Tensor t, int32_t type = onnx::TensorProto::FLOAT);
-  Tensor scalar(double value);
-  // `t` (a float32 mask, int32, float32 or float64) in the import's float
-  // type: float16 is made from float32 only.
-  Tensor toFloatType(Tensor t);
+  // A scalar of the float dtype `dtype` (the operand it combines with).
+  Tensor scalar(double value, DType dtype);
+  // The device dtype of a value of ONNX float type `type`: float follows
+  // OnnxImportOptions::floatType, float16 is Float16, double Float64.
+  DType deviceFloat(int32_t type) const;
+  // `t` (a float32 mask, int32, float32, float16 or float64) in `dtype`
+  // (Float32 or Float16): float16 is made from float32 only.
+  Tensor toFloat(Tensor t, DType dtype);
+  // OnnxInvalidGraph for a node whose float operands disagree in ONNX type
+  // where a float16 one is involved (ONNX's type constraints give them one
+  // type); sets nodeFloatType_.
+  void checkFloatOperands(const onnx::NodeProto& node, const std::string& subject);
   // Input k, an initializer, made a Variable of category OptimizerState that
   // the node updates in place (OnnxModel::state).
   Tensor stateVariable(const onnx::NodeProto& node, int k, const std::string& subject);
@@ -75,6 +83,9 @@ class Importer {
   Graph graph_;
   int64_t opset_ = 0;
   int64_t nodeIndex_ = 0;
+  // The ONNX type of the float operands of the node being mapped (float when
+  // it has none): a float16 result of the node is tagged with it.
+  int32_t nodeFloatType_ = onnx::TensorProto::FLOAT;
   TensorId firstNewTensor_ = 0;  // the first tensor the node being mapped created
   std::unordered_map<std::string, Value> values_;
   std::vector<std::string> state_;  // initializers made state Variables (OnnxModel::state)

@@ -216,31 +216,73 @@ void Importer::setOutput(const onnx::NodeProto& node, int k, Tensor t, int32_t t
   // Tensors this node created carry its ONNX value name, so graph dumps and
   // errors name what the model calls them.
   if (t.id() >= firstNewTensor_ && !graph_.tryFind(name)) graph_.rename(t.id(), name);
+  // A float16 result is float16 in ONNX's terms; under floatType Float16,
+  // where float values are float16 on the device too, it has the type of
+  // the node's float operands.
+  if (type == onnx::TensorProto::FLOAT && t.dtype() == DType::Float16 &&
+      (options_.floatType != DType::Float16 || nodeFloatType_ == onnx::TensorProto::FLOAT16))
+    type = onnx::TensorProto::FLOAT16;
   values_[name] = Value{std::nullopt, t.id(), type};
 }
 
-// Scalars of the float ops have the import's float type (OnnxImportOptions::floatType).
-Tensor Importer::scalar(double value) { return ops::scalar(graph_, value, options_.floatType); }
+Tensor Importer::scalar(double value, DType dtype) { return ops::scalar(graph_, value, dtype); }
 
-Tensor Importer::toFloatType(Tensor t) {
-  if (t.dtype() == options_.floatType) return t;
+DType Importer::deviceFloat(int32_t type) const {
+  if (type == onnx::TensorProto::FLOAT16) return DType::Float16;
+  if (type == onnx::TensorProto::DOUBLE) return DType::Float64;
+  return options_.floatType;
+}
+
+Tensor Importer::toFloat(Tensor t, DType dtype) {
+  if (t.dtype() == dtype) return t;
   if (t.dtype() != DType::Float32) t = ops::cast(t, DType::Float32);
-  return ops::cast(t, options_.floatType);
+  return ops::cast(t, dtype);
+}
+
+void Importer::checkFloatOperands(const onnx::NodeProto& node, const std::string& subject) {
+  const std::string& op = node.op_type();
+  nodeFloatType_ = onnx::TensorProto::FLOAT;
+  // Cast converts between types; Pow's exponent and Dropout's ratio may
+  // have types of their own (ONNX's T1).
+  if (op == "Cast") return;
+  const int count = op == "Pow" || op == "Dropout" ? std::min(node.input_size(), 1) : node.input_size();
+  int first = -1;
+  for (int k = 0; k < count; ++k) {
+    if (node.input(k).empty()) continue;
+    const int32_t type = values_.at(node.input(k)).type;
+    if (type != onnx::TensorProto::FLOAT && type != onnx::TensorProto::FLOAT16 &&
+        type != onnx::TensorProto::DOUBLE)
+      continue;
+    if (first < 0) {
+      first = k;
+      nodeFloatType_ = type;
+      continue;
+    }
+    if (type == nodeFloatType_ ||
+        (type != onnx::TensorProto::FLOAT16 && nodeFloatType_ != onnx::TensorProto::FLOAT16))
+      continue;
+    throwOnnx(ErrorCode::OnnxInvalidGraph, subject,
+              fmt::format("input {} (\"{}\") is {} and input {} (\"{}\") is {}: {} takes its float operands "
+                          "in one type (float, float16 or double); cast one of them with a Cast node",
+                          first, node.input(first), typeName(nodeFloatType_), k, node.input(k),
+                          typeName(type), op));
+  }
 }
 
 Tensor Importer::stateVariable(const onnx::NodeProto& node, int k, const std::string& subject) {
   const std::string& name = node.input(k);
   Value& value = values_.at(name);
-  if (value.id != kNoTensor || !value.known || value.type != onnx::TensorProto::FLOAT)
+  if (value.id != kNoTensor || !value.known ||
+      (value.type != onnx::TensorProto::FLOAT && value.type != onnx::TensorProto::FLOAT16))
     throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,
               fmt::format("input {} (\"{}\") holds state that the node updates in place; it must be a float "
                           "initializer that no other node has used before",
                           k, name));
   const Known known = *value.known;
-  const TensorId id = addSource(OpKind::Variable, name, options_.floatType, known.shape,
+  const TensorId id = addSource(OpKind::Variable, name, deviceFloat(known.type), known.shape,
                                 std::vector<float>(known.f.begin(), known.f.end()), subject);
   graph_.tensor(id).category = TensorCategory::OptimizerState;
-  values_[name] = Value{std::nullopt, id, onnx::TensorProto::FLOAT};
+  values_[name] = Value{std::nullopt, id, known.type};
   state_.push_back(name);
   return {&graph_, id};
 }
@@ -304,6 +346,7 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
               fmt::format("op type {} is not supported; supported: {}; on values known at import also: {}",
                           op, fmt::join(kMappedOps, ", "), fmt::join(kFoldOnlyOps, ", ")));
   }
+  checkFloatOperands(node, subject);
 
   if (op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" || op == "GreaterOrEqual") {
     // Masks are float32 0/1 (tessera's mask ops). a <= b is (a < b) or
@@ -373,7 +416,7 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
         y = ops::where(op == "Max" ? ops::greater(y, in[k]) : ops::less(y, in[k]), y, in[k]);
       }
     }
-    if (op == "Mean" && in.size() > 1) y = ops::div(y, scalar(static_cast<double>(in.size())));
+    if (op == "Mean" && in.size() > 1) y = ops::div(y, scalar(static_cast<double>(in.size()), y.dtype()));
     if (in.size() == 1) {
       values_[node.output(0)] = values_.at(node.input(0));
       return;
@@ -491,7 +534,7 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       channel[0] = xs[1];
       slope = ops::reshape(slope, channel);
     }
-    setOutput(node, 0, ops::where(ops::less(x, scalar(0.0)), ops::mul(slope, x), x));
+    setOutput(node, 0, ops::where(ops::less(x, scalar(0.0, x.dtype())), ops::mul(slope, x), x));
     return;
   }
   if (op == "BatchNormalization" || op == "InstanceNormalization") {
@@ -536,7 +579,10 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       const Tensor mean = ops::reduceMean(x, axes, true);
       const Tensor centred = ops::sub(x, mean);
       const Tensor variance = ops::reduceMean(ops::mul(centred, centred), axes, true);
-      y = ops::add(ops::mul(ops::div(centred, ops::sqrt(ops::add(variance, scalar(epsilon)))), scale), bias);
+      y = ops::add(
+          ops::mul(ops::div(centred, ops::sqrt(ops::add(variance, scalar(epsilon, variance.dtype())))),
+                   scale),
+          bias);
       if (training && outputs > 1) {
         // ONNX's running statistics: input * momentum + batch * (1 - momentum).
         const double momentum = floatAttribute(node, "momentum", 0.9F, subject);
@@ -555,8 +601,9 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
                             count));
           const Tensor runningMean = stateVariable(node, 3, subject);
           const Tensor runningVariance = stateVariable(node, 4, subject);
-          const Tensor unbiased =
-              ops::mul(batchVariance, scalar(static_cast<double>(count) / static_cast<double>(count - 1)));
+          const Tensor unbiased = ops::mul(
+              batchVariance,
+              scalar(static_cast<double>(count) / static_cast<double>(count - 1), batchVariance.dtype()));
           setOutput(node, 1, ops::scaledAddInplace(runningMean, batchMean, momentum, 1.0 - momentum));
           if (outputs > 2)
             setOutput(node, 2, ops::scaledAddInplace(runningVariance, unbiased, momentum, 1.0 - momentum));
@@ -566,7 +613,8 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
           auto running = [&](int k, const Tensor& batch) {
             const Tensor input = operand(node, k, subject);
             requireFloat(input, node, k, subject);
-            return ops::add(ops::mul(input, scalar(momentum)), ops::mul(batch, scalar(1.0 - momentum)));
+            return ops::add(ops::mul(input, scalar(momentum, input.dtype())),
+                            ops::mul(batch, scalar(1.0 - momentum, batch.dtype())));
           };
           if (!node.output(1).empty()) setOutput(node, 1, running(3, batchMean));
           if (outputs > 2 && !node.output(2).empty()) setOutput(node, 2, running(4, batchVariance));
@@ -575,8 +623,10 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     } else {
       const Tensor mean = perChannel(3, "mean");
       const Tensor variance = perChannel(4, "var");
-      y = ops::add(
-          ops::mul(ops::div(ops::sub(x, mean), ops::sqrt(ops::add(variance, scalar(epsilon)))), scale), bias);
+      y = ops::add(ops::mul(ops::div(ops::sub(x, mean),
+                                     ops::sqrt(ops::add(variance, scalar(epsilon, variance.dtype())))),
+                            scale),
+                   bias);
     }
     setOutput(node, 0, y);
     return;
@@ -813,9 +863,10 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       setOutput(node, 0, y);
       if (node.output_size() > 1 && !node.output(1).empty())
         setOutput(node, 1,
-                  ops::logicalNot(ops::equal(ops::dropout(ops::add(ops::mul(x, scalar(0.0)), scalar(1.0)),
-                                                          dropoutStep_, ratio, mixed),
-                                             scalar(0.0))),
+                  ops::logicalNot(ops::equal(
+                      ops::dropout(ops::add(ops::mul(x, scalar(0.0, x.dtype())), scalar(1.0, x.dtype())),
+                                   dropoutStep_, ratio, mixed),
+                      scalar(0.0, x.dtype()))),
                   onnx::TensorProto::BOOL);
       return;
     }
@@ -974,6 +1025,26 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
   if (op == "Cast") {
     const int64_t to = intAttribute(node, "to", -1, subject);
     const Value& in = values_.at(node.input(0));
+    const bool fromInteger = in.type == onnx::TensorProto::INT64 || in.type == onnx::TensorProto::INT32;
+    const bool fromFloating = in.type == onnx::TensorProto::FLOAT || in.type == onnx::TensorProto::FLOAT16 ||
+                              in.type == onnx::TensorProto::DOUBLE;
+    if (to == onnx::TensorProto::FLOAT16 &&
+        (fromFloating || fromInteger || in.type == onnx::TensorProto::BOOL)) {
+      // float16 from anything numeric (through float32: the rounding of
+      // float32 -> float16 on the device); x itself when it is float16 (a
+      // float16 model, or float under floatType Float16).
+      setOutput(node, 0, toFloat(operand(node, 0, subject), DType::Float16), onnx::TensorProto::FLOAT16);
+      return;
+    }
+    if (in.type == onnx::TensorProto::FLOAT16 &&
+        (to == onnx::TensorProto::FLOAT || to == onnx::TensorProto::DOUBLE)) {
+      // Exact: float to the import's float type, double to float64.
+      const Tensor x = operand(node, 0, subject);
+      const DType target = deviceFloat(static_cast<int32_t>(to));
+      setOutput(node, 0, target == DType::Float64 ? ops::cast(x, target) : toFloat(x, target),
+                static_cast<int32_t>(to));
+      return;
+    }
     if (in.type == onnx::TensorProto::BOOL &&
         (to == onnx::TensorProto::BOOL ||
          (to == onnx::TensorProto::FLOAT && options_.floatType == DType::Float32))) {
@@ -984,12 +1055,12 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
       return;
     }
     if (in.type == onnx::TensorProto::BOOL && to == onnx::TensorProto::FLOAT) {
-      setOutput(node, 0, toFloatType(operand(node, 0, subject)), onnx::TensorProto::FLOAT);
+      setOutput(node, 0, toFloat(operand(node, 0, subject), options_.floatType), onnx::TensorProto::FLOAT);
       return;
     }
     if (to == onnx::TensorProto::BOOL &&
-        (in.type == onnx::TensorProto::FLOAT || in.type == onnx::TensorProto::INT64 ||
-         in.type == onnx::TensorProto::INT32)) {
+        (in.type == onnx::TensorProto::FLOAT || in.type == onnx::TensorProto::FLOAT16 ||
+         in.type == onnx::TensorProto::INT64 || in.type == onnx::TensorProto::INT32)) {
       // Anything not zero is true (NaN too, as numpy casts it).
       Tensor x = operand(node, 0, subject);
       const Tensor zero = x.dtype() != DType::Int32
@@ -1009,17 +1080,20 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     }
     if (fromDouble && (to == onnx::TensorProto::FLOAT || toInt)) {
       const Tensor x = operand(node, 0, subject);
-      setOutput(node, 0, toInt ? ops::castToInt32(x) : toFloatType(x), static_cast<int32_t>(to));
+      setOutput(node, 0, toInt ? ops::castToInt32(x) : toFloat(x, options_.floatType),
+                static_cast<int32_t>(to));
       return;
     }
-    if ((in.type == onnx::TensorProto::FLOAT || in.type == onnx::TensorProto::BOOL) && toInt) {
+    if ((in.type == onnx::TensorProto::FLOAT || in.type == onnx::TensorProto::FLOAT16 ||
+         in.type == onnx::TensorProto::BOOL) &&
+        toInt) {
       // Truncated toward zero, as numpy's astype (a mask gives 0 and 1).
       setOutput(node, 0, ops::castToInt32(operand(node, 0, subject)), static_cast<int32_t>(to));
       return;
     }
     if (fromInt && to == onnx::TensorProto::FLOAT) {
       // To the import's float type (float16 under OnnxImportOptions::floatType).
-      setOutput(node, 0, toFloatType(operand(node, 0, subject)), onnx::TensorProto::FLOAT);
+      setOutput(node, 0, toFloat(operand(node, 0, subject), options_.floatType), onnx::TensorProto::FLOAT);
       return;
     }
     const bool floatToFloat = (in.type == onnx::TensorProto::FLOAT && to == onnx::TensorProto::FLOAT) ||
@@ -1028,8 +1102,8 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
                           (to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32);
     if (!floatToFloat && !intToInt)
       unsupported(
-          fmt::format("cast from {} to {} of a computed value: the device casts between float32, float64, "
-                      "int32/int64 and bool only",
+          fmt::format("cast from {} to {} of a computed value: the device casts between float32, float16, "
+                      "float64, int32/int64 and bool only",
                       typeName(in.type), typeName(static_cast<int32_t>(to))));
     Value out = in;
     out.type = static_cast<int32_t>(to);
@@ -1092,11 +1166,11 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     if (intAttribute(node, "transA", 0, subject) != 0) a = ops::transpose(a, {1, 0});
     if (intAttribute(node, "transB", 0, subject) != 0) b = ops::transpose(b, {1, 0});
     Tensor y = ops::matmul(a, b);
-    if (alpha != 1.0) y = ops::mul(y, scalar(alpha));
+    if (alpha != 1.0) y = ops::mul(y, scalar(alpha, y.dtype()));
     if (node.input_size() > 2 && !node.input(2).empty() && beta != 0.0) {
       Tensor c = operand(node, 2, subject);
       requireFloat(c, node, 2, subject);
-      y = ops::add(y, beta == 1.0 ? c : ops::mul(c, scalar(beta)));
+      y = ops::add(y, beta == 1.0 ? c : ops::mul(c, scalar(beta, c.dtype())));
     }
     setOutput(node, 0, y);
     return;

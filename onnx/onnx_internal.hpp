@@ -17,8 +17,9 @@
 namespace tessera::onnx_import {
 
 // A tensor whose value is known at import. Floating-point types hold their
-// values in `f` (float32 values rounded to float after every operation, so
-// folding computes what float32 arithmetic would), every other type in `i`
+// values in `f` (float32 and float16 values rounded to their type after every
+// operation, so folding computes what their arithmetic would), every other
+// type in `i`
 // (bools as 0/1).
 struct Known {
   int32_t type = onnx::TensorProto::FLOAT;  // onnx::TensorProto::DataType

@@ -19,6 +19,12 @@
 // are constants. Graph inputs are host streams (Input) of the same name; int64
 // inputs become Int32 streams (their values must fit in 32 bits).
 //
+// float16 tensors of the model (TensorProto::FLOAT16) import as they are,
+// whatever floatType says: float16 inputs are Float16 streams, initializers
+// Float16 Variables or constants holding their halves exactly, Cast to and
+// from float16 the device's casts; a node whose float operands disagree in
+// type where one is float16 is OnnxInvalidGraph. bfloat16 is refused.
+//
 // Errors are OnnxError (tessera.onnx.7NN) naming the file, node or tensor;
 // IoError(FileUnreadable) for a path that cannot be read. A build without
 // ONNX (Meson option -Donnx) throws OnnxError(OnnxUnavailable) from every

@@ -26,6 +26,11 @@ namespace fs = std::filesystem;
 
 constexpr double kRelativeTolerance = 1e-3;
 constexpr double kAbsoluteTolerance = 1e-5;
+// float16 outputs: 2^-9 relative (two to four units in the last place of a
+// half, which holds 11 significant bits) plus 2^-14 absolute (float16's
+// smallest normal; below it halves are subnormal, spaced 2^-24 apart).
+constexpr double kHalfRelativeTolerance = 1.0 / 512;
+constexpr double kHalfAbsoluteTolerance = 1.0 / 16384;
 
 struct OnnxTestArgs {
   std::vector<std::string> paths;
@@ -81,6 +86,9 @@ std::optional<std::string> compare(const std::string& name, const OnnxTensor& ex
                        shapeStr(expected.shape));
   const bool exact = expected.dtype != "float" && expected.dtype != "double" && expected.dtype != "float16" &&
                      expected.dtype != "bfloat16";
+  const bool half = expected.dtype == "float16";
+  const double relative = half ? kHalfRelativeTolerance : kRelativeTolerance;
+  const double absolute = half ? kHalfAbsoluteTolerance : kAbsoluteTolerance;
   double worst = 0;
   std::size_t worstAt = 0;
   bool bad = false;
@@ -89,7 +97,7 @@ std::optional<std::string> compare(const std::string& name, const OnnxTensor& ex
     if (std::isnan(want) && std::isnan(got[k])) continue;
     if (std::isinf(want) && got[k] == want) continue;
     const double diff = std::fabs(got[k] - want);
-    const double allowed = exact ? 0.0 : kAbsoluteTolerance + kRelativeTolerance * std::fabs(want);
+    const double allowed = exact ? 0.0 : absolute + relative * std::fabs(want);
     if (!(diff <= allowed)) bad = true;
     if (!(diff <= worst)) {
       worst = std::isnan(diff) ? std::numeric_limits<double>::infinity() : diff;
@@ -100,7 +108,7 @@ std::optional<std::string> compare(const std::string& name, const OnnxTensor& ex
   return fmt::format(
       "worst difference {:.6g} in output {} at element {} (got {:.8g}, expected {:.8g}; allowed {})", worst,
       name, worstAt, got[worstAt], expected.values[worstAt],
-      exact ? "exact" : fmt::format("{} + {} x |expected|", kAbsoluteTolerance, kRelativeTolerance));
+      exact ? "exact" : fmt::format("{} + {} x |expected|", absolute, relative));
 }
 
 // One data set of a test; the model imported with double tensors as

@@ -280,8 +280,15 @@ TEST_CASE("bad models are refused with their id and a message that names the nod
       {"where-float-condition.onnx", ErrorCode::OnnxUnsupportedFeature,
        ": node where (Where, opset 14): the condition \"x\" is float; bool expected"},
       {"uint8-input.onnx", ErrorCode::OnnxUnsupportedFeature,
-       ": input x: element type uint8 is not supported; graph inputs may be float, double, bool (a float32 "
-       "0/1 mask), int64 or int32"},
+       ": input x: element type uint8 is not supported; graph inputs may be float, float16, double, bool (a "
+       "float32 0/1 mask), int64 or int32"},
+      {"bfloat16-input.onnx", ErrorCode::OnnxUnsupportedFeature,
+       ": input x: element type bfloat16 is not supported; graph inputs may be float, float16, double, bool "
+       "(a float32 0/1 mask), int64 or int32 (bfloat16 has no device dtype: convert the model to float16 or "
+       "float)"},
+      {"float16-type-mismatch.onnx", ErrorCode::OnnxInvalidGraph,
+       ": node add (Add, opset 14): input 0 (\"x\") is float16 and input 1 (\"b\") is float: Add takes its "
+       "float operands in one type (float, float16 or double); cast one of them with a Cast node"},
   };
   OnnxImportOptions options;
   options.dimensions = {{"batch", 2}};

@@ -13,7 +13,10 @@ samples/configs/mlp_onnx.json trains; the same for the LeNet and GPT-block
 exports (lenet_/gpt_train.safetensors, lenet_/gpt_test.safetensors,
 lenet_/gpt_training_reference.json); and the models and token set of the
 sample configs samples/configs/lenet.json and gpt_tiny.json; and a model
-with three inputs that an IDX dataset cannot feed (three_inputs.onnx).
+with three inputs that an IDX dataset cannot feed (three_inputs.onnx); and
+float16 models (half_mlp.onnx with its float twin half_mlp_float.onnx and
+PyTorch's outputs half_mlp_reference.json, half_mixed.onnx with its float
+twin half_mixed_float.onnx).
 
 Run from the checkout with Debian's python3-torch and python3-onnx:
     /usr/bin/python3 tests/data/onnx/generate.py
@@ -341,6 +344,93 @@ def write_casts_model():
         out.write(m.SerializeToString())
 
 
+class HalfMlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(6, 8)
+        self.fc2 = torch.nn.Linear(8, 4)
+
+    def forward(self, x, labels):
+        logits = self.fc2(F.relu(self.fc1(x)))
+        return F.cross_entropy(logits, labels), logits
+
+
+def to_float16(m):
+    """The model with its float tensors made float16, as deployment converters do: initializers, Constant
+    values, Cast targets and the declared types of inputs, outputs and values (the values are halves
+    already, so the conversion is exact)."""
+    m = onnx.ModelProto.FromString(m.SerializeToString())
+    g = m.graph
+    for init in g.initializer:
+        if init.data_type == TensorProto.FLOAT:
+            init.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(init).astype("float16"), init.name))
+    for info in list(g.input) + list(g.output) + list(g.value_info):
+        if info.type.tensor_type.elem_type == TensorProto.FLOAT:
+            info.type.tensor_type.elem_type = TensorProto.FLOAT16
+    for node in g.node:
+        for a in node.attribute:
+            if a.name == "to" and node.op_type == "Cast" and a.i == TensorProto.FLOAT:
+                a.i = TensorProto.FLOAT16
+            if a.HasField("t") and a.t.data_type == TensorProto.FLOAT:
+                a.t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(a.t).astype("float16"), a.t.name))
+    return m
+
+
+def write_half_models():
+    """A float16 MLP (tests/onnx/float16_native_test.cpp): PyTorch's CPU kernels have no half Linear, so
+    the model is exported in float32 with weights that are halves (half_mlp_float.onnx, the twin) and
+    converted to float16 (half_mlp.onnx); the reference is PyTorch's float32 forward of the same halves
+    on half inputs. And a mixed model: float16 MatMuls around a float32 LayerNormalization with the Casts
+    between them (half_mixed.onnx), with its float twin (half_mixed_float.onnx, the Casts to float)."""
+    torch.manual_seed(29)
+    net = HalfMlp()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(p.half().float())
+    x = torch.randn(4, 6).half().float()
+    labels = torch.tensor([1, 3, 0, 2], dtype=torch.int64)
+    twin = os.path.join(HERE, "half_mlp_float.onnx")
+    torch.onnx.export(net, (x, labels), twin, input_names=["x", "labels"], output_names=["loss", "logits"],
+                      opset_version=14, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      dynamic_axes={"x": {0: "batch"}, "labels": {0: "batch"}, "logits": {0: "batch"}})
+    half = to_float16(onnx.load(twin))
+    onnx.checker.check_model(half)
+    onnx.save(half, os.path.join(HERE, "half_mlp.onnx"))
+    loss, logits = net(x, labels)
+    reference = {"x": x.flatten().tolist(), "labels": labels.tolist(), "loss": loss.item(),
+                 "logits": logits.detach().flatten().tolist()}
+    with open(os.path.join(HERE, "half_mlp_reference.json"), "w") as out:
+        json.dump(reference, out, indent=1)
+        out.write("\n")
+
+    # y = half(LayerNorm(float(x @ w1))) @ w2 + shift: float16 MatMuls and a float16 Constant around a
+    # float32 LayerNormalization.
+    generator = torch.Generator().manual_seed(31)
+    w1 = torch.randn(6, 8, generator=generator).half()
+    w2 = torch.randn(8, 3, generator=generator).half()
+    scale = torch.rand(8, generator=generator) + 0.5
+    bias = torch.randn(8, generator=generator) * 0.1
+    for dtype, name in ((TensorProto.FLOAT16, "half_mixed.onnx"), (TensorProto.FLOAT, "half_mixed_float.onnx")):
+        numpy_type = "float16" if dtype == TensorProto.FLOAT16 else "float32"
+        inits = [onnx.numpy_helper.from_array(w1.numpy().astype(numpy_type), "w1"),
+                 onnx.numpy_helper.from_array(w2.numpy().astype(numpy_type), "w2"),
+                 onnx.numpy_helper.from_array(scale.numpy(), "ln.scale"),
+                 onnx.numpy_helper.from_array(bias.numpy(), "ln.bias")]
+        nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+                 helper.make_node("Cast", ["h"], ["h32"], name="widen", to=TensorProto.FLOAT),
+                 helper.make_node("LayerNormalization", ["h32", "ln.scale", "ln.bias"], ["n32"], name="ln", axis=-1),
+                 helper.make_node("Cast", ["n32"], ["n"], name="narrow", to=dtype),
+                 helper.make_node("MatMul", ["n", "w2"], ["z"], name="fc2"),
+                 helper.make_node("Constant", [], ["shift"], name="shift",
+                                  value=helper.make_tensor("shift", dtype, [3], [0.1, -0.2, 0.3])),
+                 helper.make_node("Add", ["z", "shift"], ["y"], name="add")]
+        graph = helper.make_graph(nodes, "half_mixed", [tensor("x", ["batch", 6], dtype)],
+                                  [tensor("y", ["batch", 3], dtype)], initializer=inits)
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tessera-tests")
+        onnx.checker.check_model(m)
+        onnx.save(m, os.path.join(HERE, name))
+
+
 def write_bad_models():
     os.makedirs(BAD, exist_ok=True)
     x = tensor("x", ["batch", 4])
@@ -384,6 +474,13 @@ def write_bad_models():
                                           [x], [y], [helper.make_tensor("ratio", TensorProto.FLOAT, [0], [])]),
         "where-float-condition.onnx": model([helper.make_node("Where", ["x", "x", "x"], ["y"], name="where")],
                                             [x], [y]),
+        "float16-type-mismatch.onnx": model(
+            [helper.make_node("Add", ["x", "b"], ["y"], name="add")], [tensor("x", ["batch", 4], TensorProto.FLOAT16)],
+            [tensor("y", ["batch", 4], TensorProto.FLOAT16)],
+            [helper.make_tensor("b", TensorProto.FLOAT, [4], [0.5] * 4)]),
+        "bfloat16-input.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                                     [tensor("x", [2, 4], TensorProto.BFLOAT16)],
+                                     [tensor("y", [2, 4], TensorProto.BFLOAT16)]),
         "uint8-input.onnx": model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
                                   [tensor("x", [2, 4], TensorProto.UINT8)], [tensor("y", [2, 4], TensorProto.UINT8)]),
     }
@@ -822,6 +919,7 @@ if __name__ == "__main__":
     write_bad_models()
     write_double_model()
     write_casts_model()
+    write_half_models()
     write_training_reference()
     write_bad_tensor_files()
     write_lenet_training_reference()
