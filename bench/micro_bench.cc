@@ -2,6 +2,8 @@
 // configuring grows with the size of the model, collectives against a
 // plain memcpy of the same bytes, and the device's GEMMs (the MLP step's
 // products, on 1 and 2 threads) against the cores' FMA peak.
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -10,6 +12,8 @@
 
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
+
+#include "gemm.hpp"
 
 #include "tessera/location_resolver.hpp"
 #include "tessera/placement.hpp"
@@ -180,6 +184,46 @@ BENCHMARK(gemmProduct)
     ->ArgsProduct({{784}, {256}, {64}, {1}, {0}, {1, 2}})
     ->ArgsProduct({{256}, {128}, {64}, {1}, {0}, {1, 2}})
     ->ArgsProduct({{64}, {256}, {128}, {0}, {1}, {1, 2}})
+    ->UseRealTime();
+
+// The same products as the device's kernel alone, on one thread: sim::gemm
+// on operands already in place, without the session around it (gemmProduct
+// also copies the product to the host after each run, 800 KB for the
+// layer-1 weight gradient).
+void gemmKernel(benchmark::State& state) {
+  namespace sim = tessera::sim;
+  sim::GemmShape shape;
+  shape.m = state.range(0);
+  shape.n = state.range(1);
+  shape.k = state.range(2);
+  shape.transA = state.range(3) != 0;
+  shape.transB = state.range(4) != 0;
+  const sim::GemmPlan plan = sim::planGemm(sim::bestGemmIsa(), shape.m, shape.n, shape.k);
+  const auto aligned = [](int64_t n, float value) {
+    const auto bytes = static_cast<std::size_t>((n * 4 + 63) / 64 * 64);
+    auto* p = static_cast<float*>(std::aligned_alloc(64, std::max<std::size_t>(bytes, 64)));
+    std::fill_n(p, n, value);
+    return std::unique_ptr<float, decltype(&std::free)>(p, &std::free);
+  };
+  const auto a = aligned(shape.m * shape.k, 0.5f);
+  const auto b = aligned(shape.k * shape.n, 0.25f);
+  const auto c = aligned(shape.m * shape.n, 0.0f);
+  const auto lhs = aligned(plan.lhsFloats, 0.0f);
+  const auto rhs = aligned(plan.rhsFloats, 0.0f);
+  for (auto _ : state) {
+    sim::gemm(plan, shape, a.get(), b.get(), c.get(), 1.0f, lhs.get(), rhs.get());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(2 * shape.m * shape.n * shape.k) * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(gemmKernel)
+    ->ArgNames({"m", "n", "k", "tA", "tB"})
+    ->ArgsProduct({{64}, {256}, {784}, {0}, {0}})
+    ->ArgsProduct({{64}, {128}, {256}, {0}, {0}})
+    ->ArgsProduct({{784}, {256}, {64}, {1}, {0}})
+    ->ArgsProduct({{256}, {128}, {64}, {1}, {0}})
+    ->ArgsProduct({{64}, {256}, {128}, {0}, {1}})
     ->UseRealTime();
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
