@@ -1132,21 +1132,25 @@ TEST_CASE("the vectorized elementwise kernels keep the scalar float operations' 
       test::DeviceRun device = test::loadOnDevice(g, mode);
       if (mode == ExecutionMode::Vectorized) CHECK(device.sim->stats().fusedChains >= 1);
       test::runDevice(*device.executable, feeds);
-      const std::vector<float> gotBoth = test::deviceValue(*device.executable, g, both.id(), 0);
-      const std::vector<float> gotScaled = test::deviceValue(*device.executable, g, scaled.id(), 0);
-      const std::vector<float> gotFirst = test::deviceValue(*device.executable, g, scaledFirst.id(), 0);
-      const std::vector<float> gotMoved = test::deviceValue(*device.executable, g, moved.id(), 0);
-      const std::vector<float> gotQuotient = test::deviceValue(*device.executable, g, quotient.id(), 0);
-      const std::vector<float> gotQuotientScalar = test::deviceValue(*device.executable, g, quotientScalar.id(), 0);
-      const std::vector<float> gotRoot = test::deviceValue(*device.executable, g, root.id(), 0);
-      const std::vector<float> gotSum = test::deviceValue(*device.executable, g, sum.id(), 0);
-      const std::vector<float> gotDifference = test::deviceValue(*device.executable, g, difference.id(), 0);
-      const std::vector<float> gotRectified = test::deviceValue(*device.executable, g, rectified.id(), 0);
-      const std::vector<float> gotMasked = test::deviceValue(*device.executable, g, masked.id(), 0);
-      const std::vector<float> gotCopied = test::deviceValue(*device.executable, g, copied.id(), 0);
-      const std::vector<float> gotBiased = test::deviceValue(*device.executable, g, biased.id(), 0);
-      REQUIRE(gotBoth.size() == static_cast<std::size_t>(n));
-      REQUIRE(gotMoved.size() == static_cast<std::size_t>(n));
+      const auto value = [&](const Tensor& t) { return test::deviceValue(*device.executable, g, t.id(), 0); };
+      const std::vector<float> gotBoth = value(both);
+      const std::vector<float> gotScaled = value(scaled);
+      const std::vector<float> gotFirst = value(scaledFirst);
+      const std::vector<float> gotMoved = value(moved);
+      const std::vector<float> gotQuotient = value(quotient);
+      const std::vector<float> gotQuotientScalar = value(quotientScalar);
+      const std::vector<float> gotRoot = value(root);
+      const std::vector<float> gotSum = value(sum);
+      const std::vector<float> gotDifference = value(difference);
+      const std::vector<float> gotRectified = value(rectified);
+      const std::vector<float> gotMasked = value(masked);
+      const std::vector<float> gotCopied = value(copied);
+      const std::vector<float> gotBiased = value(biased);
+      for (const std::vector<float>* got : {&gotBoth, &gotScaled, &gotFirst, &gotMoved, &gotQuotient,
+                                            &gotQuotientScalar, &gotRoot, &gotSum, &gotDifference, &gotRectified,
+                                            &gotMasked, &gotCopied})
+        REQUIRE(got->size() == static_cast<std::size_t>(n));
+      REQUIRE(gotBiased.size() == 3 * static_cast<std::size_t>(n));
       int subnormalResults = 0;
       for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
         CAPTURE(i);
