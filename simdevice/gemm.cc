@@ -238,9 +238,9 @@ struct PackedVariant {
 // through the column masks.
 template <int kMR, int kNV, bool kTransA, bool kMasked>
 __attribute__((target("avx512f"), always_inline)) inline void sumAvx512(__m512 (&acc)[kMR][kNV], int64_t kc,
-                                                                         const float* a, int64_t lda,
-                                                                         const float* b, int64_t ldb,
-                                                                         const __mmask16 (&mask)[kNV]) {
+                                                                        const float* a, int64_t lda,
+                                                                        const float* b, int64_t ldb,
+                                                                        const __mmask16 (&mask)[kNV]) {
   for (int64_t p = 0; p < kc; ++p, a += kTransA ? lda : 1, b += ldb) {
     __m512 bv[kNV];
     for (int v = 0; v < kNV; ++v)

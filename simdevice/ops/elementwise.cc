@@ -161,9 +161,9 @@ struct ClipGradF {
   float operator()(float dy, float x, float lo, float hi) const { return x >= lo && x <= hi ? dy : 0.0f; }
 };
 
-// The flat steps (chains' tiles) of the hottest ops run 16 floats at a time
-// on AVX-512: Add, Sub, Relu, ReluGrad, Mul, Div and Sqrt (the build targets
-// baseline x86-64, so the portable tiles use 4). An x86 core also takes a
+// The flat steps (chains' tiles) and strided rows of the hottest ops run 16
+// floats at a time on AVX-512: Add, Sub, Relu, ReluGrad, Mul, Div and Sqrt
+// (the build targets baseline x86-64, so the portable kernels use 4). An x86 core also takes a
 // microcode assist of about 150 cycles for every multiply, division or
 // square root that reads a subnormal float (or makes one): the momentum of a
 // weight that gets no gradient (a pixel that is 0 in every image) decays by
@@ -204,19 +204,27 @@ struct ReluOp {
 struct MulOp {
   static constexpr bool kSubnormalAssist = true;
   __attribute__((target("avx512f"))) static __m512 inFloat(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
-  __attribute__((target("avx512f"))) static __m512d inDouble(__m512d a, __m512d b) { return _mm512_mul_pd(a, b); }
+  __attribute__((target("avx512f"))) static __m512d inDouble(__m512d a, __m512d b) {
+    return _mm512_mul_pd(a, b);
+  }
   static float scalar(float a, float b) { return a * b; }
 };
 struct DivOp {
   static constexpr bool kSubnormalAssist = true;
   __attribute__((target("avx512f"))) static __m512 inFloat(__m512 a, __m512 b) { return _mm512_div_ps(a, b); }
-  __attribute__((target("avx512f"))) static __m512d inDouble(__m512d a, __m512d b) { return _mm512_div_pd(a, b); }
+  __attribute__((target("avx512f"))) static __m512d inDouble(__m512d a, __m512d b) {
+    return _mm512_div_pd(a, b);
+  }
   static float scalar(float a, float b) { return a / b; }
 };
 struct SqrtOp {
   static constexpr bool kSubnormalAssist = true;
-  __attribute__((target("avx512f"))) static __m512 inFloat(__m512 a, __m512) { return _mm512_maskz_sqrt_ps(0xffff, a); }
-  __attribute__((target("avx512f"))) static __m512d inDouble(__m512d a, __m512d) { return _mm512_maskz_sqrt_pd(0xff, a); }
+  __attribute__((target("avx512f"))) static __m512 inFloat(__m512 a, __m512) {
+    return _mm512_maskz_sqrt_ps(0xffff, a);
+  }
+  __attribute__((target("avx512f"))) static __m512d inDouble(__m512d a, __m512d) {
+    return _mm512_maskz_sqrt_pd(0xff, a);
+  }
   static float scalar(float a, float) { return std::sqrt(a); }
 };
 
@@ -226,7 +234,8 @@ struct SqrtOp {
 template <class Op>
 __attribute__((target("avx512f"))) inline __m256 throughDouble(__m256 a, __m256 b) {
   const __mmask8 all = 0xff;
-  return _mm512_maskz_cvtpd_ps(all, Op::inDouble(_mm512_maskz_cvtps_pd(all, a), _mm512_maskz_cvtps_pd(all, b)));
+  return _mm512_maskz_cvtpd_ps(all,
+                               Op::inDouble(_mm512_maskz_cvtps_pd(all, a), _mm512_maskz_cvtps_pd(all, b)));
 }
 
 template <class Op>
@@ -236,6 +245,7 @@ concept AssistsOnSubnormals = Op::kSubnormalAssist;
 template <class Op, int64_t kSx, int64_t kSy>
 __attribute__((target("avx512f,avx512dq"))) void vectorAvx512(float* o, const float* x, const float* y,
                                                               int64_t n) {
+  if (n <= 0) return;               // (the scalars below read x[0] and y[0])
   constexpr int kSubnormal = 0x20;  // vfpclassps: denormal
   const __m512 xs = _mm512_set1_ps(*x);
   const __m512 ys = _mm512_set1_ps(*y);
@@ -293,9 +303,11 @@ void vectorBinaryKernel(const Step& s) {
     const float* x = inOf(s, run, 0);
     const float* y = inOf(s, run, 1);
     const auto f = [&](int64_t io, int64_t ix, int64_t iy) { o[io] = F{}(x[ix], y[iy]); };
-    forEachRow(run.loop, [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
-      if (s0 != 1 || !vectorRow<Op>(o + o0, x + o1, y + o2, n, s1, s2)) inner(n, s0, s1, s2, o0, o1, o2, f);
-    });
+    forEachRow(run.loop,
+               [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
+                 if (s0 != 1 || !vectorRow<Op>(o + o0, x + o1, y + o2, n, s1, s2))
+                   inner(n, s0, s1, s2, o0, o1, o2, f);
+               });
   }
 }
 
@@ -305,9 +317,11 @@ void vectorUnaryKernel(const Step& s) {
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
     const auto f = [&](int64_t io, int64_t ix, int64_t) { o[io] = F{}(x[ix]); };
-    forEachRow(run.loop, [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
-      if (s0 != 1 || s1 != 1 || !vectorRow<Op>(o + o0, x + o1, x + o1, n, 1, 1)) inner(n, s0, s1, s2, o0, o1, o2, f);
-    });
+    forEachRow(run.loop,
+               [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
+                 if (s0 != 1 || s1 != 1 || !vectorRow<Op>(o + o0, x + o1, x + o1, n, 1, 1))
+                   inner(n, s0, s1, s2, o0, o1, o2, f);
+               });
   }
 }
 
@@ -355,6 +369,7 @@ void scaledAddKernel(const Step& s) {
 template <int64_t kSx, int64_t kSy>
 __attribute__((target("avx512f"))) void scaledAddAvx512(float* o, const float* x, const float* y, double a,
                                                         double b, int64_t n) {
+  if (n <= 0) return;
   const __mmask8 all = 0xff;
   const __m512d va = _mm512_set1_pd(a);
   const __m512d vb = _mm512_set1_pd(b);

@@ -73,10 +73,7 @@ void planConcat(StepPlanner& planner, Step& step) {
 }  // namespace
 
 void addShapeKernels(KernelTable& table) {
-  table.add({.kind = OpKind::Reshape,
-             .plan = planReshape,
-             .tile = copyTile,
-             .planFloat64 = planReshape});
+  table.add({.kind = OpKind::Reshape, .plan = planReshape, .tile = copyTile, .planFloat64 = planReshape});
   KernelDef broadcast = unaryKernelsWithDouble<IdentityF>(OpKind::BroadcastTo);
   broadcast.tile = copyTile;
   table.add(broadcast);

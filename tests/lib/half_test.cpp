@@ -159,7 +159,8 @@ TEST_CASE("the bulk conversions give the scalar bits, on F16C and without") {
   std::vector<float> rounded = floats;
   std::vector<float> roundedPortable = floats;
   tessera::roundToHalves(rounded.data(), rounded.size());
-  tessera::detail::roundToHalvesPortable(roundedPortable.data(), roundedPortable.data(), roundedPortable.size());
+  tessera::detail::roundToHalvesPortable(roundedPortable.data(), roundedPortable.data(),
+                                         roundedPortable.size());
   const std::vector<float> source = floats;
   std::vector<float> copied(floats.size(), -1.0f);
   std::vector<float> copiedPortable(floats.size(), -1.0f);

@@ -1067,14 +1067,17 @@ std::vector<float> floatsOfEveryClass(std::size_t n, uint64_t seed) {
     const uint32_t mantissa = bits & 0x007fffffu;
     uint32_t exponent = 0;
     switch ((i / 16) % 3 == 0 ? 3 : (state >> 20) % 8) {
-      case 0: exponent = 0; break;                        // subnormal
-      case 1: case 2: exponent = 1 + (bits >> 23) % 40; break;  // tiny
-      case 3: case 4: exponent = 100 + (bits >> 23) % 50; break;  // around 1
-      case 5: exponent = 215 + (bits >> 23) % 39; break;  // huge
+      case 0: exponent = 0; break;  // subnormal
+      case 1:
+      case 2: exponent = 1 + (bits >> 23) % 40; break;  // tiny
+      case 3:
+      case 4: exponent = 100 + (bits >> 23) % 50; break;     // around 1
+      case 5: exponent = 215 + (bits >> 23) % 39; break;     // huge
       case 6: exponent = (bits & 1u) != 0 ? 255 : 0; break;  // infinities, NaNs, zeros
       default: exponent = 127 - (bits >> 23) % 3; break;
     }
-    const uint32_t m = exponent == 255 || (exponent == 0 && (state >> 40) % 2 == 0) ? mantissa & 0x00400001u : mantissa;
+    const uint32_t m =
+        exponent == 255 || (exponent == 0 && (state >> 40) % 2 == 0) ? mantissa & 0x00400001u : mantissa;
     out[i] = std::bit_cast<float>(sign | exponent << 23 | m);
   }
   return out;
@@ -1146,9 +1149,9 @@ TEST_CASE("the vectorized elementwise kernels keep the scalar float operations' 
       const std::vector<float> gotMasked = value(masked);
       const std::vector<float> gotCopied = value(copied);
       const std::vector<float> gotBiased = value(biased);
-      for (const std::vector<float>* got : {&gotBoth, &gotScaled, &gotFirst, &gotMoved, &gotQuotient,
-                                            &gotQuotientScalar, &gotRoot, &gotSum, &gotDifference, &gotRectified,
-                                            &gotMasked, &gotCopied})
+      for (const std::vector<float>* got :
+           {&gotBoth, &gotScaled, &gotFirst, &gotMoved, &gotQuotient, &gotQuotientScalar, &gotRoot, &gotSum,
+            &gotDifference, &gotRectified, &gotMasked, &gotCopied})
         REQUIRE(got->size() == static_cast<std::size_t>(n));
       REQUIRE(gotBiased.size() == 3 * static_cast<std::size_t>(n));
       int subnormalResults = 0;
