@@ -158,7 +158,7 @@ KernelDef binaryKernels(OpKind kind) {
 template <class F>
 KernelDef unaryKernelsWithDouble(OpKind kind) {
   KernelDef def = unaryKernels<F>(kind);
-  def.planFloat64 = planBroadcast<unaryDoubleKernel<F>>;
+  def.planFloat64 = planBroadcast<unaryKernel<F, double>>;
   return def;
 }
 

@@ -317,23 +317,52 @@ void roundToHalfTile(const Step& s, const TileOperands& t, int64_t n);
 // the input, or the scalar repeated.
 void copyTile(const Step& s, const TileOperands& t, int64_t n);
 
-// A strided kernel computing F per element of one input, or of two.
-template <class F>
+// Float64 values in float slots: a double's 8 bytes in two floats, read and
+// written whole (buffers start on cache lines and every group and element
+// offset of a float64 tensor is even, so doubles are 8-byte aligned).
+inline double loadDouble(const float* p) {
+  double v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void storeDouble(float* p, double v) { std::memcpy(p, &v, sizeof v); }
+// A value read as T (a float from one slot, a double from two), and a value
+// stored as its own type.
+template <class T>
+T loadSlots(const float* p) {
+  if constexpr (std::is_same_v<T, double>) {
+    return loadDouble(p);
+  } else {
+    return *p;
+  }
+}
+inline void storeSlots(float* p, float v) { *p = v; }
+inline void storeSlots(float* p, double v) { storeDouble(p, v); }
+
+// A strided kernel computing F per element of one input, or of two. The
+// operands are read as In and the result stored as Out: floats, or doubles
+// in the kernels of KernelDef::planFloat64 (the casts to and from float64
+// read one type and store the other).
+template <class F, class In = float, class Out = In>
 void unaryKernel(const Step& s) {
   for (const Run& run : s.runs) {
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
-    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t) { o[io] = F{}(x[ix]); });
+    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t) {
+      storeSlots(o + io, static_cast<Out>(F{}(loadSlots<In>(x + ix))));
+    });
   }
 }
 
-template <class F>
+template <class F, class T = float>
 void binaryKernel(const Step& s) {
   for (const Run& run : s.runs) {
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
     const float* y = inOf(s, run, 1);
-    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t iy) { o[io] = F{}(x[ix], y[iy]); });
+    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t iy) {
+      storeSlots(o + io, static_cast<T>(F{}(loadSlots<T>(x + ix), loadSlots<T>(y + iy))));
+    });
   }
 }
 
@@ -401,53 +430,5 @@ struct IdentityF {
     return x;
   }
 };
-
-// Float64 values in float slots: a double's 8 bytes in two floats, read and
-// written whole (buffers start on cache lines and every group and element
-// offset of a float64 tensor is even, so doubles are 8-byte aligned).
-inline double loadDouble(const float* p) {
-  double v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void storeDouble(float* p, double v) { std::memcpy(p, &v, sizeof v); }
-// A value read as T (a float from one slot, a double from two), and a value
-// stored as its own type.
-template <class T>
-T loadSlots(const float* p) {
-  if constexpr (std::is_same_v<T, double>) {
-    return loadDouble(p);
-  } else {
-    return *p;
-  }
-}
-inline void storeSlots(float* p, float v) { *p = v; }
-inline void storeSlots(float* p, double v) { storeDouble(p, v); }
-
-// Strided kernels of the plans of KernelDef::planFloat64. Unary: F{}(x) per
-// element, x read as In (a double by default; float for casts to float64)
-// and the result stored as F's type (a cast from float64 returns a float).
-// Binary: F{}(x, y) in double.
-template <class F, class In = double>
-void unaryDoubleKernel(const Step& s) {
-  for (const Run& run : s.runs) {
-    float* o = outOf(s, run);
-    const float* x = inOf(s, run, 0);
-    forEach(run.loop,
-            [&](int64_t io, int64_t ix, int64_t) { storeSlots(o + io, F{}(loadSlots<In>(x + ix))); });
-  }
-}
-
-template <class F>
-void binaryDoubleKernel(const Step& s) {
-  for (const Run& run : s.runs) {
-    float* o = outOf(s, run);
-    const float* x = inOf(s, run, 0);
-    const float* y = inOf(s, run, 1);
-    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t iy) {
-      storeDouble(o + io, F{}(loadDouble(x + ix), loadDouble(y + iy)));
-    });
-  }
-}
 
 }  // namespace tessera::sim

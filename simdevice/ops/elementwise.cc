@@ -408,7 +408,7 @@ void scaledAddTile(const Step& s, const TileOperands& t, int64_t n) {
 template <class F>
 KernelDef binaryKernelsWithDouble(OpKind kind) {
   KernelDef def = binaryKernels<F>(kind);
-  def.planFloat64 = planBroadcast<binaryDoubleKernel<F>>;
+  def.planFloat64 = planBroadcast<binaryKernel<F, double>>;
   return def;
 }
 

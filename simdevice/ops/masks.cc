@@ -25,20 +25,27 @@ struct OrF {
   float operator()(float a, float b) const { return a != 0.0f || b != 0.0f ? 1.0f : 0.0f; }
 };
 struct TruncF {
-  float operator()(float x) const { return std::trunc(x); }
+  template <class T>
+  T operator()(T x) const {
+    return std::trunc(x);
+  }
 };
 struct NotF {
   float operator()(float x) const { return x == 0.0f ? 1.0f : 0.0f; }
 };
 
+// Where over x and y read as T (floats, or float64 doubles); the condition
+// is a float 0/1 mask.
+template <class T = float>
 void whereKernel(const Step& s) {
   for (const Run& run : s.runs) {
     float* o = outOf(s, run);
     const float* c = inOf(s, run, 0);
     const float* x = inOf(s, run, 1);
     const float* y = inOf(s, run, 2);
-    forEach3(run.loop,
-             [&](int64_t io, int64_t ic, int64_t ix, int64_t iy) { o[io] = c[ic] != 0.0f ? x[ix] : y[iy]; });
+    forEach3(run.loop, [&](int64_t io, int64_t ic, int64_t ix, int64_t iy) {
+      storeSlots(o + io, c[ic] != 0.0f ? loadSlots<T>(x + ix) : loadSlots<T>(y + iy));
+    });
   }
 }
 
@@ -48,31 +55,6 @@ void whereTile(const Step& s, const TileOperands& t, int64_t n) {
   const int64_t sy = s.tileStride[2];
   for (int64_t i = 0; i < n; ++i) t.out[i] = t.in[0][i * sc] != 0.0f ? t.in[1][i * sx] : t.in[2][i * sy];
 }
-
-// Where over float64 x and y (the condition is a float 0/1 mask).
-void whereDoubleKernel(const Step& s) {
-  for (const Run& run : s.runs) {
-    float* o = outOf(s, run);
-    const float* c = inOf(s, run, 0);
-    const float* x = inOf(s, run, 1);
-    const float* y = inOf(s, run, 2);
-    forEach3(run.loop, [&](int64_t io, int64_t ic, int64_t ix, int64_t iy) {
-      storeDouble(o + io, c[ic] != 0.0f ? loadDouble(x + ix) : loadDouble(y + iy));
-    });
-  }
-}
-
-// Casts to and from float64: int32, float32 and float16 values are exact
-// doubles; a double becomes the nearest float32, or an int32 truncated.
-struct WidenF {
-  double operator()(float x) const { return x; }
-};
-struct NarrowF {
-  float operator()(double x) const { return static_cast<float>(x); }
-};
-struct TruncNarrowF {
-  float operator()(double x) const { return static_cast<float>(std::trunc(x)); }
-};
 
 // Per output group g: table[g] the global replica whose value the group
 // holds (its first replica: a value that replicas share has one mask);
@@ -118,18 +100,22 @@ void addMaskKernels(KernelTable& table) {
   table.add(binaryKernels<OrF>(OpKind::Or));
   table.add(unaryKernels<NotF>(OpKind::Not));
   table.add({.kind = OpKind::Where,
-             .plan = planBroadcast<whereKernel>,
+             .plan = planBroadcast<whereKernel<float>>,
              .tile = whereTile,
-             .planFloat64 = planBroadcast<whereDoubleKernel>});
+             .planFloat64 = planBroadcast<whereKernel<double>>});
   table.add({.kind = OpKind::Dropout, .plan = planDropout});
+  // Casts to and from float64 (IdentityF and TruncF reading one type and
+  // storing the other): int32, float32 and float16 values are exact
+  // doubles; a double becomes the nearest float32, or an int32 truncated.
   KernelDef toInt32 = unaryKernels<TruncF>(OpKind::CastToInt32);
-  toInt32.planFloat64 = planBroadcast<unaryDoubleKernel<TruncNarrowF>>;
+  toInt32.planFloat64 = planBroadcast<unaryKernel<TruncF, double, float>>;
   table.add(toInt32);
   KernelDef toFloat32 = unaryKernels<IdentityF>(OpKind::CastToFloat32);
   toFloat32.tile = copyTile;
-  toFloat32.planFloat64 = planBroadcast<unaryDoubleKernel<NarrowF>>;
+  toFloat32.planFloat64 = planBroadcast<unaryKernel<IdentityF, double, float>>;
   table.add(toFloat32);
-  table.add({.kind = OpKind::CastToFloat64, .planFloat64 = planBroadcast<unaryDoubleKernel<WidenF, float>>});
+  table.add(
+      {.kind = OpKind::CastToFloat64, .planFloat64 = planBroadcast<unaryKernel<IdentityF, float, double>>});
   table.add(
       {.kind = OpKind::CastToFloat16, .plan = planBroadcast<roundToHalfKernel>, .tile = roundToHalfTile});
 }
