@@ -1,12 +1,21 @@
 #include "tessera/trainer.hpp"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <exception>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <string_view>
 #include <system_error>
+#include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -114,7 +123,8 @@ TensorDataset loadRunData(const RunConfig& config, const RunModel& model, std::s
 // inputs that point at them.
 class StepBuffers {
  public:
-  StepBuffers(const std::vector<std::string>& inputs, const TensorSplit& split, int64_t samples) {
+  StepBuffers(const std::vector<std::string>& inputs, const TensorSplit& split, int64_t samples)
+      : samples_(samples) {
     floats_.resize(inputs.size());
     ints_.resize(inputs.size());
     for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -135,24 +145,173 @@ class StepBuffers {
   }
 
   // Copies the samples at positions first .. of `order` into the buffers.
-  void fill(std::span<const int64_t> order, int64_t first) {
+  void fill(std::span<const int64_t> order, int64_t first) { fill(order, first, 0, samples_); }
+
+  // Copies samples [begin, end) of the buffers only: those at positions
+  // first + begin .. first + end of `order`.
+  void fill(std::span<const int64_t> order, int64_t first, int64_t begin, int64_t end) {
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      const auto from = static_cast<std::size_t>(begin * tensors_[i]->sampleElements());
+      const auto count = static_cast<std::size_t>((end - begin) * tensors_[i]->sampleElements());
       if (isFloating(tensors_[i]->dtype)) {
-        fillTensorBatch(*tensors_[i], order, first, floats_[i]);
+        fillTensorBatch(*tensors_[i], order, first + begin, std::span(floats_[i]).subspan(from, count));
       } else {
-        fillTensorBatch(*tensors_[i], order, first, ints_[i]);
+        fillTensorBatch(*tensors_[i], order, first + begin, std::span(ints_[i]).subspan(from, count));
       }
     }
   }
+
+  int64_t samples() const noexcept { return samples_; }
 
   std::span<const StepInput> inputs() const noexcept { return steps_; }
   const std::vector<int32_t>& ints(std::size_t input) const noexcept { return ints_[input]; }
 
  private:
+  int64_t samples_;
   std::vector<const DataTensor*> tensors_;
   std::vector<std::vector<float>> floats_;
   std::vector<std::vector<int32_t>> ints_;
   std::vector<StepInput> steps_;
+};
+
+// The training steps' inputs, gathered one step ahead: while the device
+// runs step k, a host thread of the feed copies step k + 1's samples from
+// the dataset into a second set of buffers, as PopART prefetches its data
+// streams. The gather reads samples scattered over the whole dataset (a
+// cache miss per line), about a tenth of an MLP step.
+//
+// The feed's thread must not slow the device's: it runs at the lowest
+// priority (nice 19), so that it takes a core mostly when a device thread
+// leaves it idle, and it gathers in chunks of samples that the caller
+// claims too: a take() that finds the gather unfinished copies the chunks
+// left itself and waits only for the one the thread holds. (A plain thread
+// at normal priority made the Adam sample config 6 % slower: it took its
+// core from a device thread in the middle of a parallel step.) The values
+// are the same either way. With a device of one host thread there is no
+// feed thread: the caller gathers in place, and a single-threaded run stays
+// on one core.
+class BatchFeed {
+ public:
+  BatchFeed(const std::vector<std::string>& inputs, const TensorSplit& split, int64_t samples, bool ahead)
+      : buffers_{StepBuffers(inputs, split, samples), StepBuffers(inputs, split, samples)},
+        chunks_((samples + kChunkSamples - 1) / kChunkSamples) {
+    if (ahead) thread_ = std::jthread([this](std::stop_token stop) { gatherAhead(stop); });
+  }
+  BatchFeed(const BatchFeed&) = delete;
+  BatchFeed& operator=(const BatchFeed&) = delete;
+  ~BatchFeed() {
+    if (!thread_.joinable()) return;
+    thread_.request_stop();
+    changed_.notify_all();
+  }
+
+  // The step inputs of the samples at positions first .. of `order`: the
+  // ones prefetch() asked for when it asked for these, else gathered now.
+  std::span<const StepInput> take(std::span<const int64_t> order, int64_t first) {
+    const bool asked =
+        asked_ && order.data() == order_.data() && order.size() == order_.size() && first == first_;
+    finish();
+    if (!asked) {
+      failure_ = nullptr;  // of a gather nobody took
+      buffers_[current_].fill(order, first);
+      return buffers_[current_].inputs();
+    }
+    current_ = 1 - current_;
+    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+    return buffers_[current_].inputs();
+  }
+
+  // Starts gathering the samples at positions first .. of `order` for the
+  // next take(), into the buffers the current step does not read. `order`
+  // must stay as it is until then.
+  void prefetch(std::span<const int64_t> order, int64_t first) {
+    if (!thread_.joinable()) return;
+    finish();
+    {
+      std::lock_guard lock(mutex_);
+      order_ = order;
+      first_ = first;
+      target_ = 1 - current_;
+      done_ = 0;
+      asked_ = true;
+      ++generation_;
+      claims_.store(generation_ << kChunkBits, std::memory_order_release);
+    }
+    changed_.notify_all();
+  }
+
+ private:
+  static constexpr int64_t kChunkSamples = 8;
+  static constexpr int kChunkBits = 32;
+
+  // Gathers chunks of the request of `generation` into buffers_[target]
+  // until none is left to claim.
+  void gatherChunks(uint64_t generation, std::span<const int64_t> order, int64_t first, int target) {
+    StepBuffers& next = buffers_[static_cast<std::size_t>(target)];
+    uint64_t claims = claims_.load(std::memory_order_acquire);
+    for (;;) {
+      const auto chunk = static_cast<int64_t>(claims & ((uint64_t{1} << kChunkBits) - 1));
+      if ((claims >> kChunkBits) != generation || chunk >= chunks_) return;
+      if (!claims_.compare_exchange_weak(claims, claims + 1, std::memory_order_acq_rel)) continue;
+      std::exception_ptr failure;
+      try {
+        next.fill(order, first, chunk * kChunkSamples, std::min((chunk + 1) * kChunkSamples, next.samples()));
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      std::lock_guard lock(mutex_);
+      if (failure && !failure_) failure_ = failure;
+      if (++done_ == chunks_) changed_.notify_all();
+      claims = claims_.load(std::memory_order_acquire);
+    }
+  }
+
+  // Completes the current request, if any: the caller gathers the chunks
+  // left and waits for those under way.
+  void finish() {
+    if (!asked_) return;
+    gatherChunks(generation_, order_, first_, target_);
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return done_ == chunks_; });
+    asked_ = false;
+  }
+
+  void gatherAhead(std::stop_token stop) {
+    // The lowest priority: idle cores only (an error leaves the thread as it is).
+    setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
+    uint64_t seen = 0;
+    for (;;) {
+      std::span<const int64_t> order;
+      int64_t first = 0;
+      int target = 0;
+      {
+        std::unique_lock lock(mutex_);
+        if (!changed_.wait(lock, stop, [&] { return generation_ != seen; })) return;
+        seen = generation_;
+        order = order_;
+        first = first_;
+        target = target_;
+      }
+      gatherChunks(seen, order, first, target);
+    }
+  }
+
+  std::array<StepBuffers, 2> buffers_;
+  const int64_t chunks_;  // of kChunkSamples samples, the last one shorter
+  int current_ = 0;       // the buffers take() returned last
+  // The request: set by prefetch() on the caller's thread while no chunk
+  // is under way, read under the mutex by the feed's thread.
+  std::span<const int64_t> order_;
+  int64_t first_ = 0;
+  int target_ = 0;      // the buffers it fills
+  bool asked_ = false;  // the caller's: a request is open (take() not yet called)
+  std::mutex mutex_;
+  std::condition_variable_any changed_;
+  uint64_t generation_ = 0;          // of the latest request
+  std::atomic<uint64_t> claims_{0};  // generation << kChunkBits | chunks claimed
+  int64_t done_ = 0;                 // chunks of the latest request gathered (mutex_)
+  std::exception_ptr failure_;       // the first failure of a chunk (mutex_)
+  std::jthread thread_;              // last: joined before the members it uses go
 };
 
 // Why `control` asks to stop now: 0 when it does not, else its stopReason
@@ -502,8 +661,10 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   }
 
   const std::vector<std::string> inputs = model.inputs;
+  std::unique_ptr<Device> device = instances.device(config.device);
+  const int deviceThreads = device->hostThreads();
   TrainingSession session(std::move(model.graph), model.loss, makeOptimizer(config.optimizer), options,
-                          instances.device(config.device));
+                          std::move(device));
   int64_t totalSteps = 0;
   if (__builtin_mul_overflow(stepsPerEpoch, config.data.epochs, &totalSteps)) {
     throw ConfigError(ErrorCode::ShapeTooLarge, "/data/epochs",
@@ -567,7 +728,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
                           globalBatch, stepsPerEpoch * globalBatch, data.train.count % globalBatch)));
   }
   std::vector<int64_t> order(static_cast<size_t>(data.train.count));
-  StepBuffers buffers(inputs, data.train, stepSamples);
+  BatchFeed feed(inputs, data.train, stepSamples, deviceThreads > 1);
   double trainSeconds = 0.0;
   // The schedule scales the config's rate (not the session's, which a
   // checkpoint may have left scaled), from the absolute step, so a resumed
@@ -593,8 +754,11 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       const auto start = Clock::now();
       if (summary.steps == 0) summary.setupSeconds = std::chrono::duration<double>(start - called).count();
       const int64_t first = instanceStepOffset(step, stepSamples, instances.count(), instances.index());
-      buffers.fill(order, first);
-      session.run(buffers.inputs());
+      const std::span<const StepInput> stepInputs = feed.take(order, first);
+      if (step + 1 < stepsPerEpoch) {
+        feed.prefetch(order, instanceStepOffset(step + 1, stepSamples, instances.count(), instances.index()));
+      }
+      session.run(stepInputs);
       const double loss = instances.meanLoss(session, control);
       trainSeconds += std::chrono::duration<double>(Clock::now() - start).count();
       summary.losses.push_back(loss);

@@ -3,6 +3,7 @@
 #include "executor.hpp"
 #include "tessera/communicator.hpp"
 #include "tessera/device.hpp"
+#include "worker_pool.hpp"
 
 namespace tessera {
 namespace {
@@ -10,7 +11,8 @@ namespace {
 class SimDevice final : public Device {
  public:
   SimDevice(DeviceSpec spec, ExecutionMode mode, std::shared_ptr<Communicator> communicator)
-      : spec_(spec), mode_(mode), communicator_(std::move(communicator)) {}
+      : spec_(spec), mode_(mode), communicator_(std::move(communicator)), threads_(sim::deviceThreads(spec)) {
+  }
 
   const DeviceSpec& spec() const override { return spec_; }
   ExecutionMode mode() const override { return mode_; }
@@ -18,11 +20,13 @@ class SimDevice final : public Device {
     return std::make_unique<sim::SimExecutable>(std::move(program), spec_, mode_, communicator_);
   }
   Communicator* communicator() const override { return communicator_.get(); }
+  int hostThreads() const override { return threads_; }
 
  private:
   DeviceSpec spec_;
   ExecutionMode mode_;
   std::shared_ptr<Communicator> communicator_;
+  int threads_;
 };
 
 }  // namespace

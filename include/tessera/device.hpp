@@ -220,6 +220,10 @@ class Device {
   // The communicator of a multi-instance run (communicator.hpp), or null
   // when this device runs every replica of its programs itself.
   virtual Communicator* communicator() const { return nullptr; }
+  // The host threads its programs run on (DeviceSpec::numThreads as
+  // resolved): a host that feeds it can tell whether a thread of its own
+  // would take a core from the device.
+  virtual int hostThreads() const { return 1; }
 };
 
 std::unique_ptr<Device> makeSimDevice(DeviceSpec spec = {}, ExecutionMode mode = ExecutionMode::Vectorized);

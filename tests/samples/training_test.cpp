@@ -250,6 +250,16 @@ TEST_CASE("the RTS config shards its weights and trains like the replicated run"
   checkSameTraining(sharded, replicated, 1e-5);
 }
 
+TEST_CASE("gathering each batch a step ahead on a feed thread trains the same bits as gathering in place") {
+  // A device of one host thread gathers in place; of two, the feed gathers step k + 1 while step k runs.
+  // Two epochs: the feed must not gather across the reshuffle between them.
+  const json inPlace = train("samples/configs/mnist_rts.json", {"/device/numThreads=1", "/data/epochs=2"});
+  const json ahead = train("samples/configs/mnist_rts.json", {"/device/numThreads=2", "/data/epochs=2"});
+  REQUIRE(inPlace["losses"].size() == 100);
+  CHECK(ahead["losses"] == inPlace["losses"]);
+  CHECK(ahead["epochTestAccuracies"] == inPlace["epochTestAccuracies"]);
+}
+
 TEST_CASE("the RTS recipe config trains like plain replication") {
   // The recipe sums gradients over the 4 replicas (PopART's default reduction): a smaller step keeps
   // training stable, so that float rounding is all that differs.

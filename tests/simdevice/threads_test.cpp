@@ -279,8 +279,10 @@ TEST_CASE("the thread count: the spec, else TESSERA_NUM_THREADS, else the CPU af
   CHECK(sim::affinityCpus() >= 1);
   ::setenv("TESSERA_NUM_THREADS", "3", 1);
   CHECK(sim::deviceThreads(spec) == 3);
+  CHECK(makeSimDevice(spec)->hostThreads() == 3);
   spec.numThreads = 5;
   CHECK(sim::deviceThreads(spec) == 5);
+  CHECK(makeSimDevice(spec)->hostThreads() == 5);
   spec.numThreads = 0;
   for (const char* bad : {"0", "-2", "two", "3x", "1025", " 2"}) {
     CAPTURE(bad);
