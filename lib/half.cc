@@ -1,6 +1,7 @@
 #include "half.hpp"
 
 #include <bit>
+#include <cmath>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -78,6 +79,20 @@ float halfToFloat(uint16_t bits) {
     --floatExponent;
   }
   return std::bit_cast<float>(sign | (floatExponent << 23) | ((mantissa & 0x3ffu) << 13));
+}
+
+float roundDoubleToHalf(double value) {
+  float narrow = static_cast<float>(value);
+  if (static_cast<double>(narrow) == value || value != value) return roundToHalf(narrow);
+  // Inexact: round to odd instead, the float next to `value` toward zero
+  // with its last bit set. It lies on the same side of every half and every
+  // midpoint between two halves as `value` does (float32 keeps at least two
+  // bits more than a half, in the normal range and in the half's subnormal
+  // one), so the one rounding that follows is that of `value` itself. Beyond
+  // float32's range it is the largest float, which overflows a half as
+  // `value` does; below it, the smallest subnormal, which rounds to zero.
+  if (std::fabs(static_cast<double>(narrow)) > std::fabs(value)) narrow = std::nextafter(narrow, 0.0f);
+  return roundToHalf(std::bit_cast<float>(std::bit_cast<uint32_t>(narrow) | 1u));
 }
 
 namespace detail {

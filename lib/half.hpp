@@ -34,6 +34,11 @@ void halvesToFloats(const uint16_t* in, float* out, std::size_t count);
 // half and read back.
 inline float roundToHalf(float value) { return halfToFloat(floatToHalf(value)); }
 
+// The float equal to the half nearest to the double `value`, rounded once
+// (not through float32, whose rounding can land on the midpoint between two
+// halves and then tie to even: 1 + 2^-11 + 2^-40 is 1 + 2^-10, not 1).
+float roundDoubleToHalf(double value);
+
 // out[i] = roundToHalf(in[i]) for i < count (float16 storage held in float
 // slots); `out` may be `in`.
 void roundToHalves(const float* in, float* out, std::size_t count);

@@ -158,7 +158,9 @@ Tensor constantFloat64(Graph& graph, std::string name, const std::vector<double>
 
 Tensor scalar(Graph& graph, double value, DType dtype) {
   if (dtype == DType::Float64) return constantFloat64(graph, graph.uniqueName("scalar"), {value}, {});
-  return constant(graph, graph.uniqueName("scalar"), {static_cast<float>(value)}, {}, dtype);
+  // A float16 scalar is the half nearest the double, rounded once.
+  const float narrow = dtype == DType::Float16 ? roundDoubleToHalf(value) : static_cast<float>(value);
+  return constant(graph, graph.uniqueName("scalar"), {narrow}, {}, dtype);
 }
 
 Tensor matmul(Tensor a, Tensor b) { return binary(OpKind::MatMul, a, b); }
@@ -280,10 +282,10 @@ Tensor cast(Tensor x, DType dtype) {
     case DType::Float64:
       return unary(OpKind::CastToFloat64, x);
     case DType::Float16:
-      if (x.dtype() != DType::Float32) {
+      if (x.dtype() != DType::Float32 && x.dtype() != DType::Float64) {
         throw GraphError(ErrorCode::InvalidOperand, x.name(),
-                         fmt::format("Cast: \"{}\" {} {} cannot be cast to float16 directly; only float32 casts "
-                                     "to float16 (cast int32 or float64 to float32 first)",
+                         fmt::format("Cast: \"{}\" {} {} cannot be cast to float16 directly; float32 and "
+                                     "float64 cast to float16 (cast int32 to float32 first)",
                                      x.name(), shapeStr(x.shape()), x.dtype()));
       }
       return unary(OpKind::CastToFloat16, x);

@@ -235,7 +235,10 @@ DType Importer::deviceFloat(int32_t type) const {
 
 Tensor Importer::toFloat(Tensor t, DType dtype) {
   if (t.dtype() == dtype) return t;
-  if (t.dtype() != DType::Float32) t = ops::cast(t, DType::Float32);
+  // A double goes to float16 in one rounding; through float32 it could tie
+  // the wrong way.
+  if (t.dtype() != DType::Float32 && !(t.dtype() == DType::Float64 && dtype == DType::Float16))
+    t = ops::cast(t, DType::Float32);
   return ops::cast(t, dtype);
 }
 
@@ -1030,9 +1033,10 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
                               in.type == onnx::TensorProto::DOUBLE;
     if (to == onnx::TensorProto::FLOAT16 &&
         (fromFloating || fromInteger || in.type == onnx::TensorProto::BOOL)) {
-      // float16 from anything numeric (through float32: the rounding of
-      // float32 -> float16 on the device); x itself when it is float16 (a
-      // float16 model, or float under floatType Float16).
+      // float16 from anything numeric: a double rounded once to the nearest
+      // half, the rest through float32 (exact for int32 up to 2^24, beyond
+      // the half's range anyway); x itself when it is float16 (a float16
+      // model, or float under floatType Float16).
       setOutput(node, 0, toFloat(operand(node, 0, subject), DType::Float16), onnx::TensorProto::FLOAT16);
       return;
     }

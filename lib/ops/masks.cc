@@ -196,17 +196,23 @@ void addMaskOps(OpTable& table) {
                    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<double>(static_cast<float>(x[i]));
                  },
              .cost = perElement});
-  // The output is stored as half: the reference's rounding model (and the
-  // device's) rounds every float16 output, so the op itself is the identity.
+  // From float32 or float64. The output is stored as half: the reference's
+  // rounding model (and the device's) rounds every float16 output to the
+  // nearest half, so the op itself is the identity; a double is rounded
+  // once, not through float32.
   table.add({.kind = OpKind::CastToFloat16,
              .family = OpFamily::Mask,
              .elementwise = true,
              .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
                c.arity(1);
-               c.dtype(0, DType::Float32);
+               if (c.in(0).dtype != DType::Float32 && c.in(0).dtype != DType::Float64) {
+                 c.fail(ErrorCode::InvalidOperand,
+                        fmt::format("input 0 {} is {}; CastToFloat16 takes float32 or float64", c.desc(0),
+                                    c.in(0).dtype));
+               }
                return {{c.shape(0), DType::Float16, c.in(0).metaShape}};
              },
-             .gradient = [](const GradientContext& g) -> R { return {ops::cast(g.dy, DType::Float32)}; },
+             .gradient = [](const GradientContext& g) -> R { return {ops::cast(g.dy, g.in(0).dtype())}; },
              .reference = [](ReferenceOp& r, int64_t replica) { r.out(replica) = r.in(0, replica); },
              .cost = perElement});
 
@@ -268,7 +274,8 @@ void addMaskOps(OpTable& table) {
        .cost = [](const Graph& graph,
                   const OpNode& op) { return OpCost{.flops = 8.0 * elementsOf(graph, op.outputs[0])}; }});
   table.keepsHalves({OpKind::Where});
-  table.float64({OpKind::Where, OpKind::CastToInt32, OpKind::CastToFloat32, OpKind::CastToFloat64});
+  table.float64({OpKind::Where, OpKind::CastToInt32, OpKind::CastToFloat32, OpKind::CastToFloat16,
+                 OpKind::CastToFloat64});
 }
 
 }  // namespace tessera

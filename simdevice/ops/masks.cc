@@ -4,6 +4,7 @@
 #include "ops/masks.hpp"
 #include <cmath>
 
+#include "half.hpp"
 #include "kernel_table.hpp"
 
 namespace tessera::sim {
@@ -23,6 +24,9 @@ struct AndF {
 };
 struct OrF {
   float operator()(float a, float b) const { return a != 0.0f || b != 0.0f ? 1.0f : 0.0f; }
+};
+struct HalfOfDoubleF {
+  float operator()(double x) const { return roundDoubleToHalf(x); }
 };
 struct TruncF {
   template <class T>
@@ -116,8 +120,12 @@ void addMaskKernels(KernelTable& table) {
   table.add(toFloat32);
   table.add(
       {.kind = OpKind::CastToFloat64, .planFloat64 = planBroadcast<unaryKernel<IdentityF, float, double>>});
-  table.add(
-      {.kind = OpKind::CastToFloat16, .plan = planBroadcast<roundToHalfKernel>, .tile = roundToHalfTile});
+  // To float16: a float rounded by the rounding kernels, a double rounded
+  // once to the nearest half (not through float32).
+  table.add({.kind = OpKind::CastToFloat16,
+             .plan = planBroadcast<roundToHalfKernel>,
+             .tile = roundToHalfTile,
+             .planFloat64 = planBroadcast<unaryKernel<HalfOfDoubleF, double, float>>});
 }
 
 }  // namespace tessera::sim

@@ -82,6 +82,7 @@ TEST_CASE("the elementwise family, Where, the casts and the shape ops take float
   Fixture f;
   CHECK(ops::cast(f.a, DType::Float32).dtype() == DType::Float32);
   CHECK(ops::cast(f.a, DType::Int32).dtype() == DType::Int32);
+  CHECK(ops::cast(f.a, DType::Float16).dtype() == DType::Float16);  // rounded once, not through float32
   CHECK(ops::cast(f.a, kF64).id() == f.a.id());
 }
 
@@ -110,7 +111,7 @@ TEST_CASE("ops that do not take float64 refuse it, naming the op, the tensor and
   TESSERA_CHECK_ERROR(ops::reduceSum(f.a), GraphError, ErrorCode::InvalidOperand);
   TESSERA_CHECK_ERROR(ops::softmax(f.a), GraphError, ErrorCode::InvalidOperand);
   TESSERA_CHECK_ERROR(ops::gelu(f.a), GraphError, ErrorCode::InvalidOperand);
-  TESSERA_CHECK_ERROR(ops::cast(f.a, DType::Float16), GraphError, ErrorCode::InvalidOperand);
+  TESSERA_CHECK_ERROR(ops::cast(f.labels, DType::Float16), GraphError, ErrorCode::InvalidOperand);
   TESSERA_CHECK_ERROR(ops::castToFloat32(f.a32), GraphError, ErrorCode::InvalidOperand);
   TESSERA_CHECK_ERROR(ops::variable(f.g, "w", std::vector<float>(3, 1.0f), {3}, std::nullopt,
                                     RetrievalMode::OnePerGroup, TensorCategory::Weight, kF64),
@@ -149,4 +150,12 @@ TEST_CASE("autodiff through a float64 graph: gradients have the dtype of their t
   REQUIRE(grads.size() == 2);
   CHECK(grads[0].dtype() == DType::Float32);
   CHECK(grads[1].dtype() == kF64);
+}
+
+TEST_CASE("a float16 scalar from a double is the nearest half, rounded once") {
+  Graph g{1};
+  const Tensor s = ops::scalar(g, 1.0 + 0x1p-11 + 0x1p-40, DType::Float16);
+  REQUIRE(g.tensor(s.id()).data.size() == 1);
+  CHECK(g.tensor(s.id()).data[0] == 1.0f + 0x1p-10f);  // through float32: 1
+  CHECK(g.tensor(ops::scalar(g, 1.0 + 0x1p-11, DType::Float16).id()).data[0] == 1.0f);
 }

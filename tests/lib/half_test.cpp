@@ -34,7 +34,10 @@ double halfValue(uint16_t h) {
 // The nearest half to `value` (finite), ties to the even pattern, by search
 // over the table of every non-negative finite half plus 65536 standing for
 // infinity (pattern 0x7c00, even), as IEEE rounding treats it.
-uint16_t nearestHalf(float value, const std::vector<double>& table) {
+// (For a double too: the differences below are exact, as the value lies
+// between two neighbouring halves, within a factor of 2 of each.)
+template <class T>
+uint16_t nearestHalf(T value, const std::vector<double>& table) {
   const double magnitude = std::fabs(static_cast<double>(value));
   const auto sign = static_cast<uint16_t>(std::signbit(value) ? 0x8000u : 0u);
   if (magnitude >= table.back()) return sign | 0x7c00u;
@@ -129,6 +132,55 @@ TEST_CASE("narrowing rounds to the nearest half, ties to even") {
       if (!std::isfinite(value)) continue;
       CAPTURE(value);
       REQUIRE(floatToHalf(value) == nearestHalf(value, table));
+    }
+  }
+}
+
+TEST_CASE("a double narrows to the nearest half in one rounding, not through float32") {
+  const std::vector<double> table = halfTable();
+  const auto halfOf = [](double value) { return floatToHalf(tessera::roundDoubleToHalf(value)); };
+  SUBCASE("landmarks") {
+    // Rounded to float32 first, each of these lands on a midpoint and ties the wrong way.
+    CHECK(halfOf(1.0 + 0x1p-11 + 0x1p-40) == 0x3c01u);
+    CHECK(floatToHalf(static_cast<float>(1.0 + 0x1p-11 + 0x1p-40)) == 0x3c00u);
+    CHECK(halfOf(1.0 + 3 * 0x1p-11 - 0x1p-45) == 0x3c01u);
+    CHECK(halfOf(65520.0 - 0x1p-30) == 0x7bffu);
+    CHECK(halfOf(0x1p-25 + 0x1p-60) == 0x0001u);
+    // True ties still go to even; the range's edges as for a float.
+    CHECK(halfOf(1.0 + 0x1p-11) == 0x3c00u);
+    CHECK(halfOf(0x1p-25) == 0x0000u);
+    CHECK(halfOf(65520.0) == 0x7c00u);
+    CHECK(halfOf(1e300) == 0x7c00u);
+    CHECK(halfOf(-1e300) == 0xfc00u);
+    CHECK(halfOf(std::numeric_limits<double>::max()) == 0x7c00u);
+    CHECK(halfOf(-std::numeric_limits<double>::infinity()) == 0xfc00u);
+    CHECK(halfOf(1e-300) == 0x0000u);
+    CHECK(halfOf(-1e-300) == 0x8000u);  // -0
+    CHECK(halfOf(std::numeric_limits<double>::denorm_min()) == 0x0000u);
+    CHECK(halfOf(-0.0) == 0x8000u);
+    CHECK(isNanHalf(halfOf(std::numeric_limits<double>::quiet_NaN())));
+  }
+  SUBCASE("every midpoint between neighbouring halves, and doubles just either side of it") {
+    for (std::size_t k = 0; k + 1 < table.size(); ++k) {
+      const double mid = (table[k] + table[k + 1]) / 2;
+      const double step = (table[k + 1] - table[k]) * 0x1p-30;
+      for (const double value : {mid, mid - step, mid + step, std::nextafter(mid, 0.0),
+                                 std::nextafter(mid, 1e300), -(mid + step)}) {
+        CAPTURE(value);
+        REQUIRE(halfOf(value) == nearestHalf(value, table));
+      }
+    }
+  }
+  SUBCASE("a million doubles from 2^-30 to 2^17") {
+    Bits bits;
+    for (int i = 0; i < 1'000'000; ++i) {
+      const uint64_t mantissa = (uint64_t{bits.next()} << 21) ^ bits.next();
+      const int exponent = static_cast<int>(bits.next() % 48) - 30;
+      const double value =
+          std::ldexp(1.0 + static_cast<double>(mantissa & ((uint64_t{1} << 52) - 1)) * 0x1p-52, exponent) *
+          ((bits.next() & 1u) != 0 ? -1.0 : 1.0);
+      CAPTURE(value);
+      REQUIRE(halfOf(value) == nearestHalf(value, table));
     }
   }
 }

@@ -230,6 +230,21 @@ TEST_CASE("a model mixing float16 and float tensors keeps each tensor's type, th
   CHECK(worst <= 1.0);
 }
 
+TEST_CASE("a Cast from double to float16 rounds once: no float32 step between") {
+  // ONNX's node test of the Cast (libonnx-testdata); a double rounded to float32 first can land on
+  // the midpoint between two halves and tie the wrong way (tests/simdevice/float64_device_test.cpp).
+  const OnnxModel model =
+      importOnnx("/usr/share/libonnx-testdata/data/node/test_cast_DOUBLE_to_FLOAT16/model.onnx", {});
+  int toHalf = 0;
+  for (const OpNode& op : model.graph.ops()) {
+    CHECK(op.kind != OpKind::CastToFloat32);
+    if (op.kind != OpKind::CastToFloat16) continue;
+    ++toHalf;
+    CHECK(model.graph.tensor(op.inputs[0]).dtype == DType::Float64);
+  }
+  CHECK(toHalf == 1);
+}
+
 TEST_CASE("float16 type errors: operands that disagree, bfloat16") {
   const std::string bad = test::sourcePath("tests/data/bad/onnx/float16-type-mismatch.onnx");
   for (const DType floatType : {DType::Float32, DType::Float16}) {

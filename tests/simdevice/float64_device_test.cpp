@@ -7,8 +7,10 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device_checks.hpp"
@@ -52,6 +54,7 @@ Built build(Graph& g) {
   ops::cast(moved, DType::Float32);
   ops::castToInt32(ops::mul(bounded, ops::scalar(g, 1e3, kF64)));
   ops::cast(ops::cast(ops::cast(b.a, DType::Float32), DType::Float16), kF64);
+  ops::cast(ops::cast(ops::div(b.a, b.v), DType::Float16), kF64);
   return b;
 }
 
@@ -170,4 +173,56 @@ TEST_CASE("gradients through a float64 graph run on the device as the reference 
     for (std::size_t k = 0; k < 3; ++k)
       CHECK(dx[k] == doctest::Approx(oracle.value(grads[1].id(), 0)[k]).epsilon(1e-6));
   }
+}
+
+TEST_CASE(
+    "a double cast to float16 is rounded once, to the nearest half, on the device as in the reference") {
+  // Values whose float32 rounding lands on (or crosses) the midpoint between two halves, where a
+  // rounding through float32 ties to the wrong half, and the edges of the half's range.
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::pair<double, double>> cases = {
+      {1.0 + 0x1p-11 + 0x1p-40, 1.0 + 0x1p-10},  // through float32: 1 + 2^-11, a tie, to 1
+      {1.0 + 0x1p-11, 1.0},                      // a true tie: to even
+      {1.0 + 0x1p-11 - 0x1p-40, 1.0},
+      {-(1.0 + 3 * 0x1p-11 - 0x1p-45), -(1.0 + 0x1p-10)},  // through float32: a tie, to 1 + 2^-9
+      {0x1p-25 + 0x1p-60, 0x1p-24},                        // above half the smallest subnormal
+      {0x1p-25, 0.0},
+      {65520.0 - 0x1p-30, 65504.0},  // through float32: 65520, a tie, to infinity
+      {65520.0, inf},
+      {1e300, inf},
+      {-1e-300, -0.0},
+      {0.1, 0.0999755859375},
+  };
+  for (const ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {
+    INFO(toString(mode));
+    Graph g(1);
+    const auto n = static_cast<int64_t>(cases.size());
+    const Tensor x = ops::input(g, "x", {n}, kF64);
+    const Tensor half = ops::cast(x, DType::Float16);
+    CHECK(half.dtype() == DType::Float16);
+    std::vector<double> values;
+    for (const auto& c : cases) values.push_back(c.first);
+    const std::map<TensorId, std::vector<float>> fed{{x.id(), packDoubles(values)}};
+    test::DeviceRun device = test::loadOnDevice(g, mode);
+    test::runDevice(*device.executable, fed);
+    test::ReferenceEvaluator oracle(g);
+    test::feedOracle(oracle, g, fed);
+    oracle.run();
+    const std::vector<float> got = test::deviceValue(*device.executable, g, half.id(), 0);
+    const std::vector<double>& expected = oracle.value(half.id(), 0);
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      CAPTURE(i);
+      CAPTURE(cases[i].first);
+      CHECK(static_cast<double>(got[i]) == cases[i].second);
+      CHECK(std::signbit(got[i]) == std::signbit(cases[i].second));
+      CHECK(expected[i] == cases[i].second);
+    }
+  }
+  // The gradient of the cast is the cast back: float64.
+  Graph g(1);
+  const Tensor x = ops::input(g, "x", {3}, kF64);
+  const Tensor loss = ops::reduceSum(ops::cast(ops::cast(x, DType::Float16), DType::Float32));
+  const std::vector<Tensor> grads = autodiff(g, loss, {x});
+  REQUIRE(grads.size() == 1);
+  CHECK(grads[0].dtype() == kF64);
 }

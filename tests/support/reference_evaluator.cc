@@ -24,12 +24,12 @@ using Values = std::vector<double>;
 std::size_t count(const Shape& shape) { return static_cast<std::size_t>(numElements(shape)); }
 
 // The rounding model of float16 storage: a value stored in a float16 tensor
-// is the half nearest to it. Through float first: rounding a double to float
-// (24 bits) and then to half (11 bits) gives the half nearest to the double,
-// since 24 >= 2 * 11 + 2.
+// is the half nearest to it, rounded once. (Through float32 first is the
+// same only for a value that one operation made from halves, 24 >= 2 x 11 + 2
+// bits; the reference's doubles come from whole chains of operations.)
 void roundIfHalf(DType dtype, Values& values) {
   if (dtype != DType::Float16) return;
-  for (double& v : values) v = static_cast<double>(roundToHalf(static_cast<float>(v)));
+  for (double& v : values) v = static_cast<double>(roundDoubleToHalf(v));
 }
 
 }  // namespace
