@@ -31,48 +31,93 @@ void reduceMembers(const Step& s, int64_t group, int64_t begin, int64_t count, f
     for (int64_t i = 0; i < count; ++i) out[i] *= s.scale;
 }
 
+// A collective moves whole tensors (the all-gather of an RTS weight writes
+// every replica's copy of it, 1.6 MB a step for the MLP's first layer at
+// R = 2): split over the step's threads by ranges of each output when the
+// parts get at least kMinPartElements in all. One thread at a time took the
+// main job's steps past the workers' poll, so that they fell asleep and
+// had to be woken for the next parallel step. Every element is copied, or
+// summed in replica order, as on one thread.
+constexpr int64_t kMinPartElements = int64_t{1} << 14;
+
+// Calls f(begin, end) for this part's range of each of `groups` outputs of
+// `elements` (end - begin may be 0).
+template <class F>
+void inParts(const Step& s, int64_t groups, int64_t elements, F&& f) {
+  const int64_t parts =
+      s.pool == nullptr ? 1 : std::clamp<int64_t>(groups * elements / kMinPartElements, 1, s.pool->threads());
+  const auto range = [&](int64_t part, int64_t j) {
+    f(j, elements * part / parts, elements * (part + 1) / parts);
+  };
+  if (parts == 1) {
+    for (int64_t j = 0; j < groups; ++j) range(0, j);
+    return;
+  }
+  s.pool->run(static_cast<int>(parts), [&](int part, int /*thread*/) {
+    for (int64_t j = 0; j < groups; ++j) range(part, j);
+  });
+}
+
+// out[begin, end) of a value that holds `count` elements of `from` at
+// `offset` and zeros elsewhere.
+void placeRange(float* out, int64_t begin, int64_t end, const float* from, int64_t offset, int64_t count) {
+  const int64_t first = std::clamp(offset, begin, end);
+  const int64_t last = std::clamp(offset + count, first, end);
+  std::fill(out + begin, out + first, 0.0f);
+  std::copy(from + (first - offset), from + (last - offset), out + first);
+  std::fill(out + last, out + end, 0.0f);
+}
+
 void allReduceKernel(const Step& s) {
-  for (int64_t j = 0; j < s.groups; ++j) reduceMembers(s, j, 0, s.outElements, s.out + j * s.outElements);
+  inParts(s, s.groups, s.outElements, [&](int64_t j, int64_t begin, int64_t end) {
+    reduceMembers(s, j, begin, end - begin, s.out + j * s.outElements + begin);
+  });
 }
 
 void reduceScatterKernel(const Step& s) {
-  for (int64_t j = 0; j < s.groups; ++j) {
+  inParts(s, s.groups, s.outElements, [&](int64_t j, int64_t begin, int64_t end) {
     float* out = s.out + j * s.outElements;
-    std::fill_n(out, s.outElements, 0.0f);
-    reduceMembers(s, j, s.table2[at(2 * j)], s.table2[at(2 * j + 1)], out);
-  }
+    const int64_t count = s.table2[at(2 * j + 1)];
+    // The shard's elements, then the padding after them.
+    const int64_t reduced = std::clamp(count, begin, end);
+    if (reduced > begin) reduceMembers(s, j, s.table2[at(2 * j)] + begin, reduced - begin, out + begin);
+    std::fill(out + reduced, out + end, 0.0f);
+  });
 }
 
 void allGatherKernel(const Step& s) {
-  for (int64_t j = 0; j < s.groups; ++j) {
+  inParts(s, s.groups, s.outElements, [&](int64_t j, int64_t begin, int64_t end) {
     float* out = s.out + j * s.outElements;
     const int64_t* members = membersOf(s, j);
     for (int64_t i = 0; i < s.groupSize; ++i) {
-      const float* shard = s.in[0] + members[i];
-      std::copy_n(shard, s.table2[at(2 * i + 1)], out + s.table2[at(2 * i)]);
+      const int64_t offset = s.table2[at(2 * i)];
+      const int64_t count = s.table2[at(2 * i + 1)];
+      const int64_t first = std::clamp(offset, begin, end);
+      const int64_t last = std::clamp(offset + count, first, end);
+      std::copy(s.in[0] + members[i] + (first - offset), s.in[0] + members[i] + (last - offset), out + first);
     }
-  }
+  });
 }
 
 void shardedSliceKernel(const Step& s) {
-  for (int64_t j = 0; j < s.groups; ++j) {
-    float* out = s.out + j * s.outElements;
-    std::fill_n(out, s.outElements, 0.0f);
-    std::copy_n(s.in[0] + s.table[at(j)] + s.table2[at(2 * j)], s.table2[at(2 * j + 1)], out);
-  }
+  inParts(s, s.groups, s.outElements, [&](int64_t j, int64_t begin, int64_t end) {
+    placeRange(s.out + j * s.outElements, begin, end, s.in[0] + s.table[at(j)] + s.table2[at(2 * j)], 0,
+               s.table2[at(2 * j + 1)]);
+  });
 }
 
 void shardedPadKernel(const Step& s) {
-  for (int64_t j = 0; j < s.groups; ++j) {
-    float* out = s.out + j * s.outElements;
-    std::fill_n(out, s.outElements, 0.0f);
-    std::copy_n(s.in[0] + s.table[at(j)], s.table2[at(2 * j + 1)], out + s.table2[at(2 * j)]);
-  }
+  inParts(s, s.groups, s.outElements, [&](int64_t j, int64_t begin, int64_t end) {
+    placeRange(s.out + j * s.outElements, begin, end, s.in[0] + s.table[at(j)], s.table2[at(2 * j)],
+               s.table2[at(2 * j + 1)]);
+  });
 }
 
 void remoteLoadKernel(const Step& s) {
-  for (int64_t j = 0; j < s.groups; ++j)
-    std::copy_n(s.in[0] + s.table[at(j)], s.outElements, s.out + j * s.outElements);
+  inParts(s, s.groups, s.outElements, [&](int64_t j, int64_t begin, int64_t end) {
+    std::copy(s.in[0] + s.table[at(j)] + begin, s.in[0] + s.table[at(j)] + end,
+              s.out + j * s.outElements + begin);
+  });
 }
 
 // Packs this instance's replicas' values of every tensor, all-gathers them,
