@@ -201,6 +201,10 @@ void TrainingSession::run(std::span<const StepInput> inputs) {
   impl.meanLoss = losses.empty() ? 0.0 : sum / static_cast<double>(losses.size());
 }
 
+void TrainingSession::setIdleWork(std::function<bool()> work) {
+  impl_->runtime->setIdleWork(std::move(work));
+}
+
 const HostTensor& TrainingSession::loss() const { return impl_->runtime->output(0); }
 double TrainingSession::meanLoss() const { return impl_->meanLoss; }
 

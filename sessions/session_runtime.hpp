@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -34,6 +35,7 @@ class SessionRuntime {
   // Feeds the inputs (host shape [af, localReplicas, ...] with size-1
   // dimensions omitted) and runs the program once.
   void run(std::span<const StepInput> inputs);
+  void setIdleWork(std::function<bool()> work) { executable_->setIdleWork(std::move(work)); }
 
   // Output i of the constructor's list, in host shape: the leading
   // dimensions [af, localReplicas] (size 1 omitted) for a tensor whose first

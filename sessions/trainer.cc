@@ -1,8 +1,5 @@
 #include "tessera/trainer.hpp"
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -14,7 +11,6 @@
 #include <mutex>
 #include <string_view>
 #include <system_error>
-#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -162,6 +158,12 @@ class StepBuffers {
   }
 
   int64_t samples() const noexcept { return samples_; }
+  // The bytes of one sample of every input.
+  int64_t sampleBytes() const noexcept {
+    int64_t bytes = 0;
+    for (const DataTensor* tensor : tensors_) bytes += tensor->sampleElements() * 4;
+    return bytes;
+  }
 
   std::span<const StepInput> inputs() const noexcept { return steps_; }
   const std::vector<int32_t>& ints(std::size_t input) const noexcept { return ints_[input]; }
@@ -174,36 +176,33 @@ class StepBuffers {
   std::vector<StepInput> steps_;
 };
 
-// The training steps' inputs, gathered one step ahead: while the device
-// runs step k, a host thread of the feed copies step k + 1's samples from
-// the dataset into a second set of buffers, as PopART prefetches its data
-// streams. The gather reads samples scattered over the whole dataset (a
-// cache miss per line), about a tenth of an MLP step.
-//
-// The feed's thread must not slow the device's: it runs at the lowest
-// priority (nice 19), so that it takes a core mostly when a device thread
-// leaves it idle, and it gathers in chunks of samples that the caller
-// claims too: a take() that finds the gather unfinished copies the chunks
-// left itself and waits only for the one the thread holds. (A plain thread
-// at normal priority made the Adam sample config 6 % slower: it took its
-// core from a device thread in the middle of a parallel step.) The values
-// are the same either way. With a device of one host thread there is no
-// feed thread: the caller gathers in place, and a single-threaded run stays
-// on one core.
+// The training steps' inputs, gathered one step ahead, as PopART
+// prefetches its data streams: while the device runs step k, its own host
+// threads copy step k + 1's samples from the dataset into a second set of
+// buffers in the gaps between their parallel parts
+// (TrainingSession::setIdleWork). The gather reads samples scattered over
+// the whole dataset (a cache miss per line), about a tenth of an MLP step
+// when it is done in line. It goes in chunks of about 8 KB that take()
+// claims too: a step that begins before its batch is complete copies the
+// chunks left itself and waits only for those under way. No thread of the
+// feed's own takes a core from the device (one at the lowest priority
+// gained as much on the main job before its collectives ran on both
+// threads, and nothing after: the device left it no idle core), and the
+// values are those of the gather in line. On one device thread, take()
+// gathers everything itself.
 class BatchFeed {
  public:
-  BatchFeed(const std::vector<std::string>& inputs, const TensorSplit& split, int64_t samples, bool ahead)
+  BatchFeed(const std::vector<std::string>& inputs, const TensorSplit& split, int64_t samples,
+            TrainingSession& session)
       : buffers_{StepBuffers(inputs, split, samples), StepBuffers(inputs, split, samples)},
-        chunks_((samples + kChunkSamples - 1) / kChunkSamples) {
-    if (ahead) thread_ = std::jthread([this](std::stop_token stop) { gatherAhead(stop); });
+        chunkSamples_(std::clamp<int64_t>(kChunkBytes / std::max<int64_t>(buffers_[0].sampleBytes(), 1), 1,
+                                          std::max<int64_t>(samples, 1))),
+        chunks_((samples + chunkSamples_ - 1) / chunkSamples_), session_(session) {
+    session_.setIdleWork([this] { return gatherChunk(); });
   }
   BatchFeed(const BatchFeed&) = delete;
   BatchFeed& operator=(const BatchFeed&) = delete;
-  ~BatchFeed() {
-    if (!thread_.joinable()) return;
-    thread_.request_stop();
-    changed_.notify_all();
-  }
+  ~BatchFeed() { session_.setIdleWork({}); }
 
   // The step inputs of the samples at positions first .. of `order`: the
   // ones prefetch() asked for when it asked for these, else gathered now.
@@ -225,93 +224,74 @@ class BatchFeed {
   // next take(), into the buffers the current step does not read. `order`
   // must stay as it is until then.
   void prefetch(std::span<const int64_t> order, int64_t first) {
-    if (!thread_.joinable()) return;
     finish();
+    // No chunk is under way: the request is the caller's to change.
+    order_ = order;
+    first_ = first;
+    target_ = 1 - current_;
     {
       std::lock_guard lock(mutex_);
-      order_ = order;
-      first_ = first;
-      target_ = 1 - current_;
       done_ = 0;
-      asked_ = true;
-      ++generation_;
-      claims_.store(generation_ << kChunkBits, std::memory_order_release);
     }
-    changed_.notify_all();
+    asked_ = true;
+    ++generation_;
+    claims_.store(generation_ << kChunkBits, std::memory_order_release);
   }
 
  private:
-  static constexpr int64_t kChunkSamples = 8;
+  static constexpr int64_t kChunkBytes = 8192;
   static constexpr int kChunkBits = 32;
 
-  // Gathers chunks of the request of `generation` into buffers_[target]
-  // until none is left to claim.
-  void gatherChunks(uint64_t generation, std::span<const int64_t> order, int64_t first, int target) {
-    StepBuffers& next = buffers_[static_cast<std::size_t>(target)];
+  // Claims a chunk of the current request and gathers it: false when none
+  // is left to claim. The request's fields are read only once a chunk is
+  // claimed: the caller changes them only when every chunk is done.
+  bool gatherChunk() {
     uint64_t claims = claims_.load(std::memory_order_acquire);
-    for (;;) {
-      const auto chunk = static_cast<int64_t>(claims & ((uint64_t{1} << kChunkBits) - 1));
-      if ((claims >> kChunkBits) != generation || chunk >= chunks_) return;
-      if (!claims_.compare_exchange_weak(claims, claims + 1, std::memory_order_acq_rel)) continue;
-      std::exception_ptr failure;
-      try {
-        next.fill(order, first, chunk * kChunkSamples, std::min((chunk + 1) * kChunkSamples, next.samples()));
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      std::lock_guard lock(mutex_);
-      if (failure && !failure_) failure_ = failure;
-      if (++done_ == chunks_) changed_.notify_all();
-      claims = claims_.load(std::memory_order_acquire);
+    int64_t chunk = 0;
+    do {
+      chunk = static_cast<int64_t>(claims & ((uint64_t{1} << kChunkBits) - 1));
+      if ((claims >> kChunkBits) == 0 || chunk >= chunks_) return false;
+    } while (!claims_.compare_exchange_weak(claims, claims + 1, std::memory_order_acq_rel));
+    StepBuffers& next = buffers_[static_cast<std::size_t>(target_)];
+    std::exception_ptr failure;
+    try {
+      next.fill(order_, first_, chunk * chunkSamples_, std::min((chunk + 1) * chunkSamples_, next.samples()));
+    } catch (...) {
+      failure = std::current_exception();
     }
+    std::lock_guard lock(mutex_);
+    if (failure && !failure_) failure_ = failure;
+    if (++done_ == chunks_) changed_.notify_all();
+    return true;
   }
 
   // Completes the current request, if any: the caller gathers the chunks
   // left and waits for those under way.
   void finish() {
     if (!asked_) return;
-    gatherChunks(generation_, order_, first_, target_);
+    while (gatherChunk()) {
+    }
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return done_ == chunks_; });
     asked_ = false;
   }
 
-  void gatherAhead(std::stop_token stop) {
-    // The lowest priority: idle cores only (an error leaves the thread as it is).
-    setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
-    uint64_t seen = 0;
-    for (;;) {
-      std::span<const int64_t> order;
-      int64_t first = 0;
-      int target = 0;
-      {
-        std::unique_lock lock(mutex_);
-        if (!changed_.wait(lock, stop, [&] { return generation_ != seen; })) return;
-        seen = generation_;
-        order = order_;
-        first = first_;
-        target = target_;
-      }
-      gatherChunks(seen, order, first, target);
-    }
-  }
-
   std::array<StepBuffers, 2> buffers_;
-  const int64_t chunks_;  // of kChunkSamples samples, the last one shorter
-  int current_ = 0;       // the buffers take() returned last
-  // The request: set by prefetch() on the caller's thread while no chunk
-  // is under way, read under the mutex by the feed's thread.
+  const int64_t chunkSamples_;
+  const int64_t chunks_;  // of chunkSamples_ samples, the last one shorter
+  TrainingSession& session_;
+  int current_ = 0;  // the buffers take() returned last
+  // The request, the caller's to change while no chunk of it is claimed.
   std::span<const int64_t> order_;
   int64_t first_ = 0;
   int target_ = 0;      // the buffers it fills
-  bool asked_ = false;  // the caller's: a request is open (take() not yet called)
+  bool asked_ = false;  // a request is open (take() not yet called)
+  uint64_t generation_ = 0;
+  std::atomic<uint64_t> claims_{0};  // generation << kChunkBits | chunks claimed; generation 0: none
   std::mutex mutex_;
-  std::condition_variable_any changed_;
-  uint64_t generation_ = 0;          // of the latest request
-  std::atomic<uint64_t> claims_{0};  // generation << kChunkBits | chunks claimed
-  int64_t done_ = 0;                 // chunks of the latest request gathered (mutex_)
-  std::exception_ptr failure_;       // the first failure of a chunk (mutex_)
-  std::jthread thread_;              // last: joined before the members it uses go
+  std::condition_variable changed_;
+  int64_t done_ = 0;            // chunks of the request gathered (mutex_)
+  std::exception_ptr failure_;  // the first failure of a chunk (mutex_)
 };
 
 // Why `control` asks to stop now: 0 when it does not, else its stopReason
@@ -661,10 +641,8 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   }
 
   const std::vector<std::string> inputs = model.inputs;
-  std::unique_ptr<Device> device = instances.device(config.device);
-  const int deviceThreads = device->hostThreads();
   TrainingSession session(std::move(model.graph), model.loss, makeOptimizer(config.optimizer), options,
-                          std::move(device));
+                          instances.device(config.device));
   int64_t totalSteps = 0;
   if (__builtin_mul_overflow(stepsPerEpoch, config.data.epochs, &totalSteps)) {
     throw ConfigError(ErrorCode::ShapeTooLarge, "/data/epochs",
@@ -728,7 +706,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
                           globalBatch, stepsPerEpoch * globalBatch, data.train.count % globalBatch)));
   }
   std::vector<int64_t> order(static_cast<size_t>(data.train.count));
-  BatchFeed feed(inputs, data.train, stepSamples, deviceThreads > 1);
+  BatchFeed feed(inputs, data.train, stepSamples, session);
   double trainSeconds = 0.0;
   // The schedule scales the config's rate (not the session's, which a
   // checkpoint may have left scaled), from the absolute step, so a resumed

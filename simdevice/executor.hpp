@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <new>
 #include <span>
@@ -85,6 +86,7 @@ class SimExecutable final : public Executable {
   void writeRemote(int64_t buffer, int64_t entry, std::span<const float> replicas) override;
   void readRemote(int64_t buffer, int64_t entry, std::span<float> replicas) const override;
   void run(std::span<const Feed> inputs) override;
+  void setIdleWork(std::function<bool()> work) override { pool_->setIdleWork(std::move(work)); }
   const Program& program() const override { return program_; }
   const MemoryReport& memory() const override { return memory_; }
   const TimeReport& modelledTime() const override { return time_; }

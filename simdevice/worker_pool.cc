@@ -88,14 +88,22 @@ WorkerPool::~WorkerPool() {
 // Polls until the later of kPollNanoseconds from now and awakeUntil_,
 // then sleeps (counted in sleeping_, so that a change with nobody asleep
 // costs no system call).
-template <class T>
+template <bool kIdleWork, class T>
 T WorkerPool::awaitChange(const std::atomic<T>& value, T old) {
-  const int64_t start = nowNanoseconds();
+  int64_t start = nowNanoseconds();
   for (;;) {
     for (int i = 0; i < kPausesPerCheck; ++i) {
       const T now = value.load(std::memory_order_acquire);
       if (now != old) return now;
       relax();
+    }
+    if constexpr (kIdleWork) {
+      // A piece of idle work, then the job is looked for again; the poll
+      // restarts, as for a part.
+      if (idlePiece()) {
+        start = nowNanoseconds();
+        continue;
+      }
     }
     const int64_t now = nowNanoseconds();
     if (now - start > kPollNanoseconds && now > awakeUntil_.load(std::memory_order_relaxed)) break;
@@ -107,6 +115,24 @@ T WorkerPool::awaitChange(const std::atomic<T>& value, T old) {
     const T now = value.load(std::memory_order_acquire);
     if (now != old) return now;
   }
+}
+
+bool WorkerPool::idlePiece() {
+  // Counted in before looking: setIdleWork() clears the flag, then waits
+  // for the count to drop, so a worker either sees the flag cleared or is
+  // waited for (every access sequentially consistent).
+  inIdleWork_.fetch_add(1, std::memory_order_seq_cst);
+  bool did = false;
+  if (hasIdleWork_.load(std::memory_order_seq_cst)) did = idleWork_();
+  inIdleWork_.fetch_sub(1, std::memory_order_seq_cst);
+  return did;
+}
+
+void WorkerPool::setIdleWork(std::function<bool()> work) {
+  hasIdleWork_.store(false, std::memory_order_seq_cst);
+  while (inIdleWork_.load(std::memory_order_seq_cst) != 0) relax();
+  idleWork_ = std::move(work);
+  if (idleWork_ && threads_ > 1) hasIdleWork_.store(true, std::memory_order_seq_cst);
 }
 
 void WorkerPool::stayAwake() {
@@ -149,13 +175,13 @@ void WorkerPool::dispatch(int parts, Call call, void* context) {
   // Only parts in flight are waited for: a worker that wakes after every
   // part was taken finds none and leaves the job alone.
   for (int finished = done_.load(std::memory_order_acquire); finished != parts;)
-    finished = awaitChange(done_, finished);
+    finished = awaitChange<false>(done_, finished);
 }
 
 void WorkerPool::work(const std::stop_token& stop, int thread) {
   uint32_t seen = 0;
   for (;;) {
-    seen = awaitChange(generation_, seen);
+    seen = awaitChange<true>(generation_, seen);
     if (stop.stop_requested()) return;
     runParts(generationOf(job_.load(std::memory_order_acquire)), thread);
   }

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,6 +47,14 @@ class WorkerPool {
   // parallel steps never wakes it); the next job wakes it. One clock read.
   void stayAwake();
 
+  // Host work that workers do while they poll for the next job (a host-side
+  // prefetch beside the program): `work` is called in short pieces, each
+  // returning whether it did anything, from worker threads only, never
+  // while the worker has a part. An empty function removes it; this returns
+  // once no worker is inside a piece of the old one. The calling thread
+  // owns what `work` refers to until it sets another.
+  void setIdleWork(std::function<bool()> work);
+
   // Calls task(part, thread) for every part in [0, parts), spread over the
   // threads, and returns when every call has returned. `thread` is below
   // threads() and no two calls running at once get the same one (it picks
@@ -69,9 +78,12 @@ class WorkerPool {
   using Call = void (*)(void*, int, int);
   void dispatch(int parts, Call call, void* context);
   void work(const std::stop_token& stop, int thread);
-  // Waits until `value` differs from `old`: polls, then sleeps.
-  template <class T>
+  // Waits until `value` differs from `old`: polls, then sleeps. A worker
+  // (kIdleWork) does pieces of the idle work while it polls.
+  template <bool kIdleWork, class T>
   T awaitChange(const std::atomic<T>& value, T old);
+  // One piece of the idle work, if there is some: whether it did anything.
+  bool idlePiece();
   // Takes and runs parts of job `generation` while it has some left.
   void runParts(uint64_t generation, int thread);
 
@@ -89,6 +101,9 @@ class WorkerPool {
   alignas(64) std::atomic<uint32_t> generation_{0};  // the futex the workers sleep on
   alignas(64) std::atomic<int64_t> awakeUntil_{0};   // steady-clock nanoseconds (stayAwake)
   std::atomic<int> sleeping_{0};                     // threads blocked in a futex wait
+  std::function<bool()> idleWork_;                   // set while hasIdleWork_ is false
+  std::atomic<bool> hasIdleWork_{false};
+  alignas(64) std::atomic<int> inIdleWork_{0};  // workers inside a piece, or about to look
   std::vector<std::jthread> workers_;
 };
 

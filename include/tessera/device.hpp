@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -199,6 +200,14 @@ class Executable {
     std::span<const float> data;
   };
   virtual void run(std::span<const Feed> inputs) = 0;
+
+  // Host work for the device's own host threads to do while they wait
+  // between the parallel parts of its runs, such as gathering the next
+  // step's batch (TrainingSession::setIdleWork). `work` is called in short
+  // pieces, each returning whether it did anything, from those threads only;
+  // an empty function removes it, and the call returns once no piece of the
+  // old one is running. A device without spare threads never calls it.
+  virtual void setIdleWork(std::function<bool()> work) { (void)work; }
 
   // The program as loaded.
   virtual const Program& program() const = 0;

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -82,6 +83,15 @@ class TrainingSession {
   void run(std::initializer_list<StepInput> inputs) {
     run(std::span<const StepInput>(inputs.begin(), inputs.size()));
   }
+
+  // Host work for the device's host threads to do while they wait between
+  // the parallel parts of a step, such as gathering the next step's batch:
+  // `work` is called in short pieces, each returning whether it did
+  // anything, from the device's worker threads only (never on one thread,
+  // or on a device without spare threads), so whatever it must finish the
+  // caller finishes itself. An empty function removes it, once no piece is
+  // running; keep what it refers to alive until then.
+  void setIdleWork(std::function<bool()> work);
 
   // The loss of the last step per micro-batch and local replica, host shape
   // [accumulationFactor, localReplicas] with size-1 dimensions omitted.

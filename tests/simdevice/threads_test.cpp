@@ -240,6 +240,53 @@ TEST_CASE("the worker pool runs every part once whether its workers were kept po
   }
 }
 
+TEST_CASE("idle work runs on the workers between jobs, never on the caller, and stops when removed") {
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int threads : {1, 2, 3}) {
+    CAPTURE(threads);
+    sim::WorkerPool pool(threads);
+    constexpr int kPieces = 200;
+    std::atomic<int> pieces{0};
+    std::atomic<int> onCaller{0};
+    std::atomic<int> duringPart{0};
+    static thread_local bool inPart = false;
+    pool.setIdleWork([&] {
+      if (std::this_thread::get_id() == caller) onCaller.fetch_add(1);
+      if (inPart) duringPart.fetch_add(1);
+      if (pieces.load() >= kPieces) return false;
+      pieces.fetch_add(1);
+      return true;
+    });
+    // Jobs with the workers kept polling: the pieces run in the gaps, up to 2 s.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (pieces.load() < kPieces && std::chrono::steady_clock::now() < deadline) {
+      pool.stayAwake();
+      pool.run(threads, [&](int, int) {
+        inPart = true;
+        for (int i = 0; i < 1000; ++i) asm volatile("");
+        inPart = false;
+      });
+    }
+    CHECK(onCaller.load() == 0);
+    CHECK(duringPart.load() == 0);
+    // One thread has no worker to do it: the work is the caller's to finish.
+    CHECK(pieces.load() == (threads == 1 ? 0 : kPieces));
+    // Removed: returns with no piece running, and none runs after.
+    std::atomic<int> late{0};
+    pool.setIdleWork([&] {
+      late.fetch_add(1);
+      return true;
+    });
+    pool.setIdleWork({});
+    const int seen = late.load();
+    for (int job = 0; job < 200; ++job) {
+      pool.stayAwake();
+      pool.run(threads, [](int, int) {});
+    }
+    CHECK(late.load() == seen);
+  }
+}
+
 TEST_CASE("a job of as many parts as threads runs part p on thread p") {
   for (int threads : {2, 3, 4}) {
     CAPTURE(threads);
