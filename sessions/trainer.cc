@@ -185,11 +185,11 @@ class StepBuffers {
 // when it is done in line. It goes in chunks of about 8 KB that take()
 // claims too: a step that begins before its batch is complete copies the
 // chunks left itself and waits only for those under way. No thread of the
-// feed's own takes a core from the device (one at the lowest priority
-// gained as much on the main job before its collectives ran on both
-// threads, and nothing after: the device left it no idle core), and the
-// values are those of the gather in line. On one device thread, take()
-// gathers everything itself.
+// feed's own takes a core from the device (one at normal priority slowed
+// the Adam config by 6 %; one at nice 19 gained little once the device's
+// collectives kept both cores busy: bench/RESULTS.md), and the values are
+// those of the gather in line. On one device thread, take() gathers
+// everything itself.
 class BatchFeed {
  public:
   BatchFeed(const std::vector<std::string>& inputs, const TensorSplit& split, int64_t samples,

@@ -50,9 +50,9 @@ class WorkerPool {
   // Host work that workers do while they poll for the next job (a host-side
   // prefetch beside the program): `work` is called in short pieces, each
   // returning whether it did anything, from worker threads only, never
-  // while the worker has a part. An empty function removes it; this returns
-  // once no worker is inside a piece of the old one. The calling thread
-  // owns what `work` refers to until it sets another.
+  // while the worker has a part; it must not throw. An empty function
+  // removes it; this returns once no worker is inside a piece of the old
+  // one. The calling thread owns what `work` refers to until it sets another.
   void setIdleWork(std::function<bool()> work);
 
   // Calls task(part, thread) for every part in [0, parts), spread over the

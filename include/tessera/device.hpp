@@ -206,7 +206,8 @@ class Executable {
   // step's batch (TrainingSession::setIdleWork). `work` is called in short
   // pieces, each returning whether it did anything, from those threads only;
   // an empty function removes it, and the call returns once no piece of the
-  // old one is running. A device without spare threads never calls it.
+  // old one is running. It must not throw. A device without spare threads
+  // never calls it.
   virtual void setIdleWork(std::function<bool()> work) { (void)work; }
 
   // The program as loaded.

@@ -89,8 +89,9 @@ class TrainingSession {
   // `work` is called in short pieces, each returning whether it did
   // anything, from the device's worker threads only (never on one thread,
   // or on a device without spare threads), so whatever it must finish the
-  // caller finishes itself. An empty function removes it, once no piece is
-  // running; keep what it refers to alive until then.
+  // caller finishes itself. It must not throw (an exception ends the
+  // process). An empty function removes it, once no piece is running; keep
+  // what it refers to alive until then.
   void setIdleWork(std::function<bool()> work);
 
   // The loss of the last step per micro-batch and local replica, host shape
