@@ -164,6 +164,7 @@ SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionM
   pool_ = std::make_unique<WorkerPool>(deviceThreads(spec));
   planFusions();
   planRemoteAliases();
+  planCastAliases();
   planBuffers();
   initialiseValues();
   planSteps();
@@ -328,7 +329,7 @@ void SimExecutable::planBuffers() {
     if (graph.storageOf(static_cast<TensorId>(t)) != static_cast<TensorId>(t)) continue;
     const OpId producer = node.producer;
     if (foldedTranspose_[at(producer)] || fusedInto_[at(producer)] != kNoOp) continue;
-    if (aliasOf_[t].first >= 0) continue;
+    if (aliasOf_[t].first >= 0 || castAlias_[t] >= 0) continue;
     offset_[t] = total;
     total += alignUp(layouts_[t].numGroups() * floatsOf(node));
   }
@@ -344,6 +345,45 @@ void SimExecutable::planBuffers() {
     const auto [buffer, entry] = aliasOf_[t];
     if (buffer < 0) continue;
     offset_[t] = remoteEntry(buffer, entry, graph.tensors()[t].name) - arena_.data();
+  }
+  // The sources are planned (each is a root storage, see planCastAliases).
+  for (std::size_t t = 0; t < graph.tensors().size(); ++t)
+    if (castAlias_[t] >= 0) offset_[t] = offset_[at(castAlias_[t])];
+}
+
+void SimExecutable::planCastAliases() {
+  const Graph& graph = program_.graph;
+  castAlias_.assign(graph.tensors().size(), -1);
+  if (mode_ != ExecutionMode::Vectorized || !program_.hostReads) return;
+  std::vector<char> hostRead(graph.tensors().size(), 0);
+  for (TensorId t : *program_.hostReads) hostRead[at(graph.storageOf(t))] = 1;
+  for (OpId id : schedule_) {
+    const OpNode& op = graph.op(id);
+    if (op.kind != OpKind::CastToFloat32 || elided_[at(id)]) continue;
+    const TensorId x = op.inputs[0];
+    const TensorId y = op.outputs[0];
+    const TensorNode& in = graph.tensor(x);
+    if (in.dtype == DType::Float64 || graph.storageOf(y) != y || hostRead[at(y)] || !writes_[at(y)].empty())
+      continue;
+    // The memory x lives in: its storage, or what that storage shares.
+    TensorId source = graph.storageOf(x);
+    if (castAlias_[at(source)] >= 0) source = castAlias_[at(source)];
+    const OpId producer = graph.tensor(source).producer;
+    // Unstored values (folded transposes, fused products) and values living
+    // in a remote entry keep the copy.
+    if (producer == kNoOp || foldedTranspose_[at(producer)] || fusedInto_[at(producer)] != kNoOp ||
+        aliasOf_[at(source)].first >= 0)
+      continue;
+    if (in.shape != graph.tensor(y).shape ||
+        numElements(graph.tensor(source).shape) != numElements(in.shape) ||
+        !(layouts_[at(source)] == layouts_[at(y)]))
+      continue;
+    const std::vector<int64_t>& written = writes_[at(source)];
+    if (std::any_of(written.begin(), written.end(), [&](int64_t p) { return p > position_[at(id)]; }))
+      continue;
+    castAlias_[at(y)] = source;
+    elided_[at(id)] = 1;
+    ++stats_.castAliases;
   }
 }
 
@@ -730,9 +770,14 @@ void SimExecutable::accesses(OpId id, std::vector<TensorId>& reads, std::vector<
       pending.insert(pending.end(), graph.op(producer).inputs.begin(), graph.op(producer).inputs.end());
       continue;
     }
-    reads.push_back(graph.storageOf(t));
+    reads.push_back(memoryOf(t));
   }
-  for (TensorId t : graph.op(id).outputs) writes.push_back(graph.storageOf(t));
+  for (TensorId t : graph.op(id).outputs) writes.push_back(memoryOf(t));
+}
+
+TensorId SimExecutable::memoryOf(TensorId t) const {
+  const TensorId storage = program_.graph.storageOf(t);
+  return castAlias_[at(storage)] >= 0 ? castAlias_[at(storage)] : storage;
 }
 
 void SimExecutable::batchExchanges() {
@@ -768,10 +813,10 @@ void SimExecutable::batchExchanges() {
       for (; steps_[i].exchange != nullptr; ++i) {
         unit.exchanges.push_back(steps_[i].exchange);
         for (const ExchangedTensor& t : steps_[i].exchange->tensors)
-          unit.sources.push_back(graph.storageOf(t.tensor));
+          unit.sources.push_back(memoryOf(t.tensor));
       }
       unit.collective = std::move(steps_[i++]);
-      unit.output = graph.storageOf(graph.op(unit.collective.op).outputs[0]);
+      unit.output = memoryOf(graph.op(unit.collective.op).outputs[0]);
       for (const Unit& earlier : pending) {
         if (contains(unit.sources, earlier.output)) {
           flush();
@@ -818,6 +863,10 @@ void SimExecutable::planStep(OpId id) {
   const std::size_t before = steps_.size();
   plan(planner, step);
   if (steps_.size() == before || op.kind == OpKind::CastToFloat16 || float64) return;
+  // Products that round their own output (GemmShape::halfOutput).
+  if (std::all_of(steps_.begin() + static_cast<std::ptrdiff_t>(before), steps_.end(),
+                  [](const Step& s) { return s.halfOutput; }))
+    return;
   // Ops that only move, select, negate or zero elements of float16 operands
   // write halves already.
   if (opDef(op.kind).keepsHalves) {
@@ -952,6 +1001,15 @@ std::span<float> SimExecutable::hostBuffer(TensorId tensor, std::string_view who
 
 void SimExecutable::write(TensorId tensor, std::span<const float> groups) {
   const std::span<float> target = hostBuffer(tensor, "write");
+  const TensorId shared = castAlias_[at(program_.graph.storageOf(tensor))];
+  if (shared >= 0) {
+    // The write would change the cast's operand too.
+    throw DeviceError(
+        ErrorCode::InvalidProgram, program_.graph.tensor(tensor).name,
+        fmt::format("write: the device keeps this float32 cast in the memory of its operand \"{}\" "
+                    "(the tensor is not in Program::hostReads); write \"{}\" instead",
+                    program_.graph.tensor(shared).name, program_.graph.tensor(shared).name));
+  }
   if (groups.size() != target.size()) {
     throw DeviceError(ErrorCode::InvalidProgram, program_.graph.tensor(tensor).name,
                       fmt::format("write: {} values given; the layout {} needs {} groups x {} floats = {}",

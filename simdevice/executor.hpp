@@ -71,6 +71,7 @@ struct PlanStats {
   int64_t elidedCopies = 0;         // chain copies whose source was written in their place
   int64_t exchanges = 0;            // messages to the other instances per run() (several collectives each)
   int64_t remoteAliases = 0;        // loaded values kept in their remote entry (no copy)
+  int64_t castAliases = 0;          // float32 casts that share their input's memory (no copy)
 };
 
 class SimExecutable final : public Executable {
@@ -113,6 +114,12 @@ class SimExecutable final : public Executable {
   // and then stored back as the entry's next transfer. The load (and the
   // store) then move nothing.
   void planRemoteAliases();
+  // A cast to float32 of a value held in float slots (float16, int32, bool,
+  // float32) copies it unchanged. Its output shares the input's memory, and
+  // the cast moves nothing, when that memory is not written again in the
+  // step, the output is never written in place, the host does not read it
+  // and both are laid out alike.
+  void planCastAliases();
   void planBuffers();
   void initialiseValues();
   void planSteps();
@@ -132,6 +139,9 @@ class SimExecutable final : public Executable {
   // there into one message: a step then waits for the other instances once
   // or twice instead of once per collective. The arithmetic is unchanged.
   void batchExchanges();
+  // The storage whose memory holds t: its storage, or the storage a cast's
+  // output shares (planCastAliases).
+  TensorId memoryOf(TensorId t) const;
   // The storages the steps of op `id` read and write.
   void accesses(OpId id, std::vector<TensorId>& reads, std::vector<TensorId>& writes) const;
   // Host-visible storage of a tensor, or a DeviceError naming it.
@@ -150,7 +160,8 @@ class SimExecutable final : public Executable {
   std::vector<char> foldedTranspose_;         // per op
   std::vector<OpId> fusedInto_;               // per MatMul op: the AllReduce computing it, else kNoOp
   std::vector<std::pair<int64_t, int64_t>> aliasOf_;  // per storage: the remote (buffer, entry) it lives in
-  std::vector<char> elided_;                           // per op: a transfer the aliases make unnecessary
+  std::vector<char> elided_;         // per op: a transfer or cast the aliases make unnecessary
+  std::vector<TensorId> castAlias_;  // per tensor: the storage a float32 cast's output shares, else -1
   std::vector<std::vector<int64_t>> writes_;  // per storage: schedule positions of in-place writes
   // Every buffer starts on a cache line (planned offsets are multiples of 16
   // floats), so that vector loads and stores never straddle two lines.

@@ -10,6 +10,8 @@
 
 #include <Eigen/Core>
 
+#include "half.hpp"
+
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define TESSERA_GEMM_X86 1
 #include <immintrin.h>
@@ -170,6 +172,10 @@ void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const 
       std::fill(c + i * s.n + block.col0, c + i * s.n + block.col1, 0.0f);
     return;
   }
+  // Rounded to halves: the strip of rows just finished, from L1.
+  const auto round = [&](int64_t i0, int64_t mr, int64_t j0, int64_t nc) {
+    for (int64_t i = i0; i < i0 + mr; ++i) roundToHalves(c + i * s.n + j0, static_cast<std::size_t>(nc));
+  };
   // Blocks of the sum split k evenly and depend on k alone, so every
   // element is summed in the same order whatever m and n are.
   const int64_t blocks = ceilDiv(s.k, plan.kc);
@@ -216,6 +222,7 @@ void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const 
             }
           }
         }
+        if (s.halfOutput && kb + 1 == blocks) round(i0, mr, j0, nc);
       }
     }
   }
@@ -527,7 +534,9 @@ void gemmPart(const GemmPlan& plan, const GemmShape& shape, const float* a, cons
   if (shape.m == 0 || shape.n == 0) return;
   if (const PackedVariant* packed = variantOf(plan))
     return packed->run(plan, shape, a, b, c, alpha, lhs, rhs, gemmBlock(plan, shape, part, parts));
-  if (part == 0) eigenGemm(plan, shape, a, b, c, alpha, lhs, rhs);
+  if (part != 0) return;
+  eigenGemm(plan, shape, a, b, c, alpha, lhs, rhs);
+  if (shape.halfOutput) roundToHalves(c, static_cast<std::size_t>(shape.m * shape.n));
 }
 
 void forbidEigenMalloc([[maybe_unused]] bool forbid) {

@@ -20,13 +20,15 @@ GemmIsa bestGemmIsa();
 
 // C[m, n] = alpha * op(A) op(B), C row-major and overwritten. A is [m, k]
 // row-major, or [k, m] read transposed (transA); likewise B is [k, n] or
-// [n, k].
+// [n, k]. halfOutput: each element of C is rounded to the nearest float16
+// once its sum is done (a float16 product), while its block is in cache.
 struct GemmShape {
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;
   bool transA = false;
   bool transB = false;
+  bool halfOutput = false;
 };
 
 // Cache blocking chosen at load time for products up to a maximal shape,

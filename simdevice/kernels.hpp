@@ -131,6 +131,9 @@ struct Step {
   int64_t depth = 0;
   bool transA = false;
   bool transB = false;
+  // A float16 product: the GEMM rounds each element of the output to the
+  // nearest half (GemmShape::halfOutput), so no rounding step follows.
+  bool halfOutput = false;
   // The product's kernel and cache blocking, chosen at load time.
   GemmPlan gemmPlan;
   const GemmScratch* scratch = nullptr;

@@ -14,7 +14,7 @@ namespace {
 // each thread with its own packing scratch.
 void gemm(const Step& s, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
           float alpha) {
-  const GemmShape shape{m, n, k, s.transA, s.transB};
+  const GemmShape shape{m, n, k, s.transA, s.transB, s.halfOutput};
   const GemmScratch& scratch = *s.scratch;
   const int parts = s.pool == nullptr ? 1 : gemmParts(s.gemmPlan, shape, s.pool->threads());
   if (parts == 1) return sim::gemm(s.gemmPlan, shape, a, b, c, alpha, scratch.lhs, scratch.rhs);
@@ -123,6 +123,7 @@ void addMatMulKernels(KernelTable& table) {
                // Folded operands keep the transposed tensor's layout (it is the same).
                planner.runsOver(step, {{a, 0}, {b, 0}});
                step.kernel = matmulKernel();
+               step.halfOutput = graph.tensor(op.outputs[0]).dtype == DType::Float16;
                planner.emit(std::move(step));
              }});
   table.add({.kind = OpKind::BatchMatMul, .plan = [](StepPlanner& planner, Step& step) {
@@ -134,6 +135,7 @@ void addMatMulKernels(KernelTable& table) {
                step.groups = numElements(Shape(a.begin(), a.end() - 2));
                planner.runsOver(step, {{op.inputs[0], 0}, {op.inputs[1], 0}});
                step.kernel = batchedMatmulKernel();
+               step.halfOutput = planner.graph().tensor(op.outputs[0]).dtype == DType::Float16;
                planner.emit(std::move(step));
              }});
 }

@@ -757,6 +757,62 @@ TEST_CASE("a value loaded from streaming memory lives in its entry when nothing 
   }
 }
 
+TEST_CASE("a float32 cast shares its operand's memory unless the operand changes while the cast is read") {
+  // wide = float32(x16) shares x16's memory. before = float32(w) of a
+  // float16 variable is read after w's in-place update, so it keeps its
+  // copy; after = float32(updated) is read after the last write and shares
+  // w's memory. A float64 value's cast rounds: it is computed.
+  const int64_t replicas = 2;
+  Graph g(replicas);
+  const Tensor x = ops::input(g, "x", {6, 5});
+  const Tensor x16 = ops::cast(ops::mul(x, ops::scalar(g, 3.0)), DType::Float16);
+  const Tensor wide = ops::cast(x16, DType::Float32);
+  const Tensor w = ops::variable(g, "w", test::pseudoRandom(30, 3), {6, 5}, std::nullopt,
+                                 RetrievalMode::OnePerGroup, TensorCategory::Weight, DType::Float16);
+  const Tensor before = ops::cast(w, DType::Float32);
+  const Tensor updated = ops::copyInplace(w, ops::cast(ops::add(wide, ops::scalar(g, 0.25)), DType::Float16));
+  const Tensor after = ops::cast(updated, DType::Float32);
+  const Tensor narrowed = ops::cast(ops::cast(x, DType::Float64), DType::Float32);
+  const Tensor result = ops::add(ops::mul(wide, before), ops::sub(after, narrowed));
+  const auto feeds = test::makeFeeds(g, 1, 9);
+  ReferenceEvaluator oracle{g};
+  test::feedOracle(oracle, g, feeds);
+  oracle.run();
+  std::vector<std::vector<float>> results;
+  for (bool known : {false, true}) {
+    INFO("host reads known: " << known);
+    Program program{g};
+    program.localReplicas = replicas;
+    program.globalReplicas = replicas;
+    if (known) program.hostReads = std::vector<TensorId>{result.id(), w.id()};
+    auto executable = makeSimDevice()->load(std::move(program));
+    const auto& sim = dynamic_cast<const sim::SimExecutable&>(*executable);
+    CHECK(sim.stats().castAliases == (known ? 2 : 0));
+    if (known) {
+      // Writing a shared cast would change its operand: refused, naming both.
+      const auto error = test::catchError<DeviceError>(
+          [&] { executable->write(wide.id(), std::vector<float>(replicas * 30, 1.0f)); });
+      REQUIRE(error);
+      CHECK(error->subject() == g.tensor(wide.id()).name);
+      CHECK(std::string(error->what()).find(g.tensor(x16.id()).name) != std::string::npos);
+    }
+    test::runDevice(*executable, feeds);
+    for (int64_t r = 0; r < replicas; ++r) {
+      const std::vector<float> got = test::deviceValue(*executable, g, result.id(), r);
+      const std::vector<double>& want = oracle.value(result.id(), r);
+      REQUIRE(got.size() == want.size());
+      for (std::size_t k = 0; k < got.size(); ++k) CHECK(test::close(got[k], want[k], 1e-5));
+    }
+    // A second run reads the updated w; both plans give the same bits.
+    test::runDevice(*executable, feeds);
+    std::vector<float> values = test::deviceValue(*executable, g, result.id(), 1);
+    const std::vector<float> weights = test::deviceValue(*executable, g, w.id(), 0);
+    values.insert(values.end(), weights.begin(), weights.end());
+    results.push_back(values);
+  }
+  CHECK(results[0] == results[1]);
+}
+
 TEST_CASE("a buffer that only ever holds a replicated value is stored once and read back on every replica") {
   // A replicated momentum in streaming memory, updated by a replicated value.
   Graph g(4);

@@ -19,6 +19,7 @@
 
 #include "device_checks.hpp"
 #include "gemm.hpp"
+#include "half.hpp"
 
 namespace tessera::sim {
 namespace {
@@ -318,6 +319,56 @@ TEST_CASE("packed kernels: every tile shape sums each element in the documented 
             gemmPart(plan, shape, a.data(), b.data(), got.data(), alpha, lhs.data.get(), rhs.data.get(), p,
                      parts);
           }
+          int64_t different = 0;
+          for (std::size_t i = 0; i < got.size(); ++i)
+            different += std::memcmp(&got[i], &want[i], sizeof(float)) != 0 ? 1 : 0;
+          CHECK(different == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("float16 products: every kernel rounds each element to the nearest half once its sum is done") {
+  // The rounded product is the float product rounded element by element:
+  // with every tile shape, split into parts or not, over several blocks of
+  // the sum (k > 256), with edges and zero depth.
+  std::vector<Case> shapes;
+  for (const Case& c : cases())
+    if (c.m * c.n * c.k <= (int64_t{1} << 21)) shapes.push_back(c);
+  for (GemmIsa isa : availableGemmIsas()) {
+    for (const Case& c : shapes) {
+      // Values up to 8 so that products reach past a half's 11 bits.
+      auto a = test::pseudoRandom(static_cast<std::size_t>(c.m * c.k), 51 + c.m);
+      auto b = test::pseudoRandom(static_cast<std::size_t>(c.k * c.n), 53 + c.n);
+      for (float& x : a) x *= 8.0f;
+      const GemmShape plain{c.m, c.n, c.k, c.transA, c.transB};
+      GemmShape half = plain;
+      half.halfOutput = true;
+      std::vector<GemmPlan> plans = gemmTilePlans(isa, c.n, c.k);
+      if (plans.empty()) plans.push_back(planGemm(isa, c.m, c.n, c.k));
+      for (const GemmPlan& plan : plans) {
+        const std::string tile =
+            describe(isa, c) + " tile " + std::to_string(plan.mr) + "x" + std::to_string(plan.nr);
+        CAPTURE(tile);
+        Aligned lhs(plan.lhsFloats);
+        Aligned rhs(plan.rhsFloats);
+        std::vector<float> want(static_cast<std::size_t>(c.m * c.n), std::numeric_limits<float>::quiet_NaN());
+        gemm(plan, plain, a.data(), b.data(), want.data(), 0.7f, lhs.data.get(), rhs.data.get());
+        std::size_t changed = 0;
+        for (float& x : want) {
+          const float rounded = roundToHalf(x);
+          changed += rounded != x ? 1 : 0;
+          x = rounded;
+        }
+        if (c.k > 1) CHECK(changed > 0);  // the rounding is not vacuous
+        const int maxParts = plan.mr == 0 ? 1 : 3;
+        for (int parts = 1; parts <= maxParts; parts += 2) {
+          CAPTURE(parts);
+          std::vector<float> got(want.size(), std::numeric_limits<float>::quiet_NaN());
+          for (int p = 0; p < parts; ++p)
+            gemmPart(plan, half, a.data(), b.data(), got.data(), 0.7f, lhs.data.get(), rhs.data.get(), p,
+                     parts);
           int64_t different = 0;
           for (std::size_t i = 0; i < got.size(); ++i)
             different += std::memcmp(&got[i], &want[i], sizeof(float)) != 0 ? 1 : 0;
