@@ -164,7 +164,7 @@ SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionM
   pool_ = std::make_unique<WorkerPool>(deviceThreads(spec));
   planFusions();
   planRemoteAliases();
-  planCastAliases();
+  planSharedOutputs();
   planBuffers();
   initialiseValues();
   planSteps();
@@ -329,7 +329,7 @@ void SimExecutable::planBuffers() {
     if (graph.storageOf(static_cast<TensorId>(t)) != static_cast<TensorId>(t)) continue;
     const OpId producer = node.producer;
     if (foldedTranspose_[at(producer)] || fusedInto_[at(producer)] != kNoOp) continue;
-    if (aliasOf_[t].first >= 0 || castAlias_[t] >= 0) continue;
+    if (aliasOf_[t].first >= 0 || sharedWith_[t] >= 0) continue;
     offset_[t] = total;
     total += alignUp(layouts_[t].numGroups() * floatsOf(node));
   }
@@ -346,20 +346,32 @@ void SimExecutable::planBuffers() {
     if (buffer < 0) continue;
     offset_[t] = remoteEntry(buffer, entry, graph.tensors()[t].name) - arena_.data();
   }
-  // The sources are planned (each is a root storage, see planCastAliases).
+  // The sources are planned (each is a root storage, see planSharedOutputs).
   for (std::size_t t = 0; t < graph.tensors().size(); ++t)
-    if (castAlias_[t] >= 0) offset_[t] = offset_[at(castAlias_[t])];
+    if (sharedWith_[t] >= 0) offset_[t] = offset_[at(sharedWith_[t])];
 }
 
-void SimExecutable::planCastAliases() {
+int64_t SimExecutable::readPosition(OpId reader) const {
+  if (fusedInto_[at(reader)] != kNoOp) return position_[at(fusedInto_[at(reader)])];
+  if (!foldedTranspose_[at(reader)]) return position_[at(reader)];
+  int64_t last = position_[at(reader)];
+  for (OpId c : program_.graph.tensor(program_.graph.op(reader).outputs[0]).consumers)
+    last = std::max(last, readPosition(c));
+  return last;
+}
+
+void SimExecutable::planSharedOutputs() {
   const Graph& graph = program_.graph;
-  castAlias_.assign(graph.tensors().size(), -1);
+  sharedWith_.assign(graph.tensors().size(), -1);
   if (mode_ != ExecutionMode::Vectorized || !program_.hostReads) return;
   std::vector<char> hostRead(graph.tensors().size(), 0);
   for (TensorId t : *program_.hostReads) hostRead[at(graph.storageOf(t))] = 1;
+  const int64_t replicas = program_.localReplicas;
   for (OpId id : schedule_) {
     const OpNode& op = graph.op(id);
-    if (op.kind != OpKind::CastToFloat32 || elided_[at(id)]) continue;
+    const bool cast = op.kind == OpKind::CastToFloat32;
+    const bool gather = op.kind == OpKind::ReplicatedAllGather;
+    if ((!cast && !gather) || elided_[at(id)]) continue;
     const TensorId x = op.inputs[0];
     const TensorId y = op.outputs[0];
     const TensorNode& in = graph.tensor(x);
@@ -367,23 +379,37 @@ void SimExecutable::planCastAliases() {
       continue;
     // The memory x lives in: its storage, or what that storage shares.
     TensorId source = graph.storageOf(x);
-    if (castAlias_[at(source)] >= 0) source = castAlias_[at(source)];
+    if (sharedWith_[at(source)] >= 0) source = sharedWith_[at(source)];
     const OpId producer = graph.tensor(source).producer;
     // Unstored values (folded transposes, fused products) and values living
-    // in a remote entry keep the copy.
+    // in a remote entry keep their copy.
     if (producer == kNoOp || foldedTranspose_[at(producer)] || fusedInto_[at(producer)] != kNoOp ||
-        aliasOf_[at(source)].first >= 0)
+        aliasOf_[at(source)].first >= 0 || numElements(graph.tensor(source).shape) != numElements(in.shape))
       continue;
-    if (in.shape != graph.tensor(y).shape ||
-        numElements(graph.tensor(source).shape) != numElements(in.shape) ||
-        !(layouts_[at(source)] == layouts_[at(y)]))
-      continue;
+    if (cast && (in.shape != graph.tensor(y).shape || !(layouts_[at(source)] == layouts_[at(y)]))) continue;
+    if (gather) {
+      // One gather of every replica, on one instance, of shards without
+      // padding stored in replica order: the gathered value is the shards'
+      // memory as it is.
+      const ReplicaGrouping& shards = layouts_[at(source)];
+      const ReplicaGrouping grouping =
+          op.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
+      bool inOrder = program_.globalReplicas == replicas && grouping.groupSize() == replicas &&
+                     layouts_[at(y)].numGroups() == 1 && shards.numGroups() == replicas &&
+                     numElements(graph.tensor(y).shape) == replicas * numElements(in.shape);
+      for (int64_t r = 0; r < replicas && inOrder; ++r) inOrder = shards.groupAt(r) == r;
+      if (!inOrder) continue;
+    }
+    // Nothing writes the memory from the op until y's last reader.
+    int64_t lastRead = position_[at(id)];
+    for (OpId reader : graph.tensor(y).consumers) lastRead = std::max(lastRead, readPosition(reader));
     const std::vector<int64_t>& written = writes_[at(source)];
-    if (std::any_of(written.begin(), written.end(), [&](int64_t p) { return p > position_[at(id)]; }))
+    if (std::any_of(written.begin(), written.end(),
+                    [&](int64_t p) { return p > position_[at(id)] && p <= lastRead; }))
       continue;
-    castAlias_[at(y)] = source;
+    sharedWith_[at(y)] = source;
     elided_[at(id)] = 1;
-    ++stats_.castAliases;
+    ++(cast ? stats_.castAliases : stats_.gatherAliases);
   }
 }
 
@@ -397,18 +423,11 @@ void SimExecutable::planRemoteAliases() {
   // Where each storage is last read or written; a fused or folded reader
   // reads where the step that computes it runs.
   std::vector<int64_t> lastAccess(graph.tensors().size(), -1);
-  const std::function<int64_t(OpId)> readAt = [&](OpId reader) -> int64_t {
-    if (fusedInto_[at(reader)] != kNoOp) return position_[at(fusedInto_[at(reader)])];
-    if (!foldedTranspose_[at(reader)]) return position_[at(reader)];
-    int64_t last = position_[at(reader)];
-    for (OpId c : graph.tensor(graph.op(reader).outputs[0]).consumers) last = std::max(last, readAt(c));
-    return last;
-  };
   for (OpId id : schedule_) {
     const OpNode& op = graph.op(id);
     for (TensorId in : op.inputs) {
       int64_t& last = lastAccess[at(graph.storageOf(in))];
-      last = std::max(last, readAt(id));
+      last = std::max(last, readPosition(id));
     }
     for (TensorId out : op.outputs) {
       int64_t& last = lastAccess[at(graph.storageOf(out))];
@@ -572,7 +591,51 @@ void SimExecutable::planSteps() {
   stats_.steps = static_cast<int64_t>(steps_.size());
 }
 
+void SimExecutable::sinkIntoChains() {
+  if (mode_ == ExecutionMode::PerReplicaReference) return;
+  const auto meets = [](const std::vector<TensorId>& a, const std::vector<TensorId>& b) {
+    return std::any_of(a.begin(), a.end(),
+                       [&](TensorId t) { return std::find(b.begin(), b.end(), t) != b.end(); });
+  };
+  // Steps whose memory accesses are not all the storages of their op.
+  const auto barrier = [](const Step& step) {
+    return step.op == kNoOp || step.exchange != nullptr || step.kind == OpKind::RemoteLoad ||
+           step.kind == OpKind::RemoteStore;
+  };
+  // A step moves past steps that neither write what it reads or writes nor
+  // read what it writes: it computes the same values there.
+  constexpr std::size_t kLookahead = 32;
+  std::vector<TensorId> reads;
+  std::vector<TensorId> writes;
+  std::vector<TensorId> laterReads;
+  std::vector<TensorId> laterWrites;
+  for (std::size_t i = steps_.size(); i-- > 0;) {
+    const Step& step = steps_[i];
+    const int64_t n = flatElements(step);
+    if (n < 0 || barrier(step)) continue;
+    accesses(step.op, reads, writes);
+    std::size_t j = i + 1;
+    bool separated = false;  // by a step that ends a chain
+    for (; j < steps_.size() && j <= i + kLookahead; ++j) {
+      if (barrier(steps_[j])) break;
+      accesses(steps_[j].op, laterReads, laterWrites);
+      if (meets(laterWrites, reads) || meets(laterWrites, writes) || meets(laterReads, writes)) break;
+      separated = separated || flatElements(steps_[j]) != n;
+    }
+    // Only next to a reader of its output that can chain with it, past a
+    // step that would keep them apart (a chain's own order stays).
+    if (!separated || j >= steps_.size() || barrier(steps_[j]) || flatElements(steps_[j]) != n) continue;
+    accesses(steps_[j].op, laterReads, laterWrites);
+    if (!meets(laterReads, writes) || meets(laterWrites, reads)) continue;
+    std::rotate(steps_.begin() + static_cast<std::ptrdiff_t>(i),
+                steps_.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                steps_.begin() + static_cast<std::ptrdiff_t>(j));
+    ++stats_.sunkSteps;
+  }
+}
+
 void SimExecutable::fuseChains() {
+  sinkIntoChains();
   std::vector<Step> fused;
   std::vector<Step> chain;
   std::vector<std::vector<Access>> accesses;  // of each step of `chain`
@@ -777,7 +840,7 @@ void SimExecutable::accesses(OpId id, std::vector<TensorId>& reads, std::vector<
 
 TensorId SimExecutable::memoryOf(TensorId t) const {
   const TensorId storage = program_.graph.storageOf(t);
-  return castAlias_[at(storage)] >= 0 ? castAlias_[at(storage)] : storage;
+  return sharedWith_[at(storage)] >= 0 ? sharedWith_[at(storage)] : storage;
 }
 
 void SimExecutable::batchExchanges() {
@@ -1001,7 +1064,7 @@ std::span<float> SimExecutable::hostBuffer(TensorId tensor, std::string_view who
 
 void SimExecutable::write(TensorId tensor, std::span<const float> groups) {
   const std::span<float> target = hostBuffer(tensor, "write");
-  const TensorId shared = castAlias_[at(program_.graph.storageOf(tensor))];
+  const TensorId shared = sharedWith_[at(program_.graph.storageOf(tensor))];
   if (shared >= 0) {
     // The write would change the cast's operand too.
     throw DeviceError(

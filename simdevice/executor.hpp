@@ -72,6 +72,8 @@ struct PlanStats {
   int64_t exchanges = 0;            // messages to the other instances per run() (several collectives each)
   int64_t remoteAliases = 0;        // loaded values kept in their remote entry (no copy)
   int64_t castAliases = 0;          // float32 casts that share their input's memory (no copy)
+  int64_t gatherAliases = 0;        // all-gathers that are their shards' memory (no copy)
+  int64_t sunkSteps = 0;            // elementwise steps moved down next to the chain that reads them
 };
 
 class SimExecutable final : public Executable {
@@ -114,16 +116,27 @@ class SimExecutable final : public Executable {
   // and then stored back as the entry's next transfer. The load (and the
   // store) then move nothing.
   void planRemoteAliases();
-  // A cast to float32 of a value held in float slots (float16, int32, bool,
-  // float32) copies it unchanged. Its output shares the input's memory, and
-  // the cast moves nothing, when that memory is not written again in the
-  // step, the output is never written in place, the host does not read it
-  // and both are laid out alike.
-  void planCastAliases();
+  // Outputs that are their operand's memory as it is, so the op moves
+  // nothing: a cast to float32 of a value held in float slots (float16,
+  // int32, bool, float32), laid out alike; an all-gather of every replica on
+  // one instance whose shards (no padding) are stored in replica order.
+  // Only when the host reads are known and the host does not read the
+  // output, the output is never written in place, and nothing writes the
+  // operand's memory from the op until the output's last reader.
+  void planSharedOutputs();
+  // Where a reader of a value reads it: its own position, or that of the
+  // step that computes it (fused products, folded transposes).
+  int64_t readPosition(OpId reader) const;
   void planBuffers();
   void initialiseValues();
   void planSteps();
   void planStep(OpId id);
+  // Moves each flat elementwise step down to just before the first later
+  // step (at most 32 on) that reads its output, when that step is flat over
+  // as many elements, a step that ends chains lies between them and nothing
+  // between them touches the step's operands or output: the two then run in
+  // one chain. Reordering changes no value.
+  void sinkIntoChains();
   void fuseChains();
   // Per tensor: may its value live in a chain's scratch (see
   // Program::hostReads)? Empty when nothing may.
@@ -140,7 +153,7 @@ class SimExecutable final : public Executable {
   // or twice instead of once per collective. The arithmetic is unchanged.
   void batchExchanges();
   // The storage whose memory holds t: its storage, or the storage a cast's
-  // output shares (planCastAliases).
+  // output shares (planSharedOutputs).
   TensorId memoryOf(TensorId t) const;
   // The storages the steps of op `id` read and write.
   void accesses(OpId id, std::vector<TensorId>& reads, std::vector<TensorId>& writes) const;
@@ -160,8 +173,9 @@ class SimExecutable final : public Executable {
   std::vector<char> foldedTranspose_;         // per op
   std::vector<OpId> fusedInto_;               // per MatMul op: the AllReduce computing it, else kNoOp
   std::vector<std::pair<int64_t, int64_t>> aliasOf_;  // per storage: the remote (buffer, entry) it lives in
-  std::vector<char> elided_;         // per op: a transfer or cast the aliases make unnecessary
-  std::vector<TensorId> castAlias_;  // per tensor: the storage a float32 cast's output shares, else -1
+  std::vector<char> elided_;  // per op: a transfer, cast or gather the aliases make unnecessary
+  std::vector<TensorId>
+      sharedWith_;  // per tensor: the storage whose memory it is (planSharedOutputs), else -1
   std::vector<std::vector<int64_t>> writes_;  // per storage: schedule positions of in-place writes
   // Every buffer starts on a cache line (planned offsets are multiples of 16
   // floats), so that vector loads and stores never straddle two lines.

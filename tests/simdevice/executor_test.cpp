@@ -813,6 +813,102 @@ TEST_CASE("a float32 cast shares its operand's memory unless the operand changes
   CHECK(results[0] == results[1]);
 }
 
+TEST_CASE("an all-gather of unpadded shards in replica order is their memory until the shards change") {
+  // W's gather is read before W's update: it is W's memory. V's gather is
+  // read again after V's update (the old value), so it keeps its copy. P's
+  // 42 elements over 4 replicas carry padding.
+  const int64_t replicas = 4;
+  Graph g(replicas);
+  const Tensor x = ops::input(g, "x", {6, 8});
+  const auto w = ops::replicaShardedVariable(g, "W", test::pseudoRandom(40, 1), {8, 5});
+  const auto v = ops::replicaShardedVariable(g, "V", test::pseudoRandom(40, 2), {8, 5});
+  const auto p = ops::replicaShardedVariable(g, "P", test::pseudoRandom(42, 3), {6, 7});
+  Tensor result;
+  Tensor padded;
+  {
+    InSequence sequence(g);
+    const Tensor wGathered = ops::replicatedAllGather(w.shard);
+    const Tensor vGathered = ops::replicatedAllGather(v.shard);
+    const Tensor pGathered = ops::replicatedAllGather(p.shard);
+    const Tensor early = ops::add(ops::matmul(x, wGathered), ops::matmul(x, vGathered));
+    ops::copyInplace(w.shard, ops::add(w.shard, ops::scalar(g, 0.5)));
+    ops::copyInplace(v.shard, ops::add(v.shard, ops::scalar(g, 0.25)));
+    result = ops::add(early, ops::matmul(x, vGathered));
+    padded = ops::mul(pGathered, ops::scalar(g, 2.0));
+  }
+  const auto feeds = test::makeFeeds(g, 1, 11);
+  ReferenceEvaluator oracle{g};
+  test::feedOracle(oracle, g, feeds);
+  oracle.run();
+  std::vector<std::vector<float>> runs;
+  for (bool known : {false, true}) {
+    INFO("host reads known: " << known);
+    Program program{g};
+    program.localReplicas = replicas;
+    program.globalReplicas = replicas;
+    if (known) program.hostReads = std::vector<TensorId>{result.id(), padded.id()};
+    auto executable = makeSimDevice()->load(std::move(program));
+    const auto& sim = dynamic_cast<const sim::SimExecutable&>(*executable);
+    CHECK(sim.stats().gatherAliases == (known ? 1 : 0));
+    test::runDevice(*executable, feeds);
+    for (const Tensor& t : {result, padded}) {
+      for (int64_t r = 0; r < replicas; ++r) {
+        const std::vector<float> got = test::deviceValue(*executable, g, t.id(), r);
+        const std::vector<double>& want = oracle.value(t.id(), r);
+        REQUIRE(got.size() == want.size());
+        for (std::size_t k = 0; k < got.size(); ++k) CHECK(test::close(got[k], want[k], 1e-5));
+      }
+    }
+    // A second run gathers the updated shards; both plans give the same bits.
+    test::runDevice(*executable, feeds);
+    std::vector<float> values;
+    for (const Tensor& t : {result, padded, w.shard, v.shard}) {
+      const std::vector<float> got = test::deviceValue(*executable, g, t.id(), 3);
+      values.insert(values.end(), got.begin(), got.end());
+    }
+    runs.push_back(values);
+  }
+  CHECK(runs[0] == runs[1]);
+}
+
+TEST_CASE(
+    "an elementwise step moves down to the chain that reads it when nothing between touches its values") {
+  // `scaled` moves past `decayed`, the product and the write of v, and
+  // chains with that write and the two sums; `decayed` reads v, which the
+  // copy writes before decayed's reader, so it stays.
+  Graph g(1);
+  const Tensor x = ops::input(g, "x", {40, 30});
+  const Tensor y = ops::input(g, "y", {40, 30});
+  const Tensor a = ops::input(g, "a", {6, 8});
+  const Tensor b = ops::input(g, "b", {8, 5});
+  const Tensor v = ops::variable(g, "v", test::pseudoRandom(1200, 4), {40, 30});
+  Tensor sum;
+  Tensor product;
+  Tensor decayed;
+  {
+    InSequence sequence(g);
+    const Tensor scaled = ops::mul(x, ops::scalar(g, 0.5));
+    decayed = ops::mul(v, ops::scalar(g, 0.25));
+    product = ops::matmul(a, b);
+    ops::copyInplace(v, y);
+    sum = ops::add(ops::add(scaled, y), decayed);
+  }
+  const auto feeds = test::makeFeeds(g, 1, 13);
+  ReferenceEvaluator oracle{g};
+  test::feedOracle(oracle, g, feeds);
+  oracle.run();
+  for (ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {
+    INFO(toString(mode));
+    const bool vectorized = mode == ExecutionMode::Vectorized;
+    test::DeviceRun device = test::loadOnDevice(g, mode);
+    CHECK(device.sim->stats().sunkSteps == (vectorized ? 1 : 0));
+    // The copy, scaled and the two sums.
+    CHECK(device.sim->stats().chainedSteps == (vectorized ? 4 : 0));
+    test::runDevice(*device.executable, feeds);
+    CHECK(test::compareAll(*device.executable, g, oracle) > 0);
+  }
+}
+
 TEST_CASE("a buffer that only ever holds a replicated value is stored once and read back on every replica") {
   // A replicated momentum in streaming memory, updated by a replicated value.
   Graph g(4);
