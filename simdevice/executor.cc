@@ -602,34 +602,47 @@ void SimExecutable::sinkIntoChains() {
     return step.op == kNoOp || step.exchange != nullptr || step.kind == OpKind::RemoteLoad ||
            step.kind == OpKind::RemoteStore;
   };
+  // What each step touches, computed once (the steps move, their entries
+  // with them).
+  struct Touches {
+    int64_t n = -1;  // flat elements, or -1
+    bool barrier = false;
+    std::vector<TensorId> reads;
+    std::vector<TensorId> writes;
+  };
+  std::vector<Touches> touches(steps_.size());
+  for (std::size_t i = 0; i < steps_.size(); ++i) {
+    Touches& t = touches[i];
+    t.barrier = barrier(steps_[i]);
+    t.n = flatElements(steps_[i]);
+    if (!t.barrier) accesses(steps_[i].op, t.reads, t.writes);
+  }
   // A step moves past steps that neither write what it reads or writes nor
   // read what it writes: it computes the same values there.
   constexpr std::size_t kLookahead = 32;
-  std::vector<TensorId> reads;
-  std::vector<TensorId> writes;
-  std::vector<TensorId> laterReads;
-  std::vector<TensorId> laterWrites;
   for (std::size_t i = steps_.size(); i-- > 0;) {
-    const Step& step = steps_[i];
-    const int64_t n = flatElements(step);
-    if (n < 0 || barrier(step)) continue;
-    accesses(step.op, reads, writes);
+    const Touches& step = touches[i];
+    if (step.n < 0 || step.barrier) continue;
     std::size_t j = i + 1;
     bool separated = false;  // by a step that ends a chain
     for (; j < steps_.size() && j <= i + kLookahead; ++j) {
-      if (barrier(steps_[j])) break;
-      accesses(steps_[j].op, laterReads, laterWrites);
-      if (meets(laterWrites, reads) || meets(laterWrites, writes) || meets(laterReads, writes)) break;
-      separated = separated || flatElements(steps_[j]) != n;
+      const Touches& later = touches[j];
+      if (later.barrier || meets(later.writes, step.reads) || meets(later.writes, step.writes) ||
+          meets(later.reads, step.writes))
+        break;
+      separated = separated || later.n != step.n;
     }
     // Only next to a reader of its output that can chain with it, past a
     // step that would keep them apart (a chain's own order stays).
-    if (!separated || j >= steps_.size() || barrier(steps_[j]) || flatElements(steps_[j]) != n) continue;
-    accesses(steps_[j].op, laterReads, laterWrites);
-    if (!meets(laterReads, writes) || meets(laterWrites, reads)) continue;
-    std::rotate(steps_.begin() + static_cast<std::ptrdiff_t>(i),
-                steps_.begin() + static_cast<std::ptrdiff_t>(i) + 1,
-                steps_.begin() + static_cast<std::ptrdiff_t>(j));
+    if (!separated || j >= steps_.size() || j > i + kLookahead) continue;
+    const Touches& reader = touches[j];
+    if (reader.barrier || reader.n != step.n || !meets(reader.reads, step.writes) ||
+        meets(reader.writes, step.reads))
+      continue;
+    const auto first = static_cast<std::ptrdiff_t>(i);
+    const auto last = static_cast<std::ptrdiff_t>(j);
+    std::rotate(steps_.begin() + first, steps_.begin() + first + 1, steps_.begin() + last);
+    std::rotate(touches.begin() + first, touches.begin() + first + 1, touches.begin() + last);
     ++stats_.sunkSteps;
   }
 }
