@@ -388,16 +388,20 @@ void SimExecutable::planSharedOutputs() {
       continue;
     if (cast && (in.shape != graph.tensor(y).shape || !(layouts_[at(source)] == layouts_[at(y)]))) continue;
     if (gather) {
-      // One gather of every replica, on one instance, of shards without
-      // padding stored in replica order: the gathered value is the shards'
-      // memory as it is.
+      // On one instance, groups of consecutive replicas gathering shards
+      // without padding, stored in replica order: each group's gathered
+      // value is its members' shards as they are, and the groups follow
+      // each other as the gathered values' groups do.
       const ReplicaGrouping& shards = layouts_[at(source)];
+      const ReplicaGrouping& gathered = layouts_[at(y)];
       const ReplicaGrouping grouping =
           op.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
-      bool inOrder = program_.globalReplicas == replicas && grouping.groupSize() == replicas &&
-                     layouts_[at(y)].numGroups() == 1 && shards.numGroups() == replicas &&
-                     numElements(graph.tensor(y).shape) == replicas * numElements(in.shape);
-      for (int64_t r = 0; r < replicas && inOrder; ++r) inOrder = shards.groupAt(r) == r;
+      const int64_t g = grouping.groupSize();
+      bool inOrder = program_.globalReplicas == replicas && (g == 1 || grouping.stride() == 1) &&
+                     gathered.numGroups() * g == replicas && shards.numGroups() == replicas &&
+                     numElements(graph.tensor(y).shape) == g * numElements(in.shape);
+      for (int64_t r = 0; r < replicas && inOrder; ++r)
+        inOrder = shards.groupAt(r) == r && gathered.groupAt(r) == r / g;
       if (!inOrder) continue;
     }
     // Nothing writes the memory from the op until y's last reader.

@@ -118,8 +118,9 @@ class SimExecutable final : public Executable {
   void planRemoteAliases();
   // Outputs that are their operand's memory as it is, so the op moves
   // nothing: a cast to float32 of a value held in float slots (float16,
-  // int32, bool, float32), laid out alike; an all-gather of every replica on
-  // one instance whose shards (no padding) are stored in replica order.
+  // int32, bool, float32), laid out alike; an all-gather over groups of
+  // consecutive replicas on one instance whose shards (no padding) are
+  // stored in replica order.
   // Only when the host reads are known and the host does not read the
   // output, the output is never written in place, and nothing writes the
   // operand's memory from the op until the output's last reader.
