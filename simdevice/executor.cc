@@ -1083,11 +1083,11 @@ void SimExecutable::write(TensorId tensor, std::span<const float> groups) {
   const std::span<float> target = hostBuffer(tensor, "write");
   const TensorId shared = sharedWith_[at(program_.graph.storageOf(tensor))];
   if (shared >= 0) {
-    // The write would change the cast's operand too.
+    // The write would change the operand too.
     throw DeviceError(
         ErrorCode::InvalidProgram, program_.graph.tensor(tensor).name,
-        fmt::format("write: the device keeps this float32 cast in the memory of its operand \"{}\" "
-                    "(the tensor is not in Program::hostReads); write \"{}\" instead",
+        fmt::format("write: the device keeps this value (a float32 cast or an all-gather) in the memory of "
+                    "its operand \"{}\" (the tensor is not in Program::hostReads); write \"{}\" instead",
                     program_.graph.tensor(shared).name, program_.graph.tensor(shared).name));
   }
   if (groups.size() != target.size()) {

@@ -153,8 +153,8 @@ class SimExecutable final : public Executable {
   // there into one message: a step then waits for the other instances once
   // or twice instead of once per collective. The arithmetic is unchanged.
   void batchExchanges();
-  // The storage whose memory holds t: its storage, or the storage a cast's
-  // output shares (planSharedOutputs).
+  // The storage whose memory holds t: its storage, or the one whose memory
+  // that storage is (planSharedOutputs).
   TensorId memoryOf(TensorId t) const;
   // The storages the steps of op `id` read and write.
   void accesses(OpId id, std::vector<TensorId>& reads, std::vector<TensorId>& writes) const;
@@ -175,8 +175,7 @@ class SimExecutable final : public Executable {
   std::vector<OpId> fusedInto_;               // per MatMul op: the AllReduce computing it, else kNoOp
   std::vector<std::pair<int64_t, int64_t>> aliasOf_;  // per storage: the remote (buffer, entry) it lives in
   std::vector<char> elided_;  // per op: a transfer, cast or gather the aliases make unnecessary
-  std::vector<TensorId>
-      sharedWith_;  // per tensor: the storage whose memory it is (planSharedOutputs), else -1
+  std::vector<TensorId> sharedWith_;          // per tensor: whose memory it is (planSharedOutputs), or -1
   std::vector<std::vector<int64_t>> writes_;  // per storage: schedule positions of in-place writes
   // Every buffer starts on a cache line (planned offsets are multiples of 16
   // floats), so that vector loads and stores never straddle two lines.
