@@ -1075,21 +1075,23 @@ std::span<float> SimExecutable::hostBuffer(TensorId tensor, std::string_view who
                     "read the tensor it feeds instead",
                     who));
   }
+  const TensorId shared = sharedWith_[at(graph.storageOf(tensor))];
+  if (shared >= 0) {
+    // A read could see the operand changed after the value's last reader,
+    // and a write would change the operand.
+    throw DeviceError(
+        ErrorCode::InvalidProgram, node.name,
+        fmt::format("{}: the device keeps this value (a float32 cast or an all-gather) in the "
+                    "memory of its operand \"{}\", which later steps may change; list the tensor "
+                    "in Program::hostReads to read it, or use \"{}\"",
+                    who, graph.tensor(shared).name, graph.tensor(shared).name));
+  }
   const auto size = at(layouts_[at(tensor)].numGroups() * floatsOf(node));
   return {const_cast<float*>(arena_.data()) + offset, size};
 }
 
 void SimExecutable::write(TensorId tensor, std::span<const float> groups) {
   const std::span<float> target = hostBuffer(tensor, "write");
-  const TensorId shared = sharedWith_[at(program_.graph.storageOf(tensor))];
-  if (shared >= 0) {
-    // The write would change the operand too.
-    throw DeviceError(
-        ErrorCode::InvalidProgram, program_.graph.tensor(tensor).name,
-        fmt::format("write: the device keeps this value (a float32 cast or an all-gather) in the memory of "
-                    "its operand \"{}\" (the tensor is not in Program::hostReads); write \"{}\" instead",
-                    program_.graph.tensor(shared).name, program_.graph.tensor(shared).name));
-  }
   if (groups.size() != target.size()) {
     throw DeviceError(ErrorCode::InvalidProgram, program_.graph.tensor(tensor).name,
                       fmt::format("write: {} values given; the layout {} needs {} groups x {} floats = {}",

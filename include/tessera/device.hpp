@@ -54,8 +54,9 @@ struct Program {
   // The tensors the host reads after a run besides variables, when the
   // caller knows them (sessions do). The device may then keep an
   // intermediate value that only the steps fused with its producer read in
-  // scratch and never store it; reading such a tensor is a DeviceError.
-  // Without the list every tensor stays readable.
+  // scratch and never store it, or keep a float32 cast or an all-gather in
+  // its operand's memory; reading such a tensor is a DeviceError. Without
+  // the list every tensor stays readable.
   std::optional<std::vector<TensorId>> hostReads = std::nullopt;
 };
 

@@ -789,12 +789,18 @@ TEST_CASE("a float32 cast shares its operand's memory unless the operand changes
     const auto& sim = dynamic_cast<const sim::SimExecutable&>(*executable);
     CHECK(sim.stats().castAliases == (known ? 2 : 0));
     if (known) {
-      // Writing a shared cast would change its operand: refused, naming both.
-      const auto error = test::catchError<DeviceError>(
-          [&] { executable->write(wide.id(), std::vector<float>(replicas * 30, 1.0f)); });
-      REQUIRE(error);
-      CHECK(error->subject() == g.tensor(wide.id()).name);
-      CHECK(std::string(error->what()).find(g.tensor(x16.id()).name) != std::string::npos);
+      // A shared cast is not the host's to read or write (a write would
+      // change its operand): refused, naming both.
+      std::vector<float> values(replicas * 30, 1.0f);
+      for (bool write : {false, true}) {
+        const auto error = test::catchError<DeviceError>([&] {
+          if (write) executable->write(wide.id(), values);
+          if (!write) executable->read(wide.id(), values);
+        });
+        REQUIRE(error);
+        CHECK(error->subject() == g.tensor(wide.id()).name);
+        CHECK(std::string(error->what()).find(g.tensor(x16.id()).name) != std::string::npos);
+      }
     }
     test::runDevice(*executable, feeds);
     for (int64_t r = 0; r < replicas; ++r) {
