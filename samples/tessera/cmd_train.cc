@@ -1,4 +1,5 @@
 // tessera train CONFIG [--set PATH=VALUE]... [--resume FILE] [--json-summary FILE] [--quiet]
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -101,8 +102,9 @@ std::string signalName(int signal) {
   }
 }
 
-// A one-line progress bar on a terminal; a line per epoch otherwise, so that
-// logs stay readable.
+// A one-line progress bar on a terminal, redrawn at most every 100 ms (a
+// step can take a tenth of a millisecond); a line per epoch otherwise, so
+// that logs stay readable.
 class ProgressPrinter {
  public:
   explicit ProgressPrinter(bool quiet) : quiet_(quiet), terminal_(isatty(fileno(stderr)) != 0) {}
@@ -110,8 +112,11 @@ class ProgressPrinter {
   void operator()(const TrainProgress& p) {
     if (quiet_) return;
     const bool epochDone = p.stepInEpoch == p.stepsPerEpoch;
-    openLine_ = terminal_ && !epochDone;
     if (!terminal_ && !epochDone) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (!epochDone && p.stepInEpoch > 1 && now - lastDrawn_ < kRedrawInterval) return;
+    lastDrawn_ = now;
+    openLine_ = terminal_ && !epochDone;
     constexpr int kWidth = 30;
     const auto filled = static_cast<int>(kWidth * p.stepInEpoch / p.stepsPerEpoch);
     const std::string scaling =
@@ -130,9 +135,11 @@ class ProgressPrinter {
   }
 
  private:
+  static constexpr std::chrono::milliseconds kRedrawInterval{100};
   bool quiet_;
   bool terminal_;
   bool openLine_ = false;
+  std::chrono::steady_clock::time_point lastDrawn_{};
 };
 
 void writeJsonFile(const std::string& path, const nlohmann::json& value) {

@@ -1,11 +1,17 @@
 // Runs the built `tessera` program (path in TESSERA_CLI) and checks its
 // output and exit codes.
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -677,4 +683,76 @@ TEST_CASE("explain shows a float16 MLP's weights at 2 bytes an element") {
   }
   CHECK(weights == 6);
   CHECK(report["provenance"]["/model/dtype"] == "file");
+}
+
+TEST_CASE("train redraws its progress bar on a terminal at most every 100 ms") {
+  // stderr on a pseudo-terminal: the bar is redrawn in place ("\r") when
+  // 100 ms have passed, on an epoch's first step and at its end, not on
+  // every one of the 2 x 10 steps (the synthetic set keeps it short under
+  // valgrind, where a step takes most of a second).
+  const int master = posix_openpt(O_RDWR | O_NOCTTY);
+  REQUIRE(master >= 0);
+  REQUIRE(grantpt(master) == 0);
+  REQUIRE(unlockpt(master) == 0);
+  const std::string terminal = ptsname(master);
+  std::vector<std::string> words = tessera::test::wrapperCommand();
+  const bool wrapped = !words.empty();
+  const std::vector<std::string> command = {tessera::test::cliProgram(),
+                                            "train",
+                                            tessera::test::sourcePath("samples/configs/mnist_rts.json"),
+                                            "--set",
+                                            "/data/dataset=synthetic",
+                                            "--set",
+                                            "/data/limitTrainSamples=640",
+                                            "--set",
+                                            "/data/limitTestSamples=200",
+                                            "--set",
+                                            "/data/epochs=2",
+                                            "--set",
+                                            "/data/batchSize=32"};
+  words.insert(words.end(), command.begin(), command.end());
+  std::vector<char*> argv;
+  for (std::string& word : words) argv.push_back(word.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, terminal.c_str(), O_RDWR | O_NOCTTY, 0);
+  pid_t pid = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const int spawnError = wrapped ? posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ)
+                                 : posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  REQUIRE(spawnError == 0);
+  // Read until the program closes the terminal (EIO once no one holds it).
+  std::string shown;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(master, buffer, sizeof buffer);
+    if (n > 0) {
+      shown.append(buffer, static_cast<std::size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      break;
+    }
+  }
+  ::close(master);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) REQUIRE(errno == EINTR);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO("terminal output: ", shown);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  std::size_t draws = 0;
+  for (std::size_t at = shown.find("epoch "); at != std::string::npos; at = shown.find("epoch ", at + 1))
+    ++draws;
+  // Both epochs end on a full bar.
+  CHECK(shown.find("epoch 1/2 [==============================] 10/10") != std::string::npos);
+  CHECK(shown.find("epoch 2/2 [==============================] 10/10") != std::string::npos);
+  // Two draws an epoch besides one per 100 ms of the whole run (setup and
+  // the test passes included): without the limit a fast build draws all 20.
+  CAPTURE(seconds);
+  CHECK(draws <= 4 + static_cast<std::size_t>(seconds / 0.1) + 1);
+  CHECK(draws >= 4);
 }
