@@ -1,5 +1,6 @@
 // Runs the built `tessera` program (path in TESSERA_CLI) and checks its
 // output and exit codes.
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
