@@ -351,6 +351,13 @@ void SimExecutable::planBuffers() {
     if (sharedWith_[t] >= 0) offset_[t] = offset_[at(sharedWith_[t])];
 }
 
+std::vector<char> SimExecutable::hostReadStorages() const {
+  const Graph& graph = program_.graph;
+  std::vector<char> read(graph.tensors().size(), 0);
+  for (TensorId t : *program_.hostReads) read[at(graph.storageOf(t))] = 1;
+  return read;
+}
+
 int64_t SimExecutable::readPosition(OpId reader) const {
   if (fusedInto_[at(reader)] != kNoOp) return position_[at(fusedInto_[at(reader)])];
   if (!foldedTranspose_[at(reader)]) return position_[at(reader)];
@@ -364,8 +371,7 @@ void SimExecutable::planSharedOutputs() {
   const Graph& graph = program_.graph;
   sharedWith_.assign(graph.tensors().size(), -1);
   if (mode_ != ExecutionMode::Vectorized || !program_.hostReads) return;
-  std::vector<char> hostRead(graph.tensors().size(), 0);
-  for (TensorId t : *program_.hostReads) hostRead[at(graph.storageOf(t))] = 1;
+  const std::vector<char> hostRead = hostReadStorages();
   const int64_t replicas = program_.localReplicas;
   for (OpId id : schedule_) {
     const OpNode& op = graph.op(id);
@@ -377,9 +383,7 @@ void SimExecutable::planSharedOutputs() {
     const TensorNode& in = graph.tensor(x);
     if (in.dtype == DType::Float64 || graph.storageOf(y) != y || hostRead[at(y)] || !writes_[at(y)].empty())
       continue;
-    // The memory x lives in: its storage, or what that storage shares.
-    TensorId source = graph.storageOf(x);
-    if (sharedWith_[at(source)] >= 0) source = sharedWith_[at(source)];
+    const TensorId source = memoryOf(x);
     const OpId producer = graph.tensor(source).producer;
     // Unstored values (folded transposes, fused products) and values living
     // in a remote entry keep their copy.
@@ -422,8 +426,7 @@ void SimExecutable::planRemoteAliases() {
   aliasOf_.assign(graph.tensors().size(), {-1, -1});
   elided_.assign(graph.ops().size(), 0);
   if (mode_ != ExecutionMode::Vectorized || !program_.hostReads) return;
-  std::vector<char> hostRead(graph.tensors().size(), 0);
-  for (TensorId t : *program_.hostReads) hostRead[at(graph.storageOf(t))] = 1;
+  const std::vector<char> hostRead = hostReadStorages();
   // Where each storage is last read or written; a fused or folded reader
   // reads where the step that computes it runs.
   std::vector<int64_t> lastAccess(graph.tensors().size(), -1);

@@ -125,6 +125,9 @@ class SimExecutable final : public Executable {
   // output, the output is never written in place, and nothing writes the
   // operand's memory from the op until the output's last reader.
   void planSharedOutputs();
+  // Per tensor: is it the storage of a tensor in Program::hostReads (which
+  // must be set)?
+  std::vector<char> hostReadStorages() const;
   // Where a reader of a value reads it: its own position, or that of the
   // step that computes it (fused products, folded transposes).
   int64_t readPosition(OpId reader) const;

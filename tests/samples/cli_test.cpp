@@ -696,35 +696,18 @@ TEST_CASE("train redraws its progress bar on a terminal at most every 100 ms") {
   REQUIRE(grantpt(master) == 0);
   REQUIRE(unlockpt(master) == 0);
   const std::string terminal = ptsname(master);
-  std::vector<std::string> words = tessera::test::wrapperCommand();
-  const bool wrapped = !words.empty();
-  const std::vector<std::string> command = {tessera::test::cliProgram(),
-                                            "train",
-                                            tessera::test::sourcePath("samples/configs/mnist_rts.json"),
-                                            "--set",
-                                            "/data/dataset=synthetic",
-                                            "--set",
-                                            "/data/limitTrainSamples=640",
-                                            "--set",
-                                            "/data/limitTestSamples=200",
-                                            "--set",
-                                            "/data/epochs=2",
-                                            "--set",
-                                            "/data/batchSize=32"};
-  words.insert(words.end(), command.begin(), command.end());
-  std::vector<char*> argv;
-  for (std::string& word : words) argv.push_back(word.data());
-  argv.push_back(nullptr);
+  const std::vector<std::string> args = {"train", tessera::test::sourcePath("samples/configs/mnist_rts.json"),
+                                         "--set", "/data/dataset=synthetic",
+                                         "--set", "/data/limitTrainSamples=640",
+                                         "--set", "/data/limitTestSamples=200",
+                                         "--set", "/data/epochs=2",
+                                         "--set", "/data/batchSize=32"};
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, terminal.c_str(), O_RDWR | O_NOCTTY, 0);
-  pid_t pid = 0;
   const auto start = std::chrono::steady_clock::now();
-  const int spawnError = wrapped ? posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ)
-                                 : posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  REQUIRE(spawnError == 0);
+  const pid_t pid = tessera::test::spawnProgram(tessera::test::cliProgram(), args, actions);
   // Read until the program closes the terminal (EIO once no one holds it).
   std::string shown;
   char buffer[4096];
@@ -739,8 +722,7 @@ TEST_CASE("train redraws its progress bar on a terminal at most every 100 ms") {
     }
   }
   ::close(master);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) REQUIRE(errno == EINTR);
+  const int status = tessera::test::waitStatus(pid);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   INFO("terminal output: ", shown);
   REQUIRE(WIFEXITED(status));

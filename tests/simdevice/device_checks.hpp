@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "executor.hpp"
@@ -55,10 +57,12 @@ struct DeviceRun {
   sim::SimExecutable* sim = nullptr;
 };
 
-inline DeviceRun loadOnDevice(const Graph& graph, ExecutionMode mode, DeviceSpec spec = {}) {
+inline DeviceRun loadOnDevice(const Graph& graph, ExecutionMode mode, DeviceSpec spec = {},
+                              std::optional<std::vector<TensorId>> hostReads = std::nullopt) {
   Program program{graph};
   program.localReplicas = graph.replicationFactor();
   program.globalReplicas = graph.replicationFactor();
+  program.hostReads = std::move(hostReads);
   DeviceRun run;
   run.executable = makeSimDevice(spec, mode)->load(std::move(program));
   run.sim = dynamic_cast<sim::SimExecutable*>(run.executable.get());

@@ -781,13 +781,11 @@ TEST_CASE("a float32 cast shares its operand's memory unless the operand changes
   std::vector<std::vector<float>> results;
   for (bool known : {false, true}) {
     INFO("host reads known: " << known);
-    Program program{g};
-    program.localReplicas = replicas;
-    program.globalReplicas = replicas;
-    if (known) program.hostReads = std::vector<TensorId>{result.id(), w.id()};
-    auto executable = makeSimDevice()->load(std::move(program));
-    const auto& sim = dynamic_cast<const sim::SimExecutable&>(*executable);
-    CHECK(sim.stats().castAliases == (known ? 2 : 0));
+    test::DeviceRun device =
+        test::loadOnDevice(g, ExecutionMode::Vectorized, {},
+                           known ? std::optional(std::vector<TensorId>{result.id(), w.id()}) : std::nullopt);
+    Executable* executable = device.executable.get();
+    CHECK(device.sim->stats().castAliases == (known ? 2 : 0));
     if (known) {
       // A shared cast is not the host's to read or write (a write would
       // change its operand): refused, naming both.
@@ -858,13 +856,11 @@ TEST_CASE("an all-gather of unpadded shards in replica order is their memory unt
   std::vector<std::vector<float>> runs;
   for (bool known : {false, true}) {
     INFO("host reads known: " << known);
-    Program program{g};
-    program.localReplicas = replicas;
-    program.globalReplicas = replicas;
-    if (known) program.hostReads = std::vector<TensorId>{result.id(), padded.id()};
-    auto executable = makeSimDevice()->load(std::move(program));
-    const auto& sim = dynamic_cast<const sim::SimExecutable&>(*executable);
-    CHECK(sim.stats().gatherAliases == (known ? 2 : 0));
+    test::DeviceRun device = test::loadOnDevice(
+        g, ExecutionMode::Vectorized, {},
+        known ? std::optional(std::vector<TensorId>{result.id(), padded.id()}) : std::nullopt);
+    Executable* executable = device.executable.get();
+    CHECK(device.sim->stats().gatherAliases == (known ? 2 : 0));
     test::runDevice(*executable, feeds);
     for (const Tensor& t : {result, padded}) {
       for (int64_t r = 0; r < replicas; ++r) {

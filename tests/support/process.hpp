@@ -95,11 +95,10 @@ inline std::vector<std::string> wrapperCommand() {
   return words;
 }
 
-inline ProcessResult runProgram(const std::string& program, const std::vector<std::string>& args) {
-  const TempDir dir;
-  const std::string outPath = (dir.path() / "stdout").string();
-  const std::string errPath = (dir.path() / "stderr").string();
-
+// Starts `program` with `args` under TESSERA_CLI_WRAPPER (if set), its
+// standard streams as `actions` open them (which this destroys).
+inline pid_t spawnProgram(const std::string& program, const std::vector<std::string>& args,
+                          posix_spawn_file_actions_t& actions) {
   std::vector<std::string> argvStrings = wrapperCommand();
   const bool wrapped = !argvStrings.empty();
   argvStrings.push_back(program);
@@ -107,6 +106,26 @@ inline ProcessResult runProgram(const std::string& program, const std::vector<st
   std::vector<char*> argv;
   for (std::string& arg : argvStrings) argv.push_back(arg.data());
   argv.push_back(nullptr);
+  pid_t pid = 0;
+  // A wrapper is looked up on PATH; the program itself is a path.
+  const int spawnError = wrapped ? posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ)
+                                 : posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  REQUIRE_MESSAGE(spawnError == 0, "cannot start ", argv[0], ": ", std::strerror(spawnError));
+  return pid;
+}
+
+// The wait status of a child once it has ended.
+inline int waitStatus(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) REQUIRE(errno == EINTR);
+  return status;
+}
+
+inline ProcessResult runProgram(const std::string& program, const std::vector<std::string>& args) {
+  const TempDir dir;
+  const std::string outPath = (dir.path() / "stdout").string();
+  const std::string errPath = (dir.path() / "stderr").string();
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -114,20 +133,13 @@ inline ProcessResult runProgram(const std::string& program, const std::vector<st
                                    0600);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                    0600);
-  pid_t pid = 0;
-  // A wrapper is looked up on PATH; the program itself is a path.
-  const int spawnError = wrapped ? posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ)
-                                 : posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  REQUIRE_MESSAGE(spawnError == 0, "cannot start ", argv[0], ": ", std::strerror(spawnError));
-
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) REQUIRE(errno == EINTR);
+  const pid_t pid = spawnProgram(program, args, actions);
+  const int status = waitStatus(pid);
   ProcessResult result;
   result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
   result.out = readFile(outPath);
   result.err = readFile(errPath);
-  if (wrapped && result.exitCode == kWrapperFindingExitCode) {
+  if (!wrapperCommand().empty() && result.exitCode == kWrapperFindingExitCode) {
     FAIL_CHECK("TESSERA_CLI_WRAPPER reported a finding in ", program, ":\n", result.err);
   }
   return result;
