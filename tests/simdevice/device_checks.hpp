@@ -122,6 +122,17 @@ inline bool close(double device, double expected, double tolerance) {
   return device == expected || std::abs(device - expected) <= tolerance * std::max(1.0, std::abs(expected));
 }
 
+// Compares one tensor on every replica with the reference.
+inline void compareTensor(const Executable& executable, const Graph& graph, const ReferenceEvaluator& oracle,
+                          TensorId t, double tolerance = 1e-5) {
+  for (int64_t r = 0; r < graph.replicationFactor(); ++r) {
+    const std::vector<float> got = deviceValue(executable, graph, t, r);
+    const std::vector<double>& want = oracle.value(t, r);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t k = 0; k < got.size(); ++k) CHECK(close(got[k], want[k], tolerance));
+  }
+}
+
 // Compares every stored tensor on every replica; returns how many tensors
 // were compared.
 inline int64_t compareAll(const Executable& executable, const Graph& graph, const ReferenceEvaluator& oracle,

@@ -801,12 +801,7 @@ TEST_CASE("a float32 cast shares its operand's memory unless the operand changes
       }
     }
     test::runDevice(*executable, feeds);
-    for (int64_t r = 0; r < replicas; ++r) {
-      const std::vector<float> got = test::deviceValue(*executable, g, result.id(), r);
-      const std::vector<double>& want = oracle.value(result.id(), r);
-      REQUIRE(got.size() == want.size());
-      for (std::size_t k = 0; k < got.size(); ++k) CHECK(test::close(got[k], want[k], 1e-5));
-    }
+    test::compareTensor(*executable, g, oracle, result.id());
     // A second run reads the updated w; both plans give the same bits.
     test::runDevice(*executable, feeds);
     std::vector<float> values = test::deviceValue(*executable, g, result.id(), 1);
@@ -862,14 +857,7 @@ TEST_CASE("an all-gather of unpadded shards in replica order is their memory unt
     Executable* executable = device.executable.get();
     CHECK(device.sim->stats().gatherAliases == (known ? 2 : 0));
     test::runDevice(*executable, feeds);
-    for (const Tensor& t : {result, padded}) {
-      for (int64_t r = 0; r < replicas; ++r) {
-        const std::vector<float> got = test::deviceValue(*executable, g, t.id(), r);
-        const std::vector<double>& want = oracle.value(t.id(), r);
-        REQUIRE(got.size() == want.size());
-        for (std::size_t k = 0; k < got.size(); ++k) CHECK(test::close(got[k], want[k], 1e-5));
-      }
-    }
+    for (const Tensor& t : {result, padded}) test::compareTensor(*executable, g, oracle, t.id());
     // A second run gathers the updated shards; both plans give the same bits.
     test::runDevice(*executable, feeds);
     std::vector<float> values;
