@@ -1,7 +1,9 @@
 #include "half.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -131,7 +133,14 @@ __attribute__((target("avx,f16c"))) void floatsToHalvesF16c(const float* in, uin
     const __m128i halves = _mm256_cvtps_ph(values, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), halves);
   }
-  for (; i < count; ++i) out[i] = floatToHalf(in[i]);
+  if (i == count) return;
+  // The last 1-7 through a vector too, by way of a buffer.
+  alignas(32) float tail[8] = {};
+  alignas(16) uint16_t halves[8];
+  std::copy(in + i, in + count, tail);
+  _mm_store_si128(reinterpret_cast<__m128i*>(halves),
+                  _mm256_cvtps_ph(_mm256_load_ps(tail), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  std::copy_n(halves, count - i, out + i);
 }
 
 __attribute__((target("avx,f16c"))) void halvesToFloatsF16c(const uint16_t* in, float* out,
@@ -141,7 +150,12 @@ __attribute__((target("avx,f16c"))) void halvesToFloatsF16c(const uint16_t* in, 
     const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(halves));
   }
-  for (; i < count; ++i) out[i] = halfToFloat(in[i]);
+  if (i == count) return;
+  alignas(16) uint16_t tail[8] = {};
+  alignas(32) float floats[8];
+  std::copy(in + i, in + count, tail);
+  _mm256_store_ps(floats, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tail))));
+  std::copy_n(floats, count - i, out + i);
 }
 
 __attribute__((target("avx,f16c"))) void roundToHalvesF16c(const float* in, float* out, std::size_t count) {
@@ -151,7 +165,12 @@ __attribute__((target("avx,f16c"))) void roundToHalvesF16c(const float* in, floa
         _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(halves));
   }
-  for (; i < count; ++i) out[i] = halfToFloat(floatToHalf(in[i]));
+  if (i == count) return;
+  alignas(32) float tail[8] = {};
+  std::copy(in + i, in + count, tail);
+  const __m128i halves = _mm256_cvtps_ph(_mm256_load_ps(tail), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm256_store_ps(tail, _mm256_cvtph_ps(halves));
+  std::copy_n(tail, count - i, out + i);
 }
 
 // 16 floats a step: AVX-512 converts whole zmm registers (the zero-masked
@@ -165,31 +184,33 @@ __attribute__((target("avx512f"))) void roundToHalvesAvx512(const float* in, flo
         _mm512_maskz_cvtps_ph(all, _mm512_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm512_storeu_ps(out + i, _mm512_maskz_cvtph_ps(all, halves));
   }
-  roundToHalvesF16c(in + i, out + i, count - i);
+  if (i == count) return;
+  // The last 1-15 through masks: the lanes past the end are neither read
+  // nor written (rows of a GEMM's product, 10 columns wide, are all tail).
+  const auto tail = static_cast<__mmask16>((1u << (count - i)) - 1u);
+  const __m256i halves = _mm512_maskz_cvtps_ph(all, _mm512_maskz_loadu_ps(tail, in + i),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm512_mask_storeu_ps(out + i, tail, _mm512_maskz_cvtph_ps(all, halves));
 }
 
 #endif
 
-struct Converters {
-  void (*toHalves)(const float*, uint16_t*, std::size_t) = detail::floatsToHalvesPortable;
-  void (*toFloats)(const uint16_t*, float*, std::size_t) = detail::halvesToFloatsPortable;
-  void (*round)(const float*, float*, std::size_t) = detail::roundToHalvesPortable;
-  bool f16c = false;
-};
-
-const Converters& converters() {
-  static const Converters chosen = [] {
-    Converters c;
+// The paths this CPU can run, the portable one first and the one chosen last.
+std::vector<detail::HalfConversions> availablePaths() {
+  std::vector<detail::HalfConversions> paths{{"portable", detail::floatsToHalvesPortable,
+                                              detail::halvesToFloatsPortable, detail::roundToHalvesPortable}};
 #if TESSERA_HALF_X86
-    if (cpuHasF16c()) {
-      c.toHalves = floatsToHalvesF16c;
-      c.toFloats = halvesToFloatsF16c;
-      c.round = __builtin_cpu_supports("avx512f") ? roundToHalvesAvx512 : roundToHalvesF16c;
-      c.f16c = true;
-    }
+  if (cpuHasF16c()) {
+    paths.push_back({"f16c", floatsToHalvesF16c, halvesToFloatsF16c, roundToHalvesF16c});
+    if (__builtin_cpu_supports("avx512f"))
+      paths.push_back({"f16c+avx512", floatsToHalvesF16c, halvesToFloatsF16c, roundToHalvesAvx512});
+  }
 #endif
-    return c;
-  }();
+  return paths;
+}
+
+const detail::HalfConversions& converters() {
+  static const detail::HalfConversions chosen = availablePaths().back();
   return chosen;
 }
 
@@ -205,6 +226,8 @@ void halvesToFloats(const uint16_t* in, float* out, std::size_t count) {
 
 void roundToHalves(const float* in, float* out, std::size_t count) { converters().round(in, out, count); }
 
-bool halfConversionUsesF16c() { return converters().f16c; }
+bool halfConversionUsesF16c() { return converters().round != detail::roundToHalvesPortable; }
+
+std::vector<detail::HalfConversions> detail::halfConversionPaths() { return availablePaths(); }
 
 }  // namespace tessera

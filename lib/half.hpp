@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace tessera {
 
@@ -54,6 +55,17 @@ namespace detail {
 void floatsToHalvesPortable(const float* in, uint16_t* out, std::size_t count);
 void halvesToFloatsPortable(const uint16_t* in, float* out, std::size_t count);
 void roundToHalvesPortable(const float* in, float* out, std::size_t count);
+
+// One instruction set's bulk conversions.
+struct HalfConversions {
+  const char* name;
+  void (*toHalves)(const float* in, uint16_t* out, std::size_t count);
+  void (*toFloats)(const uint16_t* in, float* out, std::size_t count);
+  void (*round)(const float* in, float* out, std::size_t count);
+};
+// Every set this CPU can run, the portable one first and the one the bulk
+// conversions use last (the tests run each).
+std::vector<HalfConversions> halfConversionPaths();
 }  // namespace detail
 
 }  // namespace tessera

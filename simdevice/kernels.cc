@@ -103,24 +103,28 @@ void copyDoubleRuns(const Step& s) {
 // to another thread costs more than it saves.
 constexpr int64_t kMinSlicesPerPart = 8;
 
-// The host's values for an Input, copied into the arena. A large input
-// (the batch) is copied by every thread, a run of whole slices each, so
-// that the threads that read it next find their share in their own cache
-// instead of all of it in the calling thread's.
+// The host's values for an Input, copied into the arena (rounded to halves
+// on the way for a float16 input: Step::halfOutput). A large input (the
+// batch) is copied by every thread, a run of whole slices each, so that the
+// threads that read it next find their share in their own cache instead of
+// all of it in the calling thread's.
 void feedKernel(const Step& s) {
   const auto n = static_cast<int64_t>(s.feed->size());
+  const float* from = s.feed->data();
+  const auto copy = [&](int64_t begin, int64_t end) {
+    if (s.halfOutput) {
+      roundToHalves(from + begin, s.out + begin, static_cast<std::size_t>(end - begin));
+    } else {
+      std::copy(from + begin, from + end, s.out + begin);
+    }
+  };
   const int64_t slices = (n + kChainSlice - 1) / kChainSlice;
   const int threads = s.pool == nullptr ? 1 : s.pool->threads();
   const int parts = static_cast<int>(std::clamp<int64_t>(slices / kMinSlicesPerPart, 1, threads));
-  if (parts == 1) {
-    std::copy(s.feed->begin(), s.feed->end(), s.out);
-    return;
-  }
-  const float* from = s.feed->data();
+  if (parts == 1) return copy(0, n);
   s.pool->run(parts, [&](int part, int) {
-    const int64_t begin = std::min(n, slices * part / parts * kChainSlice);
-    const int64_t end = std::min(n, slices * (part + 1) / parts * kChainSlice);
-    std::copy(from + begin, from + end, s.out + begin);
+    copy(std::min(n, slices * part / parts * kChainSlice),
+         std::min(n, slices * (part + 1) / parts * kChainSlice));
   });
 }
 

@@ -131,8 +131,9 @@ struct Step {
   int64_t depth = 0;
   bool transA = false;
   bool transB = false;
-  // A float16 product: the GEMM rounds each element of the output to the
-  // nearest half (GemmShape::halfOutput), so no rounding step follows.
+  // The step rounds each element of its float16 output to the nearest half
+  // itself, so no rounding step follows: a product (GemmShape::halfOutput)
+  // or the copy of a float16 input's feed.
   bool halfOutput = false;
   // The product's kernel and cache blocking, chosen at load time.
   GemmPlan gemmPlan;

@@ -8,10 +8,12 @@ namespace tessera::sim {
 namespace {
 
 // The feed holds the step's floats (a float64 input's doubles two floats
-// each), copied as they are.
+// each), copied as they are; a float16 input's are rounded to halves in the
+// copy.
 void planInput(StepPlanner& planner, Step& step) {
   planner.takeInputSlot();
   step.kernel = inputKernel();
+  step.halfOutput = planner.graph().tensor(planner.op().outputs[0]).dtype == DType::Float16;
   planner.emit(std::move(step));
 }
 

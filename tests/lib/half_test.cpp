@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "half.hpp"
@@ -239,4 +240,52 @@ TEST_CASE("the bulk conversions give the scalar bits, on F16C and without") {
     REQUIRE(std::bit_cast<uint32_t>(wide[i]) == scalar);
     REQUIRE(std::bit_cast<uint32_t>(widePortable[i]) == scalar);
   }
+}
+
+TEST_CASE("every instruction set converts runs of any length, the last ones too, and nothing past them") {
+  // Runs of 0 to 40 elements at four alignments: every tail length of the
+  // 8- and 16-wide loops. Each path's output must be the scalar bits, and
+  // the guard elements on both sides of the run must stay as they were.
+  constexpr std::size_t kGuard = 16;
+  constexpr float kFloatGuard = 1234.5f;
+  constexpr uint16_t kHalfGuard = 0xbeef;
+  std::vector<float> values;
+  Bits bits;
+  for (int i = 0; i < 64; ++i) values.push_back(std::bit_cast<float>(bits.next()));
+  values[5] = 65520.0f;                           // a tie that overflows
+  values[9] = std::bit_cast<float>(0x7fbfffffu);  // a signalling NaN
+  for (const tessera::detail::HalfConversions& path : tessera::detail::halfConversionPaths()) {
+    const std::string name = path.name;
+    CAPTURE(name);
+    for (std::size_t offset = 0; offset < 4; ++offset) {
+      for (std::size_t count = 0; count <= 40; ++count) {
+        CAPTURE(offset);
+        CAPTURE(count);
+        const float* in = values.data() + offset;
+        std::vector<uint16_t> halves(count + 2 * kGuard, kHalfGuard);
+        path.toHalves(in, halves.data() + kGuard, count);
+        std::vector<float> rounded(count + 2 * kGuard, kFloatGuard);
+        path.round(in, rounded.data() + kGuard, count);
+        std::vector<float> inPlace(count + 2 * kGuard, kFloatGuard);
+        std::copy_n(in, count, inPlace.begin() + kGuard);
+        path.round(inPlace.data() + kGuard, inPlace.data() + kGuard, count);
+        std::vector<uint16_t> source(count + 2 * kGuard);
+        for (std::size_t i = 0; i < source.size(); ++i) source[i] = static_cast<uint16_t>(bits.next());
+        std::vector<float> widened(count + 2 * kGuard, kFloatGuard);
+        path.toFloats(source.data() + kGuard, widened.data() + kGuard, count);
+        for (std::size_t i = 0; i < count + 2 * kGuard; ++i) {
+          const bool inside = i >= kGuard && i < kGuard + count;
+          const uint16_t half = inside ? floatToHalf(in[i - kGuard]) : kHalfGuard;
+          const uint32_t round = std::bit_cast<uint32_t>(inside ? halfToFloat(half) : kFloatGuard);
+          const uint32_t wide = std::bit_cast<uint32_t>(inside ? halfToFloat(source[i]) : kFloatGuard);
+          CAPTURE(i);
+          REQUIRE(halves[i] == half);
+          REQUIRE(std::bit_cast<uint32_t>(rounded[i]) == round);
+          REQUIRE(std::bit_cast<uint32_t>(inPlace[i]) == round);
+          REQUIRE(std::bit_cast<uint32_t>(widened[i]) == wide);
+        }
+      }
+    }
+  }
+  CHECK(tessera::detail::halfConversionPaths().size() >= (tessera::halfConversionUsesF16c() ? 2u : 1u));
 }

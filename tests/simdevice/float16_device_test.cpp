@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <string>
 #include <tuple>
@@ -373,8 +374,9 @@ TEST_CASE("float16 RTS, streaming memory and accumulation train like plain repli
 }
 
 // The rounding step after each float16 elementwise op joins the op's chain:
-// four ops and their rounding steps, and that of the fed input, run as one
-// pass, and the values are those of rounding after every op.
+// four ops and their rounding steps run as one pass (the fed input is
+// rounded as it is copied in), and the values are those of rounding after
+// every op.
 TEST_CASE("rounding steps of float16 elementwise ops fuse into the ops' chain") {
   for (const DType dtype : {DType::Float32, DType::Float16}) {
     Graph g(2);
@@ -388,8 +390,8 @@ TEST_CASE("rounding steps of float16 elementwise ops fuse into the ops' chain") 
     CAPTURE(dtype);
     CHECK(stats.fusedChains == 1);
     // Add, Mul, Tanh, ScaledAddInplace, and in float16 one rounding step
-    // each and one of the fed x.
-    CHECK(stats.chainedSteps == (dtype == DType::Float16 ? 9 : 4));
+    // each.
+    CHECK(stats.chainedSteps == (dtype == DType::Float16 ? 8 : 4));
     const auto feeds = test::makeFeeds(g, 1, 5);
     test::runDevice(*device.executable, feeds);
     test::ReferenceEvaluator oracle(g);
@@ -404,8 +406,8 @@ TEST_CASE("rounding steps of float16 elementwise ops fuse into the ops' chain") 
 }
 
 // Ops that only move, select, negate or zero elements (OpDef::keepsHalves)
-// write halves already: the device plans no rounding step after them, only
-// after the fed input.
+// write halves already: the device plans no rounding step after them (nor
+// after the fed input, which the copy rounds).
 TEST_CASE("ops that keep halves get no rounding step") {
   int64_t steps[2] = {0, 0};
   for (const DType dtype : {DType::Float32, DType::Float16}) {
@@ -424,5 +426,44 @@ TEST_CASE("ops that keep halves get no rounding step") {
     oracle.run();
     CHECK(test::compareAll(*device.executable, g, oracle, 0.0) > 0);
   }
-  CHECK(steps[1] == steps[0] + 1);
+  CHECK(steps[1] == steps[0]);
+}
+
+// A float16 input's feed is rounded to halves as it is copied in, by every
+// thread its share: no step of its own, and the same bits at 1 and 2
+// threads, the feed left as it was.
+TEST_CASE("a float16 input is rounded as its feed is copied in, on any thread count") {
+  Graph g(2);
+  // 2 x 20,000 halves: 40 slices of 512 per replica, 5 parts' worth each.
+  const Tensor x = ops::input(g, "x", {2, 20'000}, DType::Float16);
+  const Tensor y = ops::relu(x);
+  std::vector<float> feed = test::pseudoRandom(2 * 2 * 20'000, 17, -70'000.0f, 70'000.0f);
+  feed[7] = 65520.0f;             // the tie that overflows
+  feed[8] = 1.0f + 0x1p-11f;      // a tie to even: 1
+  feed[9] = 1.0f + 3 * 0x1p-11f;  // a tie to even: 1 + 2^-9
+  feed[40'003] = 0x1p-25f;        // half the smallest subnormal: a tie to zero
+  const std::vector<float> sent = feed;
+  for (const int threads : {1, 2}) {
+    CAPTURE(threads);
+    DeviceSpec spec;
+    spec.numThreads = threads;
+    test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized, spec);
+    // The input's copy and the ReLU: no rounding step for either.
+    CHECK(device.sim->stats().steps == 2);
+    test::runDevice(*device.executable, {{x.id(), feed}});
+    CHECK(feed == sent);
+    std::vector<float> got(feed.size());
+    device.executable->read(x.id(), got);
+    std::vector<float> relu(feed.size());
+    device.executable->read(y.id(), relu);
+    for (std::size_t i = 0; i < feed.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(roundToHalf(feed[i])));
+      REQUIRE(relu[i] == std::max(got[i], 0.0f));
+    }
+    CHECK(got[8] == 1.0f);
+    CHECK(got[9] == 1.0f + 0x1p-9f);
+    CHECK(std::isinf(got[7]));
+    CHECK(got[40'003] == 0.0f);
+  }
 }
