@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -58,13 +59,21 @@ void inParts(const Step& s, int64_t groups, int64_t elements, F&& f) {
   });
 }
 
+// Copies the part of `count` elements of `from`, placed at `offset`, that
+// falls in out[begin, end); returns the part [first, last).
+std::pair<int64_t, int64_t> copyOverlap(float* out, int64_t begin, int64_t end, const float* from,
+                                        int64_t offset, int64_t count) {
+  const int64_t first = std::clamp(offset, begin, end);
+  const int64_t last = std::clamp(offset + count, first, end);
+  std::copy(from + (first - offset), from + (last - offset), out + first);
+  return {first, last};
+}
+
 // out[begin, end) of a value that holds `count` elements of `from` at
 // `offset` and zeros elsewhere.
 void placeRange(float* out, int64_t begin, int64_t end, const float* from, int64_t offset, int64_t count) {
-  const int64_t first = std::clamp(offset, begin, end);
-  const int64_t last = std::clamp(offset + count, first, end);
+  const auto [first, last] = copyOverlap(out, begin, end, from, offset, count);
   std::fill(out + begin, out + first, 0.0f);
-  std::copy(from + (first - offset), from + (last - offset), out + first);
   std::fill(out + last, out + end, 0.0f);
 }
 
@@ -89,13 +98,8 @@ void allGatherKernel(const Step& s) {
   inParts(s, s.groups, s.outElements, [&](int64_t j, int64_t begin, int64_t end) {
     float* out = s.out + j * s.outElements;
     const int64_t* members = membersOf(s, j);
-    for (int64_t i = 0; i < s.groupSize; ++i) {
-      const int64_t offset = s.table2[at(2 * i)];
-      const int64_t count = s.table2[at(2 * i + 1)];
-      const int64_t first = std::clamp(offset, begin, end);
-      const int64_t last = std::clamp(offset + count, first, end);
-      std::copy(s.in[0] + members[i] + (first - offset), s.in[0] + members[i] + (last - offset), out + first);
-    }
+    for (int64_t i = 0; i < s.groupSize; ++i)
+      copyOverlap(out, begin, end, s.in[0] + members[i], s.table2[at(2 * i)], s.table2[at(2 * i + 1)]);
   });
 }
 

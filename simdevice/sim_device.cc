@@ -16,8 +16,12 @@ class SimDevice final : public Device {
 
   const DeviceSpec& spec() const override { return spec_; }
   ExecutionMode mode() const override { return mode_; }
+  // Every program runs on the threads resolved when the device was made
+  // (the environment is read once).
   std::unique_ptr<Executable> load(Program program) override {
-    return std::make_unique<sim::SimExecutable>(std::move(program), spec_, mode_, communicator_);
+    DeviceSpec resolved = spec_;
+    resolved.numThreads = threads_;
+    return std::make_unique<sim::SimExecutable>(std::move(program), resolved, mode_, communicator_);
   }
   Communicator* communicator() const override { return communicator_.get(); }
   int hostThreads() const override { return threads_; }

@@ -327,6 +327,20 @@ TEST_CASE("the thread count: the spec, else TESSERA_NUM_THREADS, else the CPU af
   ::setenv("TESSERA_NUM_THREADS", "3", 1);
   CHECK(sim::deviceThreads(spec) == 3);
   CHECK(makeSimDevice(spec)->hostThreads() == 3);
+  {
+    // A device reads the variable once: its programs run on the threads it
+    // reports, whatever the variable says when they are loaded.
+    const std::unique_ptr<Device> device = makeSimDevice(spec);
+    ::setenv("TESSERA_NUM_THREADS", "1", 1);
+    Graph g(1);
+    ops::relu(ops::input(g, "x", {4}));
+    Program program{g};
+    const std::unique_ptr<Executable> loaded = device->load(std::move(program));
+    const auto* executable = dynamic_cast<const sim::SimExecutable*>(loaded.get());
+    REQUIRE(executable != nullptr);
+    CHECK(executable->threads() == 3);
+    CHECK(device->hostThreads() == 3);
+  }
   spec.numThreads = 5;
   CHECK(sim::deviceThreads(spec) == 5);
   CHECK(makeSimDevice(spec)->hostThreads() == 5);
