@@ -104,6 +104,49 @@ int64_t flatElements(const Step& step) {
   return loop.size[0] == run.count * step.outElements ? loop.size[0] : -1;
 }
 
+// Collectives and reductions split a step only from 2^14 elements a part
+// (the other kernels outside the ones below never), so a step of fewer
+// elements than two such parts runs on one thread.
+constexpr int64_t kWholeStepElements = int64_t{1} << 15;
+
+// A step worth running beside another has at least this many elements (or
+// multiply-adds of a product): a few microseconds of work. Below it, handing
+// it to another core costs more than it saves, chiefly because the next
+// steps read its output from that core's cache (bench/RESULTS.md).
+constexpr int64_t kBesideElements = int64_t{1} << 13;
+constexpr int64_t kBesideProductWork = int64_t{1} << 17;
+
+// Whether `step` would run on one thread anyway on a pool of `threads`
+// (then running it beside other steps takes nothing from it) and has work
+// enough to be worth another thread's while.
+bool runsBeside(const Step& step, int threads) {
+  if (step.kernel == chainKernel())
+    return chainParts(step.chainElements, threads) == 1 && step.chainElements >= kBesideElements;
+  int64_t count = 1;
+  for (const Run& run : step.runs) count = std::max(count, run.count);
+  if (step.kernel == matmulKernel() || step.kernel == batchedMatmulKernel()) {
+    const GemmShape largest{count * step.rows, step.cols,   step.depth,
+                            step.transA,       step.transB, step.halfOutput};
+    return gemmParts(step.gemmPlan, largest, threads) == 1 &&
+           count * step.rows * step.cols * step.depth >= kBesideProductWork;
+  }
+  switch (step.kind) {
+    case OpKind::Conv:
+    case OpKind::ConvTranspose:
+    case OpKind::ConvGradWeight:
+    case OpKind::MaxPool:
+    case OpKind::MaxPoolGrad:
+    case OpKind::AveragePool:
+    case OpKind::AveragePoolGrad: return false;  // split by samples, planes or blocks of work
+    default: break;
+  }
+  int64_t elements = step.outElements;
+  for (const int64_t n : step.inElements) elements = std::max(elements, n);
+  int64_t total = 0;
+  for (const Run& run : step.runs) total += run.count * elements;
+  return total < kWholeStepElements && total >= kBesideElements;
+}
+
 // A memory range a flat step reads or writes.
 struct Access {
   const float* begin = nullptr;
@@ -596,6 +639,78 @@ void SimExecutable::planSteps() {
   for (Step& step : steps_)
     if (step.kind == OpKind::Input) step.feed = &feeds_[at(inputSlot_[at(graph.op(step.op).outputs[0])])];
   stats_.steps = static_cast<int64_t>(steps_.size());
+  planSideBySide();
+}
+
+void SimExecutable::planSideBySide() {
+  const int threads = pool_->threads();
+  if (threads < 2 || mode_ == ExecutionMode::PerReplicaReference) return;
+  const auto meets = [](const std::vector<TensorId>& a, const std::vector<TensorId>& b) {
+    return std::any_of(a.begin(), a.end(),
+                       [&](TensorId t) { return std::find(b.begin(), b.end(), t) != b.end(); });
+  };
+  // A step may run beside others when it runs on one thread anyway, touches
+  // only its ops' storages (no feed, transfer or exchange) and uses no
+  // scratch but its thread's (the sliced products write a whole product
+  // into memory the threads' workspaces share).
+  const auto eligible = [&](const Step& step) {
+    return step.op != kNoOp && step.exchange == nullptr && step.kind != OpKind::Input &&
+           step.kind != OpKind::RemoteLoad && step.kind != OpKind::RemoteStore &&
+           step.kernel != matmulSlicesKernel() && step.kernel != matmulShardsKernel() &&
+           runsBeside(step, threads);
+  };
+  std::vector<Step> planned;
+  std::vector<Step> group;
+  std::vector<TensorId> groupReads;
+  std::vector<TensorId> groupWrites;
+  std::vector<TensorId> reads;
+  std::vector<TensorId> writes;
+  const auto flush = [&] {
+    if (group.size() == 1) planned.push_back(std::move(group.front()));
+    if (group.size() > 1) {
+      Step step;
+      step.kind = group.front().kind;
+      step.op = group.front().op;
+      step.name = group.front().name;
+      step.kernel = besideKernel();
+      step.pool = pool_.get();
+      ++stats_.besideGroups;
+      stats_.besideSteps += static_cast<int64_t>(group.size());
+      step.beside = std::move(group);
+      planned.push_back(std::move(step));
+    }
+    group.clear();
+    groupReads.clear();
+    groupWrites.clear();
+  };
+  for (Step& step : steps_) {
+    if (!eligible(step)) {
+      flush();
+      planned.push_back(std::move(step));
+      continue;
+    }
+    // What the step touches: its op's storages, or every op's of a chain.
+    std::vector<TensorId> stepReads;
+    std::vector<TensorId> stepWrites;
+    const auto add = [&](OpId op) {
+      accesses(op, reads, writes);
+      stepReads.insert(stepReads.end(), reads.begin(), reads.end());
+      stepWrites.insert(stepWrites.end(), writes.begin(), writes.end());
+    };
+    if (step.chain.empty()) add(step.op);
+    for (const Step& part : step.chain) add(part.op);
+    // Beside the group only if it neither reads nor writes what a step of
+    // the group writes, nor writes what one reads: in any interleaving
+    // each step then reads and writes what it would in order.
+    if (!group.empty() && (static_cast<int>(group.size()) == threads || meets(stepReads, groupWrites) ||
+                           meets(stepWrites, groupWrites) || meets(stepWrites, groupReads)))
+      flush();
+    group.push_back(std::move(step));
+    groupReads.insert(groupReads.end(), stepReads.begin(), stepReads.end());
+    groupWrites.insert(groupWrites.end(), stepWrites.begin(), stepWrites.end());
+  }
+  flush();
+  steps_ = std::move(planned);
 }
 
 void SimExecutable::sinkIntoChains() {

@@ -74,6 +74,8 @@ struct PlanStats {
   int64_t castAliases = 0;          // float32 casts that share their input's memory (no copy)
   int64_t gatherAliases = 0;        // all-gathers that are their shards' memory (no copy)
   int64_t sunkSteps = 0;            // elementwise steps moved down next to the chain that reads them
+  int64_t besideGroups = 0;         // groups of independent steps run side by side, one per thread
+  int64_t besideSteps = 0;          // steps in those groups
 };
 
 class SimExecutable final : public Executable {
@@ -141,6 +143,10 @@ class SimExecutable final : public Executable {
   // between them touches the step's operands or output: the two then run in
   // one chain. Reordering changes no value.
   void sinkIntoChains();
+  // Runs adjacent steps that share no written memory and would each run on
+  // one thread side by side, up to one per thread, as one job of the pool
+  // (Step::beside). Each computes exactly what it computes alone.
+  void planSideBySide();
   void fuseChains();
   // Per tensor: may its value live in a chain's scratch (see
   // Program::hostReads)? Empty when nothing may.

@@ -150,17 +150,32 @@ void runChainSlices(const Step& s, int64_t first, int64_t last, float* scratch) 
 
 void runChain(const Step& s) {
   const int64_t slices = (s.chainElements + kChainSlice - 1) / kChainSlice;
-  const int threads = s.pool == nullptr ? 1 : s.pool->threads();
-  const int parts = static_cast<int>(std::clamp<int64_t>(slices / kMinSlicesPerPart, 1, threads));
-  if (parts == 1) return runChainSlices(s, 0, slices, s.chainScratch);
+  const int parts = chainParts(s.chainElements, s.pool == nullptr ? 1 : s.pool->threads());
+  if (parts == 1)
+    return runChainSlices(s, 0, slices, s.chainScratch + callerThread(s) * s.chainScratchStride);
   s.pool->run(parts, [&](int part, int thread) {
     runChainSlices(s, slices * part / parts, slices * (part + 1) / parts,
                    s.chainScratch + thread * s.chainScratchStride);
   });
 }
 
+// Each step on a thread of its own, all at once: they share no memory that
+// one of them writes, and each computes what it computes alone.
+void runBeside(const Step& s) {
+  s.pool->run(static_cast<int>(s.beside.size()), [&](int part, int) {
+    const Step& step = s.beside[static_cast<std::size_t>(part)];
+    step.kernel(step);
+  });
+}
+
 }  // namespace
 
+int chainParts(int64_t elements, int threads) {
+  const int64_t slices = (elements + kChainSlice - 1) / kChainSlice;
+  return static_cast<int>(std::clamp<int64_t>(slices / kMinSlicesPerPart, 1, threads));
+}
+
+Kernel besideKernel() { return runBeside; }
 Kernel copyKernel() { return copyRuns; }
 Kernel copyDoublesKernel() { return copyDoubleRuns; }
 Kernel inputKernel() { return feedKernel; }

@@ -179,7 +179,17 @@ struct Step {
   int32_t outSlot = -1;
   std::array<int32_t, kMaxOperands - 1> inSlot{-1, -1, -1};
   std::array<int64_t, kMaxOperands - 1> tileStride{};
+
+  // Steps run side by side (besideKernel): adjacent steps that touch no
+  // memory another of them writes and that each run on one thread, one
+  // step a part of one job of the pool.
+  std::vector<Step> beside;
 };
+
+// The thread of the step's pool that runs the calling code
+// (WorkerPool::currentThread), whose scratch work outside a split uses: 0
+// on the calling thread, another when the step runs beside others.
+inline int callerThread(const Step& s) { return s.pool == nullptr ? 0 : s.pool->currentThread(); }
 
 // Kernels that several families use. The kernels of each op live with its
 // family (simdevice/ops/, listed in kernel_table.hpp).
@@ -197,6 +207,9 @@ Kernel copyKernel();  // strided copy (Copy, Reshape, Transpose, Slice, pads, Co
 Kernel copyDoublesKernel();  // the same over float64 operands: a whole double per element
 Kernel inputKernel();
 Kernel chainKernel();
+Kernel besideKernel();
+// The parts runChain splits a chain of `elements` into on `threads`.
+int chainParts(int64_t elements, int threads);
 
 // Plans a matmul step's product (the largest it runs) and returns the
 // packing scratch it needs (lhs, rhs floats).

@@ -139,6 +139,21 @@ void WorkerPool::stayAwake() {
   if (threads_ > 1) awakeUntil_.store(nowNanoseconds() + kPollNanoseconds, std::memory_order_relaxed);
 }
 
+namespace {
+
+// The pool whose part this thread is running, and as which of its threads.
+struct RunningPart {
+  const WorkerPool* pool = nullptr;
+  int thread = 0;
+};
+thread_local RunningPart runningPart;
+
+}  // namespace
+
+bool WorkerPool::inPart() const noexcept { return runningPart.pool == this; }
+
+int WorkerPool::currentThread() const noexcept { return inPart() ? runningPart.thread : 0; }
+
 void WorkerPool::runParts(uint64_t generation, int thread) {
   uint64_t job = job_.load(std::memory_order_acquire);
   for (;;) {
@@ -149,7 +164,9 @@ void WorkerPool::runParts(uint64_t generation, int thread) {
                                     std::memory_order_acquire))
       continue;
     const int parts = partsOf(job);
+    runningPart = {this, thread};
     call_(context_, part, thread);
+    runningPart = {};
     if (done_.fetch_add(1, std::memory_order_seq_cst) + 1 == parts &&
         sleeping_.load(std::memory_order_seq_cst) > 0)
       done_.notify_all();

@@ -40,6 +40,10 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   int threads() const noexcept { return threads_; }
+  // The thread of this pool that is calling: inside a part, the thread
+  // running it; anywhere else 0, the calling thread. Work done outside
+  // run() uses this thread's scratch.
+  int currentThread() const noexcept;
 
   // The calling thread is running a program and may hand out parts soon:
   // polling workers keep polling for the next 20 microseconds rather than
@@ -62,11 +66,13 @@ class WorkerPool {
   // whenever that thread is there to take it (the calling thread is thread
   // 0), so that consecutive jobs split alike keep each part's data in one
   // core's cache; free parts go to whichever thread comes first. One job at
-  // a time: run() is not reentrant.
+  // a time: called from inside a part (steps run side by side, each on its
+  // own thread), run() calls every part there, in order, on that thread.
   template <class Task>
   void run(int parts, Task&& task) {
-    if (parts <= 1 || threads_ == 1) {
-      for (int p = 0; p < parts; ++p) task(p, 0);
+    if (parts <= 1 || threads_ == 1 || inPart()) {
+      const int thread = currentThread();
+      for (int p = 0; p < parts; ++p) task(p, thread);
       return;
     }
     dispatch(
@@ -76,6 +82,8 @@ class WorkerPool {
 
  private:
   using Call = void (*)(void*, int, int);
+  // Whether the calling thread is running a part of this pool's job.
+  bool inPart() const noexcept;
   void dispatch(int parts, Call call, void* context);
   void work(const std::stop_token& stop, int thread);
   // Waits until `value` differs from `old`: polls, then sleeps. A worker

@@ -58,7 +58,7 @@ void gemmOn(const Step& s, int thread, const GemmShape& shape, const float* a, c
 // the same bits as in one part.
 void gemmSplit(const Step& s, const GemmShape& shape, const float* a, const float* b, float* c) {
   const int parts = s.pool == nullptr ? 1 : gemmParts(s.gemmPlan, shape, s.pool->threads());
-  if (parts == 1) return gemmOn(s, 0, shape, a, b, c);
+  if (parts == 1) return gemmOn(s, callerThread(s), shape, a, b, c);
   const GemmScratch& scratch = *s.scratch;
   s.pool->run(parts, [&](int part, int thread) {
     gemmPart(s.gemmPlan, shape, a, b, c, 1.0f, scratch.lhs + thread * scratch.lhsStride,
@@ -77,7 +77,7 @@ void forSamples(const Step& s, int64_t batch, int64_t perSample, F&& f) {
           ? 1
           : std::clamp<int64_t>(std::min(batch * perSample / kMinPartWork, batch), 1, s.pool->threads());
   const int parts = static_cast<int>(parts64);
-  if (parts == 1) return f(int64_t{0}, batch, 0);
+  if (parts == 1) return f(int64_t{0}, batch, callerThread(s));
   s.pool->run(parts,
               [&](int part, int thread) { f(batch * part / parts, batch * (part + 1) / parts, thread); });
 }

@@ -17,7 +17,11 @@ void gemm(const Step& s, int64_t m, int64_t n, int64_t k, const float* a, const 
   const GemmShape shape{m, n, k, s.transA, s.transB, s.halfOutput};
   const GemmScratch& scratch = *s.scratch;
   const int parts = s.pool == nullptr ? 1 : gemmParts(s.gemmPlan, shape, s.pool->threads());
-  if (parts == 1) return sim::gemm(s.gemmPlan, shape, a, b, c, alpha, scratch.lhs, scratch.rhs);
+  if (parts == 1) {
+    const int thread = callerThread(s);
+    return sim::gemm(s.gemmPlan, shape, a, b, c, alpha, scratch.lhs + thread * scratch.lhsStride,
+                     scratch.rhs + thread * scratch.rhsStride);
+  }
   s.pool->run(parts, [&](int part, int thread) {
     gemmPart(s.gemmPlan, shape, a, b, c, alpha, scratch.lhs + thread * scratch.lhsStride,
              scratch.rhs + thread * scratch.rhsStride, part, parts);

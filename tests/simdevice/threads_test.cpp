@@ -317,6 +317,42 @@ TEST_CASE("a job of as many parts as threads runs part p on thread p") {
   }
 }
 
+TEST_CASE("a job started inside a part runs all its parts on that part's thread") {
+  sim::WorkerPool pool(3);
+  CHECK(pool.currentThread() == 0);
+  // Outer parts on threads 0-2 (each waits for the others, so every thread
+  // has one); each starts an inner job of 4 parts, which must run there,
+  // in order, on the thread that started it.
+  std::atomic<int> started{0};
+  std::vector<int> outerThread(3, -1);
+  std::vector<int> seenCurrent(3, -1);
+  std::vector<std::vector<std::pair<int, int>>> inner(3);
+  pool.run(3, [&](int part, int thread) {
+    const auto at = static_cast<std::size_t>(part);
+    outerThread[at] = thread;
+    seenCurrent[at] = pool.currentThread();
+    started.fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (started.load() < 3 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    pool.run(4, [&](int innerPart, int innerThread) { inner[at].emplace_back(innerPart, innerThread); });
+  });
+  std::set<int> threads;
+  for (std::size_t p = 0; p < 3; ++p) {
+    CAPTURE(p);
+    CHECK(seenCurrent[p] == outerThread[p]);
+    threads.insert(outerThread[p]);
+    const std::vector<std::pair<int, int>> expected = {
+        {0, outerThread[p]}, {1, outerThread[p]}, {2, outerThread[p]}, {3, outerThread[p]}};
+    CHECK(inner[p] == expected);
+  }
+  CHECK(threads.size() == 3);
+  // Back outside the job, the caller is thread 0 again, and jobs split.
+  CHECK(pool.currentThread() == 0);
+  std::atomic<int> parts{0};
+  pool.run(3, [&](int, int) { parts.fetch_add(1); });
+  CHECK(parts.load() == 3);
+}
+
 TEST_CASE("the thread count: the spec, else TESSERA_NUM_THREADS, else the CPU affinity") {
   const char* saved = std::getenv("TESSERA_NUM_THREADS");
   const std::string restore = saved == nullptr ? "" : saved;
@@ -362,5 +398,61 @@ TEST_CASE("the thread count: the spec, else TESSERA_NUM_THREADS, else the CPU af
     ::unsetenv("TESSERA_NUM_THREADS");
   } else {
     ::setenv("TESSERA_NUM_THREADS", restore.c_str(), 1);
+  }
+}
+
+// Adjacent steps that share no written memory and each run on one thread
+// go to the threads side by side (Step::beside); a step that reads what one
+// of them writes, or writes what one reads, waits for them. The values are
+// the same bits at any thread count and those of the reference.
+TEST_CASE("independent steps run side by side, dependent ones after: the same bits at 1 to 3 threads") {
+  Graph g(2);
+  const Tensor x1 = ops::input(g, "x1", {10'000});
+  const Tensor x2 = ops::input(g, "x2", {12'000});
+  const Tensor v = ops::variable(g, "v", test::pseudoRandom(10'000, 5), {10'000});
+  // Two elementwise steps of different sizes (so no chain joins them), then
+  // three sums, the first two of the ReLU's and Tanh's outputs, the last of
+  // v, which the in-place update after it rewrites.
+  const Tensor y1 = ops::relu(x1);
+  const Tensor y2 = ops::tanh(x2);
+  const Tensor s1 = ops::reduceSum(y1);
+  const Tensor s2 = ops::reduceSum(y2);
+  const Tensor sv = ops::reduceSum(v);
+  ops::scaledAddInplace(v, y1, 1.0, -0.5);
+  const std::vector<Tensor> outputs = {y1, y2, s1, s2, sv, v};
+  const auto feeds = test::makeFeeds(g, 1, 21);
+
+  std::vector<std::vector<float>> single;
+  for (const int threads : {1, 2, 3}) {
+    CAPTURE(threads);
+    DeviceSpec spec;
+    spec.numThreads = threads;
+    test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized, spec);
+    const sim::PlanStats& stats = device.sim->stats();
+    // 2 threads: {ReLU, Tanh}, {sum of y1, sum of y2}, then the sum of v
+    // alone (the group is full) and the update apart from it. 3 threads:
+    // the three sums together.
+    CHECK(stats.besideGroups == (threads == 1 ? 0 : 2));
+    CHECK(stats.besideSteps == (threads == 1 ? 0 : threads == 2 ? 4 : 5));
+    test::runDevice(*device.executable, feeds);
+    test::ReferenceEvaluator oracle(g);
+    test::feedOracle(oracle, g, feeds);
+    oracle.run();
+    // (float32 sums of 10,000 terms of both signs against double ones.)
+    CHECK(test::compareAll(*device.executable, g, oracle, 2e-3) >= 6);
+    std::vector<std::vector<float>> values;
+    for (const Tensor& t : outputs) {
+      values.push_back(test::deviceValue(*device.executable, g, t.id(), 0));
+      const std::vector<float> second = test::deviceValue(*device.executable, g, t.id(), 1);
+      values.back().insert(values.back().end(), second.begin(), second.end());
+    }
+    if (threads == 1) {
+      single = values;
+      continue;
+    }
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      CAPTURE(i);
+      CHECK(values[i] == single[i]);
+    }
   }
 }
