@@ -147,6 +147,23 @@ bool runsBeside(const Step& step, int threads) {
   return total < kWholeStepElements && total >= kBesideElements;
 }
 
+// Whether two lists of storages share one.
+bool meets(const std::vector<TensorId>& a, const std::vector<TensorId>& b) {
+  return std::any_of(a.begin(), a.end(),
+                     [&](TensorId t) { return std::find(b.begin(), b.end(), t) != b.end(); });
+}
+
+// The step that runs `first` and the steps after it as one (a fused chain,
+// a group side by side), named after the first.
+Step stepOfSteps(const Step& first, Kernel kernel) {
+  Step step;
+  step.kind = first.kind;
+  step.op = first.op;
+  step.name = first.name;
+  step.kernel = kernel;
+  return step;
+}
+
 // A memory range a flat step reads or writes.
 struct Access {
   const float* begin = nullptr;
@@ -645,10 +662,6 @@ void SimExecutable::planSteps() {
 void SimExecutable::planSideBySide() {
   const int threads = pool_->threads();
   if (threads < 2 || mode_ == ExecutionMode::PerReplicaReference) return;
-  const auto meets = [](const std::vector<TensorId>& a, const std::vector<TensorId>& b) {
-    return std::any_of(a.begin(), a.end(),
-                       [&](TensorId t) { return std::find(b.begin(), b.end(), t) != b.end(); });
-  };
   // A step may run beside others when it runs on one thread anyway, touches
   // only its ops' storages (no feed, transfer or exchange) and uses no
   // scratch but its thread's (the sliced products write a whole product
@@ -668,11 +681,7 @@ void SimExecutable::planSideBySide() {
   const auto flush = [&] {
     if (group.size() == 1) planned.push_back(std::move(group.front()));
     if (group.size() > 1) {
-      Step step;
-      step.kind = group.front().kind;
-      step.op = group.front().op;
-      step.name = group.front().name;
-      step.kernel = besideKernel();
+      Step step = stepOfSteps(group.front(), besideKernel());
       step.pool = pool_.get();
       ++stats_.besideGroups;
       stats_.besideSteps += static_cast<int64_t>(group.size());
@@ -715,10 +724,6 @@ void SimExecutable::planSideBySide() {
 
 void SimExecutable::sinkIntoChains() {
   if (mode_ == ExecutionMode::PerReplicaReference) return;
-  const auto meets = [](const std::vector<TensorId>& a, const std::vector<TensorId>& b) {
-    return std::any_of(a.begin(), a.end(),
-                       [&](TensorId t) { return std::find(b.begin(), b.end(), t) != b.end(); });
-  };
   // Steps whose memory accesses are not all the storages of their op.
   const auto barrier = [](const Step& step) {
     return step.op == kNoOp || step.exchange != nullptr || step.kind == OpKind::RemoteLoad ||
@@ -780,11 +785,7 @@ void SimExecutable::fuseChains() {
   auto flush = [&] {
     if (chain.size() == 1) fused.push_back(std::move(chain.front()));
     if (chain.size() > 1) {
-      Step step;
-      step.kind = chain.front().kind;
-      step.op = chain.front().op;
-      step.name = chain.front().name;
-      step.kernel = chainKernel();
+      Step step = stepOfSteps(chain.front(), chainKernel());
       step.chainElements = chainElements;
       stats_.chainedSteps += static_cast<int64_t>(chain.size());
       ++stats_.fusedChains;
