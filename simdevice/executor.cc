@@ -104,9 +104,9 @@ int64_t flatElements(const Step& step) {
   return loop.size[0] == run.count * step.outElements ? loop.size[0] : -1;
 }
 
-// Collectives and reductions split a step only from 2^14 elements a part
-// (the other kernels outside the ones below never), so a step of fewer
-// elements than two such parts runs on one thread.
+// Collectives split a step from 2^14 elements a part and reductions from
+// 2^15 (the other kernels outside the ones below never), so a step of fewer
+// elements than two collective parts runs on one thread.
 constexpr int64_t kWholeStepElements = int64_t{1} << 15;
 
 // A step worth running beside another has at least this many elements (or
@@ -145,6 +145,14 @@ bool runsBeside(const Step& step, int threads) {
   int64_t total = 0;
   for (const Run& run : step.runs) total += run.count * elements;
   return total < kWholeStepElements && total >= kBesideElements;
+}
+
+// Whether every memory access of a step is to its op's storages (or its
+// chain's ops'): not an exchange between instances, a remote transfer or a
+// step of no op.
+bool touchesOnlyItsOps(const Step& step) {
+  return step.op != kNoOp && step.exchange == nullptr && step.kind != OpKind::RemoteLoad &&
+         step.kind != OpKind::RemoteStore;
 }
 
 // Whether two lists of storages share one.
@@ -663,14 +671,12 @@ void SimExecutable::planSideBySide() {
   const int threads = pool_->threads();
   if (threads < 2 || mode_ == ExecutionMode::PerReplicaReference) return;
   // A step may run beside others when it runs on one thread anyway, touches
-  // only its ops' storages (no feed, transfer or exchange) and uses no
-  // scratch but its thread's (the sliced products write a whole product
-  // into memory the threads' workspaces share).
+  // only its ops' storages (and no feed) and uses no scratch but its
+  // thread's (the sliced products write a whole product into memory the
+  // threads' workspaces share).
   const auto eligible = [&](const Step& step) {
-    return step.op != kNoOp && step.exchange == nullptr && step.kind != OpKind::Input &&
-           step.kind != OpKind::RemoteLoad && step.kind != OpKind::RemoteStore &&
-           step.kernel != matmulSlicesKernel() && step.kernel != matmulShardsKernel() &&
-           runsBeside(step, threads);
+    return touchesOnlyItsOps(step) && step.kind != OpKind::Input && step.kernel != matmulSlicesKernel() &&
+           step.kernel != matmulShardsKernel() && runsBeside(step, threads);
   };
   std::vector<Step> planned;
   std::vector<Step> group;
@@ -724,11 +730,6 @@ void SimExecutable::planSideBySide() {
 
 void SimExecutable::sinkIntoChains() {
   if (mode_ == ExecutionMode::PerReplicaReference) return;
-  // Steps whose memory accesses are not all the storages of their op.
-  const auto barrier = [](const Step& step) {
-    return step.op == kNoOp || step.exchange != nullptr || step.kind == OpKind::RemoteLoad ||
-           step.kind == OpKind::RemoteStore;
-  };
   // What each step touches, computed once (the steps move, their entries
   // with them).
   struct Touches {
@@ -740,7 +741,7 @@ void SimExecutable::sinkIntoChains() {
   std::vector<Touches> touches(steps_.size());
   for (std::size_t i = 0; i < steps_.size(); ++i) {
     Touches& t = touches[i];
-    t.barrier = barrier(steps_[i]);
+    t.barrier = !touchesOnlyItsOps(steps_[i]);
     t.n = flatElements(steps_[i]);
     if (!t.barrier) accesses(steps_[i].op, t.reads, t.writes);
   }
