@@ -210,8 +210,9 @@ void gemmKernel(benchmark::State& state) {
   const auto c = aligned(shape.m * shape.n, 0.0f);
   const auto lhs = aligned(plan.lhsFloats, 0.0f);
   const auto rhs = aligned(plan.rhsFloats, 0.0f);
+  const auto partial = aligned(plan.partialFloats, 0.0f);
   for (auto _ : state) {
-    sim::gemm(plan, shape, a.get(), b.get(), c.get(), 1.0f, lhs.get(), rhs.get());
+    sim::gemm(plan, shape, a.get(), b.get(), c.get(), 1.0f, lhs.get(), rhs.get(), partial.get());
     benchmark::ClobberMemory();
   }
   state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(2 * shape.m * shape.n * shape.k) * 1e-9,

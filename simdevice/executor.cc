@@ -634,6 +634,7 @@ void SimExecutable::planSteps() {
   fuseChains();
   int64_t lhs = 0;
   int64_t rhs = 0;
+  int64_t partial = 0;
   int64_t work = 0;
   int64_t product = 0;
   for (Step& step : steps_) {
@@ -642,17 +643,26 @@ void SimExecutable::planSteps() {
     if (step.kernel == matmulKernel() || keepsParts || step.kernel == batchedMatmulKernel()) planGemm(step);
     lhs = std::max(lhs, alignUp(step.gemmPlan.lhsFloats));
     rhs = std::max(rhs, alignUp(step.gemmPlan.rhsFloats));
+    partial = std::max(partial, alignUp(step.gemmPlan.partialFloats));
     work = std::max(work, alignUp(step.workFloats));
     if (keepsParts) product = std::max(product, alignUp(step.rows * step.cols));
   }
   // Packed blocks are read with aligned loads. Each thread packs into its
-  // own pair of buffers and has its own workspace.
+  // own pair of buffers and has its own workspace and partial sums.
   const int64_t threads = pool_->threads();
   // A whole product (one, on the calling thread) and the threads'
   // workspaces are never used by the same step, so they share memory.
-  gemmScratch_.assign(at(threads * (lhs + rhs) + std::max(product, threads * work)), 0.0f);
+  const int64_t shared = std::max(product, threads * work);
+  gemmScratch_.assign(at(threads * (lhs + rhs + partial) + shared), 0.0f);
   float* base = gemmScratch_.data();
-  scratch_ = {base, base + threads * lhs, base + threads * (lhs + rhs), lhs, rhs, work};
+  scratch_ = {base,
+              base + threads * lhs,
+              base + threads * (lhs + rhs),
+              lhs,
+              rhs,
+              work,
+              base + threads * (lhs + rhs) + shared,
+              partial};
   for (Step& step : steps_) {
     step.scratch = &scratch_;
     step.pool = pool_.get();

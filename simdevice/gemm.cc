@@ -157,33 +157,36 @@ void packEdgeA(const GemmShape& s, const float* a, int64_t i0, int64_t mr, int64
   }
 }
 
-// The block [row0, row1) x [col0, col1) of C (a block of rows starts on a
-// multiple of kMR, one of columns on a multiple of kNR).
-// Each element's sum runs in the same order whatever block it is in.
+// Where a run of blocks of the sum writes: element (i, j) of C at
+// c[(i - row0) * ld + j - col0] (C itself, or the partial sums of a deep
+// product's second half).
+struct Out {
+  float* c;
+  int64_t ld;
+  int64_t row0;
+  int64_t col0;
+  float* at(int64_t i, int64_t j) const { return c + (i - row0) * ld + (j - col0); }
+};
+
+// Blocks [kb0, kb1) of the sum (of `blocks`) of the block [row0, row1) x
+// [col0, col1) of C into `out`: the first block's sums scaled by alpha and
+// written, each next one's scaled and added. A block of rows starts on a
+// multiple of kMR, one of columns on a multiple of kNR. Each element's sum
+// runs in the same order whatever block it is in. round: every element
+// rounded to the nearest half after the last block, while in L1.
 // kEdges: the kernels mask, so an edge tile is computed in place and a
 // last strip of row-major B is read where it is; otherwise an edge tile
 // goes through a whole tile in registers' image and the strip is packed.
 template <int kMR, int kNR, MicroKernel kRows, MicroKernel kTransposed, bool kEdges,
           StripTransposer kTranspose>
-void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const float* b, float* c,
-                float alpha, float* lhs, float* rhs, GemmBlock block) {
-  if (s.k == 0) {
-    for (int64_t i = block.row0; i < block.row1; ++i)
-      std::fill(c + i * s.n + block.col0, c + i * s.n + block.col1, 0.0f);
-    return;
-  }
-  // Rounded to halves: the strip of rows just finished, from L1.
-  const auto round = [&](int64_t i0, int64_t mr, int64_t j0, int64_t nc) {
-    for (int64_t i = i0; i < i0 + mr; ++i) roundToHalves(c + i * s.n + j0, static_cast<std::size_t>(nc));
-  };
-  // Blocks of the sum split k evenly and depend on k alone, so every
-  // element is summed in the same order whatever m and n are.
-  const int64_t blocks = ceilDiv(s.k, plan.kc);
+void sumBlocks(const GemmPlan& plan, const GemmShape& s, const float* a, const float* b, float alpha,
+               float* lhs, float* rhs, GemmBlock block, int64_t blocks, int64_t kb0, int64_t kb1, Out out,
+               bool round) {
   alignas(64) float tile[kMR * kNR];
-  for (int64_t kb = 0; kb < blocks; ++kb) {
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
     const int64_t p0 = s.k * kb / blocks;
     const int64_t kc = s.k * (kb + 1) / blocks - p0;
-    const bool accumulate = kb > 0;
+    const bool accumulate = kb > kb0;
     for (int64_t j0 = block.col0; j0 < block.col1; j0 += plan.nc) {
       const int64_t nc = std::min(plan.nc, block.col1 - j0);
       if (s.transB || !kEdges) packB<kNR, kTranspose>(s, b, p0, kc, j0, nc, rhs);
@@ -203,9 +206,9 @@ void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const 
           const bool direct = !s.transB && (nr == kNR || kEdges);
           const float* bp = direct ? b + p0 * s.n + j0 + jr : rhs + jr * kc;
           const int64_t ldb = direct ? s.n : kNR;
-          float* cp = c + i0 * s.n + j0 + jr;
+          float* cp = out.at(i0, j0 + jr);
           if (kEdges || (mr == kMR && nr == kNR)) {
-            kernel(kc, ap, lda, bp, ldb, cp, s.n, alpha, accumulate, static_cast<int>(mr),
+            kernel(kc, ap, lda, bp, ldb, cp, out.ld, alpha, accumulate, static_cast<int>(mr),
                    static_cast<int>(nr));
             continue;
           }
@@ -213,7 +216,7 @@ void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const 
           // the same arithmetic as a full tile's.
           kernel(kc, ap, lda, bp, ldb, tile, kNR, alpha, false, kMR, kNR);
           for (int64_t i = 0; i < mr; ++i) {
-            float* row = cp + i * s.n;
+            float* row = cp + i * out.ld;
             const float* t = tile + i * kNR;
             if (accumulate) {
               for (int64_t j = 0; j < nr; ++j) row[j] = t[j] + row[j];
@@ -222,14 +225,81 @@ void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const 
             }
           }
         }
-        if (s.halfOutput && kb + 1 == blocks) round(i0, mr, j0, nc);
+        if (round && kb + 1 == kb1) {
+          for (int64_t i = i0; i < i0 + mr; ++i) roundToHalves(out.at(i, j0), static_cast<std::size_t>(nc));
+        }
       }
     }
   }
 }
 
+// C = C + partial over a block of C (the two halves of a deep product's
+// sum), each element rounded to a half after the addition when `round`.
+void addHalves(float* c, int64_t ldc, const float* partial, int64_t ldp, int64_t rows, int64_t cols,
+               bool round) {
+  for (int64_t i = 0; i < rows; ++i, c += ldc, partial += ldp) {
+    for (int64_t j = 0; j < cols; ++j) c[j] = c[j] + partial[j];
+    if (round) roundToHalves(c, static_cast<std::size_t>(cols));
+  }
+}
+
+// Blocks of the sum split k evenly and depend on k alone, so every element
+// is summed in the same order whatever m and n are.
+int64_t sumBlockCount(const GemmPlan& plan, int64_t k) { return ceilDiv(k, plan.kc); }
+int64_t firstHalf(int64_t blocks) { return (blocks + 1) / 2; }
+
+// Which blocks of the sum a call computes: all of them into C (in the
+// documented order), or one half of a product split by its sum (the first
+// into C, the second into the partial sums).
+enum class SumPart { Whole, First, Second };
+
+// The block of C, or one half of its sum. A whole product of four blocks of
+// the sum or more computes the halves chunk by chunk of C, each chunk's
+// second half in the partial sums (plan.partialFloats), then adds them.
+template <int kMR, int kNR, MicroKernel kRows, MicroKernel kTransposed, bool kEdges,
+          StripTransposer kTranspose>
+void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const float* b, float* c,
+                float alpha, float* lhs, float* rhs, float* partial, GemmBlock block, SumPart part) {
+  const auto sum = sumBlocks<kMR, kNR, kRows, kTransposed, kEdges, kTranspose>;
+  if (s.k == 0) {
+    if (part == SumPart::Second) return;
+    for (int64_t i = block.row0; i < block.row1; ++i)
+      std::fill(c + i * s.n + block.col0, c + i * s.n + block.col1, 0.0f);
+    return;
+  }
+  const int64_t blocks = sumBlockCount(plan, s.k);
+  const int64_t half = firstHalf(blocks);
+  const Out whole{c, s.n, 0, 0};
+  if (part == SumPart::First)
+    return sum(plan, s, a, b, alpha, lhs, rhs, block, blocks, 0, half, whole, false);
+  if (part == SumPart::Second)
+    return sum(plan, s, a, b, alpha, lhs, rhs, block, blocks, half, blocks, Out{partial, s.n, 0, 0}, false);
+  // Up to three blocks the second half is one block, added into C as the
+  // blocks before it were: the same bits as the halves added.
+  if (blocks < 4) return sum(plan, s, a, b, alpha, lhs, rhs, block, blocks, 0, blocks, whole, s.halfOutput);
+  const int64_t rows = block.row1 - block.row0;
+  const int64_t cols = block.col1 - block.col0;
+  int64_t chunkCols = cols;
+  int64_t chunkRows = rows;
+  if (rows * cols > plan.partialFloats) {
+    chunkCols = std::min(cols, std::max<int64_t>(plan.nr, plan.partialFloats / plan.mr / plan.nr * plan.nr));
+    chunkCols = std::min(chunkCols, plan.nc);
+    chunkRows = std::max<int64_t>(plan.mr, plan.partialFloats / chunkCols / plan.mr * plan.mr);
+  }
+  for (int64_t i0 = block.row0; i0 < block.row1; i0 += chunkRows) {
+    for (int64_t j0 = block.col0; j0 < block.col1; j0 += chunkCols) {
+      const GemmBlock chunk{i0, std::min(block.row1, i0 + chunkRows), j0,
+                            std::min(block.col1, j0 + chunkCols)};
+      const int64_t width = chunk.col1 - chunk.col0;
+      sum(plan, s, a, b, alpha, lhs, rhs, chunk, blocks, 0, half, whole, false);
+      sum(plan, s, a, b, alpha, lhs, rhs, chunk, blocks, half, blocks, Out{partial, width, i0, j0}, false);
+      addHalves(whole.at(i0, j0), s.n, partial, width, chunk.row1 - chunk.row0, width, s.halfOutput);
+    }
+  }
+}
+
 using PackedGemm = void (*)(const GemmPlan&, const GemmShape&, const float*, const float*, float*, float,
-                            float*, float*, GemmBlock);
+                            float*, float*, float*, GemmBlock, SumPart);
 
 // One tile shape of an instruction set.
 struct PackedVariant {
@@ -425,7 +495,10 @@ const PackedVariant* variantOf(const GemmPlan& plan) {
 constexpr int kWideTile = 32;
 constexpr int64_t kTallRows = 192;
 
-GemmPlan planVariant(const PackedVariant& chosen, int64_t n, int64_t k) {
+// The most partial sums a thread keeps for a deep product (floats).
+constexpr int64_t kMaxPartialFloats = int64_t{1} << 16;
+
+GemmPlan planVariant(const PackedVariant& chosen, int64_t m, int64_t n, int64_t k) {
   GemmPlan plan;
   plan.isa = chosen.isa;
   plan.mr = chosen.mr;
@@ -434,6 +507,8 @@ GemmPlan planVariant(const PackedVariant& chosen, int64_t n, int64_t k) {
   plan.nc = kBlockN;
   plan.lhsFloats = plan.mr * plan.kc;
   plan.rhsFloats = roundUp(std::clamp<int64_t>(n, 1, kBlockN), plan.nr) * plan.kc;
+  if (sumBlockCount(plan, k) >= 2)
+    plan.partialFloats = std::min(std::max<int64_t>(m, 1) * n, kMaxPartialFloats);
   return plan;
 }
 
@@ -446,7 +521,7 @@ GemmPlan planPacked(GemmIsa isa, int64_t m, int64_t n, int64_t k) {
     chosen = &v;
   }
   if (chosen == nullptr) return planEigen(m, n, k);
-  return planVariant(*chosen, n, k);
+  return planVariant(*chosen, m, n, k);
 }
 
 }  // namespace
@@ -476,47 +551,101 @@ GemmPlan planGemm(GemmIsa isa, int64_t m, int64_t n, int64_t k) {
   return isa == GemmIsa::Portable ? planEigen(m, n, k) : planPacked(isa, m, n, k);
 }
 
-std::vector<GemmPlan> gemmTilePlans(GemmIsa isa, int64_t n, int64_t k) {
+std::vector<GemmPlan> gemmTilePlans(GemmIsa isa, int64_t m, int64_t n, int64_t k) {
   std::vector<GemmPlan> plans;
   for (const PackedVariant& v : kVariants)
-    if (v.run != nullptr && v.isa == isa) plans.push_back(planVariant(v, n, k));
+    if (v.run != nullptr && v.isa == isa) plans.push_back(planVariant(v, m, n, k));
   return plans;
 }
 
 void gemm(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c, float alpha,
-          float* lhs, float* rhs) {
-  gemmPart(plan, shape, a, b, c, alpha, lhs, rhs, 0, 1);
+          float* lhs, float* rhs, float* partial) {
+  gemmPart(plan, shape, a, b, c, alpha, lhs, rhs, partial, 0, 1);
 }
+
+namespace {
+
+// Whether the sum can be split in its two halves: two blocks or more, and
+// partial sums for all of C.
+bool sumSplits(const GemmPlan& plan, const GemmShape& shape) {
+  return variantOf(plan) != nullptr && sumBlockCount(plan, shape.k) >= 2 &&
+         shape.m * shape.n <= plan.partialFloats;
+}
+
+// What one part reads for each cut into `parts`, in floats. A block of rows
+// reads its rows of op(A) and all of op(B), a block of columns all of op(A)
+// and its columns of op(B), a half of the sum its half of both, writes
+// partial sums for all of C and reads half of them back. op(B) is packed,
+// into each part's own scratch, when it is [n, k] or when the kernels do
+// not mask edges (AVX2), and counts twice. `fromOther`: of those reads, the
+// floats another core wrote, when every operand was written by the threads
+// in blocks of rows as the device splits its steps (a weight by its
+// optimizer update, a batch by its feed).
+struct CutCost {
+  int64_t reads;
+  int64_t fromOther;
+};
+
+struct CutCosts {
+  CutCost rows;
+  CutCost columns;
+  CutCost sum;
+};
+
+CutCosts cutCosts(const GemmPlan& plan, const GemmShape& shape, int parts) {
+  const bool packsB = shape.transB || plan.isa != GemmIsa::Avx512;
+  const int64_t m = shape.m;
+  const int64_t n = shape.n;
+  const int64_t k = std::max<int64_t>(shape.k, 1);
+  const int64_t bCost = packsB ? 2 : 1;
+  const int64_t rowBlock = std::min(m, ceilDiv(ceilDiv(m, plan.mr), parts) * plan.mr);
+  const int64_t colBlock = std::min(n, ceilDiv(ceilDiv(n, plan.nr), parts) * plan.nr);
+  const int64_t blocks = sumBlockCount(plan, k);
+  const int64_t halfK = std::max(k * firstHalf(blocks) / blocks, k - k * firstHalf(blocks) / blocks);
+  // Only the rows of a stored [m, k] A or [k, n] B follow C's rows or the
+  // sum's halves; of anything read whole, the other cores wrote the rest.
+  const auto others = [parts](int64_t floats) { return floats - floats / parts; };
+  return {{rowBlock * k + bCost * n * k, (shape.transA ? others(rowBlock * k) : 0) + others(n * k)},
+          {m * k + bCost * colBlock * k, others(m * k) + (shape.transB ? 0 : others(colBlock * k))},
+          {(m + bCost * n) * halfK + m * n,
+           (shape.transA ? 0 : others(m * halfK)) + (shape.transB ? others(n * halfK) : 0) + others(m * n)}};
+}
+
+}  // namespace
 
 int gemmParts(const GemmPlan& plan, const GemmShape& shape, int threads) {
   if (threads <= 1 || variantOf(plan) == nullptr) return 1;
   const int64_t work = shape.m * shape.n * std::max<int64_t>(shape.k, 1);
-  const int64_t tiles = std::max(ceilDiv(shape.m, plan.mr), ceilDiv(shape.n, plan.nr));
+  int64_t tiles = std::max(ceilDiv(shape.m, plan.mr), ceilDiv(shape.n, plan.nr));
+  if (sumSplits(plan, shape)) tiles = std::max<int64_t>(tiles, 2);
   return static_cast<int>(std::clamp<int64_t>(std::min(work / kMinPartWork, tiles), 1, threads));
+}
+
+bool splitsBySum(const GemmPlan& plan, const GemmShape& shape, int parts) {
+  if (parts != 2 || !sumSplits(plan, shape)) return false;
+  const int64_t rowTiles = ceilDiv(shape.m, plan.mr);
+  const int64_t colTiles = ceilDiv(shape.n, plan.nr);
+  if (rowTiles < parts && colTiles < parts) return true;
+  // Counted with the reads from other cores twice: the sum's halves read
+  // mostly what their own core wrote.
+  const CutCosts costs = cutCosts(plan, shape, parts);
+  const auto weighed = [](const CutCost& cost) { return cost.reads + cost.fromOther; };
+  return weighed(costs.sum) < std::min(weighed(costs.rows), weighed(costs.columns));
 }
 
 bool splitsByRows(const GemmPlan& plan, const GemmShape& shape, int parts) {
   const int64_t rowTiles = ceilDiv(shape.m, plan.mr);
   const int64_t colTiles = ceilDiv(shape.n, plan.nr);
   if (rowTiles < parts || colTiles < parts) return rowTiles >= colTiles;
-  // The floats one part reads (and packs): a block of rows reads its rows of
-  // op(A) and all of op(B), a block of columns all of op(A) and its columns
-  // of op(B). op(B) is packed, into each part's own scratch, when it is
-  // [n, k] or when the kernels do not mask edges (AVX2); the larger
-  // operand is the one worth dividing (the weight against a small batch's
-  // activations, or the batch against a narrow gradient). Rows on a tie.
-  const bool packsB = shape.transB || plan.isa != GemmIsa::Avx512;
-  const int64_t k = std::max<int64_t>(shape.k, 1);
-  const int64_t bCost = packsB ? 2 : 1;
-  const int64_t rowBlock = ceilDiv(rowTiles, parts) * plan.mr;
-  const int64_t colBlock = ceilDiv(colTiles, parts) * plan.nr;
-  const int64_t byRows = std::min(rowBlock, shape.m) * k + bCost * shape.n * k;
-  const int64_t byColumns = shape.m * k + bCost * std::min(colBlock, shape.n) * k;
-  return byRows <= byColumns;
+  // The larger operand is the one worth dividing (the weight against a
+  // small batch's activations, or the batch against a narrow gradient).
+  // Rows on a tie.
+  const CutCosts costs = cutCosts(plan, shape, parts);
+  return costs.rows.reads <= costs.columns.reads;
 }
 
 GemmBlock gemmBlock(const GemmPlan& plan, const GemmShape& shape, int part, int parts) {
-  if (parts <= 1 || plan.mr == 0) return {0, shape.m, 0, shape.n};
+  if (parts <= 1 || plan.mr == 0 || splitsBySum(plan, shape, parts)) return {0, shape.m, 0, shape.n};
   // Whole tiles of the dimension splitsByRows picks, split evenly.
   const int64_t rowTiles = ceilDiv(shape.m, plan.mr);
   const int64_t colTiles = ceilDiv(shape.n, plan.nr);
@@ -530,13 +659,27 @@ GemmBlock gemmBlock(const GemmPlan& plan, const GemmShape& shape, int part, int 
 }
 
 void gemmPart(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c,
-              float alpha, float* lhs, float* rhs, int part, int parts) {
+              float alpha, float* lhs, float* rhs, float* partial, int part, int parts) {
   if (shape.m == 0 || shape.n == 0) return;
-  if (const PackedVariant* packed = variantOf(plan))
-    return packed->run(plan, shape, a, b, c, alpha, lhs, rhs, gemmBlock(plan, shape, part, parts));
+  if (const PackedVariant* packed = variantOf(plan)) {
+    const SumPart half = !splitsBySum(plan, shape, parts) ? SumPart::Whole
+                         : part == 0                      ? SumPart::First
+                                                          : SumPart::Second;
+    return packed->run(plan, shape, a, b, c, alpha, lhs, rhs, partial, gemmBlock(plan, shape, part, parts),
+                       half);
+  }
   if (part != 0) return;
   eigenGemm(plan, shape, a, b, c, alpha, lhs, rhs);
   if (shape.halfOutput) roundToHalves(c, static_cast<std::size_t>(shape.m * shape.n));
+}
+
+void gemmAddHalves(const GemmPlan& plan, const GemmShape& shape, float* c, const float* partial, int part,
+                   int parts) {
+  if (!splitsBySum(plan, shape, parts)) return;
+  const int64_t row0 = shape.m * part / parts;
+  const int64_t row1 = shape.m * (part + 1) / parts;
+  addHalves(c + row0 * shape.n, shape.n, partial + row0 * shape.n, shape.n, row1 - row0, shape.n,
+            shape.halfOutput);
 }
 
 void forbidEigenMalloc([[maybe_unused]] bool forbid) {

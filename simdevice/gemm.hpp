@@ -43,20 +43,30 @@ struct GemmPlan {
   int64_t nc = 0;  // columns of C per block (packed kernels); Eigen's column block (of C's rows)
   int64_t lhsFloats = 0;
   int64_t rhsFloats = 0;
+  // Partial sums (packed kernels, products of two blocks of the sum or
+  // more): the second half's sums of a whole product, kept chunk by chunk
+  // of C, or of all of C when a product is split over threads by its sum.
+  int64_t partialFloats = 0;
 };
 
 GemmPlan planGemm(GemmIsa isa, int64_t m, int64_t n, int64_t k);
-// A plan for products up to n columns and k deep with each tile shape of
-// the packed kernels of `isa` (none for Portable), whichever planGemm would
+// A plan for products up to m x n and k deep with each tile shape of the
+// packed kernels of `isa` (none for Portable), whichever planGemm would
 // pick: any of them gives the same bits.
-std::vector<GemmPlan> gemmTilePlans(GemmIsa isa, int64_t n, int64_t k);
+std::vector<GemmPlan> gemmTilePlans(GemmIsa isa, int64_t m, int64_t n, int64_t k);
 
-// Runs one product. lhs and rhs hold the plan's lhsFloats and rhsFloats and
-// are 64-byte aligned. With the packed kernels each element of C is summed
-// over k in the same order whatever m and n are, so splitting a product by
-// rows does not change its bits (Eigen's kernel does not promise that).
+// Runs one product. lhs, rhs and partial hold the plan's lhsFloats,
+// rhsFloats and partialFloats; lhs and rhs are 64-byte aligned. With the
+// packed kernels each element of C is summed over k in the same order
+// whatever m and n are, so splitting a product does not change its bits
+// (Eigen's kernel does not promise that). The order: k is cut into
+// ceil(k / kc) blocks that depend on k alone; each block's products are
+// added in order of p from 0 (one fused multiply-add a step) and scaled by
+// alpha; the first half of the blocks (ceil(blocks / 2)) are added in
+// order, the second half likewise, and then the two halves. Up to three
+// blocks that is the blocks added in order.
 void gemm(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c, float alpha,
-          float* lhs, float* rhs);
+          float* lhs, float* rhs, float* partial);
 
 // Splitting a product over threads. A block of C: rows [row0, row1) and
 // columns [col0, col1).
@@ -71,6 +81,14 @@ struct GemmBlock {
 // for small products and for Eigen's kernel, whose sums are not in a fixed
 // order across blocks.
 int gemmParts(const GemmPlan& plan, const GemmShape& shape, int threads);
+// Whether a product split into `parts` is cut by its sum: two parts, one
+// for each half of the blocks of the sum (the first into C, the second
+// into the partial sums), then gemmAddHalves. Taken when C is too narrow
+// and short to cut, or when each part reads fewer floats than with rows or
+// columns: a deep product whose large operand is its op(B) (a batch
+// against a weight), where each half of the sum reads the rows of B that
+// the same thread's half of the weight update wrote.
+bool splitsBySum(const GemmPlan& plan, const GemmShape& shape, int parts);
 // Whether a product split into `parts` is cut into blocks of rows (else of
 // columns): the cut with the fewer floats of A and B read per part (every
 // part reads all of the operand it does not divide, and packs its own copy
@@ -78,13 +96,21 @@ int gemmParts(const GemmPlan& plan, const GemmShape& shape, int threads);
 // the dimension with more tiles.
 bool splitsByRows(const GemmPlan& plan, const GemmShape& shape, int parts);
 // Part `part` of `parts`: whole micro-kernel tiles of rows or of columns
-// (splitsByRows), split evenly. Disjoint, and together all of C.
+// (splitsByRows), split evenly, disjoint and together all of C; or all of C
+// when the cut is by the sum.
 GemmBlock gemmBlock(const GemmPlan& plan, const GemmShape& shape, int part, int parts);
 // Computes part `part` of `parts` of the product (gemm() is part 0 of 1),
-// with its own lhs and rhs scratch. With the packed kernels the parts
-// together are the same bits as the whole product in one call.
+// with its own lhs, rhs and partial scratch; but the parts of a product cut
+// by its sum share one partial buffer (the second half's sums of all of C).
+// With the packed kernels the parts together (and gemmAddHalves after them
+// all) are the same bits as the whole product in one call.
 void gemmPart(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c,
-              float alpha, float* lhs, float* rhs, int part, int parts);
+              float alpha, float* lhs, float* rhs, float* partial, int part, int parts);
+// After all the parts of a product cut by its sum: part `part` of `parts`
+// adds the partial sums into its block of rows of C (and rounds them to
+// halves for a float16 product). Nothing for other cuts.
+void gemmAddHalves(const GemmPlan& plan, const GemmShape& shape, float* c, const float* partial, int part,
+                   int parts);
 
 // The step path must not allocate; in builds with assertions enabled, Eigen
 // is told so while a program runs.

@@ -85,7 +85,9 @@ inline constexpr int64_t kChainSlice = 512;
 // a workspace per thread (thread t's at product + t * productStride): the
 // whole product of a GEMM of which a step keeps slices or shards
 // (matmulSlicesKernel, matmulShardsKernel: thread 0's), the column matrices
-// of convolutions.
+// of convolutions; and partial sums per thread (GemmPlan::partialFloats, at
+// partial + t * partialStride): a product split over threads by its sum
+// uses those of the thread that runs the step.
 struct GemmScratch {
   float* lhs = nullptr;
   float* rhs = nullptr;
@@ -93,6 +95,8 @@ struct GemmScratch {
   int64_t lhsStride = 0;
   int64_t rhsStride = 0;
   int64_t productStride = 0;
+  float* partial = nullptr;
+  int64_t partialStride = 0;
 };
 
 struct Step {
@@ -211,9 +215,16 @@ Kernel besideKernel();
 // The parts runChain splits a chain of `elements` into on `threads`.
 int chainParts(int64_t elements, int threads);
 
-// Plans a matmul step's product (the largest it runs) and returns the
-// packing scratch it needs (lhs, rhs floats).
-std::array<int64_t, 2> planGemm(Step& step);
+// Plans a matmul step's product (the largest it runs) into step.gemmPlan.
+void planGemm(Step& step);
+// C[m, n] = alpha * op(A) op(B) with the step's plan and scratch, on the
+// calling thread's scratch or split over the step's threads (gemm.hpp):
+// the same bits either way.
+void runGemm(const Step& s, const GemmShape& shape, const float* a, const float* b, float* c, float alpha);
+// One whole product on thread `thread` of the step's pool, with that
+// thread's scratch (a part of a job that splits something else).
+void runGemmOn(const Step& s, int thread, const GemmShape& shape, const float* a, const float* b, float* c,
+               float alpha);
 
 // Loops and kernel templates for the families' kernels.
 

@@ -47,25 +47,6 @@ constexpr int64_t kMinPartWork = int64_t{1} << 16;
 // Thread t's workspace (GemmScratch::product).
 float* workspace(const Step& s, int thread) { return s.scratch->product + thread * s.scratch->productStride; }
 
-// One product on thread t, with its packing scratch.
-void gemmOn(const Step& s, int thread, const GemmShape& shape, const float* a, const float* b, float* c) {
-  const GemmScratch& scratch = *s.scratch;
-  sim::gemm(s.gemmPlan, shape, a, b, c, 1.0f, scratch.lhs + thread * scratch.lhsStride,
-            scratch.rhs + thread * scratch.rhsStride);
-}
-
-// One product split over the step's threads by blocks of C (gemm.hpp):
-// the same bits as in one part.
-void gemmSplit(const Step& s, const GemmShape& shape, const float* a, const float* b, float* c) {
-  const int parts = s.pool == nullptr ? 1 : gemmParts(s.gemmPlan, shape, s.pool->threads());
-  if (parts == 1) return gemmOn(s, callerThread(s), shape, a, b, c);
-  const GemmScratch& scratch = *s.scratch;
-  s.pool->run(parts, [&](int part, int thread) {
-    gemmPart(s.gemmPlan, shape, a, b, c, 1.0f, scratch.lhs + thread * scratch.lhsStride,
-             scratch.rhs + thread * scratch.rhsStride, part, parts);
-  });
-}
-
 // f(first, last, thread) over samples [first, last) of `batch`, split over
 // the step's threads when each part has at least kMinPartWork of
 // `perSample` work. Samples are independent and each is computed the same
@@ -225,9 +206,9 @@ void convForward(const Step& s) {
           for (int64_t gi = 0; gi < z.group; ++gi) {
             const float* in = x + (n * z.cIn + gi * z.cInGroup()) * z.inPositions;
             if (z.direct == 0) im2col(z, s.table.data(), in, cols, z.outPositions);
-            gemmOn(s, thread, {z.cOutGroup(), z.outPositions, rows, false, false},
-                   w + gi * z.cOutGroup() * rows, z.direct != 0 ? in : cols,
-                   y + (n * z.cOut + gi * z.cOutGroup()) * z.outPositions);
+            runGemmOn(s, thread, {z.cOutGroup(), z.outPositions, rows, false, false},
+                      w + gi * z.cOutGroup() * rows, z.direct != 0 ? in : cols,
+                      y + (n * z.cOut + gi * z.cOutGroup()) * z.outPositions, 1.0f);
           }
         }
       });
@@ -250,9 +231,9 @@ void convBackwardData(const Step& s) {
         for (int64_t n = first; n < last; ++n) {
           for (int64_t gi = 0; gi < z.group; ++gi) {
             float* in = dx + (n * z.cIn + gi * z.cInGroup()) * z.inPositions;
-            gemmOn(s, thread, {rows, z.outPositions, z.cOutGroup(), true, false},
-                   w + gi * z.cOutGroup() * rows, dy + (n * z.cOut + gi * z.cOutGroup()) * z.outPositions,
-                   z.direct != 0 ? in : cols);
+            runGemmOn(s, thread, {rows, z.outPositions, z.cOutGroup(), true, false},
+                      w + gi * z.cOutGroup() * rows, dy + (n * z.cOut + gi * z.cOutGroup()) * z.outPositions,
+                      z.direct != 0 ? in : cols, 1.0f);
             if (z.direct == 0) col2im(z, s.table.data(), cols, in);
           }
         }
@@ -299,7 +280,7 @@ void convBackwardWeight(const Step& s) {
                          }
                        }
                      });
-          gemmSplit(s, {rows, z.cOutGroup(), depth, false, true}, cols, packed, partial);
+          runGemm(s, {rows, z.cOutGroup(), depth, false, true}, cols, packed, partial, 1.0f);
           for (int64_t m = 0; m < z.cOutGroup(); ++m) {
             float* to = dwGroup + m * rows;
             if (n0 == 0) {

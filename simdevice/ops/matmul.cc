@@ -9,23 +9,9 @@
 namespace tessera::sim {
 namespace {
 
-// C[m, n] = alpha * op(A) op(B) with the step's plan and scratch.
-// Split over the step's threads by blocks of rows or columns (gemm.hpp),
-// each thread with its own packing scratch.
 void gemm(const Step& s, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
           float alpha) {
-  const GemmShape shape{m, n, k, s.transA, s.transB, s.halfOutput};
-  const GemmScratch& scratch = *s.scratch;
-  const int parts = s.pool == nullptr ? 1 : gemmParts(s.gemmPlan, shape, s.pool->threads());
-  if (parts == 1) {
-    const int thread = callerThread(s);
-    return sim::gemm(s.gemmPlan, shape, a, b, c, alpha, scratch.lhs + thread * scratch.lhsStride,
-                     scratch.rhs + thread * scratch.rhsStride);
-  }
-  s.pool->run(parts, [&](int part, int thread) {
-    gemmPart(s.gemmPlan, shape, a, b, c, alpha, scratch.lhs + thread * scratch.lhsStride,
-             scratch.rhs + thread * scratch.rhsStride, part, parts);
-  });
+  runGemm(s, GemmShape{m, n, k, s.transA, s.transB, s.halfOutput}, a, b, c, alpha);
 }
 
 void matmul(const Step& s) {
@@ -92,14 +78,40 @@ void matmulShards(const Step& s) {
 
 }  // namespace
 
-std::array<int64_t, 2> planGemm(Step& step) {
+void runGemmOn(const Step& s, int thread, const GemmShape& shape, const float* a, const float* b, float* c,
+               float alpha) {
+  const GemmScratch& scratch = *s.scratch;
+  sim::gemm(s.gemmPlan, shape, a, b, c, alpha, scratch.lhs + thread * scratch.lhsStride,
+            scratch.rhs + thread * scratch.rhsStride, scratch.partial + thread * scratch.partialStride);
+}
+
+// Each part packs into its thread's scratch and, a block of C, keeps its
+// chunks' partial sums in its thread's too; a product cut by its sum keeps
+// its second half's sums in the partial sums of the thread that runs the
+// step, and a second job adds them into C by blocks of rows.
+void runGemm(const Step& s, const GemmShape& shape, const float* a, const float* b, float* c, float alpha) {
+  const int parts = s.pool == nullptr ? 1 : gemmParts(s.gemmPlan, shape, s.pool->threads());
+  const int caller = callerThread(s);
+  if (parts == 1) return runGemmOn(s, caller, shape, a, b, c, alpha);
+  const GemmScratch& scratch = *s.scratch;
+  const bool bySum = splitsBySum(s.gemmPlan, shape, parts);
+  float* halves = scratch.partial + caller * scratch.partialStride;
+  s.pool->run(parts, [&](int part, int thread) {
+    gemmPart(s.gemmPlan, shape, a, b, c, alpha, scratch.lhs + thread * scratch.lhsStride,
+             scratch.rhs + thread * scratch.rhsStride,
+             bySum ? halves : scratch.partial + thread * scratch.partialStride, part, parts);
+  });
+  if (bySum)
+    s.pool->run(parts, [&](int part, int) { gemmAddHalves(s.gemmPlan, shape, c, halves, part, parts); });
+}
+
+void planGemm(Step& step) {
   int64_t rows = step.rows;
   for (const Run& run : step.runs) {
     if (step.kernel == matmul && !step.transA && run.advance[0] && !run.advance[1])
       rows = std::max(rows, run.count * step.rows);
   }
   step.gemmPlan = sim::planGemm(bestGemmIsa(), rows, step.cols, step.depth);
-  return {step.gemmPlan.lhsFloats, step.gemmPlan.rhsFloats};
 }
 
 Kernel matmulKernel() { return matmul; }

@@ -63,16 +63,43 @@ std::vector<double> oracle(const Case& c, const std::vector<float>& a, const std
   return out;
 }
 
+// Exactly the scratch a plan asks for.
+struct Scratch {
+  explicit Scratch(const GemmPlan& plan)
+      : lhs(plan.lhsFloats), rhs(plan.rhsFloats), partial(plan.partialFloats) {}
+  Aligned lhs;
+  Aligned rhs;
+  Aligned partial;
+};
+
 // Runs one product with scratch planned for (planM, planN) and the case's k.
 std::vector<float> run(GemmIsa isa, const Case& c, const float* a, const float* b, float alpha, int64_t planM,
                        int64_t planN) {
   const GemmPlan plan = planGemm(isa, planM, planN, c.k);
-  Aligned lhs(plan.lhsFloats);
-  Aligned rhs(plan.rhsFloats);
+  Scratch scratch(plan);
   // Poisoned: the product must overwrite every element.
   std::vector<float> out(static_cast<std::size_t>(c.m * c.n), std::numeric_limits<float>::quiet_NaN());
-  gemm(plan, GemmShape{c.m, c.n, c.k, c.transA, c.transB}, a, b, out.data(), alpha, lhs.data.get(),
-       rhs.data.get());
+  gemm(plan, GemmShape{c.m, c.n, c.k, c.transA, c.transB}, a, b, out.data(), alpha, scratch.lhs.data.get(),
+       scratch.rhs.data.get(), scratch.partial.data.get());
+  return out;
+}
+
+// The parts of a product split as `parts` threads would run it, in reverse
+// order, each with scratch of its own (the partial sums shared when the cut
+// is by the sum), then the halves of a product cut by its sum added, into a
+// poisoned C.
+std::vector<float> runParts(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b,
+                            float alpha, int parts) {
+  std::vector<float> out(static_cast<std::size_t>(shape.m * shape.n),
+                         std::numeric_limits<float>::quiet_NaN());
+  Aligned halves(plan.partialFloats);
+  const bool bySum = splitsBySum(plan, shape, parts);
+  for (int p = parts - 1; p >= 0; --p) {
+    Scratch own(plan);
+    gemmPart(plan, shape, a, b, out.data(), alpha, own.lhs.data.get(), own.rhs.data.get(),
+             bySum ? halves.data.get() : own.partial.data.get(), p, parts);
+  }
+  for (int p = 0; p < parts; ++p) gemmAddHalves(plan, shape, out.data(), halves.data.get(), p, parts);
   return out;
 }
 
@@ -80,13 +107,15 @@ const std::vector<Case>& cases() {
   static const std::vector<Case> all = [] {
     std::vector<Case> out;
     // Whole tiles, edges in both directions, sums split into several
-    // blocks (k > 256), more columns than one packed block (n > 512), the
-    // benchmark MLP's shapes, odd sizes that threads split by columns
-    // (37 x 224) and by rows (200 x 37), and degenerate sizes.
-    const int64_t shapes[][3] = {{1, 1, 1},    {8, 32, 16},  {12, 16, 7},  {13, 33, 5},   {64, 256, 784},
-                                 {64, 10, 128}, {128, 10, 64}, {784, 40, 64}, {7, 600, 300}, {30, 17, 513},
-                                 {5, 3, 0},    {3, 70, 2},   {25, 1, 9},   {96, 48, 257}, {37, 224, 300},
-                                 {200, 37, 129}};
+    // blocks (k > 256) and into halves of two blocks or more (k > 768),
+    // more columns than one packed block (n > 512), the benchmark MLP's
+    // shapes, odd sizes that threads split by columns (37 x 224), by rows
+    // (200 x 37; 40 x 200 x 100 in two parts) and by the sum (3 x 5 x 1100),
+    // and degenerate sizes.
+    const int64_t shapes[][3] = {{1, 1, 1},      {8, 32, 16},    {12, 16, 7},   {13, 33, 5},   {64, 256, 784},
+                                 {64, 10, 128},  {128, 10, 64},  {784, 40, 64}, {7, 600, 300}, {30, 17, 513},
+                                 {5, 3, 0},      {3, 70, 2},     {25, 1, 9},    {96, 48, 257}, {37, 224, 300},
+                                 {200, 37, 129}, {40, 200, 100}, {3, 5, 1100},  {13, 40, 1300}};
     for (const auto& s : shapes)
       for (int t = 0; t < 4; ++t) out.push_back({s[0], s[1], s[2], (t & 1) != 0, (t & 2) != 0});
     return out;
@@ -175,11 +204,10 @@ TEST_CASE("every kernel reads only A and B and writes only C") {
       std::copy(a.begin(), a.end(), aEnd.data());
       std::copy(b.begin(), b.end(), bEnd.data());
       const GemmPlan plan = planGemm(isa, c.m, c.n, c.k);
-      Aligned lhs(plan.lhsFloats);
-      Aligned rhs(plan.rhsFloats);
+      Scratch scratch(plan);
       std::vector<float> out(static_cast<std::size_t>(c.m * c.n + 2 * kGuard), kSentinel);
       gemm(plan, GemmShape{c.m, c.n, c.k, c.transA, c.transB}, aEnd.data(), bEnd.data(), out.data() + kGuard,
-           1.0f, lhs.data.get(), rhs.data.get());
+           1.0f, scratch.lhs.data.get(), scratch.rhs.data.get(), scratch.partial.data.get());
       const std::vector<float> want = run(isa, c, a.data(), b.data(), 1.0f, c.m, c.n);
       int64_t guardsChanged = 0;
       for (int64_t i = 0; i < kGuard; ++i) {
@@ -234,7 +262,9 @@ TEST_CASE("packed kernels: the parts of a product split over threads cover it on
       const GemmShape shape{c.m, c.n, c.k, c.transA, c.transB};
       for (int parts = 2; parts <= 5; ++parts) {
         CAPTURE(parts);
-        // Every element in exactly one block; blocks start on tile edges.
+        // Every element in exactly one block (or, cut by the sum, in both
+        // halves' blocks); blocks start on tile edges.
+        const int each = splitsBySum(plan, shape, parts) ? parts : 1;
         std::vector<int> cover(static_cast<std::size_t>(c.m * c.n), 0);
         for (int p = 0; p < parts; ++p) {
           const GemmBlock block = gemmBlock(plan, shape, p, parts);
@@ -242,16 +272,8 @@ TEST_CASE("packed kernels: the parts of a product split over threads cover it on
           for (int64_t i = block.row0; i < block.row1; ++i)
             for (int64_t j = block.col0; j < block.col1; ++j) ++cover[static_cast<std::size_t>(i * c.n + j)];
         }
-        CHECK(std::count(cover.begin(), cover.end(), 1) == static_cast<std::ptrdiff_t>(cover.size()));
-        // Each part with scratch of its own, in reverse order.
-        std::vector<float> split(whole.size(), std::numeric_limits<float>::quiet_NaN());
-        for (int p = parts - 1; p >= 0; --p) {
-          Aligned lhs(plan.lhsFloats);
-          Aligned rhs(plan.rhsFloats);
-          gemmPart(plan, shape, a.data(), b.data(), split.data(), 0.5f, lhs.data.get(), rhs.data.get(), p,
-                   parts);
-        }
-        CHECK(split == whole);
+        CHECK(std::count(cover.begin(), cover.end(), each) == static_cast<std::ptrdiff_t>(cover.size()));
+        CHECK(runParts(plan, shape, a.data(), b.data(), 0.5f, parts) == whole);
       }
     }
   }
@@ -260,17 +282,20 @@ TEST_CASE("packed kernels: the parts of a product split over threads cover it on
 // The packed kernels' documented order: k cut into ceil(k / 256) blocks that
 // depend on k alone (block b is [k b / blocks, k (b + 1) / blocks)), each
 // block's products added into a float from 0 in order of p with one
-// rounding per step (a fused multiply-add), scaled by alpha, and added to
-// the sum of the blocks before it.
+// rounding per step (a fused multiply-add) and scaled by alpha; the first
+// ceil(blocks / 2) blocks added in order, the rest likewise, then the two
+// halves.
 std::vector<float> summedInOrder(const Case& c, const std::vector<float>& a, const std::vector<float>& b,
                                  float alpha) {
   std::vector<float> out(static_cast<std::size_t>(c.m * c.n), 0.0f);
   const int64_t blocks = (c.k + 255) / 256;
-  for (int64_t kb = 0; kb < blocks; ++kb) {
-    const int64_t p0 = c.k * kb / blocks;
-    const int64_t p1 = c.k * (kb + 1) / blocks;
-    for (int64_t i = 0; i < c.m; ++i) {
-      for (int64_t j = 0; j < c.n; ++j) {
+  const int64_t half = (blocks + 1) / 2;
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      float halves[2] = {0.0f, 0.0f};
+      for (int64_t kb = 0; kb < blocks; ++kb) {
+        const int64_t p0 = c.k * kb / blocks;
+        const int64_t p1 = c.k * (kb + 1) / blocks;
         float acc = 0.0f;
         for (int64_t p = p0; p < p1; ++p) {
           const float x = a[static_cast<std::size_t>(c.transA ? p * c.m + i : i * c.k + p)];
@@ -279,9 +304,10 @@ std::vector<float> summedInOrder(const Case& c, const std::vector<float>& a, con
         }
         // Rounded before the addition (volatile: never fused into one).
         const volatile float scaled = acc * alpha;
-        float& element = out[static_cast<std::size_t>(i * c.n + j)];
-        element = kb == 0 ? scaled : scaled + element;
+        float& sum = halves[kb < half ? 0 : 1];
+        sum = kb == 0 || kb == half ? scaled : scaled + sum;
       }
+      out[static_cast<std::size_t>(i * c.n + j)] = blocks > half ? halves[0] + halves[1] : halves[0];
     }
   }
   return out;
@@ -293,7 +319,8 @@ TEST_CASE("packed kernels: every tile shape sums each element in the documented 
   std::vector<Case> shapes;
   for (const Case& c : cases())
     if (c.m * c.n * c.k <= (int64_t{1} << 21)) shapes.push_back(c);
-  const int64_t extra[][3] = {{197, 130, 300}, {250, 64, 33}, {13, 65, 17}, {61, 97, 520}, {192, 200, 1}};
+  const int64_t extra[][3] = {{197, 130, 300}, {250, 64, 33}, {13, 65, 17},
+                              {61, 97, 520},   {192, 200, 1}, {21, 70, 1040}};
   for (const auto& s : extra)
     for (int t = 0; t < 4; ++t) shapes.push_back({s[0], s[1], s[2], (t & 1) != 0, (t & 2) != 0});
   for (GemmIsa isa : availableGemmIsas()) {
@@ -304,21 +331,19 @@ TEST_CASE("packed kernels: every tile shape sums each element in the documented 
       const float alpha = 0.3f;
       const std::vector<float> want = summedInOrder(c, a, b, alpha);
       const GemmShape shape{c.m, c.n, c.k, c.transA, c.transB};
-      const std::vector<GemmPlan> plans = gemmTilePlans(isa, c.n, c.k);
+      const std::vector<GemmPlan> plans = gemmTilePlans(isa, c.m, c.n, c.k);
       CHECK(plans.size() >= 2);
-      for (const GemmPlan& plan : plans) {
+      for (GemmPlan plan : plans) {
         const std::string tile =
             describe(isa, c) + " tile " + std::to_string(plan.mr) + "x" + std::to_string(plan.nr);
         CAPTURE(tile);
-        for (int parts = 1; parts <= 3; parts += 2) {
+        for (int parts = 1; parts <= 4; ++parts) {
           CAPTURE(parts);
-          std::vector<float> got(want.size(), std::numeric_limits<float>::quiet_NaN());
-          for (int p = 0; p < parts; ++p) {
-            Aligned lhs(plan.lhsFloats);
-            Aligned rhs(plan.rhsFloats);
-            gemmPart(plan, shape, a.data(), b.data(), got.data(), alpha, lhs.data.get(), rhs.data.get(), p,
-                     parts);
-          }
+          // Four parts: one thread with partial sums for 3 tiles only, so a
+          // deep product adds its halves chunk by chunk.
+          if (parts == 4 && plan.partialFloats > 0) plan.partialFloats = 3 * plan.mr * plan.nr;
+          const std::vector<float> got =
+              runParts(plan, shape, a.data(), b.data(), alpha, parts == 4 ? 1 : parts);
           int64_t different = 0;
           for (std::size_t i = 0; i < got.size(); ++i)
             different += std::memcmp(&got[i], &want[i], sizeof(float)) != 0 ? 1 : 0;
@@ -345,16 +370,16 @@ TEST_CASE("float16 products: every kernel rounds each element to the nearest hal
       const GemmShape plain{c.m, c.n, c.k, c.transA, c.transB};
       GemmShape half = plain;
       half.halfOutput = true;
-      std::vector<GemmPlan> plans = gemmTilePlans(isa, c.n, c.k);
+      std::vector<GemmPlan> plans = gemmTilePlans(isa, c.m, c.n, c.k);
       if (plans.empty()) plans.push_back(planGemm(isa, c.m, c.n, c.k));
       for (const GemmPlan& plan : plans) {
         const std::string tile =
             describe(isa, c) + " tile " + std::to_string(plan.mr) + "x" + std::to_string(plan.nr);
         CAPTURE(tile);
-        Aligned lhs(plan.lhsFloats);
-        Aligned rhs(plan.rhsFloats);
+        Scratch scratch(plan);
         std::vector<float> want(static_cast<std::size_t>(c.m * c.n), std::numeric_limits<float>::quiet_NaN());
-        gemm(plan, plain, a.data(), b.data(), want.data(), 0.7f, lhs.data.get(), rhs.data.get());
+        gemm(plan, plain, a.data(), b.data(), want.data(), 0.7f, scratch.lhs.data.get(),
+             scratch.rhs.data.get(), scratch.partial.data.get());
         std::size_t changed = 0;
         for (float& x : want) {
           const float rounded = roundToHalf(x);
@@ -363,12 +388,9 @@ TEST_CASE("float16 products: every kernel rounds each element to the nearest hal
         }
         if (c.k > 1) CHECK(changed > 0);  // the rounding is not vacuous
         const int maxParts = plan.mr == 0 ? 1 : 3;
-        for (int parts = 1; parts <= maxParts; parts += 2) {
+        for (int parts = 1; parts <= maxParts; ++parts) {
           CAPTURE(parts);
-          std::vector<float> got(want.size(), std::numeric_limits<float>::quiet_NaN());
-          for (int p = 0; p < parts; ++p)
-            gemmPart(plan, half, a.data(), b.data(), got.data(), 0.7f, lhs.data.get(), rhs.data.get(), p,
-                     parts);
+          const std::vector<float> got = runParts(plan, half, a.data(), b.data(), 0.7f, parts);
           int64_t different = 0;
           for (std::size_t i = 0; i < got.size(); ++i)
             different += std::memcmp(&got[i], &want[i], sizeof(float)) != 0 ? 1 : 0;
@@ -396,15 +418,29 @@ TEST_CASE("a product is split across the operand that costs each part more to re
     if (isa == GemmIsa::Portable) continue;
     CAPTURE(std::string(gemmIsaName(isa)));
     // The MLP's first layer: a batch of 64 against a 784 x 256 weight. By
-    // rows each part would read the whole weight; by columns, its half.
+    // rows each part would read the whole weight; by columns, its half and
+    // all of the batch; by the sum (784 = 4 blocks of 196), half of each and
+    // half of the other half's partial sums.
     const GemmShape forward{64, 256, 784, false, false};
     const GemmPlan forwardPlan = planGemm(isa, forward.m, forward.n, forward.k);
-    CHECK_FALSE(splitsByRows(forwardPlan, forward, 2));
-    const GemmBlock half = gemmBlock(forwardPlan, forward, 0, 2);
-    CHECK(half.row0 == 0);
-    CHECK(half.row1 == 64);
-    CHECK(half.col0 == 0);
-    CHECK(half.col1 == 128);
+    CHECK(splitsBySum(forwardPlan, forward, 2));
+    const GemmBlock all = gemmBlock(forwardPlan, forward, 1, 2);
+    CHECK((all.row0 == 0 && all.row1 == 64 && all.col0 == 0 && all.col1 == 256));
+    // In three parts (the sum is cut in two only): by columns.
+    CHECK_FALSE(splitsBySum(forwardPlan, forward, 3));
+    CHECK_FALSE(splitsByRows(forwardPlan, forward, 3));
+    const GemmBlock third = gemmBlock(forwardPlan, forward, 0, 3);
+    CHECK((third.row0 == 0 && third.row1 == 64 && third.col0 == 0));
+    CHECK(third.col1 == 256 / forwardPlan.nr / 3 * forwardPlan.nr);
+    // One block of the sum (the second layer, k = 256): no halves to cut.
+    const GemmShape second{64, 128, 256, false, false};
+    CHECK_FALSE(splitsBySum(planGemm(isa, second.m, second.n, second.k), second, 2));
+    // A C of one tile over a deep sum (a convolution's weight gradient):
+    // only the sum can be cut, even in two blocks.
+    const GemmShape tiny{6, 20, 8000, false, true};
+    const GemmPlan tinyPlan = planGemm(isa, tiny.m, tiny.n, tiny.k);
+    CHECK(gemmParts(tinyPlan, tiny, 4) == 2);
+    CHECK(splitsBySum(tinyPlan, tiny, 2));
     // Its weight gradient: 784 rows of x^T against the batch's 256-wide
     // gradient; by rows each part reads its rows of x and the narrow
     // operand.
@@ -413,20 +449,27 @@ TEST_CASE("a product is split across the operand that costs each part more to re
     // Fewer column tiles than parts: rows.
     const GemmShape narrow{640, 10, 784, false, false};
     CHECK(splitsByRows(planGemm(isa, narrow.m, narrow.n, narrow.k), narrow, 2));
-    // The test cases cut both ways at every part count the cover test runs,
-    // so the bits of both cuts are checked there.
+    // The test cases cut every way at every part count the cover test
+    // runs (by the sum in two parts only), so the bits of every cut are
+    // checked there.
     for (int parts = 2; parts <= 5; ++parts) {
       CAPTURE(parts);
       int byRows = 0;
       int byColumns = 0;
+      int bySum = 0;
       for (const Case& c : cases()) {
         const GemmShape shape{c.m, c.n, c.k, c.transA, c.transB};
         const GemmPlan plan = planGemm(isa, c.m, c.n, c.k);
         if (gemmParts(plan, shape, parts) < 2) continue;
-        (splitsByRows(plan, shape, parts) ? byRows : byColumns) += 1;
+        if (splitsBySum(plan, shape, parts)) {
+          ++bySum;
+        } else {
+          (splitsByRows(plan, shape, parts) ? byRows : byColumns) += 1;
+        }
       }
       CHECK(byRows > 0);
       CHECK(byColumns > 0);
+      CHECK((bySum > 0) == (parts == 2));
     }
   }
 }

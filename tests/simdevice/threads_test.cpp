@@ -15,6 +15,7 @@
 #include <doctest/doctest.h>
 
 #include "device_checks.hpp"
+#include "gemm.hpp"
 #include "tessera/checkpoint.hpp"
 #include "tessera/device.hpp"
 #include "tessera/error.hpp"
@@ -29,10 +30,10 @@ using namespace tessera;
 namespace {
 
 // Large enough that the products and the optimizer's chains are split
-// (a first layer deeper than one block of the sum, rows that leave edge
-// tiles; the forward products by columns, the weight gradients by rows),
-// small enough to train a few steps quickly.
-constexpr int64_t kFeatures = 300;
+// (a first layer four blocks of the sum deep, cut by its sum on 2 threads
+// and by columns on 3 and 4; rows that leave edge tiles; the weight
+// gradients by rows), small enough to train a few steps quickly.
+constexpr int64_t kFeatures = 800;
 constexpr int64_t kGlobalBatch = 48;
 constexpr int64_t kSteps = 3;
 
@@ -89,6 +90,13 @@ TEST_CASE("losses, weights and checkpoint bytes are the same bits at 1, 2, 3 and
     int64_t replicas;
     bool rts;
   };
+  // The first layer's forward product at R = 1 is cut by its sum on 2
+  // threads (with the packed kernels): its halves added after two threads
+  // computed them must be the bits of one thread computing both.
+  const sim::GemmIsa isa = sim::bestGemmIsa();
+  const sim::GemmShape first{kGlobalBatch, 160, kFeatures, false, false};
+  if (isa != sim::GemmIsa::Portable)
+    CHECK(sim::splitsBySum(sim::planGemm(isa, first.m, first.n, first.k), first, 2));
   for (const Case c : {Case{1, false}, Case{2, false}, Case{3, false}, Case{4, false}, Case{2, true}}) {
     CAPTURE(c.replicas);
     CAPTURE(c.rts);
