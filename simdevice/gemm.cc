@@ -244,8 +244,13 @@ void addHalves(float* c, int64_t ldc, const float* partial, int64_t ldp, int64_t
 }
 
 // Blocks of the sum split k evenly and depend on k alone, so every element
-// is summed in the same order whatever m and n are.
-int64_t sumBlockCount(const GemmPlan& plan, int64_t k) { return ceilDiv(k, plan.kc); }
+// is summed in the same order whatever m and n are: at most kBlockK deep,
+// and two for a sum of kBlockK exactly, so that two threads can share such
+// a product by its sum too (the MLP's second layer: each reads the rows of
+// its weight that its half of the update wrote).
+int64_t sumBlockCount(int64_t k) {
+  return std::max(ceilDiv(k, kBlockK), k >= kBlockK ? int64_t{2} : int64_t{1});
+}
 int64_t firstHalf(int64_t blocks) { return (blocks + 1) / 2; }
 
 // Which blocks of the sum a call computes: all of them into C (in the
@@ -267,7 +272,7 @@ void packedGemm(const GemmPlan& plan, const GemmShape& s, const float* a, const 
       std::fill(c + i * s.n + block.col0, c + i * s.n + block.col1, 0.0f);
     return;
   }
-  const int64_t blocks = sumBlockCount(plan, s.k);
+  const int64_t blocks = sumBlockCount(s.k);
   const int64_t half = firstHalf(blocks);
   const Out whole{c, s.n, 0, 0};
   if (part == SumPart::First)
@@ -507,8 +512,7 @@ GemmPlan planVariant(const PackedVariant& chosen, int64_t m, int64_t n, int64_t 
   plan.nc = kBlockN;
   plan.lhsFloats = plan.mr * plan.kc;
   plan.rhsFloats = roundUp(std::clamp<int64_t>(n, 1, kBlockN), plan.nr) * plan.kc;
-  if (sumBlockCount(plan, k) >= 2)
-    plan.partialFloats = std::min(std::max<int64_t>(m, 1) * n, kMaxPartialFloats);
+  if (sumBlockCount(k) >= 2) plan.partialFloats = std::min(std::max<int64_t>(m, 1) * n, kMaxPartialFloats);
   return plan;
 }
 
@@ -568,8 +572,7 @@ namespace {
 // Whether the sum can be split in its two halves: two blocks or more, and
 // partial sums for all of C.
 bool sumSplits(const GemmPlan& plan, const GemmShape& shape) {
-  return variantOf(plan) != nullptr && sumBlockCount(plan, shape.k) >= 2 &&
-         shape.m * shape.n <= plan.partialFloats;
+  return variantOf(plan) != nullptr && sumBlockCount(shape.k) >= 2 && shape.m * shape.n <= plan.partialFloats;
 }
 
 // What one part reads for each cut into `parts`, in floats. A block of rows
@@ -600,7 +603,7 @@ CutCosts cutCosts(const GemmPlan& plan, const GemmShape& shape, int parts) {
   const int64_t bCost = packsB ? 2 : 1;
   const int64_t rowBlock = std::min(m, ceilDiv(ceilDiv(m, plan.mr), parts) * plan.mr);
   const int64_t colBlock = std::min(n, ceilDiv(ceilDiv(n, plan.nr), parts) * plan.nr);
-  const int64_t blocks = sumBlockCount(plan, k);
+  const int64_t blocks = sumBlockCount(k);
   const int64_t halfK = std::max(k * firstHalf(blocks) / blocks, k - k * firstHalf(blocks) / blocks);
   // Only the rows of a stored [m, k] A or [k, n] B follow C's rows or the
   // sum's halves; of anything read whole, the other cores wrote the rest.

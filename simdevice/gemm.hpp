@@ -60,11 +60,12 @@ std::vector<GemmPlan> gemmTilePlans(GemmIsa isa, int64_t m, int64_t n, int64_t k
 // packed kernels each element of C is summed over k in the same order
 // whatever m and n are, so splitting a product does not change its bits
 // (Eigen's kernel does not promise that). The order: k is cut into
-// ceil(k / kc) blocks that depend on k alone; each block's products are
-// added in order of p from 0 (one fused multiply-add a step) and scaled by
-// alpha; the first half of the blocks (ceil(blocks / 2)) are added in
-// order, the second half likewise, and then the two halves. Up to three
-// blocks that is the blocks added in order.
+// ceil(k / 256) blocks (two for k = 256) that depend on k alone; each
+// block's products are added in order of p from 0 (one fused multiply-add
+// a step) and scaled by alpha; the first half of the blocks
+// (ceil(blocks / 2)) are added in order, the second half likewise, and
+// then the two halves. Up to three blocks that is the blocks added in
+// order.
 void gemm(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c, float alpha,
           float* lhs, float* rhs, float* partial);
 

@@ -279,8 +279,9 @@ TEST_CASE("packed kernels: the parts of a product split over threads cover it on
   }
 }
 
-// The packed kernels' documented order: k cut into ceil(k / 256) blocks that
-// depend on k alone (block b is [k b / blocks, k (b + 1) / blocks)), each
+// The packed kernels' documented order: k cut into ceil(k / 256) blocks, two
+// for k = 256, that depend on k alone (block b is [k b / blocks,
+// k (b + 1) / blocks)), each
 // block's products added into a float from 0 in order of p with one
 // rounding per step (a fused multiply-add) and scaled by alpha; the first
 // ceil(blocks / 2) blocks added in order, the rest likewise, then the two
@@ -288,7 +289,7 @@ TEST_CASE("packed kernels: the parts of a product split over threads cover it on
 std::vector<float> summedInOrder(const Case& c, const std::vector<float>& a, const std::vector<float>& b,
                                  float alpha) {
   std::vector<float> out(static_cast<std::size_t>(c.m * c.n), 0.0f);
-  const int64_t blocks = (c.k + 255) / 256;
+  const int64_t blocks = std::max<int64_t>((c.k + 255) / 256, c.k >= 256 ? 2 : 1);
   const int64_t half = (blocks + 1) / 2;
   for (int64_t i = 0; i < c.m; ++i) {
     for (int64_t j = 0; j < c.n; ++j) {
@@ -319,8 +320,8 @@ TEST_CASE("packed kernels: every tile shape sums each element in the documented 
   std::vector<Case> shapes;
   for (const Case& c : cases())
     if (c.m * c.n * c.k <= (int64_t{1} << 21)) shapes.push_back(c);
-  const int64_t extra[][3] = {{197, 130, 300}, {250, 64, 33}, {13, 65, 17},
-                              {61, 97, 520},   {192, 200, 1}, {21, 70, 1040}};
+  const int64_t extra[][3] = {{197, 130, 300}, {250, 64, 33},  {13, 65, 17}, {61, 97, 520},
+                              {192, 200, 1},   {21, 70, 1040}, {19, 50, 256}};
   for (const auto& s : extra)
     for (int t = 0; t < 4; ++t) shapes.push_back({s[0], s[1], s[2], (t & 1) != 0, (t & 2) != 0});
   for (GemmIsa isa : availableGemmIsas()) {
@@ -432,9 +433,12 @@ TEST_CASE("a product is split across the operand that costs each part more to re
     const GemmBlock third = gemmBlock(forwardPlan, forward, 0, 3);
     CHECK((third.row0 == 0 && third.row1 == 64 && third.col0 == 0));
     CHECK(third.col1 == 256 / forwardPlan.nr / 3 * forwardPlan.nr);
-    // One block of the sum (the second layer, k = 256): no halves to cut.
+    // The second layer (k = 256, two blocks of 128): by the sum too. Its
+    // input gradient (k = 128, one block): no halves to cut.
     const GemmShape second{64, 128, 256, false, false};
-    CHECK_FALSE(splitsBySum(planGemm(isa, second.m, second.n, second.k), second, 2));
+    CHECK(splitsBySum(planGemm(isa, second.m, second.n, second.k), second, 2));
+    const GemmShape back{64, 256, 128, false, true};
+    CHECK_FALSE(splitsBySum(planGemm(isa, back.m, back.n, back.k), back, 2));
     // A C of one tile over a deep sum (a convolution's weight gradient):
     // only the sum can be cut, even in two blocks.
     const GemmShape tiny{6, 20, 8000, false, true};
