@@ -250,7 +250,8 @@ void convBackwardData(const Step& s) {
 // the columns. Each element is the same sum in the same order as in
 // dy · columns^T. The first chunk's product is the gradient, transposed;
 // later chunks add theirs. The columns of a chunk are filled in parallel
-// (each sample's own) and the GEMM is split over the threads by blocks.
+// (each sample's own) and the GEMM is split over the threads (runGemm: by
+// blocks of C, or by the halves of its sum when C is a single tile).
 void convBackwardWeight(const Step& s) {
   const ConvSizes z = sizesOf(s);
   const int64_t rows = z.columnRows();
