@@ -86,9 +86,11 @@ int gemmParts(const GemmPlan& plan, const GemmShape& shape, int threads);
 // for each half of the blocks of the sum (the first into C, the second
 // into the partial sums), then gemmAddHalves. Taken when C is too narrow
 // and short to cut, or when each part reads fewer floats than with rows or
-// columns: a deep product whose large operand is its op(B) (a batch
-// against a weight), where each half of the sum reads the rows of B that
-// the same thread's half of the weight update wrote.
+// columns, counting twice those another core wrote (operands taken as
+// written by the threads in blocks of rows): a deep product whose large
+// operand is its op(B) (a batch against a weight), where each half of the
+// sum reads the rows of B that the same thread's half of the weight update
+// wrote.
 bool splitsBySum(const GemmPlan& plan, const GemmShape& shape, int parts);
 // Whether a product split into `parts` is cut into blocks of rows (else of
 // columns): the cut with the fewer floats of A and B read per part (every

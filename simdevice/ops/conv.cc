@@ -251,7 +251,7 @@ void convBackwardData(const Step& s) {
 // dy · columns^T. The first chunk's product is the gradient, transposed;
 // later chunks add theirs. The columns of a chunk are filled in parallel
 // (each sample's own) and the GEMM is split over the threads (runGemm: by
-// blocks of C, or by the halves of its sum when C is a single tile).
+// blocks of C, or on two threads by the halves of its long sum).
 void convBackwardWeight(const Step& s) {
   const ConvSizes z = sizesOf(s);
   const int64_t rows = z.columnRows();
