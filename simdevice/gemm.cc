@@ -614,6 +614,49 @@ CutCosts cutCosts(const GemmPlan& plan, const GemmShape& shape, int parts) {
            (shape.transA ? 0 : others(m * halfK)) + (shape.transB ? others(n * halfK) : 0) + others(m * n)}};
 }
 
+// A cut's cost: its reads, those from other cores counted twice.
+int64_t weighed(const CutCost& cost) { return cost.reads + cost.fromOther; }
+
+// Rows or columns: when both dimensions have a tile for every part, the
+// cut whose parts read fewer floats (the larger operand is the one worth
+// dividing: the weight against a small batch's activations, or the batch
+// against a narrow gradient; rows on a tie); else the dimension with more
+// tiles.
+bool rowsOverColumns(int64_t rowTiles, int64_t colTiles, int parts, const CutCosts& costs) {
+  if (rowTiles < parts || colTiles < parts) return rowTiles >= colTiles;
+  return costs.rows.reads <= costs.columns.reads;
+}
+
+enum class Cut { Rows, Columns, Sum };
+
+// How a product split into `parts` (2 or more, packed kernels) is cut: by
+// its sum (splitsBySum) when that can and should be, else rows or columns
+// (splitsByRows). Each cost computed once.
+Cut cutOf(const GemmPlan& plan, const GemmShape& shape, int parts) {
+  const int64_t rowTiles = ceilDiv(shape.m, plan.mr);
+  const int64_t colTiles = ceilDiv(shape.n, plan.nr);
+  const bool halves = parts == 2 && sumSplits(plan, shape);
+  if (halves && rowTiles < parts && colTiles < parts) return Cut::Sum;
+  const CutCosts costs = cutCosts(plan, shape, parts);
+  // Counted with the reads from other cores twice: the sum's halves read
+  // mostly what their own core wrote.
+  if (halves && weighed(costs.sum) < std::min(weighed(costs.rows), weighed(costs.columns))) return Cut::Sum;
+  return rowsOverColumns(rowTiles, colTiles, parts, costs) ? Cut::Rows : Cut::Columns;
+}
+
+// Part `part` of `parts` of a product cut `cut`: whole tiles of rows or of
+// columns split evenly, or all of C for a half of the sum.
+GemmBlock blockOf(const GemmPlan& plan, const GemmShape& shape, int part, int parts, Cut cut) {
+  if (cut == Cut::Sum) return {0, shape.m, 0, shape.n};
+  const bool byRows = cut == Cut::Rows;
+  const int64_t tiles = byRows ? ceilDiv(shape.m, plan.mr) : ceilDiv(shape.n, plan.nr);
+  const int64_t step = byRows ? plan.mr : plan.nr;
+  const int64_t extent = byRows ? shape.m : shape.n;
+  const int64_t begin = std::min(extent, tiles * part / parts * step);
+  const int64_t end = std::min(extent, tiles * (part + 1) / parts * step);
+  return byRows ? GemmBlock{begin, end, 0, shape.n} : GemmBlock{0, shape.m, begin, end};
+}
+
 }  // namespace
 
 int gemmParts(const GemmPlan& plan, const GemmShape& shape, int threads) {
@@ -625,50 +668,26 @@ int gemmParts(const GemmPlan& plan, const GemmShape& shape, int threads) {
 }
 
 bool splitsBySum(const GemmPlan& plan, const GemmShape& shape, int parts) {
-  if (parts != 2 || !sumSplits(plan, shape)) return false;
-  const int64_t rowTiles = ceilDiv(shape.m, plan.mr);
-  const int64_t colTiles = ceilDiv(shape.n, plan.nr);
-  if (rowTiles < parts && colTiles < parts) return true;
-  // Counted with the reads from other cores twice: the sum's halves read
-  // mostly what their own core wrote.
-  const CutCosts costs = cutCosts(plan, shape, parts);
-  const auto weighed = [](const CutCost& cost) { return cost.reads + cost.fromOther; };
-  return weighed(costs.sum) < std::min(weighed(costs.rows), weighed(costs.columns));
+  return parts == 2 && sumSplits(plan, shape) && cutOf(plan, shape, parts) == Cut::Sum;
 }
 
 bool splitsByRows(const GemmPlan& plan, const GemmShape& shape, int parts) {
-  const int64_t rowTiles = ceilDiv(shape.m, plan.mr);
-  const int64_t colTiles = ceilDiv(shape.n, plan.nr);
-  if (rowTiles < parts || colTiles < parts) return rowTiles >= colTiles;
-  // The larger operand is the one worth dividing (the weight against a
-  // small batch's activations, or the batch against a narrow gradient).
-  // Rows on a tie.
-  const CutCosts costs = cutCosts(plan, shape, parts);
-  return costs.rows.reads <= costs.columns.reads;
+  return rowsOverColumns(ceilDiv(shape.m, plan.mr), ceilDiv(shape.n, plan.nr), parts,
+                         cutCosts(plan, shape, parts));
 }
 
 GemmBlock gemmBlock(const GemmPlan& plan, const GemmShape& shape, int part, int parts) {
-  if (parts <= 1 || plan.mr == 0 || splitsBySum(plan, shape, parts)) return {0, shape.m, 0, shape.n};
-  // Whole tiles of the dimension splitsByRows picks, split evenly.
-  const int64_t rowTiles = ceilDiv(shape.m, plan.mr);
-  const int64_t colTiles = ceilDiv(shape.n, plan.nr);
-  const bool byRows = splitsByRows(plan, shape, parts);
-  const int64_t tiles = byRows ? rowTiles : colTiles;
-  const int64_t step = byRows ? plan.mr : plan.nr;
-  const int64_t extent = byRows ? shape.m : shape.n;
-  const int64_t begin = std::min(extent, tiles * part / parts * step);
-  const int64_t end = std::min(extent, tiles * (part + 1) / parts * step);
-  return byRows ? GemmBlock{begin, end, 0, shape.n} : GemmBlock{0, shape.m, begin, end};
+  if (parts <= 1 || plan.mr == 0) return {0, shape.m, 0, shape.n};
+  return blockOf(plan, shape, part, parts, cutOf(plan, shape, parts));
 }
 
 void gemmPart(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c,
               float alpha, float* lhs, float* rhs, float* partial, int part, int parts) {
   if (shape.m == 0 || shape.n == 0) return;
   if (const PackedVariant* packed = variantOf(plan)) {
-    const SumPart half = !splitsBySum(plan, shape, parts) ? SumPart::Whole
-                         : part == 0                      ? SumPart::First
-                                                          : SumPart::Second;
-    return packed->run(plan, shape, a, b, c, alpha, lhs, rhs, partial, gemmBlock(plan, shape, part, parts),
+    const Cut cut = parts <= 1 ? Cut::Rows : cutOf(plan, shape, parts);
+    const SumPart half = cut != Cut::Sum ? SumPart::Whole : part == 0 ? SumPart::First : SumPart::Second;
+    return packed->run(plan, shape, a, b, c, alpha, lhs, rhs, partial, blockOf(plan, shape, part, parts, cut),
                        half);
   }
   if (part != 0) return;
