@@ -138,6 +138,16 @@ bool runsBeside(const Step& step, int threads) {
     case OpKind::MaxPoolGrad:
     case OpKind::AveragePool:
     case OpKind::AveragePoolGrad: return false;  // split by samples, planes or blocks of work
+    case OpKind::Softmax:
+    case OpKind::LogSoftmax:
+      // Split by rows when there are enough (softmaxKernel).
+      if (step.cols > 0 && rowParts(count * step.outElements / step.cols, step.cols, threads) > 1)
+        return false;
+      break;
+    case OpKind::SoftmaxCrossEntropy:
+    case OpKind::SoftmaxCrossEntropyGrad:
+      if (rowParts(step.rows, step.cols, threads) > 1) return false;
+      break;
     default: break;
   }
   int64_t elements = step.outElements;

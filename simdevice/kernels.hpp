@@ -214,6 +214,10 @@ Kernel chainKernel();
 Kernel besideKernel();
 // The parts runChain splits a chain of `elements` into on `threads`.
 int chainParts(int64_t elements, int threads);
+// The parts a row-wise step of the softmax family (softmax, log-softmax,
+// cross entropy and its gradient) splits `rows` rows of `cols` into on
+// `threads`.
+int rowParts(int64_t rows, int64_t cols, int threads);
 
 // Plans a matmul step's product (the largest it runs) into step.gemmPlan.
 void planGemm(Step& step);

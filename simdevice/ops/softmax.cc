@@ -1,5 +1,6 @@
 // The softmax family's kernels (lib/ops/softmax.cc defines the ops).
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -10,6 +11,48 @@
 namespace tessera::sim {
 namespace {
 
+// Elements per part of a row-wise step split over threads (each costs an
+// exponential or two): below this, handing rows to another thread costs
+// more than it saves.
+constexpr int64_t kMinPartElements = 256;
+// A row's exponentials are kept (in double) for its second pass when it has
+// at most this many classes, else computed again: the same values either way.
+constexpr int64_t kKeptExponentials = 1024;
+
+// Calls f(first, last) over rows [0, rows) of `cols` elements each, split
+// over the step's threads when there is enough work. Rows are independent,
+// so each is the same bits whichever part computes it.
+template <class F>
+void forRows(const Step& s, int64_t rows, int64_t cols, F&& f) {
+  const int parts = s.pool == nullptr ? 1 : rowParts(rows, cols, s.pool->threads());
+  if (parts == 1) return f(int64_t{0}, rows);
+  s.pool->run(parts, [&](int part, int) { f(rows * part / parts, rows * (part + 1) / parts); });
+}
+
+// exp(x[j] - max) in double for every j, their sum returned; `kept` (c
+// doubles, or null) holds them.
+double exponentials(const float* x, int64_t c, float max, double* kept) {
+  double sum = 0.0;
+  for (int64_t j = 0; j < c; ++j) {
+    const double e = std::exp(static_cast<double>(x[j] - max));
+    if (kept != nullptr) kept[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+// The row's log-sum-exp, computed stably.
+double logSumExp(const float* x, int64_t c) {
+  const float max = *std::max_element(x, x + c);
+  return static_cast<double>(max) + std::log(exponentials(x, c, max, nullptr));
+}
+
+// The j-th exponential of exponentials(): kept when c <= kKeptExponentials,
+// else computed again.
+double exponential(const float* x, int64_t j, int64_t c, float max, const double* kept) {
+  return c <= kKeptExponentials ? kept[j] : std::exp(static_cast<double>(x[j] - max));
+}
+
 // Numerically stable softmax / log-softmax over rows of `cols`.
 template <bool kLog>
 void softmaxKernel(const Step& s) {
@@ -19,21 +62,23 @@ void softmaxKernel(const Step& s) {
     const int64_t rows = run.count * s.outElements / c;
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * c;
-      float* orow = o + r * c;
-      const float max = *std::max_element(xr, xr + c);
-      double sum = 0.0;
-      for (int64_t j = 0; j < c; ++j) sum += std::exp(static_cast<double>(xr[j] - max));
-      if (kLog) {
-        const double logSum = std::log(sum);
-        for (int64_t j = 0; j < c; ++j)
-          orow[j] = static_cast<float>(static_cast<double>(xr[j] - max) - logSum);
-      } else {
-        for (int64_t j = 0; j < c; ++j)
-          orow[j] = static_cast<float>(std::exp(static_cast<double>(xr[j] - max)) / sum);
+    forRows(s, rows, c, [&](int64_t first, int64_t last) {
+      std::array<double, kKeptExponentials> kept;
+      for (int64_t r = first; r < last; ++r) {
+        const float* xr = x + r * c;
+        float* orow = o + r * c;
+        const float max = *std::max_element(xr, xr + c);
+        const double sum = exponentials(xr, c, max, kLog || c > kKeptExponentials ? nullptr : kept.data());
+        if (kLog) {
+          const double logSum = std::log(sum);
+          for (int64_t j = 0; j < c; ++j)
+            orow[j] = static_cast<float>(static_cast<double>(xr[j] - max) - logSum);
+        } else {
+          for (int64_t j = 0; j < c; ++j)
+            orow[j] = static_cast<float>(exponential(xr, j, c, max, kept.data()) / sum);
+        }
       }
-    }
+    });
   }
 }
 
@@ -57,27 +102,28 @@ void argmaxKernel(const Step& s) {
   }
 }
 
-// The row's log-sum-exp, computed stably.
-double logSumExp(const float* x, int64_t c) {
-  const float max = *std::max_element(x, x + c);
-  double sum = 0.0;
-  for (int64_t j = 0; j < c; ++j) sum += std::exp(static_cast<double>(x[j] - max));
-  return static_cast<double>(max) + std::log(sum);
-}
-
 // Labels come from the host as exact floats; one outside [0, classes) has no
-// class to pick.
-int64_t labelAt(const Step& s, const float* labels, int64_t row, int64_t classes) {
-  const float label = labels[row];
-  if (!(label >= 0.0f && label < static_cast<float>(classes))) {
-    throw DeviceError(ErrorCode::InvalidProgram, s.name,
-                      fmt::format("{}: label {} of row {} is outside [0, {}); labels must be class indices",
-                                  s.kind, label, row, classes));
+// class to pick. Checked for every row before any is computed (the parts of
+// a step split over threads must not throw).
+void checkLabels(const Step& s, const float* labels, int64_t rows, int64_t classes) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const float label = labels[row];
+    if (!(label >= 0.0f && label < static_cast<float>(classes))) {
+      throw DeviceError(ErrorCode::InvalidProgram, s.name,
+                        fmt::format("{}: label {} of row {} is outside [0, {}); labels must be class indices",
+                                    s.kind, label, row, classes));
+    }
   }
-  return static_cast<int64_t>(label);
 }
 
-// (logits, labels) operands 0, 1; or (dloss, logits, labels) for the gradient.
+// Rows of the loss summed at a time: each block's rows are computed over
+// the threads, then added in row order.
+constexpr int64_t kLossBlock = 512;
+
+// (logits, labels) operands 0, 1; or (dloss, logits, labels) for the
+// gradient. The loss: each row's log-sum-exp minus its label's logit, in
+// double, added in row order. The gradient: (softmax - onehot(label)) *
+// dloss (/ rows for Mean), softmax computed as in softmaxKernel.
 template <bool kGrad>
 void crossEntropyKernel(const Step& s) {
   constexpr std::size_t kLogits = kGrad ? 1 : 0;
@@ -92,22 +138,35 @@ void crossEntropyKernel(const Step& s) {
       const float* labels = operand(kLogits + 1);
       float* o = outOf(s, run) + g * s.outElements;
       if (c == 0) continue;
+      checkLabels(s, labels, n, c);
       if constexpr (kGrad) {
         const double factor = static_cast<double>(*operand(0)) * s.scale;
-        for (int64_t r = 0; r < n; ++r) {
-          const float* x = logits + r * c;
-          const double lse = logSumExp(x, c);
-          const int64_t label = labelAt(s, labels, r, c);
-          for (int64_t j = 0; j < c; ++j) {
-            const double p = std::exp(static_cast<double>(x[j]) - lse);
-            o[r * c + j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * factor);
+        forRows(s, n, c, [&](int64_t first, int64_t last) {
+          std::array<double, kKeptExponentials> kept;
+          for (int64_t r = first; r < last; ++r) {
+            const float* x = logits + r * c;
+            const float max = *std::max_element(x, x + c);
+            const double sum = exponentials(x, c, max, c <= kKeptExponentials ? kept.data() : nullptr);
+            const auto label = static_cast<int64_t>(labels[r]);
+            for (int64_t j = 0; j < c; ++j) {
+              const double p = exponential(x, j, c, max, kept.data()) / sum;
+              o[r * c + j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * factor);
+            }
           }
-        }
+        });
       } else {
+        std::array<double, kLossBlock> terms;
         double loss = 0.0;
-        for (int64_t r = 0; r < n; ++r) {
-          const float* x = logits + r * c;
-          loss += logSumExp(x, c) - static_cast<double>(x[labelAt(s, labels, r, c)]);
+        for (int64_t r0 = 0; r0 < n; r0 += kLossBlock) {
+          const int64_t rows = std::min(kLossBlock, n - r0);
+          forRows(s, rows, c, [&](int64_t first, int64_t last) {
+            for (int64_t r = r0 + first; r < r0 + last; ++r) {
+              const float* x = logits + r * c;
+              terms[static_cast<std::size_t>(r - r0)] =
+                  logSumExp(x, c) - static_cast<double>(x[static_cast<int64_t>(labels[r])]);
+            }
+          });
+          for (int64_t i = 0; i < rows; ++i) loss += terms[static_cast<std::size_t>(i)];
         }
         o[0] = static_cast<float>(loss * s.scale);
       }
@@ -143,6 +202,10 @@ void planCrossEntropy(StepPlanner& planner, Step& step) {
 }
 
 }  // namespace
+
+int rowParts(int64_t rows, int64_t cols, int threads) {
+  return static_cast<int>(std::clamp<int64_t>(std::min(rows * cols / kMinPartElements, rows), 1, threads));
+}
 
 void addSoftmaxKernels(KernelTable& table) {
   table.add({.kind = OpKind::Softmax, .plan = planRows<softmaxKernel<false>>});

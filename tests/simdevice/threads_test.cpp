@@ -200,6 +200,42 @@ TEST_CASE("row-wise steps: the same bits at 1 to 4 threads, the loss summed in r
   }
 }
 
+// Row-wise steps of the softmax family split their rows over the threads
+// once there are a few hundred elements a part, so they never go side by
+// side (where each step has one thread) unless their rows are too few to
+// split: a cross entropy and a softmax of 12,000 elements each run one after
+// the other, each over every thread; two of one row of 9,000 side by side.
+TEST_CASE("softmax and cross entropy split their rows rather than run side by side") {
+  for (const int64_t rows : {int64_t{600}, int64_t{1}}) {
+    CAPTURE(rows);
+    const int64_t cols = rows == 600 ? 20 : 9'000;
+    Graph g(1);
+    const Tensor a = ops::input(g, "a", {rows, cols});
+    const Tensor b = ops::input(g, "b", {rows, cols});
+    const Tensor labels = ops::input(g, "labels", {rows}, DType::Int32);
+    const Tensor loss = ops::softmaxCrossEntropy(a, labels, ReductionType::Mean);
+    const Tensor p = ops::softmax(b);
+    const auto feeds = test::makeFeeds(g, cols, 8);
+    std::vector<std::vector<float>> single;
+    for (const int threads : {1, 2, 3}) {
+      CAPTURE(threads);
+      DeviceSpec spec;
+      spec.numThreads = threads;
+      test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized, spec);
+      const bool split = rows == 600 || threads == 1;
+      CHECK(device.sim->stats().besideGroups == (split ? 0 : 1));
+      test::runDevice(*device.executable, feeds);
+      const std::vector<std::vector<float>> values = {test::deviceValue(*device.executable, g, loss.id(), 0),
+                                                      test::deviceValue(*device.executable, g, p.id(), 0)};
+      if (threads == 1) {
+        single = values;
+        continue;
+      }
+      CHECK(values == single);
+    }
+  }
+}
+
 TEST_CASE("the worker pool runs every part once, each on a thread below its count") {
   for (int threads : {1, 2, 3, 5}) {
     CAPTURE(threads);
