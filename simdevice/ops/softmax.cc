@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "exp.hpp"
 #include "kernel_table.hpp"
 #include "tessera/error.hpp"
 
@@ -29,14 +30,17 @@ void forRows(const Step& s, int64_t rows, int64_t cols, F&& f) {
   s.pool->run(parts, [&](int part, int) { f(rows * part / parts, rows * (part + 1) / parts); });
 }
 
-// exp(x[j] - max) in double for every j, their sum returned; `kept` (c
-// doubles, or null) holds them.
+// exp(x[j] - max) in double for every j (shiftedExponentials, a block of
+// at most kKeptExponentials at a time), their sum returned, added in order
+// of j; `kept` (c doubles, or null) holds them.
 double exponentials(const float* x, int64_t c, float max, double* kept) {
+  std::array<double, kKeptExponentials> block;
   double sum = 0.0;
-  for (int64_t j = 0; j < c; ++j) {
-    const double e = std::exp(static_cast<double>(x[j] - max));
-    if (kept != nullptr) kept[j] = e;
-    sum += e;
+  for (int64_t j0 = 0; j0 < c; j0 += kKeptExponentials) {
+    const int64_t n = std::min(kKeptExponentials, c - j0);
+    double* e = kept != nullptr ? kept + j0 : block.data();
+    shiftedExponentials(x + j0, n, max, e);
+    for (int64_t j = 0; j < n; ++j) sum += e[j];
   }
   return sum;
 }
@@ -47,10 +51,21 @@ double logSumExp(const float* x, int64_t c) {
   return static_cast<double>(max) + std::log(exponentials(x, c, max, nullptr));
 }
 
-// The j-th exponential of exponentials(): kept when c <= kKeptExponentials,
-// else computed again.
-double exponential(const float* x, int64_t j, int64_t c, float max, const double* kept) {
-  return c <= kKeptExponentials ? kept[j] : std::exp(static_cast<double>(x[j] - max));
+// Calls f(j, exp(x[j] - max)) for every j in order: the exponentials kept
+// by exponentials() when c <= kKeptExponentials, else computed again (the
+// same values).
+template <class F>
+void forExponentials(const float* x, int64_t c, float max, const double* kept, F&& f) {
+  if (c <= kKeptExponentials) {
+    for (int64_t j = 0; j < c; ++j) f(j, kept[j]);
+    return;
+  }
+  std::array<double, kKeptExponentials> block;
+  for (int64_t j0 = 0; j0 < c; j0 += kKeptExponentials) {
+    const int64_t n = std::min(kKeptExponentials, c - j0);
+    shiftedExponentials(x + j0, n, max, block.data());
+    for (int64_t j = 0; j < n; ++j) f(j0 + j, block[static_cast<std::size_t>(j)]);
+  }
 }
 
 // Numerically stable softmax / log-softmax over rows of `cols`.
@@ -74,8 +89,8 @@ void softmaxKernel(const Step& s) {
           for (int64_t j = 0; j < c; ++j)
             orow[j] = static_cast<float>(static_cast<double>(xr[j] - max) - logSum);
         } else {
-          for (int64_t j = 0; j < c; ++j)
-            orow[j] = static_cast<float>(exponential(xr, j, c, max, kept.data()) / sum);
+          forExponentials(xr, c, max, kept.data(),
+                          [&](int64_t j, double e) { orow[j] = static_cast<float>(e / sum); });
         }
       }
     });
@@ -148,10 +163,9 @@ void crossEntropyKernel(const Step& s) {
             const float max = *std::max_element(x, x + c);
             const double sum = exponentials(x, c, max, c <= kKeptExponentials ? kept.data() : nullptr);
             const auto label = static_cast<int64_t>(labels[r]);
-            for (int64_t j = 0; j < c; ++j) {
-              const double p = exponential(x, j, c, max, kept.data()) / sum;
-              o[r * c + j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * factor);
-            }
+            forExponentials(x, c, max, kept.data(), [&](int64_t j, double e) {
+              o[r * c + j] = static_cast<float>((e / sum - (j == label ? 1.0 : 0.0)) * factor);
+            });
           }
         });
       } else {

@@ -15,6 +15,7 @@
 #include <doctest/doctest.h>
 
 #include "device_checks.hpp"
+#include "exp.hpp"
 #include "gemm.hpp"
 #include "tessera/checkpoint.hpp"
 #include "tessera/device.hpp"
@@ -170,7 +171,7 @@ TEST_CASE("row-wise steps: the same bits at 1 to 4 threads, the loss summed in r
     CAPTURE(rows);
     const RowOutputs one = runRowOps(replicas, rows, cols, 1);
     // The loss is each row's log-sum-exp minus its label's logit, added in
-    // row order in double: a split that added blocks of rows in another
+    // row order in double (the device's exponential, exp.hpp): a split that added blocks of rows in another
     // order, or dropped or repeated a row, gives other bits here.
     for (int64_t r = 0; r < replicas; ++r) {
       double loss = 0.0;
@@ -178,7 +179,7 @@ TEST_CASE("row-wise steps: the same bits at 1 to 4 threads, the loss summed in r
         const float* x = one.logits.data() + (r * rows + i) * cols;
         const float max = *std::max_element(x, x + cols);
         double exps = 0.0;
-        for (int64_t j = 0; j < cols; ++j) exps += std::exp(static_cast<double>(x[j] - max));
+        for (int64_t j = 0; j < cols; ++j) exps += sim::exponential(static_cast<double>(x[j] - max));
         const auto label = static_cast<int64_t>(one.labels[static_cast<std::size_t>(r * rows + i)]);
         loss += static_cast<double>(max) + std::log(exps) - static_cast<double>(x[label]);
       }

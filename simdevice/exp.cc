@@ -1,0 +1,110 @@
+// The device's exponential (see exp.hpp).
+#include "exp.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define TESSERA_EXP_X86 1
+#include <immintrin.h>
+#endif
+
+namespace tessera::sim {
+namespace {
+
+// Below kLowest, e^x is under 3.3e-308, near and below the least normal
+// double (2^-1022): 0 then, because computing such a value takes the CPU
+// a microcode assist (a masked attention score of -inf would take one per
+// vector). Above kHighest, e^x overflows (the greatest double is ~ e^709.78).
+constexpr double kLowest = -708.0;
+constexpr double kHighest = 710.0;
+constexpr double kInverseLn2 = 0x1.71547652b82fep0;
+// ln 2 = kLn2High + kLn2Low: the double nearest to ln 2, and the rest.
+constexpr double kLn2High = 0x1.62e42fefa39efp-1;
+constexpr double kLn2Low = 0x1.abc9e3b39803fp-56;
+// Adding 1.5 x 2^52 rounds a double of magnitude below 2^51 to an integer
+// (to nearest, ties to even), which subtracting it recovers exactly.
+constexpr double kShifter = 0x1.8p52;
+// 1 / k! for k = 13 down to 0: the Taylor coefficients, Horner's order.
+constexpr std::array<double, 14> kTaylor = {
+    1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+    1.0 / 40320.0,      1.0 / 5040.0,      1.0 / 720.0,      1.0 / 120.0,     1.0 / 24.0,
+    1.0 / 6.0,          0.5,               1.0,              1.0};
+
+#ifdef TESSERA_EXP_X86
+bool cpuHasAvx512() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return has;
+}
+
+// exponential() of 8 doubles, operation for operation.
+__attribute__((target("avx512f"), always_inline)) inline __m512d exponential8(__m512d x) {
+  // (The zero-masked forms: the plain ones start from an undefined
+  // register, which g++ 12 reports as maybe uninitialized.)
+  const __mmask8 all = 0xff;
+  const __mmask8 nan = _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q);
+  const __mmask8 kept = _mm512_cmp_pd_mask(x, _mm512_set1_pd(kLowest), _CMP_GE_OQ);
+  const __m512d clamped = _mm512_maskz_min_pd(all, _mm512_maskz_max_pd(all, x, _mm512_set1_pd(kLowest)),
+                                              _mm512_set1_pd(kHighest));
+  const __m512d shifter = _mm512_set1_pd(kShifter);
+  const __m512d n =
+      _mm512_sub_pd(_mm512_fmadd_pd(clamped, _mm512_set1_pd(kInverseLn2), shifter), shifter);
+  __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(kLn2High), clamped);
+  r = _mm512_fnmadd_pd(n, _mm512_set1_pd(kLn2Low), r);
+  __m512d p = _mm512_set1_pd(kTaylor[0]);
+#pragma GCC unroll 16
+  for (std::size_t k = 1; k < kTaylor.size(); ++k) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(kTaylor[k]));
+  return _mm512_mask_blend_pd(nan, _mm512_maskz_scalef_pd(kept, p, n), x);
+}
+
+__attribute__((target("avx512f"))) int64_t shiftedExponentialsAvx512(const float* x, int64_t n, float max,
+                                                                      double* out) {
+  const __m256 shift = _mm256_set1_ps(max);
+  const __mmask8 all = 0xff;
+  int64_t j = 0;
+  // Two vectors a step: each exponential is a chain of 16 dependent
+  // operations, so one alone would leave the FMA units waiting.
+  for (; j + 16 <= n; j += 16) {
+    const __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(x + j), shift);
+    const __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(x + j + 8), shift);
+    const __m512d e0 = exponential8(_mm512_maskz_cvtps_pd(all, d0));
+    const __m512d e1 = exponential8(_mm512_maskz_cvtps_pd(all, d1));
+    _mm512_storeu_pd(out + j, e0);
+    _mm512_storeu_pd(out + j + 8, e1);
+  }
+  for (; j + 8 <= n; j += 8) {
+    const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + j), shift);
+    _mm512_storeu_pd(out + j, exponential8(_mm512_maskz_cvtps_pd(all, d)));
+  }
+  return j;
+}
+#endif
+
+}  // namespace
+
+double exponential(double x) {
+  if (std::isnan(x)) return x;
+  if (x < kLowest) return 0.0;
+  const double clamped = std::min(std::max(x, kLowest), kHighest);
+  const double n = std::fma(clamped, kInverseLn2, kShifter) - kShifter;
+  double r = std::fma(-n, kLn2High, clamped);
+  r = std::fma(-n, kLn2Low, r);
+  double p = kTaylor[0];
+#pragma GCC unroll 16
+  for (std::size_t k = 1; k < kTaylor.size(); ++k) p = std::fma(p, r, kTaylor[k]);
+  return std::ldexp(p, static_cast<int>(n));
+}
+
+void shiftedExponentials(const float* x, int64_t n, float max, double* out) {
+  int64_t j = 0;
+#ifdef TESSERA_EXP_X86
+  if (cpuHasAvx512()) j = shiftedExponentialsAvx512(x, n, max, out);
+#endif
+  for (; j < n; ++j) out[j] = exponential(static_cast<double>(x[j] - max));
+}
+
+}  // namespace tessera::sim

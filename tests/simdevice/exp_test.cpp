@@ -1,0 +1,107 @@
+// The device's exponential: within 1 ulp of std::exp from -708 on, exact
+// at the edges (0, overflow, 0 below -708, NaN), and the vector form the
+// same bits as the scalar form.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "device_checks.hpp"
+#include "exp.hpp"
+
+namespace tessera::sim {
+namespace {
+
+// How many doubles lie between a and b (0: equal), for finite a, b of the
+// same sign.
+int64_t ulpsBetween(double a, double b) {
+  int64_t steps = 0;
+  while (a != b && steps < 1000) {
+    a = std::nextafter(a, b);
+    ++steps;
+  }
+  return steps;
+}
+
+TEST_CASE("the exponential is within 1 ulp of std::exp over its range") {
+  const std::vector<float> wide = test::pseudoRandom(200'000, 3, -708.0f, 709.0f);
+  const std::vector<float> near = test::pseudoRandom(200'000, 4, -1.0f, 1.0f);
+  int64_t worst = 0;
+  int64_t exact = 0;
+  int64_t checked = 0;
+  for (const std::vector<float>* inputs : {&wide, &near}) {
+    for (const float f : *inputs) {
+      // Doubles that are not floats too: the reduction sees every bit.
+      const double x = static_cast<double>(f) * (1.0 + 0x1p-30);
+      const double want = std::exp(x);
+      const double got = exponential(x);
+      const int64_t ulps = ulpsBetween(got, want);
+      worst = std::max(worst, ulps);
+      exact += ulps == 0 ? 1 : 0;
+      ++checked;
+      if (ulps > 1) {
+        CAPTURE(x);
+        CHECK(got == want);
+      }
+    }
+  }
+  CHECK(worst <= 1);
+  // Almost always the correctly rounded value (std::exp is, in glibc).
+  CHECK(static_cast<double>(exact) >= 0.9 * static_cast<double>(checked));
+}
+
+TEST_CASE("the exponential at its edges") {
+  const double inf = std::numeric_limits<double>::infinity();
+  CHECK(exponential(0.0) == 1.0);
+  CHECK(exponential(-0.0) == 1.0);
+  CHECK(exponential(1.0) == std::exp(1.0));
+  CHECK(exponential(-inf) == 0.0);
+  CHECK(exponential(inf) == inf);
+  CHECK(std::isnan(exponential(std::numeric_limits<double>::quiet_NaN())));
+  // Overflow, and the largest finite results.
+  CHECK(exponential(709.79) == inf);
+  CHECK(exponential(1e6) == inf);
+  CHECK(ulpsBetween(exponential(709.78), std::exp(709.78)) <= 1);
+  // Down to -708 the value; below, 0 (no subnormal results).
+  CHECK(ulpsBetween(exponential(-708.0), std::exp(-708.0)) <= 1);
+  CHECK(exponential(-708.0) > 0x1p-1022);
+  for (const double x : {std::nextafter(-708.0, -1e9), -708.5, -720.0, -745.2, -1e6}) {
+    CAPTURE(x);
+    CHECK(exponential(x) == 0.0);
+  }
+}
+
+TEST_CASE("shifted exponentials: the vector form gives the scalar form's bits") {
+  // Lengths around the vector width, logits of a wide range with infinities
+  // and NaN among them (a masked attention score is -inf).
+  for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{61}, int64_t{4'096}}) {
+    CAPTURE(n);
+    std::vector<float> x = test::pseudoRandom(static_cast<std::size_t>(n), 9, -90.0f, 30.0f);
+    if (n > 20) {
+      x[2] = -700.0f;  // next to the flush to 0
+      x[3] = -std::numeric_limits<float>::infinity();
+      x[11] = std::numeric_limits<float>::quiet_NaN();
+      x[17] = 30.0f;
+    }
+    for (const float max : {30.0f, 0.0f, -5.5f}) {
+      CAPTURE(max);
+      std::vector<double> out(static_cast<std::size_t>(n));
+      shiftedExponentials(x.data(), n, max, out.data());
+      for (int64_t j = 0; j < n; ++j) {
+        const auto at = static_cast<std::size_t>(j);
+        const double want = exponential(static_cast<double>(x[at] - max));
+        CAPTURE(j);
+        if (std::isnan(want)) {
+          CHECK(std::isnan(out[at]));
+        } else {
+          CHECK(out[at] == want);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::sim
