@@ -82,6 +82,34 @@ __attribute__((target("avx512f"))) int64_t shiftedExponentialsAvx512(const float
   }
   return j;
 }
+
+// The whole vectors of LaneSum::add when the lanes are aligned: lanes +=
+// values[8 i, 8 i + 8) in order; the count added.
+__attribute__((target("avx512f"))) int64_t addLanesAvx512(const double* values, int64_t n, double* lanes) {
+  __m512d sum = _mm512_loadu_pd(lanes);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) sum = _mm512_add_pd(sum, _mm512_loadu_pd(values + j));
+  _mm512_storeu_pd(lanes, sum);
+  return j;
+}
+
+// The whole vectors of probabilities(); the count written.
+__attribute__((target("avx512f"))) int64_t probabilitiesAvx512(const double* e, int64_t n, double sum,
+                                                               int64_t label, double factor, float* out) {
+  const __mmask8 all = 0xff;
+  const __m512d divisor = _mm512_set1_pd(sum);
+  const __m512d scale = _mm512_set1_pd(factor);
+  const __m512d index = _mm512_set_pd(7, 6, 5, 4, 3, 2, 1, 0);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m512d p = _mm512_div_pd(_mm512_loadu_pd(e + j), divisor);
+    const __mmask8 hot = _mm512_cmp_pd_mask(_mm512_add_pd(index, _mm512_set1_pd(static_cast<double>(j))),
+                                            _mm512_set1_pd(static_cast<double>(label)), _CMP_EQ_OQ);
+    p = _mm512_mask_sub_pd(p, hot, p, _mm512_set1_pd(1.0));
+    _mm256_storeu_ps(out + j, _mm512_maskz_cvtpd_ps(all, _mm512_mul_pd(p, scale)));
+  }
+  return j;
+}
 #endif
 
 }  // namespace
@@ -105,6 +133,32 @@ void shiftedExponentials(const float* x, int64_t n, float max, double* out) {
   if (cpuHasAvx512()) j = shiftedExponentialsAvx512(x, n, max, out);
 #endif
   for (; j < n; ++j) out[j] = exponential(static_cast<double>(x[j] - max));
+}
+
+}  // namespace tessera::sim
+
+namespace tessera::sim {
+
+void LaneSum::add(const double* values, int64_t n) {
+  int64_t j = 0;
+#ifdef TESSERA_EXP_X86
+  if (count_ % 8 == 0 && cpuHasAvx512()) j = addLanesAvx512(values, n, lanes_.data());
+#endif
+  for (; j < n; ++j) lanes_[static_cast<std::size_t>((count_ + j) % 8)] += values[j];
+  count_ += n;
+}
+
+double LaneSum::total() const {
+  return ((lanes_[0] + lanes_[4]) + (lanes_[2] + lanes_[6])) +
+         ((lanes_[1] + lanes_[5]) + (lanes_[3] + lanes_[7]));
+}
+
+void probabilities(const double* e, int64_t n, double sum, int64_t label, double factor, float* out) {
+  int64_t j = 0;
+#ifdef TESSERA_EXP_X86
+  if (cpuHasAvx512()) j = probabilitiesAvx512(e, n, sum, label, factor, out);
+#endif
+  for (; j < n; ++j) out[j] = static_cast<float>((e[j] / sum - (j == label ? 1.0 : 0.0)) * factor);
 }
 
 }  // namespace tessera::sim

@@ -17,6 +17,7 @@
 // from 0 (its sums are at least 1, its outputs floats).
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 namespace tessera::sim {
@@ -27,5 +28,25 @@ double exponential(double x);
 // out[j] = exponential(double(x[j] - max)) for j in [0, n), x[j] - max
 // rounded to float first (the softmax's shifted logits).
 void shiftedExponentials(const float* x, int64_t n, float max, double* out);
+
+// A sum of doubles in a fixed order that 8 lanes can add: the k-th value
+// added goes to lane k mod 8, each lane adds its values in order, and the
+// total is ((lane 0 + lane 4) + (lane 2 + lane 6)) + ((lane 1 + lane 5) +
+// (lane 3 + lane 7)). The same bits however the values are handed in.
+class LaneSum {
+ public:
+  // Adds values[0, n), the values that follow those added so far.
+  void add(const double* values, int64_t n);
+  double total() const;
+
+ private:
+  std::array<double, 8> lanes_{};
+  int64_t count_ = 0;
+};
+
+// out[j] = float((e[j] / sum - (j == label ? 1 : 0)) * factor) for j in
+// [0, n), each operation in double: a row of softmax probabilities (label
+// -1, factor 1) or of the cross entropy's gradient.
+void probabilities(const double* e, int64_t n, double sum, int64_t label, double factor, float* out);
 
 }  // namespace tessera::sim

@@ -31,18 +31,18 @@ void forRows(const Step& s, int64_t rows, int64_t cols, F&& f) {
 }
 
 // exp(x[j] - max) in double for every j (shiftedExponentials, a block of
-// at most kKeptExponentials at a time), their sum returned, added in order
-// of j; `kept` (c doubles, or null) holds them.
+// at most kKeptExponentials at a time), their sum returned, added in the
+// order of a LaneSum; `kept` (c doubles, or null) holds them.
 double exponentials(const float* x, int64_t c, float max, double* kept) {
   std::array<double, kKeptExponentials> block;
-  double sum = 0.0;
+  LaneSum sum;
   for (int64_t j0 = 0; j0 < c; j0 += kKeptExponentials) {
     const int64_t n = std::min(kKeptExponentials, c - j0);
     double* e = kept != nullptr ? kept + j0 : block.data();
     shiftedExponentials(x + j0, n, max, e);
-    for (int64_t j = 0; j < n; ++j) sum += e[j];
+    sum.add(e, n);
   }
-  return sum;
+  return sum.total();
 }
 
 // The row's log-sum-exp, computed stably.
@@ -51,20 +51,18 @@ double logSumExp(const float* x, int64_t c) {
   return static_cast<double>(max) + std::log(exponentials(x, c, max, nullptr));
 }
 
-// Calls f(j, exp(x[j] - max)) for every j in order: the exponentials kept
-// by exponentials() when c <= kKeptExponentials, else computed again (the
-// same values).
-template <class F>
-void forExponentials(const float* x, int64_t c, float max, const double* kept, F&& f) {
-  if (c <= kKeptExponentials) {
-    for (int64_t j = 0; j < c; ++j) f(j, kept[j]);
-    return;
-  }
+// The row's probabilities (probabilities(), from the exponentials and
+// their sum): out[j] = float((exp(x[j] - max) / sum - (j == label)) *
+// factor), from the exponentials kept by exponentials() when c <=
+// kKeptExponentials, else computed again (the same values).
+void rowProbabilities(const float* x, int64_t c, float max, const double* kept, double sum, int64_t label,
+                      double factor, float* out) {
+  if (c <= kKeptExponentials) return probabilities(kept, c, sum, label, factor, out);
   std::array<double, kKeptExponentials> block;
   for (int64_t j0 = 0; j0 < c; j0 += kKeptExponentials) {
     const int64_t n = std::min(kKeptExponentials, c - j0);
     shiftedExponentials(x + j0, n, max, block.data());
-    for (int64_t j = 0; j < n; ++j) f(j0 + j, block[static_cast<std::size_t>(j)]);
+    probabilities(block.data(), n, sum, label - j0, factor, out + j0);
   }
 }
 
@@ -89,8 +87,7 @@ void softmaxKernel(const Step& s) {
           for (int64_t j = 0; j < c; ++j)
             orow[j] = static_cast<float>(static_cast<double>(xr[j] - max) - logSum);
         } else {
-          forExponentials(xr, c, max, kept.data(),
-                          [&](int64_t j, double e) { orow[j] = static_cast<float>(e / sum); });
+          rowProbabilities(xr, c, max, kept.data(), sum, -1, 1.0, orow);
         }
       }
     });
@@ -163,9 +160,7 @@ void crossEntropyKernel(const Step& s) {
             const float max = *std::max_element(x, x + c);
             const double sum = exponentials(x, c, max, c <= kKeptExponentials ? kept.data() : nullptr);
             const auto label = static_cast<int64_t>(labels[r]);
-            forExponentials(x, c, max, kept.data(), [&](int64_t j, double e) {
-              o[r * c + j] = static_cast<float>((e / sum - (j == label ? 1.0 : 0.0)) * factor);
-            });
+            rowProbabilities(x, c, max, kept.data(), sum, label, factor, o + r * c);
           }
         });
       } else {

@@ -3,6 +3,8 @@
 // same bits as the scalar form.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -98,6 +100,61 @@ TEST_CASE("shifted exponentials: the vector form gives the scalar form's bits") 
         } else {
           CHECK(out[at] == want);
         }
+      }
+    }
+  }
+}
+
+// The documented order, one value at a time.
+double laneOrder(const std::vector<double>& v) {
+  std::array<double, 8> lanes{};
+  for (std::size_t j = 0; j < v.size(); ++j) lanes[j % 8] += v[j];
+  return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+}
+
+TEST_CASE("a lane sum adds in its documented order, however the values come") {
+  // Values of very different sizes, so that another order gives other bits.
+  std::vector<double> v;
+  for (const float f : test::pseudoRandom(2'001, 12, -30.0f, 10.0f))
+    v.push_back(std::exp(static_cast<double>(f)));
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{13},
+                              std::size_t{1'024}, std::size_t{2'001}}) {
+    CAPTURE(n);
+    const std::vector<double> first(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n));
+    const double want = laneOrder(first);
+    LaneSum whole;
+    whole.add(first.data(), static_cast<int64_t>(n));
+    CHECK(whole.total() == want);
+    // In pieces that leave the lanes unaligned, and in blocks of 1,024.
+    for (const int64_t piece : {int64_t{3}, int64_t{8}, int64_t{1'024}}) {
+      CAPTURE(piece);
+      LaneSum pieces;
+      for (int64_t at = 0; at < static_cast<int64_t>(n); at += piece)
+        pieces.add(first.data() + at, std::min(piece, static_cast<int64_t>(n) - at));
+      CHECK(pieces.total() == want);
+    }
+  }
+  // Not the plain order: the sum of the first 2,001 differs from it.
+  double plain = 0.0;
+  for (const double x : v) plain += x;
+  CHECK(plain != laneOrder(v));
+}
+
+TEST_CASE("probabilities: the vector form gives the scalar form's bits") {
+  std::vector<double> e;
+  for (const float f : test::pseudoRandom(77, 13, -20.0f, 0.0f))
+    e.push_back(exponential(static_cast<double>(f)));
+  const double sum = laneOrder(e);
+  for (const int64_t label : {int64_t{-1}, int64_t{0}, int64_t{9}, int64_t{76}}) {
+    for (const double factor : {1.0, -0.37}) {
+      CAPTURE(label);
+      CAPTURE(factor);
+      std::vector<float> out(e.size());
+      probabilities(e.data(), static_cast<int64_t>(e.size()), sum, label, factor, out.data());
+      for (std::size_t j = 0; j < e.size(); ++j) {
+        CAPTURE(j);
+        const double hot = static_cast<int64_t>(j) == label ? 1.0 : 0.0;
+        CHECK(out[j] == static_cast<float>((e[j] / sum - hot) * factor));
       }
     }
   }

@@ -171,15 +171,19 @@ TEST_CASE("row-wise steps: the same bits at 1 to 4 threads, the loss summed in r
     CAPTURE(rows);
     const RowOutputs one = runRowOps(replicas, rows, cols, 1);
     // The loss is each row's log-sum-exp minus its label's logit, added in
-    // row order in double (the device's exponential, exp.hpp): a split that added blocks of rows in another
-    // order, or dropped or repeated a row, gives other bits here.
+    // row order in double (the device's exponential and sum, exp.hpp): a split that added blocks of rows in
+    // another order, or dropped or repeated a row, gives other bits here.
     for (int64_t r = 0; r < replicas; ++r) {
       double loss = 0.0;
       for (int64_t i = 0; i < rows; ++i) {
         const float* x = one.logits.data() + (r * rows + i) * cols;
         const float max = *std::max_element(x, x + cols);
-        double exps = 0.0;
-        for (int64_t j = 0; j < cols; ++j) exps += sim::exponential(static_cast<double>(x[j] - max));
+        std::vector<double> e(static_cast<std::size_t>(cols));
+        for (int64_t j = 0; j < cols; ++j)
+          e[static_cast<std::size_t>(j)] = sim::exponential(static_cast<double>(x[j] - max));
+        sim::LaneSum sum;
+        sum.add(e.data(), cols);
+        const double exps = sum.total();
         const auto label = static_cast<int64_t>(one.labels[static_cast<std::size_t>(r * rows + i)]);
         loss += static_cast<double>(max) + std::log(exps) - static_cast<double>(x[label]);
       }
