@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define TESSERA_EXP_X86 1
@@ -32,11 +34,38 @@ constexpr std::array<double, 14> kTaylor = {
     1.0 / 40320.0,      1.0 / 5040.0,      1.0 / 720.0,      1.0 / 120.0,     1.0 / 24.0,
     1.0 / 6.0,          0.5,               1.0,              1.0};
 
+// 2^n for an integer n in [-1022, 1023], exactly.
+double powerOf2(int64_t n) { return std::bit_cast<double>(static_cast<uint64_t>(n + 1023) << 52); }
+
+// exponential() with `fma`, a fused multiply-add (std::fma, or the CPU's).
+template <class Fma>
+inline double exponentialWith(double x, Fma fma) {
+  if (std::isnan(x)) return x;
+  if (x < kLowest) return 0.0;
+  const double clamped = std::min(x, kHighest);
+  const double n = fma(clamped, kInverseLn2, kShifter) - kShifter;
+  double r = fma(-n, kLn2High, clamped);
+  r = fma(-n, kLn2Low, r);
+  double p = kTaylor[0];
+#pragma GCC unroll 16
+  for (std::size_t k = 1; k < kTaylor.size(); ++k) p = fma(p, r, kTaylor[k]);
+  // n is in [-1021, 1024] and p in [0.7, 1.5), so p 2^n is a normal double
+  // (exact) or overflows (to infinity, exact below it): what vscalefpd gives.
+  const auto whole = static_cast<int64_t>(n);
+  return whole > 1023 ? p * powerOf2(1023) * powerOf2(whole - 1023) : p * powerOf2(whole);
+}
+
 #ifdef TESSERA_EXP_X86
+// With the CPU's fused multiply-add inline (std::fma is a call in a build
+// for the baseline architecture).
+__attribute__((target("fma"))) double exponentialFma(double x) {
+  return exponentialWith(x, [](double a, double b, double c) { return __builtin_fma(a, b, c); });
+}
+
 bool cpuHasAvx512() {
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
+    return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512vl") != 0;
   }();
   return has;
 }
@@ -61,8 +90,8 @@ __attribute__((target("avx512f"), always_inline)) inline __m512d exponential8(__
   return _mm512_mask_blend_pd(nan, _mm512_maskz_scalef_pd(kept, p, n), x);
 }
 
-__attribute__((target("avx512f"))) int64_t shiftedExponentialsAvx512(const float* x, int64_t n, float max,
-                                                                      double* out) {
+__attribute__((target("avx512f,avx512vl"))) int64_t shiftedExponentialsAvx512(const float* x, int64_t n,
+                                                                              float max, double* out) {
   const __m256 shift = _mm256_set1_ps(max);
   const __mmask8 all = 0xff;
   int64_t j = 0;
@@ -76,55 +105,61 @@ __attribute__((target("avx512f"))) int64_t shiftedExponentialsAvx512(const float
     _mm512_storeu_pd(out + j, e0);
     _mm512_storeu_pd(out + j + 8, e1);
   }
-  for (; j + 8 <= n; j += 8) {
-    const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + j), shift);
-    _mm512_storeu_pd(out + j, exponential8(_mm512_maskz_cvtps_pd(all, d)));
+  for (; j < n; j += 8) {
+    // The last few through masks (the lanes past n load 0 and are not stored).
+    const auto lanes = static_cast<__mmask8>(n - j >= 8 ? 0xff : (1u << (n - j)) - 1);
+    const __m256 d = _mm256_sub_ps(_mm256_maskz_loadu_ps(lanes, x + j), shift);
+    _mm512_mask_storeu_pd(out + j, lanes, exponential8(_mm512_maskz_cvtps_pd(all, d)));
   }
-  return j;
+  return n;
 }
 
-// The whole vectors of LaneSum::add when the lanes are aligned: lanes +=
-// values[8 i, 8 i + 8) in order; the count added.
+// LaneSum::add when the lanes are aligned: lanes += values[8 i, 8 i + 8)
+// in order, the last few into the first lanes; the count added (n).
 __attribute__((target("avx512f"))) int64_t addLanesAvx512(const double* values, int64_t n, double* lanes) {
   __m512d sum = _mm512_loadu_pd(lanes);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) sum = _mm512_add_pd(sum, _mm512_loadu_pd(values + j));
+  if (j < n) {  // the last few into the first lanes
+    const auto tail = static_cast<__mmask8>((1u << (n - j)) - 1);
+    sum = _mm512_mask_add_pd(sum, tail, sum, _mm512_maskz_loadu_pd(tail, values + j));
+  }
   _mm512_storeu_pd(lanes, sum);
-  return j;
+  return n;
 }
 
-// The whole vectors of probabilities(); the count written.
-__attribute__((target("avx512f"))) int64_t probabilitiesAvx512(const double* e, int64_t n, double sum,
-                                                               int64_t label, double factor, float* out) {
+// probabilities(), the last few through masks; the count written (n).
+__attribute__((target("avx512f,avx512vl"))) int64_t probabilitiesAvx512(const double* e, int64_t n,
+                                                                        double sum, int64_t label,
+                                                                        double factor, float* out) {
   const __mmask8 all = 0xff;
   const __m512d divisor = _mm512_set1_pd(sum);
   const __m512d scale = _mm512_set1_pd(factor);
   const __m512d index = _mm512_set_pd(7, 6, 5, 4, 3, 2, 1, 0);
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    __m512d p = _mm512_div_pd(_mm512_loadu_pd(e + j), divisor);
+  for (int64_t j = 0; j < n; j += 8) {
+    const auto lanes = static_cast<__mmask8>(n - j >= 8 ? 0xff : (1u << (n - j)) - 1);
+    // (Lanes past n load 1, not 0, so that no division makes a NaN.)
+    __m512d p = _mm512_div_pd(_mm512_mask_loadu_pd(_mm512_set1_pd(1.0), lanes, e + j), divisor);
     const __mmask8 hot = _mm512_cmp_pd_mask(_mm512_add_pd(index, _mm512_set1_pd(static_cast<double>(j))),
                                             _mm512_set1_pd(static_cast<double>(label)), _CMP_EQ_OQ);
     p = _mm512_mask_sub_pd(p, hot, p, _mm512_set1_pd(1.0));
-    _mm256_storeu_ps(out + j, _mm512_maskz_cvtpd_ps(all, _mm512_mul_pd(p, scale)));
+    _mm256_mask_storeu_ps(out + j, lanes, _mm512_maskz_cvtpd_ps(all, _mm512_mul_pd(p, scale)));
   }
-  return j;
+  return n;
 }
 #endif
 
 }  // namespace
 
 double exponential(double x) {
-  if (std::isnan(x)) return x;
-  if (x < kLowest) return 0.0;
-  const double clamped = std::min(std::max(x, kLowest), kHighest);
-  const double n = std::fma(clamped, kInverseLn2, kShifter) - kShifter;
-  double r = std::fma(-n, kLn2High, clamped);
-  r = std::fma(-n, kLn2Low, r);
-  double p = kTaylor[0];
-#pragma GCC unroll 16
-  for (std::size_t k = 1; k < kTaylor.size(); ++k) p = std::fma(p, r, kTaylor[k]);
-  return std::ldexp(p, static_cast<int>(n));
+#ifdef TESSERA_EXP_X86
+  static const bool fma = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("fma") != 0;
+  }();
+  if (fma) return exponentialFma(x);
+#endif
+  return exponentialWith(x, [](double a, double b, double c) { return std::fma(a, b, c); });
 }
 
 void shiftedExponentials(const float* x, int64_t n, float max, double* out) {
