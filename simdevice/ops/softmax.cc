@@ -5,9 +5,9 @@
 
 #include <fmt/format.h>
 
-#include "exp.hpp"
 #include "kernel_table.hpp"
 #include "tessera/error.hpp"
+#include "vector_math.hpp"
 
 namespace tessera::sim {
 namespace {

@@ -15,7 +15,6 @@
 #include <doctest/doctest.h>
 
 #include "device_checks.hpp"
-#include "exp.hpp"
 #include "gemm.hpp"
 #include "tessera/checkpoint.hpp"
 #include "tessera/device.hpp"
@@ -24,6 +23,7 @@
 #include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/session.hpp"
+#include "vector_math.hpp"
 #include "worker_pool.hpp"
 
 using namespace tessera;
@@ -171,8 +171,8 @@ TEST_CASE("row-wise steps: the same bits at 1 to 4 threads, the loss summed in r
     CAPTURE(rows);
     const RowOutputs one = runRowOps(replicas, rows, cols, 1);
     // The loss is each row's log-sum-exp minus its label's logit, added in
-    // row order in double (the device's exponential and sum, exp.hpp): a split that added blocks of rows in
-    // another order, or dropped or repeated a row, gives other bits here.
+    // row order in double (the device's exponential and sum, vector_math.hpp): a split that added blocks of
+    // rows in another order, or dropped or repeated a row, gives other bits here.
     for (int64_t r = 0; r < replicas; ++r) {
       double loss = 0.0;
       for (int64_t i = 0; i < rows; ++i) {

@@ -1,5 +1,5 @@
-// The device's exponential (see exp.hpp).
-#include "exp.hpp"
+// The device's vector math (see vector_math.hpp).
+#include "vector_math.hpp"
 
 #include <algorithm>
 #include <array>
@@ -147,7 +147,43 @@ __attribute__((target("avx512f,avx512vl"))) int64_t probabilitiesAvx512(const do
   }
   return n;
 }
+
+// The lanes of blockSum() for n <= kRowSumBlock values: four vectors, lane
+// k mod 64 of value k, the last few through masks.
+__attribute__((target("avx512f"))) void blockLanesAvx512(const float* x, int64_t n, float* lanes) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t j = 0;
+  for (; j + 64 <= n; j += 64) {
+    for (std::size_t v = 0; v < 4; ++v) acc[v] = _mm512_add_ps(acc[v], _mm512_loadu_ps(x + j + 16 * v));
+  }
+  for (std::size_t v = 0; v < 4 && j + 16 * static_cast<int64_t>(v) < n; ++v) {
+    const int64_t left = n - j - 16 * static_cast<int64_t>(v);
+    const auto mask = static_cast<__mmask16>(left >= 16 ? 0xffff : (1u << left) - 1);
+    acc[v] = _mm512_mask_add_ps(acc[v], mask, acc[v], _mm512_maskz_loadu_ps(mask, x + j + 16 * v));
+  }
+  for (std::size_t v = 0; v < 4; ++v) _mm512_storeu_ps(lanes + 16 * v, acc[v]);
+}
 #endif
+
+// A block's sum (n <= kRowSumBlock): 64 lanes, then the fixed tree. A lane
+// that no value reached holds +0, so the additions of it are left out (they
+// could only turn a -0 into +0, which the sum from +0 does anyway).
+float blockSum(const float* x, int64_t n) {
+  std::array<float, 64> lanes{};
+  const auto used = static_cast<std::size_t>(std::min<int64_t>(n, 64));
+  int64_t j = 0;
+#ifdef TESSERA_EXP_X86
+  if (n >= 64 && cpuHasAvx512()) {
+    blockLanesAvx512(x, n, lanes.data());
+    j = n;
+  }
+#endif
+  for (; j < n; ++j) lanes[static_cast<std::size_t>(j % 64)] += x[j];
+  for (std::size_t w = 32; w >= 1; w /= 2) {
+    for (std::size_t i = 0; i < w && i + w < used; ++i) lanes[i] = lanes[i] + lanes[i + w];
+  }
+  return lanes[0];
+}
 
 }  // namespace
 
@@ -194,6 +230,16 @@ void probabilities(const double* e, int64_t n, double sum, int64_t label, double
   if (cpuHasAvx512()) j = probabilitiesAvx512(e, n, sum, label, factor, out);
 #endif
   for (; j < n; ++j) out[j] = static_cast<float>((e[j] / sum - (j == label ? 1.0 : 0.0)) * factor);
+}
+
+float rowSum(const float* x, int64_t n) {
+  float total = 0.0f;
+  if (n < kRowSumLanes) {
+    for (int64_t j = 0; j < n; ++j) total += x[j];
+    return total;
+  }
+  for (int64_t j0 = 0; j0 < n; j0 += kRowSumBlock) total += blockSum(x + j0, std::min(kRowSumBlock, n - j0));
+  return total;
 }
 
 }  // namespace tessera::sim

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "device_checks.hpp"
-#include "exp.hpp"
+#include "vector_math.hpp"
 
 namespace tessera::sim {
 namespace {
@@ -158,6 +158,43 @@ TEST_CASE("probabilities: the vector form gives the scalar form's bits") {
       }
     }
   }
+}
+
+// rowSum's documented order, one value at a time.
+float rowOrder(const float* x, int64_t n) {
+  float total = 0.0f;
+  if (n < 64) {
+    for (int64_t j = 0; j < n; ++j) total += x[j];
+    return total;
+  }
+  for (int64_t j0 = 0; j0 < n; j0 += kRowSumBlock) {
+    std::array<float, 64> lanes{};
+    for (int64_t j = j0; j < std::min(n, j0 + kRowSumBlock); ++j)
+      lanes[static_cast<std::size_t>((j - j0) % 64)] += x[j];
+    for (std::size_t w = 32; w >= 1; w /= 2) {
+      for (std::size_t i = 0; i < w; ++i) lanes[i] = lanes[i] + lanes[i + w];
+    }
+    total += lanes[0];
+  }
+  return total;
+}
+
+TEST_CASE("a row sum adds in its documented order") {
+  // Values of very different sizes and both signs, so that another order
+  // gives other bits.
+  std::vector<float> x;
+  for (const float f : test::pseudoRandom(10'000, 14, -12.0f, 12.0f))
+    x.push_back(std::ldexp(1.0f + f / 24.0f, static_cast<int>(f)));
+  for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{63}, int64_t{64},
+                          int64_t{65}, int64_t{100}, int64_t{4'096}, int64_t{4'097}, int64_t{10'000}}) {
+    CAPTURE(n);
+    CHECK(rowSum(x.data(), n) == rowOrder(x.data(), n));
+    // From an unaligned start too.
+    if (n < 10'000) CHECK(rowSum(x.data() + 1, n) == rowOrder(x.data() + 1, n));
+  }
+  float plain = 0.0f;
+  for (const float v : x) plain += v;
+  CHECK(plain != rowSum(x.data(), 10'000));
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
-// The device's exponential in double precision, for the softmax family.
+// The device's vector math: its exponential, the softmax family's sums
+// and probabilities, and the sums of rows of floats that reductions make,
+// each in a fixed order that a vector can compute, with the same bits on
+// every CPU.
 //
-// glibc's exp is called one element at a time and takes most of a softmax
-// or a cross entropy (a transformer's attention and its loss). This one runs
-// 8 elements at a time on AVX-512 and gives the same bits on every CPU: the
-// vector and the scalar forms make the same IEEE operations in the same
-// order (fused multiply-adds written out, never left to the compiler), and
-// the scaling by 2^n rounds once (vscalefpd, std::ldexp).
+// The exponential, in double precision, for the softmax family. glibc's exp is called one element at a time
+// and takes most of a softmax or a cross entropy (a transformer's attention and its loss). This one runs 8
+// elements at a time on AVX-512 and gives the same bits on every CPU: the vector and the scalar forms make
+// the same IEEE operations in the same order (fused multiply-adds written out, never left to the compiler),
+// and the scaling by 2^n rounds once (vscalefpd, std::ldexp).
 //
 // The method: n = round(x / ln 2), r = x - n ln 2 (two fused steps, ln 2 in
 // two parts), e^r by its Taylor series to r^13 (|r| <= ln 2 / 2, so the
@@ -48,5 +50,14 @@ class LaneSum {
 // [0, n), each operation in double: a row of softmax probabilities (label
 // -1, factor 1) or of the cross entropy's gradient.
 void probabilities(const double* e, int64_t n, double sum, int64_t label, double factor, float* out);
+
+// The sum in float of a row of n floats, in the order reductions document:
+// a row of fewer than kRowSumLanes values in order from +0; a longer one in
+// blocks of kRowSumBlock values, each block in 64 lanes (value k into lane
+// k mod 64, each lane in order from +0; then lane i += lane i + w for w =
+// 32, 16, 8, 4, 2, 1 in turn), and the blocks' sums added in order from +0.
+inline constexpr int64_t kRowSumLanes = 64;
+inline constexpr int64_t kRowSumBlock = 4096;
+float rowSum(const float* x, int64_t n);
 
 }  // namespace tessera::sim
