@@ -121,6 +121,13 @@ TEST_CASE("losses, weights and checkpoint bytes are the same bits at 1, 2, 3 and
 
 namespace {
 
+// `graph` loaded on a device of `threads` threads, Vectorized.
+test::DeviceRun loadOnThreads(const Graph& graph, int threads) {
+  DeviceSpec spec;
+  spec.numThreads = threads;
+  return test::loadOnDevice(graph, ExecutionMode::Vectorized, spec);
+}
+
 // Softmax, log-softmax, cross entropy (summed and mean) and its gradient
 // over `replicas` x rows x cols: every output of a run at `threads`.
 struct RowOutputs {
@@ -149,9 +156,7 @@ RowOutputs runRowOps(int64_t replicas, int64_t rows, int64_t cols, int threads) 
   out.logits = test::pseudoRandom(static_cast<std::size_t>(replicas * rows * cols), 31, -20.0f, 20.0f);
   out.labels = test::pseudoRandom(static_cast<std::size_t>(replicas * rows), 32, 0.0f, static_cast<float>(cols));
   for (float& v : out.labels) v = std::floor(v);
-  DeviceSpec spec;
-  spec.numThreads = threads;
-  test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized, spec);
+  test::DeviceRun device = loadOnThreads(g, threads);
   test::runDevice(*device.executable, {{logits.id(), out.logits}, {labels.id(), out.labels}});
   for (const Tensor& t : outputs) {
     std::vector<float> values(static_cast<std::size_t>(replicas * numElements(t.shape())));
@@ -224,9 +229,7 @@ TEST_CASE("softmax and cross entropy split their rows rather than run side by si
     std::vector<std::vector<float>> single;
     for (const int threads : {1, 2, 3}) {
       CAPTURE(threads);
-      DeviceSpec spec;
-      spec.numThreads = threads;
-      test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized, spec);
+      test::DeviceRun device = loadOnThreads(g, threads);
       const bool split = rows == 600 || threads == 1;
       CHECK(device.sim->stats().besideGroups == (split ? 0 : 1));
       test::runDevice(*device.executable, feeds);
@@ -474,9 +477,7 @@ TEST_CASE("independent steps run side by side, dependent ones after: the same bi
   std::vector<std::vector<float>> single;
   for (const int threads : {1, 2, 3}) {
     CAPTURE(threads);
-    DeviceSpec spec;
-    spec.numThreads = threads;
-    test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized, spec);
+    test::DeviceRun device = loadOnThreads(g, threads);
     const sim::PlanStats& stats = device.sim->stats();
     // 2 threads: {ReLU, Tanh}, {sum of y1, sum of y2}, then the sum of v
     // alone (the group is full) and the update apart from it. 3 threads:
