@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define TESSERA_EXP_X86 1
+#define TESSERA_VECTOR_MATH_X86 1
 #include <immintrin.h>
 #endif
 
@@ -55,7 +55,7 @@ inline double exponentialWith(double x, Fma fma) {
   return whole > 1023 ? p * powerOf2(1023) * powerOf2(whole - 1023) : p * powerOf2(whole);
 }
 
-#ifdef TESSERA_EXP_X86
+#ifdef TESSERA_VECTOR_MATH_X86
 // With the CPU's fused multiply-add inline (std::fma is a call in a build
 // for the baseline architecture).
 __attribute__((target("fma"))) double exponentialFma(double x) {
@@ -172,7 +172,7 @@ float blockSum(const float* x, int64_t n) {
   std::array<float, 64> lanes{};
   const auto used = static_cast<std::size_t>(std::min<int64_t>(n, 64));
   int64_t j = 0;
-#ifdef TESSERA_EXP_X86
+#ifdef TESSERA_VECTOR_MATH_X86
   if (n >= 64 && cpuHasAvx512()) {
     blockLanesAvx512(x, n, lanes.data());
     j = n;
@@ -188,7 +188,7 @@ float blockSum(const float* x, int64_t n) {
 }  // namespace
 
 double exponential(double x) {
-#ifdef TESSERA_EXP_X86
+#ifdef TESSERA_VECTOR_MATH_X86
   static const bool fma = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("fma") != 0;
@@ -200,7 +200,7 @@ double exponential(double x) {
 
 void shiftedExponentials(const float* x, int64_t n, float max, double* out) {
   int64_t j = 0;
-#ifdef TESSERA_EXP_X86
+#ifdef TESSERA_VECTOR_MATH_X86
   if (cpuHasAvx512()) j = shiftedExponentialsAvx512(x, n, max, out);
 #endif
   for (; j < n; ++j) out[j] = exponential(static_cast<double>(x[j] - max));
@@ -212,7 +212,7 @@ namespace tessera::sim {
 
 void LaneSum::add(const double* values, int64_t n) {
   int64_t j = 0;
-#ifdef TESSERA_EXP_X86
+#ifdef TESSERA_VECTOR_MATH_X86
   if (count_ % 8 == 0 && cpuHasAvx512()) j = addLanesAvx512(values, n, lanes_.data());
 #endif
   for (; j < n; ++j) lanes_[static_cast<std::size_t>((count_ + j) % 8)] += values[j];
@@ -226,7 +226,7 @@ double LaneSum::total() const {
 
 void probabilities(const double* e, int64_t n, double sum, int64_t label, double factor, float* out) {
   int64_t j = 0;
-#ifdef TESSERA_EXP_X86
+#ifdef TESSERA_VECTOR_MATH_X86
   if (cpuHasAvx512()) j = probabilitiesAvx512(e, n, sum, label, factor, out);
 #endif
   for (; j < n; ++j) out[j] = static_cast<float>((e[j] / sum - (j == label ? 1.0 : 0.0)) * factor);
