@@ -10,6 +10,7 @@
 
 #include <Eigen/Core>
 
+#include "cpu_features.hpp"
 #include "half.hpp"
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
@@ -479,15 +480,9 @@ constexpr PackedVariant kVariants[] = {
     avx2Variant<6, 1>(),    avx2Variant<6, 2>(),
 };
 
-bool cpuHasAvx512() { return __builtin_cpu_supports("avx512f"); }
-bool cpuHasAvx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-
 #else
 
 constexpr PackedVariant kVariants[] = {{GemmIsa::Portable, 0, 0, nullptr}};
-
-bool cpuHasAvx512() { return false; }
-bool cpuHasAvx2() { return false; }
 
 #endif
 
@@ -541,7 +536,7 @@ std::string_view gemmIsaName(GemmIsa isa) {
 
 std::vector<GemmIsa> availableGemmIsas() {
   std::vector<GemmIsa> isas{GemmIsa::Portable};
-  if (cpuHasAvx2()) isas.push_back(GemmIsa::Avx2);
+  if (cpuHasAvx2Fma()) isas.push_back(GemmIsa::Avx2);
   if (cpuHasAvx512()) isas.push_back(GemmIsa::Avx512);
   return isas;
 }

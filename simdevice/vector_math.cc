@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cpu_features.hpp"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define TESSERA_VECTOR_MATH_X86 1
 #include <immintrin.h>
@@ -33,6 +35,73 @@ constexpr std::array<double, 14> kTaylor = {
     1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
     1.0 / 40320.0,      1.0 / 5040.0,      1.0 / 720.0,      1.0 / 120.0,     1.0 / 24.0,
     1.0 / 6.0,          0.5,               1.0,              1.0};
+
+// erfOf: kErfPieces pieces of [0, kErfEnd), each a polynomial of degree
+// kErfDegree; the coefficient of t^j of piece k is coefficients[j][k].
+constexpr int kErfPieces = 8;
+constexpr int kErfDegree = 12;
+constexpr double kErfEnd = 4.0;
+struct ErfTable {
+  alignas(64) std::array<std::array<double, kErfPieces>, kErfDegree + 1> coefficients{};
+};
+
+// The function piece k fits: erf(a) / a on the first piece, erf(a) on the
+// others.
+long double erfPiece(int k, long double a) { return k == 0 ? std::erf(a) / a : std::erf(a); }
+
+// Each piece's interpolating polynomial at the Chebyshev nodes of the first
+// kind, in long double: its Chebyshev coefficients, then those of the
+// powers of t (T_0 = 1, T_1 = t, T_j = 2 t T_(j-1) - T_(j-2)).
+ErfTable makeErfTable() {
+  constexpr int kNodes = kErfDegree + 1;
+  const long double pi = std::acos(-1.0L);
+  std::array<std::array<long double, kNodes>, kNodes> power{};  // power[j][i]: t^i in T_j
+  power[0][0] = 1.0L;
+  power[1][1] = 1.0L;
+  for (std::size_t j = 2; j < kNodes; ++j) {
+    for (std::size_t i = 0; i < kNodes; ++i)
+      power[j][i] = (i > 0 ? 2.0L * power[j - 1][i - 1] : 0.0L) - power[j - 2][i];
+  }
+  ErfTable table;
+  for (int k = 0; k < kErfPieces; ++k) {
+    const long double centre = k / 2.0L + 0.25L;
+    std::array<long double, kNodes> values{};
+    for (std::size_t i = 0; i < kNodes; ++i)
+      values[i] = erfPiece(k, centre + std::cos(pi * (i + 0.5L) / kNodes) / 4.0L);
+    std::array<long double, kNodes> chebyshev{};
+    for (std::size_t j = 0; j < kNodes; ++j) {
+      long double sum = 0.0L;
+      for (std::size_t i = 0; i < kNodes; ++i) sum += values[i] * std::cos(pi * j * (i + 0.5L) / kNodes);
+      chebyshev[j] = sum * (j == 0 ? 1.0L : 2.0L) / kNodes;
+    }
+    for (std::size_t i = 0; i < kNodes; ++i) {
+      long double c = 0.0L;
+      for (std::size_t j = 0; j < kNodes; ++j) c += chebyshev[j] * power[j][i];
+      table.coefficients[i][static_cast<std::size_t>(k)] = static_cast<double>(c);
+    }
+  }
+  return table;
+}
+
+const ErfTable& erfTable() {
+  static const ErfTable table = makeErfTable();
+  return table;
+}
+
+// erfOf() with `fma`, a fused multiply-add (std::fma, or the CPU's).
+template <class Fma>
+inline float erfWith(float x, const ErfTable& table, Fma fma) {
+  if (std::isnan(x)) return x;
+  const double a = std::fabs(static_cast<double>(x));
+  if (a >= kErfEnd) return std::copysign(1.0f, x);
+  const double piece = std::min(std::floor(2.0 * a), kErfPieces - 1.0);
+  const double t = (a - fma(piece, 0.5, 0.25)) * 4.0;
+  const auto k = static_cast<std::size_t>(piece);
+  double p = table.coefficients[kErfDegree][k];
+  for (int j = kErfDegree - 1; j >= 0; --j) p = fma(p, t, table.coefficients[static_cast<std::size_t>(j)][k]);
+  if (k == 0) p = p * a;
+  return static_cast<float>(std::copysign(p, static_cast<double>(x)));
+}
 
 // 2^n for an integer n in [-1022, 1023], exactly.
 double powerOf2(int64_t n) { return std::bit_cast<double>(static_cast<uint64_t>(n + 1023) << 52); }
@@ -62,14 +131,6 @@ __attribute__((target("fma"))) double exponentialFma(double x) {
   return exponentialWith(x, [](double a, double b, double c) { return __builtin_fma(a, b, c); });
 }
 
-bool cpuHasAvx512() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512vl") != 0;
-  }();
-  return has;
-}
-
 // exponential() of 8 doubles, operation for operation.
 __attribute__((target("avx512f"), always_inline)) inline __m512d exponential8(__m512d x) {
   // (The zero-masked forms: the plain ones start from an undefined
@@ -88,6 +149,78 @@ __attribute__((target("avx512f"), always_inline)) inline __m512d exponential8(__
 #pragma GCC unroll 16
   for (std::size_t k = 1; k < kTaylor.size(); ++k) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(kTaylor[k]));
   return _mm512_mask_blend_pd(nan, _mm512_maskz_scalef_pd(kept, p, n), x);
+}
+
+__attribute__((target("fma"))) float erfFma(float x, const ErfTable& table) {
+  return erfWith(x, table, [](double a, double b, double c) { return __builtin_fma(a, b, c); });
+}
+
+// erfOf() of 8 floats widened to doubles, operation for operation.
+__attribute__((target("avx512f,avx512dq"), always_inline)) inline __m512d erf8(__m512d x,
+                                                                               const ErfTable& table) {
+  // (The zero-masked forms, as in exponential8.)
+  const __mmask8 all = 0xff;
+  const __m512d a = _mm512_abs_pd(x);
+  const __mmask8 nan = _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q);
+  const __mmask8 one = _mm512_cmp_pd_mask(a, _mm512_set1_pd(kErfEnd), _CMP_GE_OQ);
+  // (Lanes of 4 and more, and NaNs, compute a piece of 4 and are replaced.)
+  const __m512d clamped = _mm512_maskz_min_pd(all, a, _mm512_set1_pd(kErfEnd));
+  const __m512d piece =
+      _mm512_maskz_min_pd(all,
+                          _mm512_maskz_roundscale_pd(all, _mm512_mul_pd(clamped, _mm512_set1_pd(2.0)),
+                                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC),
+                          _mm512_set1_pd(kErfPieces - 1.0));
+  const __m512d t =
+      _mm512_mul_pd(_mm512_sub_pd(clamped, _mm512_fmadd_pd(piece, _mm512_set1_pd(0.5), _mm512_set1_pd(0.25))),
+                    _mm512_set1_pd(4.0));
+  const __m512i k = _mm512_cvttpd_epi64(piece);
+  const auto& c = table.coefficients;
+  __m512d p = _mm512_maskz_permutexvar_pd(all, k, _mm512_load_pd(c[kErfDegree].data()));
+#pragma GCC unroll 16
+  for (int j = kErfDegree - 1; j >= 0; --j)
+    p = _mm512_fmadd_pd(
+        p, t, _mm512_maskz_permutexvar_pd(all, k, _mm512_load_pd(c[static_cast<std::size_t>(j)].data())));
+  const __mmask8 first = _mm512_cmp_pd_mask(piece, _mm512_setzero_pd(), _CMP_EQ_OQ);
+  p = _mm512_mask_mul_pd(p, first, p, clamped);
+  p = _mm512_mask_blend_pd(one, p, _mm512_set1_pd(1.0));
+  const __m512d sign = _mm512_and_pd(x, _mm512_set1_pd(-0.0));
+  return _mm512_mask_blend_pd(nan, _mm512_or_pd(p, sign), x);
+}
+
+struct Erf8 {
+  const ErfTable& table;
+  __attribute__((target("avx512f,avx512dq"), always_inline)) __m512d operator()(__m512d x) const {
+    return erf8(x, table);
+  }
+};
+struct Exponential8 {
+  __attribute__((target("avx512f"), always_inline)) __m512d operator()(__m512d x) const {
+    return exponential8(x);
+  }
+};
+
+// f (8 doubles at a time) of the floats x[0, n) into out, rounded to
+// float: four vectors a step (each is a chain of a dozen dependent
+// multiply-adds, which one or two alone would leave waiting), the last few
+// through masks.
+template <class F>
+__attribute__((target("avx512f,avx512dq,avx512vl"))) void floatsThroughDoubles(const float* x, int64_t n,
+                                                                               float* out, F f) {
+  const __mmask8 all = 0xff;
+  constexpr int kVectors = 4;
+  int64_t j = 0;
+  for (; j + 8 * kVectors <= n; j += 8 * kVectors) {
+    __m512d r[kVectors];
+#pragma GCC unroll 4
+    for (int v = 0; v < kVectors; ++v) r[v] = f(_mm512_maskz_cvtps_pd(all, _mm256_loadu_ps(x + j + 8 * v)));
+#pragma GCC unroll 4
+    for (int v = 0; v < kVectors; ++v) _mm256_storeu_ps(out + j + 8 * v, _mm512_maskz_cvtpd_ps(all, r[v]));
+  }
+  for (; j < n; j += 8) {
+    const auto lanes = static_cast<__mmask8>(n - j >= 8 ? 0xff : (1u << (n - j)) - 1);
+    const __m512d r = f(_mm512_maskz_cvtps_pd(all, _mm256_maskz_loadu_ps(lanes, x + j)));
+    _mm256_mask_storeu_ps(out + j, lanes, _mm512_maskz_cvtpd_ps(all, r));
+  }
 }
 
 __attribute__((target("avx512f,avx512vl"))) int64_t shiftedExponentialsAvx512(const float* x, int64_t n,
@@ -189,13 +322,32 @@ float blockSum(const float* x, int64_t n) {
 
 double exponential(double x) {
 #ifdef TESSERA_VECTOR_MATH_X86
-  static const bool fma = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("fma") != 0;
-  }();
-  if (fma) return exponentialFma(x);
+  if (cpuHasFma()) return exponentialFma(x);
 #endif
   return exponentialWith(x, [](double a, double b, double c) { return std::fma(a, b, c); });
+}
+
+float erfOf(float x) {
+#ifdef TESSERA_VECTOR_MATH_X86
+  if (cpuHasFma()) return erfFma(x, erfTable());
+#endif
+  return erfWith(x, erfTable(), [](double a, double b, double c) { return std::fma(a, b, c); });
+}
+
+void erfOf(const float* x, int64_t n, float* out) {
+#ifdef TESSERA_VECTOR_MATH_X86
+  if (cpuHasAvx512()) return floatsThroughDoubles(x, n, out, Erf8{erfTable()});
+#endif
+  for (int64_t j = 0; j < n; ++j) out[j] = erfOf(x[j]);
+}
+
+float exponentialOf(float x) { return static_cast<float>(exponential(static_cast<double>(x))); }
+
+void exponentialOf(const float* x, int64_t n, float* out) {
+#ifdef TESSERA_VECTOR_MATH_X86
+  if (cpuHasAvx512()) return floatsThroughDoubles(x, n, out, Exponential8{});
+#endif
+  for (int64_t j = 0; j < n; ++j) out[j] = exponentialOf(x[j]);
 }
 
 void shiftedExponentials(const float* x, int64_t n, float max, double* out) {

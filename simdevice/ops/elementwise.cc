@@ -8,8 +8,10 @@
 #include <immintrin.h>
 #endif
 
+#include "cpu_features.hpp"
 #include "kernel_table.hpp"
 #include "ops/elementwise.hpp"
+#include "vector_math.hpp"
 
 namespace tessera::sim {
 namespace {
@@ -71,11 +73,10 @@ struct SigmoidF {
     return static_cast<T>(1.0 / (1.0 + std::exp(-static_cast<double>(x))));
   }
 };
+// On floats the device's own (vector_math.hpp), on doubles the C library's.
 struct ExpF {
-  template <class T>
-  T operator()(T x) const {
-    return std::exp(x);
-  }
+  float operator()(float x) const { return exponentialOf(x); }
+  double operator()(double x) const { return std::exp(x); }
 };
 struct LogF {
   template <class T>
@@ -103,7 +104,7 @@ struct SignF {
   }
 };
 struct ErfF {
-  float operator()(float x) const { return std::erf(x); }
+  float operator()(float x) const { return erfOf(x); }
 };
 struct ReciprocalF {
   template <class T>
@@ -269,14 +270,6 @@ __attribute__((target("avx512f,avx512dq"))) void vectorAvx512(float* o, const fl
   }
   for (; i < n; ++i) o[i] = Op::scalar(x[i * kSx], y[i * kSy]);
 }
-
-bool cpuHasAvx512() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512dq") != 0;
-  }();
-  return has;
-}
 #endif
 
 // Runs n points of Op with output stride 1 and input strides sx and sy (1,
@@ -312,27 +305,51 @@ void vectorBinaryKernel(const Step& s) {
 }
 
 template <class Op, class F>
-void vectorUnaryKernel(const Step& s) {
+void vectorBinaryTile(const Step& s, const TileOperands& t, int64_t n) {
+  if (!vectorRow<Op>(t.out, t.in[0], t.in[1], n, s.tileStride[0], s.tileStride[1])) binaryTile<F>(s, t, n);
+}
+
+// A unary op whose runs of contiguous elements go through kRow (x, n, out)
+// where it can (false: it cannot), and through F one element at a time
+// elsewhere.
+using UnaryRow = bool (*)(const float* x, int64_t n, float* out);
+
+template <class F, UnaryRow kRow>
+void unaryRowKernel(const Step& s) {
   for (const Run& run : s.runs) {
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
     const auto f = [&](int64_t io, int64_t ix, int64_t) { o[io] = F{}(x[ix]); };
     forEachRow(run.loop,
                [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
-                 if (s0 != 1 || s1 != 1 || !vectorRow<Op>(o + o0, x + o1, x + o1, n, 1, 1))
-                   inner(n, s0, s1, s2, o0, o1, o2, f);
+                 if (s0 != 1 || s1 != 1 || !kRow(x + o1, n, o + o0)) inner(n, s0, s1, s2, o0, o1, o2, f);
                });
   }
 }
 
-template <class Op, class F>
-void vectorBinaryTile(const Step& s, const TileOperands& t, int64_t n) {
-  if (!vectorRow<Op>(t.out, t.in[0], t.in[1], n, s.tileStride[0], s.tileStride[1])) binaryTile<F>(s, t, n);
+template <class F, UnaryRow kRow>
+void unaryRowTile(const Step& s, const TileOperands& t, int64_t n) {
+  if (s.tileStride[0] != 1 || !kRow(t.in[0], n, t.out)) unaryTile<F>(s, t, n);
 }
 
-template <class Op, class F>
-void vectorUnaryTile(const Step& s, const TileOperands& t, int64_t n) {
-  if (s.tileStride[0] != 1 || !vectorRow<Op>(t.out, t.in[0], t.in[0], n, 1, 1)) unaryTile<F>(s, t, n);
+// Rows through Op's vector form (unary: the input is read as both
+// operands), or through a bulk function of vector_math.hpp that makes the
+// same bits as F one element at a time.
+template <class Op>
+bool vectorUnaryRow(const float* x, int64_t n, float* out) {
+  return vectorRow<Op>(out, x, x, n, 1, 1);
+}
+template <void (*kBulk)(const float*, int64_t, float*)>
+bool bulkRow(const float* x, int64_t n, float* out) {
+  kBulk(x, n, out);
+  return true;
+}
+
+template <class F, UnaryRow kRow>
+KernelDef unaryRows(KernelDef def) {
+  def.plan = planBroadcast<unaryRowKernel<F, kRow>>;
+  def.tile = unaryRowTile<F, kRow>;
+  return def;
 }
 
 // `def` (F's kernels) with Op's strided kernel and flat step.
@@ -345,9 +362,7 @@ KernelDef vectorBinary(KernelDef def) {
 
 template <class Op, class F>
 KernelDef vectorUnary(KernelDef def) {
-  def.plan = planBroadcast<vectorUnaryKernel<Op, F>>;
-  def.tile = vectorUnaryTile<Op, F>;
-  return def;
+  return unaryRows<F, vectorUnaryRow<Op>>(def);
 }
 
 void scaledAddKernel(const Step& s) {
@@ -448,12 +463,12 @@ void addElementwiseKernels(KernelTable& table) {
   table.add(unaryKernels<GeluF>(OpKind::Gelu));
   table.add(unaryKernelsWithDouble<TanhF>(OpKind::Tanh));
   table.add(unaryKernelsWithDouble<SigmoidF>(OpKind::Sigmoid));
-  table.add(unaryKernelsWithDouble<ExpF>(OpKind::Exp));
+  table.add(unaryRows<ExpF, bulkRow<exponentialOf>>(unaryKernelsWithDouble<ExpF>(OpKind::Exp)));
   table.add(unaryKernelsWithDouble<LogF>(OpKind::Log));
   table.add(vectorUnary<SqrtOp, SqrtF>(unaryKernelsWithDouble<SqrtF>(OpKind::Sqrt)));
   table.add(unaryKernelsWithDouble<AbsF>(OpKind::Abs));
   table.add(unaryKernelsWithDouble<SignF>(OpKind::Sign));
-  table.add(unaryKernels<ErfF>(OpKind::Erf));
+  table.add(unaryRows<ErfF, bulkRow<erfOf>>(unaryKernels<ErfF>(OpKind::Erf)));
   table.add(unaryKernelsWithDouble<ReciprocalF>(OpKind::Reciprocal));
   table.add(unaryKernels<SoftplusF>(OpKind::Softplus));
   table.add(binaryKernelsWithDouble<PowF>(OpKind::Pow));

@@ -1,10 +1,12 @@
-// The device's exponential: within 1 ulp of std::exp from -708 on, exact
-// at the edges (0, overflow, 0 below -708, NaN), and the vector form the
-// same bits as the scalar form.
+// The device's vector math: its exponential within 1 ulp of std::exp from
+// -708 on and exact at the edges (0, overflow, 0 below -708, NaN); erf and
+// e^x of floats the nearest floats (bar near-ties) and exact at their
+// edges; and every vector form the same bits as the scalar form.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -16,9 +18,10 @@
 namespace tessera::sim {
 namespace {
 
-// How many doubles lie between a and b (0: equal), for finite a, b of the
-// same sign.
-int64_t ulpsBetween(double a, double b) {
+// How many doubles (or floats) lie between a and b (0: equal), for finite
+// a, b of the same sign.
+template <class T>
+int64_t ulpsBetween(T a, T b) {
   int64_t steps = 0;
   while (a != b && steps < 1000) {
     a = std::nextafter(a, b);
@@ -101,6 +104,116 @@ TEST_CASE("shifted exponentials: the vector form gives the scalar form's bits") 
           CHECK(out[at] == want);
         }
       }
+    }
+  }
+}
+
+// Every 97th float from 0 to 4 and its negative (about 22 million values),
+// then beyond: erfOf is erf rounded to the nearest float but for values
+// within the approximation's error of a tie, which a float of the long
+// double erf would have to hit.
+TEST_CASE("erf of floats is the nearest float to erf") {
+  int64_t checked = 0;
+  int64_t off = 0;
+  for (uint32_t bits = 0;; bits += 97) {
+    const float x = std::bit_cast<float>(bits);
+    if (!(x < 4.5f)) break;
+    for (const float v : {x, -x}) {
+      const long double exact = std::erf(static_cast<long double>(v));
+      const float got = erfOf(v);
+      const auto nearest = static_cast<float>(exact);
+      ++checked;
+      if (got == nearest) continue;
+      ++off;
+      CAPTURE(v);
+      CHECK(ulpsBetween(got, nearest) == 1);
+      // Off by one only at a near-tie: the two floats' midpoint within
+      // 1e-14 of erf relative to it.
+      const long double midpoint = (static_cast<long double>(got) + nearest) / 2;
+      CHECK(std::fabs(static_cast<double>((midpoint - exact) / exact)) < 1e-14);
+    }
+  }
+  CHECK(checked > 20'000'000);
+  CHECK(off <= 8);
+}
+
+TEST_CASE("erf of floats at its edges") {
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(erfOf(0.0f) == 0.0f);
+  CHECK(!std::signbit(erfOf(0.0f)));
+  CHECK(erfOf(-0.0f) == 0.0f);
+  CHECK(std::signbit(erfOf(-0.0f)));
+  CHECK(erfOf(inf) == 1.0f);
+  CHECK(erfOf(-inf) == -1.0f);
+  CHECK(std::isnan(erfOf(std::numeric_limits<float>::quiet_NaN())));
+  // Subnormal and tiny x keep their precision: erf(x) = 2x / sqrt(pi) there.
+  for (const float x : {0x1p-149f, 0x1p-140f, 1e-30f, 1e-10f}) {
+    CAPTURE(x);
+    CHECK(erfOf(x) == static_cast<float>(std::erf(static_cast<long double>(x))));
+  }
+  // Where the pieces meet, and where erf reaches 1 in float.
+  for (const float x : {0.5f, 1.0f, 1.5f, 2.0f, 3.5f, 3.9f, 3.92f, 4.0f, 1e30f}) {
+    CAPTURE(x);
+    CHECK(erfOf(x) == static_cast<float>(std::erf(static_cast<long double>(x))));
+    CHECK(erfOf(-x) == -erfOf(x));
+  }
+}
+
+// The floats' exponential against the C library's double one, rounded.
+TEST_CASE("e^x of floats is the float of the device's exponential") {
+  const float inf = std::numeric_limits<float>::infinity();
+  int64_t off = 0;
+  const std::vector<float> x = test::pseudoRandom(400'000, 5, -110.0f, 90.0f);
+  for (const float v : x) {
+    const float got = exponentialOf(v);
+    CHECK(got == static_cast<float>(exponential(static_cast<double>(v))));
+    if (got != static_cast<float>(std::exp(static_cast<double>(v)))) ++off;
+  }
+  CHECK(off <= 4);
+  CHECK(exponentialOf(0.0f) == 1.0f);
+  CHECK(exponentialOf(-inf) == 0.0f);
+  CHECK(exponentialOf(inf) == inf);
+  CHECK(exponentialOf(88.8f) == inf);  // beyond the greatest float
+  CHECK(exponentialOf(-104.0f) == 0.0f);
+  CHECK(exponentialOf(-100.0f) == static_cast<float>(std::exp(-100.0)));  // subnormal
+  CHECK(std::isnan(exponentialOf(std::numeric_limits<float>::quiet_NaN())));
+}
+
+TEST_CASE("erf and e^x of floats: the vector forms give the scalar forms' bits") {
+  for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{15}, int64_t{16},
+                          int64_t{17}, int64_t{61}, int64_t{4'096}}) {
+    CAPTURE(n);
+    std::vector<float> x = test::pseudoRandom(static_cast<std::size_t>(n), 13, -6.0f, 6.0f);
+    if (n > 20) {
+      x[2] = std::numeric_limits<float>::infinity();
+      x[3] = -std::numeric_limits<float>::infinity();
+      x[11] = std::numeric_limits<float>::quiet_NaN();
+      x[17] = -0.0f;
+      x[18] = 0x1p-140f;
+      x[19] = 4.0f;
+      x[20] = 95.0f;
+    }
+    // Guards on both sides: the tails write no float past n.
+    std::vector<float> erfs(static_cast<std::size_t>(n) + 2, 7.0f);
+    std::vector<float> exps(static_cast<std::size_t>(n) + 2, 7.0f);
+    erfOf(x.data(), n, erfs.data() + 1);
+    exponentialOf(x.data(), n, exps.data() + 1);
+    CHECK(erfs.front() == 7.0f);
+    CHECK(erfs.back() == 7.0f);
+    CHECK(exps.front() == 7.0f);
+    CHECK(exps.back() == 7.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      const auto at = static_cast<std::size_t>(j);
+      CAPTURE(x[at]);
+      const float wantErf = erfOf(x[at]);
+      const float wantExp = exponentialOf(x[at]);
+      if (std::isnan(x[at])) {
+        CHECK(std::isnan(erfs[at + 1]));
+        CHECK(std::isnan(exps[at + 1]));
+        continue;
+      }
+      CHECK(std::bit_cast<uint32_t>(erfs[at + 1]) == std::bit_cast<uint32_t>(wantErf));
+      CHECK(std::bit_cast<uint32_t>(exps[at + 1]) == std::bit_cast<uint32_t>(wantExp));
     }
   }
 }
