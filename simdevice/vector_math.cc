@@ -103,6 +103,20 @@ inline float erfWith(float x, const ErfTable& table, Fma fma) {
   return static_cast<float>(std::copysign(p, static_cast<double>(x)));
 }
 
+// tanhOf: below kTanhSmall, the Taylor coefficients of x^3 to x^9.
+constexpr double kTanhSmall = 0.0625;
+constexpr double kTanh3 = -1.0 / 3.0;
+constexpr double kTanh5 = 2.0 / 15.0;
+constexpr double kTanh7 = -17.0 / 315.0;
+constexpr double kTanh9 = 62.0 / 2835.0;
+
+// tanh(|x|) below kTanhSmall, with `fma` a fused multiply-add.
+template <class Fma>
+inline double smallTanh(double a, Fma fma) {
+  const double u = a * a;
+  return fma(a * u, fma(fma(fma(kTanh9, u, kTanh7), u, kTanh5), u, kTanh3), a);
+}
+
 // 2^n for an integer n in [-1022, 1023], exactly.
 double powerOf2(int64_t n) { return std::bit_cast<double>(static_cast<uint64_t>(n + 1023) << 52); }
 
@@ -151,6 +165,10 @@ __attribute__((target("avx512f"), always_inline)) inline __m512d exponential8(__
   return _mm512_mask_blend_pd(nan, _mm512_maskz_scalef_pd(kept, p, n), x);
 }
 
+__attribute__((target("fma"))) double smallTanhFma(double a) {
+  return smallTanh(a, [](double p, double q, double c) { return __builtin_fma(p, q, c); });
+}
+
 __attribute__((target("fma"))) float erfFma(float x, const ErfTable& table) {
   return erfWith(x, table, [](double a, double b, double c) { return __builtin_fma(a, b, c); });
 }
@@ -186,6 +204,36 @@ __attribute__((target("avx512f,avx512dq"), always_inline)) inline __m512d erf8(_
   const __m512d sign = _mm512_and_pd(x, _mm512_set1_pd(-0.0));
   return _mm512_mask_blend_pd(nan, _mm512_or_pd(p, sign), x);
 }
+
+// tanhOf() of 8 floats widened to doubles.
+__attribute__((target("avx512f,avx512dq"), always_inline)) inline __m512d tanh8(__m512d x) {
+  const __m512d a = _mm512_abs_pd(x);
+  const __m512d u = _mm512_mul_pd(a, a);
+  __m512d q = _mm512_fmadd_pd(_mm512_set1_pd(kTanh9), u, _mm512_set1_pd(kTanh7));
+  q = _mm512_fmadd_pd(q, u, _mm512_set1_pd(kTanh5));
+  q = _mm512_fmadd_pd(q, u, _mm512_set1_pd(kTanh3));
+  const __m512d small = _mm512_fmadd_pd(_mm512_mul_pd(a, u), q, a);
+  const __m512d one = _mm512_set1_pd(1.0);
+  const __m512d large = _mm512_sub_pd(
+      one, _mm512_div_pd(_mm512_set1_pd(2.0),
+                         _mm512_add_pd(exponential8(_mm512_mul_pd(_mm512_set1_pd(2.0), a)), one)));
+  const __mmask8 isSmall = _mm512_cmp_pd_mask(a, _mm512_set1_pd(kTanhSmall), _CMP_LT_OQ);
+  const __m512d r = _mm512_mask_blend_pd(isSmall, large, small);
+  // x's sign (a NaN stays a NaN).
+  return _mm512_or_pd(r, _mm512_and_pd(x, _mm512_set1_pd(-0.0)));
+}
+
+struct Tanh8 {
+  __attribute__((target("avx512f,avx512dq"), always_inline)) __m512d operator()(__m512d x) const {
+    return tanh8(x);
+  }
+};
+struct Sigmoid8 {
+  __attribute__((target("avx512f,avx512dq"), always_inline)) __m512d operator()(__m512d x) const {
+    const __m512d one = _mm512_set1_pd(1.0);
+    return _mm512_div_pd(one, _mm512_add_pd(one, exponential8(_mm512_sub_pd(_mm512_setzero_pd(), x))));
+  }
+};
 
 struct Erf8 {
   const ErfTable& table;
@@ -348,6 +396,38 @@ void exponentialOf(const float* x, int64_t n, float* out) {
   if (cpuHasAvx512()) return floatsThroughDoubles(x, n, out, Exponential8{});
 #endif
   for (int64_t j = 0; j < n; ++j) out[j] = exponentialOf(x[j]);
+}
+
+float sigmoidOf(float x) { return static_cast<float>(1.0 / (1.0 + exponential(-static_cast<double>(x)))); }
+
+void sigmoidOf(const float* x, int64_t n, float* out) {
+#ifdef TESSERA_VECTOR_MATH_X86
+  if (cpuHasAvx512()) return floatsThroughDoubles(x, n, out, Sigmoid8{});
+#endif
+  for (int64_t j = 0; j < n; ++j) out[j] = sigmoidOf(x[j]);
+}
+
+float tanhOf(float x) {
+  const double a = std::fabs(static_cast<double>(x));
+  double r = 0.0;
+  if (a < kTanhSmall) {
+#ifdef TESSERA_VECTOR_MATH_X86
+    r = cpuHasFma() ? smallTanhFma(a)
+                    : smallTanh(a, [](double p, double q, double c) { return std::fma(p, q, c); });
+#else
+    r = smallTanh(a, [](double p, double q, double c) { return std::fma(p, q, c); });
+#endif
+  } else {
+    r = 1.0 - 2.0 / (exponential(2.0 * a) + 1.0);
+  }
+  return static_cast<float>(std::copysign(r, static_cast<double>(x)));
+}
+
+void tanhOf(const float* x, int64_t n, float* out) {
+#ifdef TESSERA_VECTOR_MATH_X86
+  if (cpuHasAvx512()) return floatsThroughDoubles(x, n, out, Tanh8{});
+#endif
+  for (int64_t j = 0; j < n; ++j) out[j] = tanhOf(x[j]);
 }
 
 void shiftedExponentials(const float* x, int64_t n, float max, double* out) {

@@ -1,8 +1,8 @@
-// The device's vector math: its exponential, the error function and the
-// exponential of floats (the Erf and Exp ops), the softmax family's sums
-// and probabilities, and the sums of rows of floats that reductions make,
-// each in a fixed order that a vector can compute, with the same bits on
-// every CPU.
+// The device's vector math: its exponential, the error function, the
+// exponential, the sigmoid and tanh of floats (the Erf, Exp, Sigmoid and
+// Tanh ops), the softmax family's sums and probabilities, and the sums of
+// rows of floats that reductions make, each in a fixed order that a vector
+// can compute, with the same bits on every CPU.
 //
 // The exponential, in double precision, for the softmax family. glibc's
 // exp is called one element at a time and took most of a softmax or a
@@ -31,11 +31,11 @@ namespace tessera::sim {
 // e^x, computed as described above.
 double exponential(double x);
 
-// The Erf and Exp ops on floats, 8 elements at a time on AVX-512 (glibc's
-// erff took 8-24 ns an element and the Erf of a transformer's GELU was its
-// largest step). Each value is computed in double and rounded once to
-// float, and the scalar forms make the same operations, so the bits are
-// the same on every CPU.
+// The Erf, Exp, Sigmoid and Tanh ops on floats, 8 elements at a time on
+// AVX-512 (glibc's erff took 8-24 ns an element and the Erf of a
+// transformer's GELU was its largest step). Each value is computed in
+// double and rounded once to float, and the scalar forms make the same
+// operations, so the bits are the same on every CPU.
 //
 // erf: |x| in [0, 4) falls in one of 8 pieces of width 1/2, centre c; on
 // each a polynomial of degree 12 in t = 4 (|x| - c) in [-1, 1] (Horner's
@@ -51,6 +51,15 @@ void erfOf(const float* x, int64_t n, float* out);
 // e^x: exponential(double(x)) rounded to float.
 float exponentialOf(float x);
 void exponentialOf(const float* x, int64_t n, float* out);
+// The logistic sigmoid, 1 / (1 + exponential(-x)), rounded to float.
+float sigmoidOf(float x);
+void sigmoidOf(const float* x, int64_t n, float* out);
+// tanh: for |x| < 1/16 its Taylor polynomial to x^9 (within 1e-14 of tanh
+// relative to it), else 1 - 2 / (exponential(2 |x|) + 1) (within 1e-14
+// too: the subtraction loses less than 4 bits there); then x's sign, and
+// rounded to float. +-1 for large |x|, NaN for NaN.
+float tanhOf(float x);
+void tanhOf(const float* x, int64_t n, float* out);
 
 // out[j] = exponential(double(x[j] - max)) for j in [0, n), x[j] - max
 // rounded to float first (the softmax's shifted logits).

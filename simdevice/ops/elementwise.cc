@@ -61,19 +61,15 @@ struct ReluF {
 struct GeluF {
   float operator()(float x) const { return static_cast<float>(geluOf(x)); }
 };
+// On floats the device's own (vector_math.hpp), on doubles the C library's.
 struct TanhF {
-  template <class T>
-  T operator()(T x) const {
-    return std::tanh(x);
-  }
+  float operator()(float x) const { return tanhOf(x); }
+  double operator()(double x) const { return std::tanh(x); }
 };
 struct SigmoidF {
-  template <class T>
-  T operator()(T x) const {
-    return static_cast<T>(1.0 / (1.0 + std::exp(-static_cast<double>(x))));
-  }
+  float operator()(float x) const { return sigmoidOf(x); }
+  double operator()(double x) const { return 1.0 / (1.0 + std::exp(-x)); }
 };
-// On floats the device's own (vector_math.hpp), on doubles the C library's.
 struct ExpF {
   float operator()(float x) const { return exponentialOf(x); }
   double operator()(double x) const { return std::exp(x); }
@@ -461,8 +457,8 @@ void addElementwiseKernels(KernelTable& table) {
   table.add(unaryKernelsWithDouble<NegF>(OpKind::Neg));
   table.add(vectorUnary<ReluOp, ReluF>(unaryKernelsWithDouble<ReluF>(OpKind::Relu)));
   table.add(unaryKernels<GeluF>(OpKind::Gelu));
-  table.add(unaryKernelsWithDouble<TanhF>(OpKind::Tanh));
-  table.add(unaryKernelsWithDouble<SigmoidF>(OpKind::Sigmoid));
+  table.add(unaryRows<TanhF, bulkRow<tanhOf>>(unaryKernelsWithDouble<TanhF>(OpKind::Tanh)));
+  table.add(unaryRows<SigmoidF, bulkRow<sigmoidOf>>(unaryKernelsWithDouble<SigmoidF>(OpKind::Sigmoid)));
   table.add(unaryRows<ExpF, bulkRow<exponentialOf>>(unaryKernelsWithDouble<ExpF>(OpKind::Exp)));
   table.add(unaryKernelsWithDouble<LogF>(OpKind::Log));
   table.add(vectorUnary<SqrtOp, SqrtF>(unaryKernelsWithDouble<SqrtF>(OpKind::Sqrt)));

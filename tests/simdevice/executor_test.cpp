@@ -1247,10 +1247,9 @@ bool sameFloat(float got, float want) {
 TEST_CASE("the vectorized elementwise kernels keep the scalar float operations' bits, subnormals included") {
   // On AVX-512, the flat steps and strided rows of Add, Sub, Mul, Div, Sqrt,
   // Relu and ReluGrad and the flat steps of ScaledAddInplace run 16 floats
-  // at a time, those of Erf and Exp 8 (vector_math.hpp), and Mul, Div and Sqrt take blocks with a subnormal operand
-  // through double (no microcode assist); copies are block copies. All must
-  // keep the bits of the scalar float operations at every tail length, with
-  // tensor and scalar operands, fused or not.
+  // at a time, those of Erf, Exp, Tanh and Sigmoid 8 (vector_math.hpp), and Mul, Div and Sqrt take blocks
+  // with a subnormal operand through double (no microcode assist); copies are block copies. All must keep the
+  // bits of the scalar float operations at every tail length, with tensor and scalar operands, fused or not.
   for (const int64_t n : {1, 7, 8, 9, 15, 17, 1031}) {
     CAPTURE(n);
     Graph g{1};
@@ -1270,6 +1269,8 @@ TEST_CASE("the vectorized elementwise kernels keep the scalar float operations' 
     Tensor rectified = ops::relu(x);
     Tensor errorFunction = ops::erf(x);
     Tensor exponential = ops::exp(y);
+    Tensor hyperbolic = ops::tanh(x);
+    Tensor logistic = ops::sigmoid(y);
     Tensor masked{&g, g.op(g.addOp(OpKind::ReluGrad, {y.id(), x.id()})).outputs[0]};
     Tensor copied = ops::copy(ops::reshape(y, {1, n}));
     Tensor moved = ops::scaledAddInplace(w, scaled, 0.75, -0.1);
@@ -1302,12 +1303,14 @@ TEST_CASE("the vectorized elementwise kernels keep the scalar float operations' 
       const std::vector<float> gotRectified = value(rectified);
       const std::vector<float> gotErf = value(errorFunction);
       const std::vector<float> gotExp = value(exponential);
+      const std::vector<float> gotTanh = value(hyperbolic);
+      const std::vector<float> gotSigmoid = value(logistic);
       const std::vector<float> gotMasked = value(masked);
       const std::vector<float> gotCopied = value(copied);
       const std::vector<float> gotBiased = value(biased);
       for (const std::vector<float>* got :
            {&gotBoth, &gotScaled, &gotFirst, &gotMoved, &gotQuotient, &gotQuotientScalar, &gotRoot, &gotSum,
-            &gotDifference, &gotRectified, &gotErf, &gotExp, &gotMasked, &gotCopied})
+            &gotDifference, &gotRectified, &gotErf, &gotExp, &gotTanh, &gotSigmoid, &gotMasked, &gotCopied})
         REQUIRE(got->size() == static_cast<std::size_t>(n));
       REQUIRE(gotBiased.size() == 3 * static_cast<std::size_t>(n));
       int subnormalResults = 0;
@@ -1327,9 +1330,12 @@ TEST_CASE("the vectorized elementwise kernels keep the scalar float operations' 
         REQUIRE(sameFloat(gotSum[i], xs[i] + ys[i]));
         REQUIRE(sameFloat(gotDifference[i], 1.5f - ys[i]));
         REQUIRE(sameFloat(gotRectified[i], xs[i] > 0.0f ? xs[i] : 0.0f));
-        // Erf and Exp: the vector forms of vector_math.hpp, against the scalar ones.
+        // Erf, Exp, Tanh and Sigmoid: the vector forms of vector_math.hpp,
+        // against the scalar ones.
         REQUIRE(sameFloat(gotErf[i], sim::erfOf(xs[i])));
         REQUIRE(sameFloat(gotExp[i], sim::exponentialOf(ys[i])));
+        REQUIRE(sameFloat(gotTanh[i], sim::tanhOf(xs[i])));
+        REQUIRE(sameFloat(gotSigmoid[i], sim::sigmoidOf(ys[i])));
         REQUIRE(sameFloat(gotMasked[i], xs[i] > 0.0f ? ys[i] : 0.0f));
         // A copy keeps NaN payloads too.
         REQUIRE(std::bit_cast<uint32_t>(gotCopied[i]) == std::bit_cast<uint32_t>(ys[i]));

@@ -1,7 +1,8 @@
 // The device's vector math: its exponential within 1 ulp of std::exp from
-// -708 on and exact at the edges (0, overflow, 0 below -708, NaN); erf and
-// e^x of floats the nearest floats (bar near-ties) and exact at their
-// edges; and every vector form the same bits as the scalar form.
+// -708 on and exact at the edges (0, overflow, 0 below -708, NaN); erf,
+// e^x, tanh and the sigmoid of floats the nearest floats (bar near-ties)
+// and exact at their edges; and every vector form the same bits as the
+// scalar form.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "device_checks.hpp"
@@ -179,11 +181,72 @@ TEST_CASE("e^x of floats is the float of the device's exponential") {
   CHECK(std::isnan(exponentialOf(std::numeric_limits<float>::quiet_NaN())));
 }
 
-TEST_CASE("erf and e^x of floats: the vector forms give the scalar forms' bits") {
+// Every 97th float up to 10 (tanh rounds to 1 from 9.01 on) and up to 110
+// for the sigmoid (whose float is 0 below -104), and their negatives,
+// against the nearest floats of the long double functions: equal but for
+// near-ties.
+TEST_CASE("tanh and the sigmoid of floats are the nearest floats") {
+  int64_t checked = 0;
+  int64_t offTanh = 0;
+  int64_t offSigmoid = 0;
+  for (uint32_t bits = 0;; bits += 97) {
+    const float x = std::bit_cast<float>(bits);
+    if (!(x < 110.0f)) break;
+    for (const float v : {x, -x}) {
+      const long double wide = v;
+      ++checked;
+      if (x < 10.0f && tanhOf(v) != static_cast<float>(std::tanh(wide))) {
+        ++offTanh;
+        CAPTURE(v);
+        CHECK(ulpsBetween(tanhOf(v), static_cast<float>(std::tanh(wide))) == 1);
+      }
+      const long double sigmoid = 1.0L / (1.0L + std::exp(-wide));
+      if (sigmoidOf(v) != static_cast<float>(sigmoid)) {
+        ++offSigmoid;
+        CAPTURE(v);
+        CHECK(ulpsBetween(sigmoidOf(v), static_cast<float>(sigmoid)) == 1);
+      }
+    }
+  }
+  CHECK(checked > 20'000'000);
+  CHECK(offTanh <= 20);
+  CHECK(offSigmoid <= 20);
+}
+
+TEST_CASE("tanh and the sigmoid of floats at their edges") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK(tanhOf(0.0f) == 0.0f);
+  CHECK(!std::signbit(tanhOf(0.0f)));
+  CHECK(std::signbit(tanhOf(-0.0f)));
+  CHECK(tanhOf(inf) == 1.0f);
+  CHECK(tanhOf(-inf) == -1.0f);
+  CHECK(tanhOf(400.0f) == 1.0f);  // e^800 overflows: 1 - 2 / inf
+  CHECK(std::isnan(tanhOf(nan)));
+  // Tiny and subnormal x, and both sides of the switch to the exponential.
+  for (const float x : {0x1p-149f, 1e-30f, 1e-4f, 0.0625f, std::nextafter(0.0625f, 0.0f), 0.5f, 9.0f}) {
+    CAPTURE(x);
+    CHECK(tanhOf(x) == static_cast<float>(std::tanh(static_cast<long double>(x))));
+    CHECK(tanhOf(-x) == -tanhOf(x));
+  }
+  CHECK(sigmoidOf(0.0f) == 0.5f);
+  CHECK(sigmoidOf(inf) == 1.0f);
+  CHECK(sigmoidOf(-inf) == 0.0f);
+  CHECK(sigmoidOf(-800.0f) == 0.0f);
+  CHECK(sigmoidOf(-100.0f) == static_cast<float>(std::exp(-100.0L)));  // a subnormal float
+  CHECK(std::isnan(sigmoidOf(nan)));
+}
+
+TEST_CASE("erf, e^x, tanh and the sigmoid of floats: the vector forms give the scalar forms' bits") {
   for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{15}, int64_t{16},
                           int64_t{17}, int64_t{61}, int64_t{4'096}}) {
     CAPTURE(n);
     std::vector<float> x = test::pseudoRandom(static_cast<std::size_t>(n), 13, -6.0f, 6.0f);
+    if (n > 40) {
+      x[30] = 0.01f;  // tanh's polynomial
+      x[31] = -0.0625f;
+      x[32] = -120.0f;
+    }
     if (n > 20) {
       x[2] = std::numeric_limits<float>::infinity();
       x[3] = -std::numeric_limits<float>::infinity();
@@ -196,24 +259,30 @@ TEST_CASE("erf and e^x of floats: the vector forms give the scalar forms' bits")
     // Guards on both sides: the tails write no float past n.
     std::vector<float> erfs(static_cast<std::size_t>(n) + 2, 7.0f);
     std::vector<float> exps(static_cast<std::size_t>(n) + 2, 7.0f);
+    std::vector<float> tanhs(static_cast<std::size_t>(n) + 2, 7.0f);
+    std::vector<float> sigmoids(static_cast<std::size_t>(n) + 2, 7.0f);
     erfOf(x.data(), n, erfs.data() + 1);
     exponentialOf(x.data(), n, exps.data() + 1);
-    CHECK(erfs.front() == 7.0f);
-    CHECK(erfs.back() == 7.0f);
-    CHECK(exps.front() == 7.0f);
-    CHECK(exps.back() == 7.0f);
+    tanhOf(x.data(), n, tanhs.data() + 1);
+    sigmoidOf(x.data(), n, sigmoids.data() + 1);
+    for (const std::vector<float>* out : {&erfs, &exps, &tanhs, &sigmoids}) {
+      CHECK(out->front() == 7.0f);
+      CHECK(out->back() == 7.0f);
+    }
     for (int64_t j = 0; j < n; ++j) {
       const auto at = static_cast<std::size_t>(j);
       CAPTURE(x[at]);
-      const float wantErf = erfOf(x[at]);
-      const float wantExp = exponentialOf(x[at]);
-      if (std::isnan(x[at])) {
-        CHECK(std::isnan(erfs[at + 1]));
-        CHECK(std::isnan(exps[at + 1]));
-        continue;
+      const std::array<std::pair<float, float>, 4> pairs = {{{erfs[at + 1], erfOf(x[at])},
+                                                             {exps[at + 1], exponentialOf(x[at])},
+                                                             {tanhs[at + 1], tanhOf(x[at])},
+                                                             {sigmoids[at + 1], sigmoidOf(x[at])}}};
+      for (const auto& [got, want] : pairs) {
+        if (std::isnan(x[at])) {
+          CHECK(std::isnan(got));
+        } else {
+          CHECK(std::bit_cast<uint32_t>(got) == std::bit_cast<uint32_t>(want));
+        }
       }
-      CHECK(std::bit_cast<uint32_t>(erfs[at + 1]) == std::bit_cast<uint32_t>(wantErf));
-      CHECK(std::bit_cast<uint32_t>(exps[at + 1]) == std::bit_cast<uint32_t>(wantExp));
     }
   }
 }
