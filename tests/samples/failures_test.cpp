@@ -283,24 +283,35 @@ TEST_CASE("SIGTERM without a checkpoint configured says so and how to configure 
 }
 
 TEST_CASE("a second signal ends training at once") {
-  const TempDir dir;
-  const std::string checkpoint = (dir.path() / "run.safetensors").string();
   // Steps of a wide model on a large batch take far longer than sending two
-  // signals, so both arrive within one step.
-  const std::string config = writeConfig(dir, checkpoint, 1000000, 2048);
-  BackgroundProcess training(
-      dir.path(), cli(),
-      {"train", config, "--set", "/data/batchSize=128", "--set", "/data/limitTrainSamples=2560"});
-  REQUIRE_MESSAGE(training.waitForError("epoch 1/", 300), "training did not start");
-  training.signal(SIGTERM);
-  training.signal(SIGHUP);
-  const ProcessResult stopped = training.wait();
-  INFO("stderr: " << stopped.err);
-  // Ended by the second signal's default action: no report, no checkpoint.
-  CHECK((stopped.exitCode == -SIGTERM || stopped.exitCode == -SIGHUP));
-  CHECK(stopped.err.find("interrupted after step") == std::string::npos);
-  CHECK(!fs::exists(checkpoint));
-  CHECK(temporaryFiles(dir.path()).empty());
+  // signals, so both normally arrive within one step. On a loaded machine
+  // the test itself can be descheduled between the two for longer than the
+  // rest of a step; then the first signal's orderly stop has finished when
+  // the second comes, and the attempt shows nothing about the second. Such
+  // an attempt is run again, up to 3 times; a second signal that does not
+  // end the run fails every attempt.
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    CAPTURE(attempt);
+    const TempDir dir;
+    const std::string checkpoint = (dir.path() / "run.safetensors").string();
+    const std::string config = writeConfig(dir, checkpoint, 1000000, 2048);
+    BackgroundProcess training(
+        dir.path(), cli(),
+        {"train", config, "--set", "/data/batchSize=128", "--set", "/data/limitTrainSamples=2560"});
+    REQUIRE_MESSAGE(training.waitForError("epoch 1/", 300), "training did not start");
+    training.signal(SIGTERM);
+    training.signal(SIGHUP);
+    const ProcessResult stopped = training.wait();
+    INFO("stderr: " << stopped.err);
+    const bool orderly = stopped.err.find("interrupted after step") != std::string::npos;
+    if (orderly && attempt < 3) continue;
+    // Ended by the second signal's default action: no report, no checkpoint.
+    CHECK((stopped.exitCode == -SIGTERM || stopped.exitCode == -SIGHUP));
+    CHECK(stopped.err.find("interrupted after step") == std::string::npos);
+    CHECK(!fs::exists(checkpoint));
+    CHECK(temporaryFiles(dir.path()).empty());
+    break;
+  }
 }
 
 TEST_CASE("kill -9 during checkpoint writes leaves the last good checkpoint and no temporary file") {
