@@ -32,7 +32,7 @@ namespace tessera::sim {
 double exponential(double x);
 
 // The Erf, Exp, Sigmoid and Tanh ops on floats, 8 elements at a time on
-// AVX-512 (glibc's erff took 8-24 ns an element and the Erf of a
+// AVX-512 (glibc's erff took 13-24 ns an element and the Erf of a
 // transformer's GELU was its largest step). Each value is computed in
 // double and rounded once to float, and the scalar forms make the same
 // operations, so the bits are the same on every CPU.

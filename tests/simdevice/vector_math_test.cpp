@@ -110,31 +110,39 @@ TEST_CASE("shifted exponentials: the vector form gives the scalar form's bits") 
   }
 }
 
+// f(v) for every 97th float x from 0 up to `below` and its negative; the
+// count of values.
+template <class F>
+int64_t forEvery97thFloat(float below, F&& f) {
+  int64_t count = 0;
+  for (uint32_t bits = 0;; bits += 97) {
+    const float x = std::bit_cast<float>(bits);
+    if (!(x < below)) return count;
+    f(x);
+    f(-x);
+    count += 2;
+  }
+}
+
 // Every 97th float from 0 to 4 and its negative (about 22 million values),
 // then beyond: erfOf is erf rounded to the nearest float but for values
 // within the approximation's error of a tie, which a float of the long
 // double erf would have to hit.
 TEST_CASE("erf of floats is the nearest float to erf") {
-  int64_t checked = 0;
   int64_t off = 0;
-  for (uint32_t bits = 0;; bits += 97) {
-    const float x = std::bit_cast<float>(bits);
-    if (!(x < 4.5f)) break;
-    for (const float v : {x, -x}) {
-      const long double exact = std::erf(static_cast<long double>(v));
-      const float got = erfOf(v);
-      const auto nearest = static_cast<float>(exact);
-      ++checked;
-      if (got == nearest) continue;
-      ++off;
-      CAPTURE(v);
-      CHECK(ulpsBetween(got, nearest) == 1);
-      // Off by one only at a near-tie: the two floats' midpoint within
-      // 1e-14 of erf relative to it.
-      const long double midpoint = (static_cast<long double>(got) + nearest) / 2;
-      CHECK(std::fabs(static_cast<double>((midpoint - exact) / exact)) < 1e-14);
-    }
-  }
+  const int64_t checked = forEvery97thFloat(4.5f, [&](float v) {
+    const long double exact = std::erf(static_cast<long double>(v));
+    const float got = erfOf(v);
+    const auto nearest = static_cast<float>(exact);
+    if (got == nearest) return;
+    ++off;
+    CAPTURE(v);
+    CHECK(ulpsBetween(got, nearest) == 1);
+    // Off by one only at a near-tie: the two floats' midpoint within 1e-14
+    // of erf relative to it.
+    const long double midpoint = (static_cast<long double>(got) + nearest) / 2;
+    CHECK(std::fabs(static_cast<double>((midpoint - exact) / exact)) < 1e-14);
+  });
   CHECK(checked > 20'000'000);
   CHECK(off <= 8);
 }
@@ -186,28 +194,21 @@ TEST_CASE("e^x of floats is the float of the device's exponential") {
 // against the nearest floats of the long double functions: equal but for
 // near-ties.
 TEST_CASE("tanh and the sigmoid of floats are the nearest floats") {
-  int64_t checked = 0;
   int64_t offTanh = 0;
   int64_t offSigmoid = 0;
-  for (uint32_t bits = 0;; bits += 97) {
-    const float x = std::bit_cast<float>(bits);
-    if (!(x < 110.0f)) break;
-    for (const float v : {x, -x}) {
-      const long double wide = v;
-      ++checked;
-      if (x < 10.0f && tanhOf(v) != static_cast<float>(std::tanh(wide))) {
-        ++offTanh;
-        CAPTURE(v);
-        CHECK(ulpsBetween(tanhOf(v), static_cast<float>(std::tanh(wide))) == 1);
-      }
-      const long double sigmoid = 1.0L / (1.0L + std::exp(-wide));
-      if (sigmoidOf(v) != static_cast<float>(sigmoid)) {
-        ++offSigmoid;
-        CAPTURE(v);
-        CHECK(ulpsBetween(sigmoidOf(v), static_cast<float>(sigmoid)) == 1);
-      }
+  const int64_t checked = forEvery97thFloat(110.0f, [&](float v) {
+    const long double wide = v;
+    CAPTURE(v);
+    if (std::fabs(v) < 10.0f && tanhOf(v) != static_cast<float>(std::tanh(wide))) {
+      ++offTanh;
+      CHECK(ulpsBetween(tanhOf(v), static_cast<float>(std::tanh(wide))) == 1);
     }
-  }
+    const long double sigmoid = 1.0L / (1.0L + std::exp(-wide));
+    if (sigmoidOf(v) != static_cast<float>(sigmoid)) {
+      ++offSigmoid;
+      CHECK(ulpsBetween(sigmoidOf(v), static_cast<float>(sigmoid)) == 1);
+    }
+  });
   CHECK(checked > 20'000'000);
   CHECK(offTanh <= 20);
   CHECK(offSigmoid <= 20);
