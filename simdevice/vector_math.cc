@@ -88,7 +88,13 @@ const ErfTable& erfTable() {
   return table;
 }
 
-// erfOf() with `fma`, a fused multiply-add (std::fma, or the CPU's).
+// A fused multiply-add: a call to the C library's fma, or the CPU's
+// instruction once inlined into a function built with target("fma").
+struct FusedMultiplyAdd {
+  double operator()(double a, double b, double c) const { return std::fma(a, b, c); }
+};
+
+// erfOf() with `fma`, a fused multiply-add (FusedMultiplyAdd).
 template <class Fma>
 inline float erfWith(float x, const ErfTable& table, Fma fma) {
   if (std::isnan(x)) return x;
@@ -120,7 +126,7 @@ inline double smallTanh(double a, Fma fma) {
 // 2^n for an integer n in [-1022, 1023], exactly.
 double powerOf2(int64_t n) { return std::bit_cast<double>(static_cast<uint64_t>(n + 1023) << 52); }
 
-// exponential() with `fma`, a fused multiply-add (std::fma, or the CPU's).
+// exponential() with `fma`, a fused multiply-add (FusedMultiplyAdd).
 template <class Fma>
 inline double exponentialWith(double x, Fma fma) {
   if (std::isnan(x)) return x;
@@ -139,10 +145,10 @@ inline double exponentialWith(double x, Fma fma) {
 }
 
 #ifdef TESSERA_VECTOR_MATH_X86
-// With the CPU's fused multiply-add inline (std::fma is a call in a build
-// for the baseline architecture).
+// With the CPU's fused multiply-add inline (FusedMultiplyAdd is a call in a build for
+// the baseline architecture).
 __attribute__((target("fma"))) double exponentialFma(double x) {
-  return exponentialWith(x, [](double a, double b, double c) { return __builtin_fma(a, b, c); });
+  return exponentialWith(x, FusedMultiplyAdd{});
 }
 
 // exponential() of 8 doubles, operation for operation.
@@ -165,12 +171,10 @@ __attribute__((target("avx512f"), always_inline)) inline __m512d exponential8(__
   return _mm512_mask_blend_pd(nan, _mm512_maskz_scalef_pd(kept, p, n), x);
 }
 
-__attribute__((target("fma"))) double smallTanhFma(double a) {
-  return smallTanh(a, [](double p, double q, double c) { return __builtin_fma(p, q, c); });
-}
+__attribute__((target("fma"))) double smallTanhFma(double a) { return smallTanh(a, FusedMultiplyAdd{}); }
 
 __attribute__((target("fma"))) float erfFma(float x, const ErfTable& table) {
-  return erfWith(x, table, [](double a, double b, double c) { return __builtin_fma(a, b, c); });
+  return erfWith(x, table, FusedMultiplyAdd{});
 }
 
 // erfOf() of 8 floats widened to doubles, operation for operation.
@@ -366,45 +370,51 @@ float blockSum(const float* x, int64_t n) {
   return lanes[0];
 }
 
+// out[j] = scalar(x[j]) for j in [0, n): through floatsThroughDoubles with
+// vector() where the CPU has AVX-512 (the same bits).
+template <class Scalar, class MakeVector>
+void ofFloats(const float* x, int64_t n, float* out, Scalar scalar, MakeVector vector) {
+#ifdef TESSERA_VECTOR_MATH_X86
+  if (cpuHasAvx512()) return floatsThroughDoubles(x, n, out, vector());
+#else
+  (void)vector;
+#endif
+  for (int64_t j = 0; j < n; ++j) out[j] = scalar(x[j]);
+}
+
 }  // namespace
 
 double exponential(double x) {
 #ifdef TESSERA_VECTOR_MATH_X86
   if (cpuHasFma()) return exponentialFma(x);
 #endif
-  return exponentialWith(x, [](double a, double b, double c) { return std::fma(a, b, c); });
+  return exponentialWith(x, FusedMultiplyAdd{});
 }
 
 float erfOf(float x) {
 #ifdef TESSERA_VECTOR_MATH_X86
   if (cpuHasFma()) return erfFma(x, erfTable());
 #endif
-  return erfWith(x, erfTable(), [](double a, double b, double c) { return std::fma(a, b, c); });
+  return erfWith(x, erfTable(), FusedMultiplyAdd{});
 }
 
 void erfOf(const float* x, int64_t n, float* out) {
-#ifdef TESSERA_VECTOR_MATH_X86
-  if (cpuHasAvx512()) return floatsThroughDoubles(x, n, out, Erf8{erfTable()});
-#endif
-  for (int64_t j = 0; j < n; ++j) out[j] = erfOf(x[j]);
+  ofFloats(
+      x, n, out, [](float v) { return erfOf(v); }, [] { return Erf8{erfTable()}; });
 }
 
 float exponentialOf(float x) { return static_cast<float>(exponential(static_cast<double>(x))); }
 
 void exponentialOf(const float* x, int64_t n, float* out) {
-#ifdef TESSERA_VECTOR_MATH_X86
-  if (cpuHasAvx512()) return floatsThroughDoubles(x, n, out, Exponential8{});
-#endif
-  for (int64_t j = 0; j < n; ++j) out[j] = exponentialOf(x[j]);
+  ofFloats(
+      x, n, out, [](float v) { return exponentialOf(v); }, [] { return Exponential8{}; });
 }
 
 float sigmoidOf(float x) { return static_cast<float>(1.0 / (1.0 + exponential(-static_cast<double>(x)))); }
 
 void sigmoidOf(const float* x, int64_t n, float* out) {
-#ifdef TESSERA_VECTOR_MATH_X86
-  if (cpuHasAvx512()) return floatsThroughDoubles(x, n, out, Sigmoid8{});
-#endif
-  for (int64_t j = 0; j < n; ++j) out[j] = sigmoidOf(x[j]);
+  ofFloats(
+      x, n, out, [](float v) { return sigmoidOf(v); }, [] { return Sigmoid8{}; });
 }
 
 float tanhOf(float x) {
@@ -412,10 +422,9 @@ float tanhOf(float x) {
   double r = 0.0;
   if (a < kTanhSmall) {
 #ifdef TESSERA_VECTOR_MATH_X86
-    r = cpuHasFma() ? smallTanhFma(a)
-                    : smallTanh(a, [](double p, double q, double c) { return std::fma(p, q, c); });
+    r = cpuHasFma() ? smallTanhFma(a) : smallTanh(a, FusedMultiplyAdd{});
 #else
-    r = smallTanh(a, [](double p, double q, double c) { return std::fma(p, q, c); });
+    r = smallTanh(a, FusedMultiplyAdd{});
 #endif
   } else {
     r = 1.0 - 2.0 / (exponential(2.0 * a) + 1.0);
@@ -424,10 +433,8 @@ float tanhOf(float x) {
 }
 
 void tanhOf(const float* x, int64_t n, float* out) {
-#ifdef TESSERA_VECTOR_MATH_X86
-  if (cpuHasAvx512()) return floatsThroughDoubles(x, n, out, Tanh8{});
-#endif
-  for (int64_t j = 0; j < n; ++j) out[j] = tanhOf(x[j]);
+  ofFloats(
+      x, n, out, [](float v) { return tanhOf(v); }, [] { return Tanh8{}; });
 }
 
 void shiftedExponentials(const float* x, int64_t n, float max, double* out) {
