@@ -240,7 +240,7 @@ struct Sigmoid8 {
 };
 
 struct Erf8 {
-  const ErfTable& table;
+  const ErfTable& table = erfTable();
   __attribute__((target("avx512f,avx512dq"), always_inline)) __m512d operator()(__m512d x) const {
     return erf8(x, table);
   }
@@ -299,6 +299,166 @@ __attribute__((target("avx512f,avx512vl"))) int64_t shiftedExponentialsAvx512(co
   return n;
 }
 
+// Transposes the 8 x 8 floats v[i][j] in place (rows to columns).
+__attribute__((target("avx"), always_inline)) inline void transpose8x8(__m256 (&v)[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+  }
+  __m256 u[8];
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    v[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// A block of up to 8 short rows (c <= kShortRow), a row in each lane:
+// column j holds element j of each row (0 in the lanes past the block).
+struct RowBlock {
+  alignas(32) float x[kShortRow][8];
+  alignas(64) double e[kShortRow][8];  // the exponentials
+  alignas(32) float out[kShortRow][8];
+};
+
+// Rows [0, count) of c elements at x into columns, through masks.
+__attribute__((target("avx512f,avx512vl"))) void loadRows(const float* x, int64_t count, int64_t c,
+                                                          float (*columns)[8]) {
+  for (int64_t j0 = 0; j0 < c; j0 += 8) {
+    const auto lanes = static_cast<__mmask8>(c - j0 >= 8 ? 0xff : (1u << (c - j0)) - 1);
+    __m256 v[8];
+    for (int64_t i = 0; i < 8; ++i)
+      v[i] = i < count ? _mm256_maskz_loadu_ps(lanes, x + i * c + j0) : _mm256_setzero_ps();
+    transpose8x8(v);
+    for (int64_t j = j0; j < std::min(c, j0 + 8); ++j) _mm256_store_ps(columns[j], v[j - j0]);
+  }
+}
+
+// The columns back into rows [0, count) of c elements at out, through masks.
+__attribute__((target("avx512f,avx512vl"))) void storeRows(const float (*columns)[8], int64_t count,
+                                                           int64_t c, float* out) {
+  for (int64_t j0 = 0; j0 < c; j0 += 8) {
+    const auto lanes = static_cast<__mmask8>(c - j0 >= 8 ? 0xff : (1u << (c - j0)) - 1);
+    __m256 v[8];
+    for (int64_t j = 0; j < 8; ++j) v[j] = j0 + j < c ? _mm256_load_ps(columns[j0 + j]) : _mm256_setzero_ps();
+    transpose8x8(v);
+    for (int64_t i = 0; i < count; ++i) _mm256_mask_storeu_ps(out + i * c + j0, lanes, v[i]);
+  }
+}
+
+// Each row's max (std::max_element's: the first of the greatest, and a
+// NaN only from element 0) into *max, its exponentials into block.e, and
+// their sum in LaneSum's order (element j into lane j mod 8) returned.
+__attribute__((target("avx512f,avx512vl,avx512dq"))) __m512d exponentialSums(RowBlock& block, int64_t c,
+                                                                             __m256* max) {
+  const __mmask8 all = 0xff;
+  __m256 m = _mm256_load_ps(block.x[0]);
+  for (int64_t j = 1; j < c; ++j) {
+    const __m256 v = _mm256_load_ps(block.x[j]);
+    m = _mm256_mask_blend_ps(_mm256_cmp_ps_mask(m, v, _CMP_LT_OQ), m, v);
+  }
+  // (Unrolled by 8, so that the lanes stay in registers.)
+  __m512d lanes[8];
+  for (__m512d& lane : lanes) lane = _mm512_setzero_pd();
+  for (int64_t j0 = 0; j0 < c; j0 += 8) {
+#pragma GCC unroll 8
+    for (int64_t k = 0; k < 8; ++k) {
+      if (j0 + k == c) break;
+      const __m512d e =
+          exponential8(_mm512_maskz_cvtps_pd(all, _mm256_sub_ps(_mm256_load_ps(block.x[j0 + k]), m)));
+      _mm512_store_pd(block.e[j0 + k], e);
+      lanes[k] = _mm512_add_pd(lanes[k], e);
+    }
+  }
+  *max = m;
+  return _mm512_add_pd(_mm512_add_pd(_mm512_add_pd(lanes[0], lanes[4]), _mm512_add_pd(lanes[2], lanes[6])),
+                       _mm512_add_pd(_mm512_add_pd(lanes[1], lanes[5]), _mm512_add_pd(lanes[3], lanes[7])));
+}
+
+// std::log of each lane.
+__attribute__((target("avx512f"))) __m512d logOf(__m512d x) {
+  alignas(64) double v[8];
+  _mm512_store_pd(v, x);
+  for (double& d : v) d = std::log(d);
+  return _mm512_load_pd(v);
+}
+
+// Calls rows(block, first row, rows in the block) for the blocks of 8
+// rows of c elements at x.
+template <class Rows>
+__attribute__((target("avx512f,avx512vl"))) void forRowBlocks(const float* x, int64_t rows, int64_t c,
+                                                              Rows f) {
+  RowBlock block;
+  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    const int64_t count = std::min<int64_t>(8, rows - r0);
+    loadRows(x + r0 * c, count, c, block.x);
+    f(block, r0, count);
+  }
+}
+
+// The rows of shortRowProbabilities().
+struct ProbabilityRows {
+  int64_t c;
+  const float* labels;
+  double factor;
+  float* out;
+  __attribute__((target("avx512f,avx512vl,avx512dq"))) void operator()(RowBlock& block, int64_t r0,
+                                                                       int64_t count) const {
+    const __mmask8 all = 0xff;
+    __m256 max;
+    const __m512d sum = exponentialSums(block, c, &max);
+    alignas(64) double label[8];
+    for (int64_t i = 0; i < 8; ++i) label[i] = labels != nullptr && i < count ? labels[r0 + i] : -1.0;
+    const __m512d labelOf = _mm512_load_pd(label);
+    const __m512d scale = _mm512_set1_pd(factor);
+    for (int64_t j = 0; j < c; ++j) {
+      __m512d p = _mm512_div_pd(_mm512_load_pd(block.e[j]), sum);
+      const __mmask8 hot = _mm512_cmp_pd_mask(labelOf, _mm512_set1_pd(static_cast<double>(j)), _CMP_EQ_OQ);
+      p = _mm512_mask_sub_pd(p, hot, p, _mm512_set1_pd(1.0));
+      _mm256_store_ps(block.out[j], _mm512_maskz_cvtpd_ps(all, _mm512_mul_pd(p, scale)));
+    }
+    storeRows(block.out, count, c, out + r0 * c);
+  }
+};
+
+// The rows of shortRowLogSoftmax() (into logSoftmax) or of
+// shortRowLogSumExps() (into logSumExps).
+struct LogRows {
+  int64_t c;
+  float* logSoftmax;
+  double* logSumExps;
+  __attribute__((target("avx512f,avx512vl,avx512dq"))) void operator()(RowBlock& block, int64_t r0,
+                                                                       int64_t count) const {
+    const __mmask8 all = 0xff;
+    __m256 max;
+    const __m512d logSum = logOf(exponentialSums(block, c, &max));
+    if (logSumExps != nullptr) {
+      const __m512d lse = _mm512_add_pd(_mm512_maskz_cvtps_pd(all, max), logSum);
+      return _mm512_mask_storeu_pd(logSumExps + r0, static_cast<__mmask8>((1u << count) - 1), lse);
+    }
+    for (int64_t j = 0; j < c; ++j) {
+      const __m512d shifted = _mm512_maskz_cvtps_pd(all, _mm256_sub_ps(_mm256_load_ps(block.x[j]), max));
+      _mm256_store_ps(block.out[j], _mm512_maskz_cvtpd_ps(all, _mm512_sub_pd(shifted, logSum)));
+    }
+    storeRows(block.out, count, c, logSoftmax + r0 * c);
+  }
+};
+
+// The short-row functions: f over the blocks of rows when they run here
+// (rows), else nothing (0).
+template <class Rows>
+int64_t shortRows(const float* x, int64_t rows, int64_t c, Rows f) {
+  if (c <= 0 || c > kShortRow || !cpuHasAvx512()) return 0;
+  forRowBlocks(x, rows, c, f);
+  return rows;
+}
+
 // LaneSum::add when the lanes are aligned: lanes += values[8 i, 8 i + 8)
 // in order, the last few into the first lanes; the count added (n).
 __attribute__((target("avx512f"))) int64_t addLanesAvx512(const double* values, int64_t n, double* lanes) {
@@ -348,6 +508,12 @@ __attribute__((target("avx512f"))) void blockLanesAvx512(const float* x, int64_t
   }
   for (std::size_t v = 0; v < 4; ++v) _mm512_storeu_ps(lanes + 16 * v, acc[v]);
 }
+#else
+// (The vector forms' names, for ofFloats; only x86 has them.)
+struct Erf8;
+struct Exponential8;
+struct Sigmoid8;
+struct Tanh8;
 #endif
 
 // A block's sum (n <= kRowSumBlock): 64 lanes, then the fixed tree. A lane
@@ -371,13 +537,11 @@ float blockSum(const float* x, int64_t n) {
 }
 
 // out[j] = scalar(x[j]) for j in [0, n): through floatsThroughDoubles with
-// vector() where the CPU has AVX-512 (the same bits).
-template <class Scalar, class MakeVector>
-void ofFloats(const float* x, int64_t n, float* out, Scalar scalar, MakeVector vector) {
+// a Vector where the CPU has AVX-512 (the same bits).
+template <class Vector, class Scalar>
+void ofFloats(const float* x, int64_t n, float* out, Scalar scalar) {
 #ifdef TESSERA_VECTOR_MATH_X86
-  if (cpuHasAvx512()) return floatsThroughDoubles(x, n, out, vector());
-#else
-  (void)vector;
+  if (cpuHasAvx512()) return floatsThroughDoubles(x, n, out, Vector{});
 #endif
   for (int64_t j = 0; j < n; ++j) out[j] = scalar(x[j]);
 }
@@ -399,22 +563,19 @@ float erfOf(float x) {
 }
 
 void erfOf(const float* x, int64_t n, float* out) {
-  ofFloats(
-      x, n, out, [](float v) { return erfOf(v); }, [] { return Erf8{erfTable()}; });
+  ofFloats<Erf8>(x, n, out, [](float v) { return erfOf(v); });
 }
 
 float exponentialOf(float x) { return static_cast<float>(exponential(static_cast<double>(x))); }
 
 void exponentialOf(const float* x, int64_t n, float* out) {
-  ofFloats(
-      x, n, out, [](float v) { return exponentialOf(v); }, [] { return Exponential8{}; });
+  ofFloats<Exponential8>(x, n, out, [](float v) { return exponentialOf(v); });
 }
 
 float sigmoidOf(float x) { return static_cast<float>(1.0 / (1.0 + exponential(-static_cast<double>(x)))); }
 
 void sigmoidOf(const float* x, int64_t n, float* out) {
-  ofFloats(
-      x, n, out, [](float v) { return sigmoidOf(v); }, [] { return Sigmoid8{}; });
+  ofFloats<Sigmoid8>(x, n, out, [](float v) { return sigmoidOf(v); });
 }
 
 float tanhOf(float x) {
@@ -433,8 +594,7 @@ float tanhOf(float x) {
 }
 
 void tanhOf(const float* x, int64_t n, float* out) {
-  ofFloats(
-      x, n, out, [](float v) { return tanhOf(v); }, [] { return Tanh8{}; });
+  ofFloats<Tanh8>(x, n, out, [](float v) { return tanhOf(v); });
 }
 
 void shiftedExponentials(const float* x, int64_t n, float max, double* out) {
@@ -470,6 +630,26 @@ void probabilities(const double* e, int64_t n, double sum, int64_t label, double
 #endif
   for (; j < n; ++j) out[j] = static_cast<float>((e[j] / sum - (j == label ? 1.0 : 0.0)) * factor);
 }
+
+#ifdef TESSERA_VECTOR_MATH_X86
+int64_t shortRowProbabilities(const float* x, int64_t rows, int64_t c, const float* labels, double factor,
+                              float* out) {
+  return shortRows(x, rows, c, ProbabilityRows{c, labels, factor, out});
+}
+
+int64_t shortRowLogSoftmax(const float* x, int64_t rows, int64_t c, float* out) {
+  return shortRows(x, rows, c, LogRows{c, out, nullptr});
+}
+
+int64_t shortRowLogSumExps(const float* x, int64_t rows, int64_t c, double* out) {
+  return shortRows(x, rows, c, LogRows{c, nullptr, out});
+}
+#else
+// Elsewhere the rows go one by one.
+int64_t shortRowProbabilities(const float*, int64_t, int64_t, const float*, double, float*) { return 0; }
+int64_t shortRowLogSoftmax(const float*, int64_t, int64_t, float*) { return 0; }
+int64_t shortRowLogSumExps(const float*, int64_t, int64_t, double*) { return 0; }
+#endif
 
 float rowSum(const float* x, int64_t n) {
   float total = 0.0f;

@@ -85,6 +85,27 @@ class LaneSum {
 // -1, factor 1) or of the cross entropy's gradient.
 void probabilities(const double* e, int64_t n, double sum, int64_t label, double factor, float* out);
 
+// The softmax family on short rows, 8 rows at a time with a row in each
+// lane. Row by row, a row of 8 or 32 (an attention row, a small
+// vocabulary's logits) left most of each vector empty, and its max, its
+// exponentials, their sum and its probabilities waited on each other; across
+// rows, the 8 lanes are full and the rows independent. Each function below
+// computes rows [0, rows) of c elements at x and returns rows when 0 < c <=
+// kShortRow and the CPU has AVX-512; else it does nothing and returns 0 (the
+// caller goes row by row). The bits are those of the row-by-row forms: the
+// max of std::max_element, the exponentials of shiftedExponentials(), their
+// LaneSum, probabilities(), and std::log of the sum.
+inline constexpr int64_t kShortRow = 64;
+// Row r of out: probabilities(row r's exponentials, c, their sum, label,
+// factor), label labels[r] (whole numbers in [0, c)), or -1 where labels is
+// null.
+int64_t shortRowProbabilities(const float* x, int64_t rows, int64_t c, const float* labels, double factor,
+                              float* out);
+// Row r of out: float(double(x[j] - max) - log(sum)), the log-softmax.
+int64_t shortRowLogSoftmax(const float* x, int64_t rows, int64_t c, float* out);
+// out[r] = double(max) + log(sum): row r's log-sum-exp.
+int64_t shortRowLogSumExps(const float* x, int64_t rows, int64_t c, double* out);
+
 // The sum in float of a row of n floats, in the order reductions document:
 // a row of fewer than kRowSumLanes values in order from +0; a longer one in
 // blocks of kRowSumBlock values, each block in 64 lanes (value k into lane

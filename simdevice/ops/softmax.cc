@@ -77,6 +77,9 @@ void softmaxKernel(const Step& s) {
     const float* x = inOf(s, run, 0);
     forRows(s, rows, c, [&](int64_t first, int64_t last) {
       std::array<double, kKeptExponentials> kept;
+      const int64_t n = last - first;
+      first += kLog ? shortRowLogSoftmax(x + first * c, n, c, o + first * c)
+                    : shortRowProbabilities(x + first * c, n, c, nullptr, 1.0, o + first * c);
       for (int64_t r = first; r < last; ++r) {
         const float* xr = x + r * c;
         float* orow = o + r * c;
@@ -155,6 +158,8 @@ void crossEntropyKernel(const Step& s) {
         const double factor = static_cast<double>(*operand(0)) * s.scale;
         forRows(s, n, c, [&](int64_t first, int64_t last) {
           std::array<double, kKeptExponentials> kept;
+          first += shortRowProbabilities(logits + first * c, last - first, c, labels + first, factor,
+                                         o + first * c);
           for (int64_t r = first; r < last; ++r) {
             const float* x = logits + r * c;
             const float max = *std::max_element(x, x + c);
@@ -169,10 +174,14 @@ void crossEntropyKernel(const Step& s) {
         for (int64_t r0 = 0; r0 < n; r0 += kLossBlock) {
           const int64_t rows = std::min(kLossBlock, n - r0);
           forRows(s, rows, c, [&](int64_t first, int64_t last) {
-            for (int64_t r = r0 + first; r < r0 + last; ++r) {
-              const float* x = logits + r * c;
-              terms[static_cast<std::size_t>(r - r0)] =
-                  logSumExp(x, c) - static_cast<double>(x[static_cast<int64_t>(labels[r])]);
+            // terms[i]: row r0 + i's log-sum-exp, then its term.
+            const int64_t vectorized =
+                first + shortRowLogSumExps(logits + (r0 + first) * c, last - first, c, terms.data() + first);
+            for (int64_t i = first; i < last; ++i) {
+              const float* x = logits + (r0 + i) * c;
+              double& term = terms[static_cast<std::size_t>(i)];
+              if (i >= vectorized) term = logSumExp(x, c);
+              term -= static_cast<double>(x[static_cast<int64_t>(labels[r0 + i])]);
             }
           });
           for (int64_t i = 0; i < rows; ++i) loss += terms[static_cast<std::size_t>(i)];

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_features.hpp"
 #include "device_checks.hpp"
 #include "vector_math.hpp"
 
@@ -341,6 +342,85 @@ TEST_CASE("probabilities: the vector form gives the scalar form's bits") {
       }
     }
   }
+}
+
+// Whether a and b are the same value: equal, or both NaN.
+bool sameValue(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
+
+TEST_CASE("short rows, 8 at a time: the row-by-row forms' bits") {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  for (const int64_t c : {1, 2, 3, 7, 8, 9, 16, 31, 32, 33, 63, 64}) {
+    for (const int64_t rows : {1, 5, 8, 13, 19}) {
+      CAPTURE(c);
+      CAPTURE(rows);
+      std::vector<float> x = test::pseudoRandom(static_cast<std::size_t>(rows * c), 21, -3.0f, 3.0f);
+      auto at = [&](int64_t r, int64_t j) -> float& { return x[static_cast<std::size_t>(r * c + j)]; };
+      // Masked scores (some or all -inf), ties at the max with zeros of
+      // both signs, and NaNs first or later in a row.
+      for (int64_t j = 1; j < c; j += 2) at(0, j) = -kInf;
+      if (rows > 1) std::fill_n(&at(1, 0), c, -kInf);
+      if (rows > 2) {
+        std::fill_n(&at(2, 0), c, -1.0f);
+        at(2, 0) = -0.0f;
+        at(2, c - 1) = 0.0f;
+      }
+      if (rows > 3) at(3, 0) = kNaN;
+      if (rows > 4) at(4, c - 1) = kNaN;
+      std::vector<float> labels;
+      for (int64_t r = 0; r < rows; ++r) labels.push_back(static_cast<float>((r * 5) % c));
+      // Each row by the row-by-row forms.
+      std::vector<float> softmax;
+      std::vector<float> gradient;
+      std::vector<float> logSoftmax;
+      std::vector<double> logSumExp;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* row = &at(r, 0);
+        const float max = *std::max_element(row, row + c);
+        std::vector<double> e(static_cast<std::size_t>(c));
+        shiftedExponentials(row, c, max, e.data());
+        const double sum = laneOrder(e);
+        std::vector<float> p(static_cast<std::size_t>(c));
+        probabilities(e.data(), c, sum, -1, 1.0, p.data());
+        softmax.insert(softmax.end(), p.begin(), p.end());
+        probabilities(e.data(), c, sum, static_cast<int64_t>(labels[static_cast<std::size_t>(r)]), -0.37,
+                      p.data());
+        gradient.insert(gradient.end(), p.begin(), p.end());
+        for (int64_t j = 0; j < c; ++j)
+          logSoftmax.push_back(static_cast<float>(static_cast<double>(row[j] - max) - std::log(sum)));
+        logSumExp.push_back(static_cast<double>(max) + std::log(sum));
+      }
+      // The short-row forms, with guards after the last row.
+      const float guard = 12345.0f;
+      const auto n = static_cast<std::size_t>(rows * c);
+      std::vector<float> out(n + 8, guard);
+      std::vector<double> sums(static_cast<std::size_t>(rows) + 8, guard);
+      const int64_t done = shortRowProbabilities(x.data(), rows, c, nullptr, 1.0, out.data());
+      // Every CPU with AVX-512 takes them (the others go row by row).
+      REQUIRE(done == (cpuHasAvx512() ? rows : 0));
+      if (done == 0) continue;
+      auto check = [&](const auto& got, const auto& want) {
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          CAPTURE(i);
+          CHECK(sameValue(got[i], want[i]));
+        }
+        for (std::size_t i = want.size(); i < got.size(); ++i) CHECK(got[i] == guard);
+      };
+      check(out, softmax);
+      CHECK(shortRowProbabilities(x.data(), rows, c, labels.data(), -0.37, out.data()) == rows);
+      check(out, gradient);
+      CHECK(shortRowLogSoftmax(x.data(), rows, c, out.data()) == rows);
+      check(out, logSoftmax);
+      CHECK(shortRowLogSumExps(x.data(), rows, c, sums.data()) == rows);
+      check(sums, logSumExp);
+    }
+  }
+  // Longer rows, and empty ones, are left to the row-by-row forms.
+  std::vector<float> x(200, 1.0f);
+  std::vector<float> out(200, 0.0f);
+  CHECK(shortRowProbabilities(x.data(), 2, 65, nullptr, 1.0, out.data()) == 0);
+  CHECK(shortRowLogSoftmax(x.data(), 2, 0, out.data()) == 0);
+  CHECK(out == std::vector<float>(200, 0.0f));
 }
 
 // rowSum's documented order, one value at a time.
