@@ -454,6 +454,44 @@ __attribute__((target("avx2,fma"))) void kernelAvx2(int64_t kc, const float* a, 
   }
 }
 
+// A small product (smallProduct()): a row of C a vector, 4 rows at a time,
+// read straight from the operands (B [n, k] transposed into a strip first,
+// a copy), so that nothing is packed. The packed kernels' operations: each
+// element's sum over p in order from 0, one fused multiply-add a step, then
+// scaled by alpha.
+__attribute__((target("avx512f"))) void smallGemmAvx512(const GemmShape& s, const float* a, const float* b,
+                                                        float* c, float alpha) {
+  const auto cols = static_cast<__mmask16>((uint32_t{1} << s.n) - 1);
+  alignas(64) float strip[kBlockK * 16];
+  const float* rowsOfB = b;
+  int64_t ldb = s.n;
+  if (s.transB) {
+    for (int64_t p = 0; p < s.k; ++p)
+      for (int64_t j = 0; j < s.n; ++j) strip[p * 16 + j] = b[j * s.k + p];
+    rowsOfB = strip;
+    ldb = 16;
+  }
+  const __m512 scale = _mm512_set1_ps(alpha);
+  constexpr int64_t kRows = 4;
+  for (int64_t i0 = 0; i0 < s.m; i0 += kRows) {
+    // (Rows past m repeat the last row: computed, never stored.)
+    int64_t row[kRows];
+    for (int64_t i = 0; i < kRows; ++i) row[i] = std::min(i0 + i, s.m - 1);
+    __m512 acc[kRows];
+    for (__m512& v : acc) v = _mm512_setzero_ps();
+    for (int64_t p = 0; p < s.k; ++p) {
+      const __m512 bv = _mm512_maskz_loadu_ps(cols, rowsOfB + p * ldb);
+#pragma GCC unroll 4
+      for (int64_t i = 0; i < kRows; ++i) {
+        const float ai = s.transA ? a[p * s.m + row[i]] : a[row[i] * s.k + p];
+        acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(ai), bv, acc[i]);
+      }
+    }
+    for (int64_t i = 0; i < std::min(kRows, s.m - i0); ++i)
+      _mm512_mask_storeu_ps(c + (i0 + i) * s.n, cols, _mm512_mul_ps(acc[i], scale));
+  }
+}
+
 template <int kMR, int kNV>
 constexpr PackedVariant avx512Variant() {
   return {GemmIsa::Avx512, kMR, 16 * kNV,
@@ -490,6 +528,15 @@ const PackedVariant* variantOf(const GemmPlan& plan) {
   for (const PackedVariant& v : kVariants)
     if (v.run != nullptr && v.isa == plan.isa && v.nr == plan.nr && v.mr == plan.mr) return &v;
   return nullptr;
+}
+
+// Whether a product is small enough for smallGemmAvx512: up to 16 rows and
+// 16 columns (an attention head's scores and values), one block of the
+// sum, and the AVX-512 kernels planned. Packing its operands and computing
+// the plan's whole tile took most of such a product's time.
+[[maybe_unused]] bool smallProduct(const GemmPlan& plan, const GemmShape& shape) {
+  return plan.isa == GemmIsa::Avx512 && variantOf(plan) != nullptr && shape.m <= 16 && shape.n <= 16 &&
+         shape.k >= 1 && sumBlockCount(shape.k) == 1;
 }
 
 constexpr int kWideTile = 32;
@@ -679,6 +726,13 @@ GemmBlock gemmBlock(const GemmPlan& plan, const GemmShape& shape, int part, int 
 void gemmPart(const GemmPlan& plan, const GemmShape& shape, const float* a, const float* b, float* c,
               float alpha, float* lhs, float* rhs, float* partial, int part, int parts) {
   if (shape.m == 0 || shape.n == 0) return;
+#ifdef TESSERA_GEMM_X86
+  if (parts <= 1 && smallProduct(plan, shape)) {
+    smallGemmAvx512(shape, a, b, c, alpha);
+    if (shape.halfOutput) roundToHalves(c, static_cast<std::size_t>(shape.m * shape.n));
+    return;
+  }
+#endif
   if (const PackedVariant* packed = variantOf(plan)) {
     const Cut cut = parts <= 1 ? Cut::Rows : cutOf(plan, shape, parts);
     const SumPart half = cut != Cut::Sum ? SumPart::Whole : part == 0 ? SumPart::First : SumPart::Second;

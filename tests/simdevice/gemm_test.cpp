@@ -111,11 +111,14 @@ const std::vector<Case>& cases() {
     // more columns than one packed block (n > 512), the benchmark MLP's
     // shapes, odd sizes that threads split by columns (37 x 224), by rows
     // (200 x 37; 40 x 200 x 100 in two parts) and by the sum (3 x 5 x 1100),
-    // and degenerate sizes.
-    const int64_t shapes[][3] = {{1, 1, 1},      {8, 32, 16},    {12, 16, 7},   {13, 33, 5},   {64, 256, 784},
-                                 {64, 10, 128},  {128, 10, 64},  {784, 40, 64}, {7, 600, 300}, {30, 17, 513},
-                                 {5, 3, 0},      {3, 70, 2},     {25, 1, 9},    {96, 48, 257}, {37, 224, 300},
-                                 {200, 37, 129}, {40, 200, 100}, {3, 5, 1100},  {13, 40, 1300}};
+    // degenerate sizes, and small products of up to 16 x 16 and one block
+    // of the sum (an attention head's: 8 x 8 x 8), which go unpacked, and
+    // one just past them (16 x 16 x 256, two blocks).
+    const int64_t shapes[][3] = {
+        {1, 1, 1},      {8, 32, 16},   {12, 16, 7},    {13, 33, 5},    {64, 256, 784}, {64, 10, 128},
+        {128, 10, 64},  {784, 40, 64}, {7, 600, 300},  {30, 17, 513},  {5, 3, 0},      {3, 70, 2},
+        {25, 1, 9},     {96, 48, 257}, {37, 224, 300}, {200, 37, 129}, {40, 200, 100}, {3, 5, 1100},
+        {13, 40, 1300}, {8, 8, 8},     {16, 16, 255},  {11, 5, 33},    {16, 16, 256}};
     for (const auto& s : shapes)
       for (int t = 0; t < 4; ++t) out.push_back({s[0], s[1], s[2], (t & 1) != 0, (t & 2) != 0});
     return out;
