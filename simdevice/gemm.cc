@@ -455,8 +455,8 @@ __attribute__((target("avx2,fma"))) void kernelAvx2(int64_t kc, const float* a, 
 }
 
 // A small product (smallProduct()): a row of C a vector, 4 rows at a time,
-// read straight from the operands (B [n, k] transposed into a strip first,
-// a copy), so that nothing is packed. The packed kernels' operations: each
+// read straight from the operands (B [n, k] transposed into one strip
+// first, a copy), so that nothing else is packed. The packed kernels' operations: each
 // element's sum over p in order from 0, one fused multiply-add a step, then
 // scaled by alpha.
 __attribute__((target("avx512f"))) void smallGemmAvx512(const GemmShape& s, const float* a, const float* b,
@@ -466,8 +466,7 @@ __attribute__((target("avx512f"))) void smallGemmAvx512(const GemmShape& s, cons
   const float* rowsOfB = b;
   int64_t ldb = s.n;
   if (s.transB) {
-    for (int64_t p = 0; p < s.k; ++p)
-      for (int64_t j = 0; j < s.n; ++j) strip[p * 16 + j] = b[j * s.k + p];
+    transposeStripAvx512(b, s.k, 0, s.k, 0, s.n, 16, strip);
     rowsOfB = strip;
     ldb = 16;
   }

@@ -402,6 +402,15 @@ __attribute__((target("avx512f,avx512vl"))) void forRowBlocks(const float* x, in
   }
 }
 
+// probabilities() of 8 exponentials e with their sum: (e / sum, minus 1
+// in the lanes of `hot`) times scale, rounded to float.
+__attribute__((target("avx512f"), always_inline)) inline __m256 probability8(__m512d e, __m512d sum,
+                                                                             __mmask8 hot, __m512d scale) {
+  const __m512d p = _mm512_div_pd(e, sum);
+  return _mm512_maskz_cvtpd_ps(0xff,
+                               _mm512_mul_pd(_mm512_mask_sub_pd(p, hot, p, _mm512_set1_pd(1.0)), scale));
+}
+
 // The rows of shortRowProbabilities().
 struct ProbabilityRows {
   int64_t c;
@@ -410,7 +419,6 @@ struct ProbabilityRows {
   float* out;
   __attribute__((target("avx512f,avx512vl,avx512dq"))) void operator()(RowBlock& block, int64_t r0,
                                                                        int64_t count) const {
-    const __mmask8 all = 0xff;
     __m256 max;
     const __m512d sum = exponentialSums(block, c, &max);
     alignas(64) double label[8];
@@ -418,10 +426,8 @@ struct ProbabilityRows {
     const __m512d labelOf = _mm512_load_pd(label);
     const __m512d scale = _mm512_set1_pd(factor);
     for (int64_t j = 0; j < c; ++j) {
-      __m512d p = _mm512_div_pd(_mm512_load_pd(block.e[j]), sum);
       const __mmask8 hot = _mm512_cmp_pd_mask(labelOf, _mm512_set1_pd(static_cast<double>(j)), _CMP_EQ_OQ);
-      p = _mm512_mask_sub_pd(p, hot, p, _mm512_set1_pd(1.0));
-      _mm256_store_ps(block.out[j], _mm512_maskz_cvtpd_ps(all, _mm512_mul_pd(p, scale)));
+      _mm256_store_ps(block.out[j], probability8(_mm512_load_pd(block.e[j]), sum, hot, scale));
     }
     storeRows(block.out, count, c, out + r0 * c);
   }
@@ -477,18 +483,16 @@ __attribute__((target("avx512f"))) int64_t addLanesAvx512(const double* values, 
 __attribute__((target("avx512f,avx512vl"))) int64_t probabilitiesAvx512(const double* e, int64_t n,
                                                                         double sum, int64_t label,
                                                                         double factor, float* out) {
-  const __mmask8 all = 0xff;
   const __m512d divisor = _mm512_set1_pd(sum);
   const __m512d scale = _mm512_set1_pd(factor);
   const __m512d index = _mm512_set_pd(7, 6, 5, 4, 3, 2, 1, 0);
   for (int64_t j = 0; j < n; j += 8) {
     const auto lanes = static_cast<__mmask8>(n - j >= 8 ? 0xff : (1u << (n - j)) - 1);
-    // (Lanes past n load 1, not 0, so that no division makes a NaN.)
-    __m512d p = _mm512_div_pd(_mm512_mask_loadu_pd(_mm512_set1_pd(1.0), lanes, e + j), divisor);
     const __mmask8 hot = _mm512_cmp_pd_mask(_mm512_add_pd(index, _mm512_set1_pd(static_cast<double>(j))),
                                             _mm512_set1_pd(static_cast<double>(label)), _CMP_EQ_OQ);
-    p = _mm512_mask_sub_pd(p, hot, p, _mm512_set1_pd(1.0));
-    _mm256_mask_storeu_ps(out + j, lanes, _mm512_maskz_cvtpd_ps(all, _mm512_mul_pd(p, scale)));
+    // (Lanes past n load 1, not 0, so that no division makes a NaN.)
+    const __m512d e8 = _mm512_mask_loadu_pd(_mm512_set1_pd(1.0), lanes, e + j);
+    _mm256_mask_storeu_ps(out + j, lanes, probability8(e8, divisor, hot, scale));
   }
   return n;
 }
