@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "half.hpp"
+#include "planes.hpp"
 #include "tessera/error.hpp"
 
 namespace tessera::sim {
@@ -86,8 +87,7 @@ void copyRuns(const Step& s) {
   for (const Run& run : s.runs) {
     if (s.zeroFirst) zeroRun(s, run);
     float* o = outOf(s, run) + s.outLoopOffset;
-    const float* x = inOf(s, run, 0);
-    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t) { o[io] = x[ix]; });
+    copyStrided(run.loop, o, inOf(s, run, 0));
   }
 }
 

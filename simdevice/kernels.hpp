@@ -299,6 +299,33 @@ void forEach(const StridedLoop& loop, F&& f) {
   });
 }
 
+// The innermost dimension of forEach3 with strides known at compile time.
+template <int kS0, int kS1, int kS2, int kS3, class F>
+void innerFixed3(int64_t n, const std::array<int64_t, kMaxOperands>& o, F& f) {
+  for (int64_t i = 0; i < n; ++i) f(o[0] + i * kS0, o[1] + i * kS1, o[2] + i * kS2, o[3] + i * kS3);
+}
+
+// Dispatches a contiguous output with every input contiguous or broadcast
+// (stride 1 or 0: Where's masks and fill values) to innerFixed3.
+template <class F>
+void inner3(int64_t n, const std::array<int64_t, kMaxOperands>& s, const std::array<int64_t, kMaxOperands>& o,
+            F& f) {
+  const auto unitOrZero = [](int64_t stride) { return stride == 0 || stride == 1; };
+  if (s[0] == 1 && unitOrZero(s[1]) && unitOrZero(s[2]) && unitOrZero(s[3])) {
+    switch (s[1] + 2 * s[2] + 4 * s[3]) {
+      case 0: return innerFixed3<1, 0, 0, 0>(n, o, f);
+      case 1: return innerFixed3<1, 1, 0, 0>(n, o, f);
+      case 2: return innerFixed3<1, 0, 1, 0>(n, o, f);
+      case 3: return innerFixed3<1, 1, 1, 0>(n, o, f);
+      case 4: return innerFixed3<1, 0, 0, 1>(n, o, f);
+      case 5: return innerFixed3<1, 1, 0, 1>(n, o, f);
+      case 6: return innerFixed3<1, 0, 1, 1>(n, o, f);
+      default: return innerFixed3<1, 1, 1, 1>(n, o, f);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) f(o[0] + i * s[0], o[1] + i * s[1], o[2] + i * s[2], o[3] + i * s[3]);
+}
+
 // Calls f(outOffset, in0Offset, in1Offset, in2Offset) for every point of
 // the loop (ops of three inputs).
 template <class F>
@@ -316,8 +343,7 @@ void forEach3(const StridedLoop& loop, F&& f) {
   std::array<int64_t, kMaxDims> index{};
   std::array<int64_t, kMaxOperands> o{};
   for (;;) {
-    for (int64_t i = 0; i < n; ++i)
-      f(o[0] + i * step[0], o[1] + i * step[1], o[2] + i * step[2], o[3] + i * step[3]);
+    inner3(n, step, o, f);
     std::size_t d = innermost;
     for (;;) {
       if (d == 0) return;

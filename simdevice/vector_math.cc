@@ -8,10 +8,10 @@
 #include <cstdint>
 
 #include "cpu_features.hpp"
+#include "transpose8x8.hpp"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef TESSERA_X86_SIMD
 #define TESSERA_VECTOR_MATH_X86 1
-#include <immintrin.h>
 #endif
 
 namespace tessera::sim {
@@ -297,26 +297,6 @@ __attribute__((target("avx512f,avx512vl"))) int64_t shiftedExponentialsAvx512(co
     _mm512_mask_storeu_pd(out + j, lanes, exponential8(_mm512_maskz_cvtps_pd(all, d)));
   }
   return n;
-}
-
-// Transposes the 8 x 8 floats v[i][j] in place (rows to columns).
-__attribute__((target("avx"), always_inline)) inline void transpose8x8(__m256 (&v)[8]) {
-  __m256 t[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
-  }
-  __m256 u[8];
-  for (int i = 0; i < 8; i += 4) {
-    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
-    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-  }
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-    v[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-  }
 }
 
 // A block of up to 8 short rows (c <= kShortRow), a row in each lane:

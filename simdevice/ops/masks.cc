@@ -48,7 +48,10 @@ void whereKernel(const Step& s) {
     const float* x = inOf(s, run, 1);
     const float* y = inOf(s, run, 2);
     forEach3(run.loop, [&](int64_t io, int64_t ic, int64_t ix, int64_t iy) {
-      storeSlots(o + io, c[ic] != 0.0f ? loadSlots<T>(x + ix) : loadSlots<T>(y + iy));
+      // Both values loaded, so the choice compiles to a blend.
+      const T a = loadSlots<T>(x + ix);
+      const T b = loadSlots<T>(y + iy);
+      storeSlots(o + io, c[ic] != 0.0f ? a : b);
     });
   }
 }

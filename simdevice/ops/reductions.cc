@@ -2,7 +2,7 @@
 #include <algorithm>
 
 #include "kernel_table.hpp"
-#include "vector_math.hpp"
+#include "planes.hpp"
 
 namespace tessera::sim {
 namespace {
@@ -10,21 +10,6 @@ namespace {
 // Input elements per part of a reduction split over threads: below this,
 // handing a part to another thread costs more than it saves.
 constexpr int64_t kMinPartElements = int64_t{1} << 15;
-
-// Adds every input element of the loop into its output element: a
-// contiguous row of 64 values or more that adds into one output (output
-// stride 0, input stride 1 innermost) as rowSum() orders it, then into the
-// output; any other row element by element, in order.
-void sumRows(const StridedLoop& loop, float* o, const float* x) {
-  const auto add = [&](int64_t io, int64_t ix, int64_t) { o[io] += x[ix]; };
-  forEachRow(loop, [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
-    if (s0 == 0 && s1 == 1 && n >= kRowSumLanes) {
-      o[o0] += rowSum(x + o1, n);
-    } else {
-      inner(n, s0, s1, s2, o0, o1, o2, add);
-    }
-  });
-}
 
 // ReduceSum, ReduceMean, ReduceToShape: the output has stride 0 along the
 // reduced dimensions, so every input element adds into its output element.
@@ -52,7 +37,7 @@ void reduceKernel(const Step& s) {
                   std::min(loop.elements() / kMinPartElements, loop.size[static_cast<std::size_t>(split)]), 1,
                   s.pool->threads()));
     if (parts == 1) {
-      sumRows(loop, o, x);
+      sumStrided(loop, o, x);
     } else {
       const auto d = static_cast<std::size_t>(split);
       s.pool->run(parts, [&](int part, int) {
@@ -61,7 +46,7 @@ void reduceKernel(const Step& s) {
         slice.size[d] = loop.size[d] * (part + 1) / parts - first;
         float* os = o + first * loop.stride[0][d];
         const float* xs = x + first * loop.stride[1][d];
-        sumRows(slice, os, xs);
+        sumStrided(slice, os, xs);
       });
     }
     if (s.scale != 1.0f) {

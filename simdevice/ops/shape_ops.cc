@@ -12,6 +12,14 @@ Kernel stridedCopy() {
 
 void planReshape(StepPlanner& planner, Step& step) { planFlatCopy(planner, step, planner.op().inputs[0]); }
 
+// BroadcastTo: a strided copy over the broadcast loops, in which a
+// broadcast dimension reads the same element again (stride 0).
+void planBroadcastCopy(StepPlanner& planner, Step& step) {
+  planBroadcastLoops(planner, step);
+  step.kernel = copyKernel();
+  planner.emit(std::move(step));
+}
+
 template <bool kDouble>
 void planTranspose(StepPlanner& planner, Step& step) {
   const OpNode& op = planner.op();
@@ -75,6 +83,7 @@ void planConcat(StepPlanner& planner, Step& step) {
 void addShapeKernels(KernelTable& table) {
   table.add({.kind = OpKind::Reshape, .plan = planReshape, .tile = copyTile, .planFloat64 = planReshape});
   KernelDef broadcast = unaryKernelsWithDouble<IdentityF>(OpKind::BroadcastTo);
+  broadcast.plan = planBroadcastCopy;
   broadcast.tile = copyTile;
   table.add(broadcast);
   table.add({.kind = OpKind::Transpose, .plan = planTranspose<false>, .planFloat64 = planTranspose<true>});

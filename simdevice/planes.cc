@@ -1,0 +1,173 @@
+// Strided copies and sums a plane at a time (see planes.hpp).
+#include "planes.hpp"
+
+#include <algorithm>
+
+#include "cpu_features.hpp"
+#include "transpose8x8.hpp"
+#include "vector_math.hpp"
+
+namespace tessera::sim {
+namespace {
+
+void copyPlanePortable(const Plane& p, float* out, const float* in) {
+  for (int64_t r = 0; r < p.rows; ++r) {
+    float* o = out + r * p.outRow;
+    const float* x = in + r * p.inRow;
+    if (p.outCol == 1 && p.inCol == 1) {
+      std::copy_n(x, p.cols, o);
+    } else if (p.outCol == 1 && p.inCol == 0) {
+      std::fill_n(o, p.cols, *x);
+    } else {
+      for (int64_t c = 0; c < p.cols; ++c) o[c * p.outCol] = x[c * p.inCol];
+    }
+  }
+}
+
+#ifdef TESSERA_X86_SIMD
+
+// Rows of up to this many floats are copied through masked vectors; longer
+// ones by std::copy_n (the C library's own vector copy).
+constexpr int64_t kMaskedRow = 64;
+
+__attribute__((target("avx512f"))) inline __mmask16 firstLanes16(int64_t n) {
+  return static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
+}
+
+__attribute__((target("avx512f"))) inline __mmask8 firstLanes8(int64_t n) {
+  return static_cast<__mmask8>(n >= 8 ? 0xff : (1u << n) - 1);
+}
+
+// A 2-D transpose (output rows contiguous along c, input contiguous along
+// r) in blocks of 8 x 8 through registers.
+__attribute__((target("avx512f,avx512vl"))) void transposePlaneAvx512(const Plane& p, float* out,
+                                                                      const float* in) {
+  for (int64_t r0 = 0; r0 < p.rows; r0 += 8) {
+    const int64_t h = std::min<int64_t>(8, p.rows - r0);
+    const __mmask8 rowLanes = firstLanes8(h);
+    for (int64_t c0 = 0; c0 < p.cols; c0 += 8) {
+      const int64_t w = std::min<int64_t>(8, p.cols - c0);
+      __m256 v[8];
+      for (int64_t k = 0; k < 8; ++k)
+        v[k] = k < w ? _mm256_maskz_loadu_ps(rowLanes, in + (c0 + k) * p.inCol + r0) : _mm256_setzero_ps();
+      transpose8x8(v);
+      const __mmask8 colLanes = firstLanes8(w);
+      for (int64_t i = 0; i < h; ++i) _mm256_mask_storeu_ps(out + (r0 + i) * p.outRow + c0, colLanes, v[i]);
+    }
+  }
+}
+
+__attribute__((target("avx512f,avx512vl"))) void copyPlaneAvx512(const Plane& p, float* out,
+                                                                 const float* in) {
+  if (p.outCol == 1 && p.inCol == 1 && p.cols <= kMaskedRow) {
+    for (int64_t r = 0; r < p.rows; ++r) {
+      float* o = out + r * p.outRow;
+      const float* x = in + r * p.inRow;
+      for (int64_t c = 0; c < p.cols; c += 16) {
+        const __mmask16 lanes = firstLanes16(p.cols - c);
+        _mm512_mask_storeu_ps(o + c, lanes, _mm512_maskz_loadu_ps(lanes, x + c));
+      }
+    }
+  } else if (p.outCol == 1 && p.inCol == 0) {
+    for (int64_t r = 0; r < p.rows; ++r) {
+      float* o = out + r * p.outRow;
+      const __m512 value = _mm512_set1_ps(in[r * p.inRow]);
+      for (int64_t c = 0; c < p.cols; c += 16) _mm512_mask_storeu_ps(o + c, firstLanes16(p.cols - c), value);
+    }
+  } else if (p.outCol == 1 && p.inRow == 1 && p.rows > 1) {
+    transposePlaneAvx512(p, out, in);
+  } else {
+    copyPlanePortable(p, out, in);
+  }
+}
+
+#endif
+
+using PlaneCopy = void (*)(const Plane&, float*, const float*);
+
+PlaneCopy planeCopy() {
+#ifdef TESSERA_X86_SIMD
+  if (cpuHasAvx512()) return copyPlaneAvx512;
+#endif
+  return copyPlanePortable;
+}
+
+// Short rows, each into its own output element: 8 rows side by side, each
+// summed in order from its output's value.
+void sumShortRows(const Plane& p, float* out, const float* in) {
+  constexpr int64_t kSide = 8;
+  int64_t r = 0;
+  for (; r + kSide <= p.rows; r += kSide) {
+    float sum[kSide];
+    for (int64_t k = 0; k < kSide; ++k) sum[k] = out[(r + k) * p.outRow];
+    for (int64_t c = 0; c < p.cols; ++c)
+      for (int64_t k = 0; k < kSide; ++k) sum[k] += in[(r + k) * p.inRow + c];
+    for (int64_t k = 0; k < kSide; ++k) out[(r + k) * p.outRow] = sum[k];
+  }
+  for (; r < p.rows; ++r) {
+    float sum = out[r * p.outRow];
+    for (int64_t c = 0; c < p.cols; ++c) sum += in[r * p.inRow + c];
+    out[r * p.outRow] = sum;
+  }
+}
+
+// Every row into the same output row: its elements held in a local block
+// while the rows are added in order.
+void sumIntoOneRow(const Plane& p, float* out, const float* in) {
+  constexpr int64_t kBlock = 64;
+  for (int64_t c0 = 0; c0 < p.cols; c0 += kBlock) {
+    const int64_t w = std::min(kBlock, p.cols - c0);
+    float sum[kBlock];
+    std::copy_n(out + c0, w, sum);
+    for (int64_t r = 0; r < p.rows; ++r) {
+      const float* x = in + r * p.inRow + c0;
+      for (int64_t c = 0; c < w; ++c) sum[c] += x[c];
+    }
+    std::copy_n(sum, w, out + c0);
+  }
+}
+
+}  // namespace
+
+Plane innerPlane(const StridedLoop& loop) {
+  Plane p;
+  if (loop.rank == 0) return p;
+  const auto col = static_cast<std::size_t>(loop.rank - 1);
+  p.cols = loop.size[col];
+  p.outCol = loop.stride[0][col];
+  p.inCol = loop.stride[1][col];
+  if (loop.rank == 1) return p;
+  const std::size_t row = col - 1;
+  p.rows = loop.size[row];
+  p.outRow = loop.stride[0][row];
+  p.inRow = loop.stride[1][row];
+  return p;
+}
+
+void copyPlane(const Plane& p, float* out, const float* in) { planeCopy()(p, out, in); }
+
+void sumPlane(const Plane& p, float* out, const float* in) {
+  if (p.outCol == 0 && p.inCol == 1 && p.cols >= kRowSumLanes) {
+    for (int64_t r = 0; r < p.rows; ++r) out[r * p.outRow] += rowSum(in + r * p.inRow, p.cols);
+  } else if (p.outCol == 0 && p.inCol == 1 && (p.outRow != 0 || p.rows == 1)) {
+    sumShortRows(p, out, in);
+  } else if (p.outRow == 0 && p.outCol == 1 && p.inCol == 1) {
+    sumIntoOneRow(p, out, in);
+  } else {
+    for (int64_t r = 0; r < p.rows; ++r)
+      for (int64_t c = 0; c < p.cols; ++c) out[r * p.outRow + c * p.outCol] += in[r * p.inRow + c * p.inCol];
+  }
+}
+
+void copyStrided(const StridedLoop& loop, float* out, const float* in) {
+  const Plane p = innerPlane(loop);
+  const PlaneCopy copy = planeCopy();
+  forEachPlane(loop, [&](int64_t o, int64_t i) { copy(p, out + o, in + i); });
+}
+
+void sumStrided(const StridedLoop& loop, float* out, const float* in) {
+  const Plane p = innerPlane(loop);
+  forEachPlane(loop, [&](int64_t o, int64_t i) { sumPlane(p, out + o, in + i); });
+}
+
+}  // namespace tessera::sim
