@@ -162,12 +162,12 @@ void sumPlane(const Plane& p, float* out, const float* in) {
 void copyStrided(const StridedLoop& loop, float* out, const float* in) {
   const Plane p = innerPlane(loop);
   const PlaneCopy copy = planeCopy();
-  forEachPlane(loop, [&](int64_t o, int64_t i) { copy(p, out + o, in + i); });
+  forEachPlane(loop, [&](int64_t o, int64_t i, int64_t) { copy(p, out + o, in + i); });
 }
 
 void sumStrided(const StridedLoop& loop, float* out, const float* in) {
   const Plane p = innerPlane(loop);
-  forEachPlane(loop, [&](int64_t o, int64_t i) { sumPlane(p, out + o, in + i); });
+  forEachPlane(loop, [&](int64_t o, int64_t i, int64_t) { sumPlane(p, out + o, in + i); });
 }
 
 }  // namespace tessera::sim

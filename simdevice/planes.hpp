@@ -5,7 +5,9 @@
 // the outer dimensions once per plane and handle each plane's common
 // patterns (contiguous rows, rows filled with one value, 2-D transposes,
 // short rows summed into one value each, rows summed into one row) in a
-// loop made for it, instead of point by point.
+// loop made for it, instead of point by point. The binary elementwise ops
+// with vector forms walk their broadcast loops by planes too
+// (ops/elementwise.cc).
 #pragma once
 
 #include <cstdint>
@@ -29,20 +31,21 @@ struct Plane {
 // rank 1, one point for rank 0), with operand 1 as the input.
 Plane innerPlane(const StridedLoop& loop);
 
-// Calls plane(outOffset, inOffset) at the origin of every plane of the
-// loop, in the loop's order (nothing when a dimension is empty).
+// Calls plane(outOffset, in0Offset, in1Offset) at the origin of every
+// plane of the loop, in the loop's order (nothing when a dimension is
+// empty).
 template <class F>
 void forEachPlane(const StridedLoop& loop, F&& plane) {
   for (int d = 0; d < loop.rank; ++d)
     if (loop.size[static_cast<std::size_t>(d)] == 0) return;
   if (loop.rank <= 2) {
-    plane(int64_t{0}, int64_t{0});
+    plane(int64_t{0}, int64_t{0}, int64_t{0});
     return;
   }
   StridedLoop outer = loop;
   outer.rank = loop.rank - 2;
-  forEachRow(outer, [&](int64_t n, int64_t s0, int64_t s1, int64_t, int64_t o0, int64_t o1, int64_t) {
-    for (int64_t i = 0; i < n; ++i) plane(o0 + i * s0, o1 + i * s1);
+  forEachRow(outer, [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
+    for (int64_t i = 0; i < n; ++i) plane(o0 + i * s0, o1 + i * s1, o2 + i * s2);
   });
 }
 

@@ -1,6 +1,7 @@
 // The elementwise family's kernels (lib/ops/elementwise.cc defines the ops):
 // strided kernels over broadcast loops, and slice kernels for fused chains.
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -11,6 +12,7 @@
 #include "cpu_features.hpp"
 #include "kernel_table.hpp"
 #include "ops/elementwise.hpp"
+#include "planes.hpp"
 #include "vector_math.hpp"
 
 namespace tessera::sim {
@@ -266,7 +268,81 @@ __attribute__((target("avx512f,avx512dq"))) void vectorAvx512(float* o, const fl
   }
   for (; i < n; ++i) o[i] = Op::scalar(x[i * kSx], y[i * kSy]);
 }
+
+// 16 floats of Op(a, b), through double when Op takes an assist on a
+// subnormal operand and one is there (the same bits either way).
+template <class Op>
+__attribute__((target("avx512f,avx512dq"))) inline __m512 applyAvx512(__m512 a, __m512 b) {
+  if constexpr (AssistsOnSubnormals<Op>) {
+    constexpr int kSubnormal = 0x20;  // vfpclassps: denormal
+    if ((_mm512_fpclass_ps_mask(a, kSubnormal) | _mm512_fpclass_ps_mask(b, kSubnormal)) != 0) {
+      const __mmask8 all = 0xff;
+      const __m256 low =
+          throughDouble<Op>(_mm512_maskz_extractf32x8_ps(all, a, 0), _mm512_maskz_extractf32x8_ps(all, b, 0));
+      const __m256 high =
+          throughDouble<Op>(_mm512_maskz_extractf32x8_ps(all, a, 1), _mm512_maskz_extractf32x8_ps(all, b, 1));
+      return _mm512_insertf32x8(_mm512_insertf32x8(_mm512_setzero_ps(), low, 0), high, 1);
+    }
+  }
+  return Op::inFloat(a, b);
+}
+
+// A plane of Op: `rows` rows of `cols` points, the output contiguous along
+// a row and each input contiguous (1) or one value (0) along it; rowStride
+// holds the output's and the inputs' strides between rows. A row's last
+// vector goes through masks, its lanes past the row holding 1 (so nothing
+// there can make a subnormal).
+template <class Op, int64_t kSx, int64_t kSy>
+__attribute__((target("avx512f,avx512dq"))) void planeAvx512(int64_t rows, int64_t cols,
+                                                             const std::array<int64_t, 3>& rowStride,
+                                                             float* o, const float* x, const float* y) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* out = o + r * rowStride[0];
+    const float* xr = x + r * rowStride[1];
+    const float* yr = y + r * rowStride[2];
+    for (int64_t c = 0; c < cols; c += 16) {
+      const auto lanes = static_cast<__mmask16>(cols - c >= 16 ? 0xffff : (1u << (cols - c)) - 1);
+      const __m512 a = kSx == 0 ? _mm512_set1_ps(*xr) : _mm512_mask_loadu_ps(one, lanes, xr + c);
+      const __m512 b = kSy == 0 ? _mm512_set1_ps(*yr) : _mm512_mask_loadu_ps(one, lanes, yr + c);
+      _mm512_mask_storeu_ps(out + c, lanes, applyAvx512<Op>(a, b));
+    }
+  }
+}
 #endif
+
+// Runs the loop of Op a plane at a time (planes.hpp) when the CPU has the
+// vector form and every plane's rows are contiguous in the output and
+// contiguous or one value in each input; false when it cannot.
+template <class Op>
+bool vectorPlanes(const StridedLoop& loop, float* o, const float* x, const float* y) {
+#ifdef TESSERA_ELEMENTWISE_X86
+  if (!cpuHasAvx512() || loop.rank == 0) return false;
+  const auto col = static_cast<std::size_t>(loop.rank - 1);
+  const int64_t sx = loop.stride[1][col];
+  const int64_t sy = loop.stride[2][col];
+  using Plane = void (*)(int64_t, int64_t, const std::array<int64_t, 3>&, float*, const float*, const float*);
+  Plane plane = nullptr;
+  if (sx == 1 && sy == 1) plane = planeAvx512<Op, 1, 1>;
+  if (sx == 1 && sy == 0) plane = planeAvx512<Op, 1, 0>;
+  if (sx == 0 && sy == 1) plane = planeAvx512<Op, 0, 1>;
+  if (loop.stride[0][col] != 1 || plane == nullptr) return false;
+  int64_t rows = 1;
+  std::array<int64_t, 3> rowStride{};
+  if (loop.rank >= 2) {
+    const std::size_t row = col - 1;
+    rows = loop.size[row];
+    for (std::size_t i = 0; i < rowStride.size(); ++i) rowStride[i] = loop.stride[i][row];
+  }
+  forEachPlane(loop, [&](int64_t o0, int64_t o1, int64_t o2) {
+    plane(rows, loop.size[col], rowStride, o + o0, x + o1, y + o2);
+  });
+  return true;
+#else
+  (void)loop, (void)o, (void)x, (void)y;
+  return false;
+#endif
+}
 
 // Runs n points of Op with output stride 1 and input strides sx and sy (1,
 // or 0 for a scalar) vectorized when the CPU can; false when it cannot.
@@ -291,6 +367,7 @@ void vectorBinaryKernel(const Step& s) {
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
     const float* y = inOf(s, run, 1);
+    if (vectorPlanes<Op>(run.loop, o, x, y)) continue;
     const auto f = [&](int64_t io, int64_t ix, int64_t iy) { o[io] = F{}(x[ix], y[iy]); };
     forEachRow(run.loop,
                [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {

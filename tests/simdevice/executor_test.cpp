@@ -1245,7 +1245,7 @@ bool sameFloat(float got, float want) {
 }  // namespace
 
 TEST_CASE("the vectorized elementwise kernels keep the scalar float operations' bits, subnormals included") {
-  // On AVX-512, the flat steps and strided rows of Add, Sub, Mul, Div, Sqrt,
+  // On AVX-512, the flat steps and strided rows (planes, for the binary ops) of Add, Sub, Mul, Div, Sqrt,
   // Relu and ReluGrad and the flat steps of ScaledAddInplace run 16 floats
   // at a time, those of Erf, Exp, Tanh and Sigmoid 8 (vector_math.hpp), and Mul, Div and Sqrt take blocks
   // with a subnormal operand through double (no microcode assist); copies are block copies. All must keep the
@@ -1277,8 +1277,17 @@ TEST_CASE("the vectorized elementwise kernels keep the scalar float operations' 
     // A broadcast (a bias addition): strided rows, never a flat step.
     Tensor rows = ops::input(g, "rows", {3, n});
     Tensor biased = ops::add(rows, y);
+    // Rows scaled by a value each, a value divided by each row's elements,
+    // and rows divided by one row: planes of a row-wise step, each row's
+    // last vector through masks, subnormal operands through double.
+    Tensor column = ops::input(g, "column", {3, 1});
+    Tensor rowsScaled = ops::mul(rows, column);
+    Tensor columnDivided = ops::div(column, rows);
+    Tensor rowsDivided = ops::div(rows, y);
     std::map<TensorId, std::vector<float>> feeds;
     feeds[rows.id()] = floatsOfEveryClass(3 * static_cast<std::size_t>(n), 4);
+    feeds[column.id()] = {3.0e-30f, 1.0e-40f, -7.0f};
+    const std::vector<float>& columnValues = feeds[column.id()];
     const std::vector<float>& rowValues = feeds[rows.id()];
     feeds[x.id()] = floatsOfEveryClass(static_cast<std::size_t>(n), 1);
     feeds[y.id()] = floatsOfEveryClass(static_cast<std::size_t>(n), 2);
@@ -1308,11 +1317,15 @@ TEST_CASE("the vectorized elementwise kernels keep the scalar float operations' 
       const std::vector<float> gotMasked = value(masked);
       const std::vector<float> gotCopied = value(copied);
       const std::vector<float> gotBiased = value(biased);
+      const std::vector<float> gotRowsScaled = value(rowsScaled);
+      const std::vector<float> gotColumnDivided = value(columnDivided);
+      const std::vector<float> gotRowsDivided = value(rowsDivided);
       for (const std::vector<float>* got :
            {&gotBoth, &gotScaled, &gotFirst, &gotMoved, &gotQuotient, &gotQuotientScalar, &gotRoot, &gotSum,
             &gotDifference, &gotRectified, &gotErf, &gotExp, &gotTanh, &gotSigmoid, &gotMasked, &gotCopied})
         REQUIRE(got->size() == static_cast<std::size_t>(n));
-      REQUIRE(gotBiased.size() == 3 * static_cast<std::size_t>(n));
+      for (const std::vector<float>* got : {&gotBiased, &gotRowsScaled, &gotColumnDivided, &gotRowsDivided})
+        REQUIRE(got->size() == 3 * static_cast<std::size_t>(n));
       int subnormalResults = 0;
       for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
         CAPTURE(i);
@@ -1344,7 +1357,13 @@ TEST_CASE("the vectorized elementwise kernels keep the scalar float operations' 
       }
       for (std::size_t i = 0; i < 3 * static_cast<std::size_t>(n); ++i) {
         CAPTURE(i);
-        REQUIRE(sameFloat(gotBiased[i], rowValues[i] + ys[i % static_cast<std::size_t>(n)]));
+        const float rowValue = rowValues[i];
+        const float columnValue = columnValues[i / static_cast<std::size_t>(n)];
+        const float yValue = ys[i % static_cast<std::size_t>(n)];
+        REQUIRE(sameFloat(gotBiased[i], rowValue + yValue));
+        REQUIRE(sameFloat(gotRowsScaled[i], rowValue * columnValue));
+        REQUIRE(sameFloat(gotColumnDivided[i], columnValue / rowValue));
+        REQUIRE(sameFloat(gotRowsDivided[i], rowValue / yValue));
       }
       if (n == 1031) CHECK(subnormalResults > 100);
     }
