@@ -104,9 +104,11 @@ int64_t flatElements(const Step& step) {
   return loop.size[0] == run.count * step.outElements ? loop.size[0] : -1;
 }
 
-// Collectives split a step from 2^14 elements a part and reductions from
-// 2^15 (the other kernels outside the ones below never), so a step of fewer
-// elements than two collective parts runs on one thread.
+// Collectives split a step from 2^14 elements a part, reductions with an
+// output of more than one element from 2^12, the strided copies, the
+// elementwise ops with vector forms and Where from loopParts' size (the
+// other kernels outside the ones below never), so a step of fewer elements
+// than two collective parts runs on one thread.
 constexpr int64_t kWholeStepElements = int64_t{1} << 15;
 
 // A step worth running beside another has at least this many elements (or
@@ -124,6 +126,16 @@ bool runsBeside(const Step& step, int threads) {
     return chainParts(step.chainElements, threads) == 1 && step.chainElements >= kBesideElements;
   int64_t count = 1;
   for (const Run& run : step.runs) count = std::max(count, run.count);
+  // Steps that split themselves over the threads when large enough.
+  if (step.splitsLoop || step.kernel == copyKernel()) {
+    for (const Run& run : step.runs)
+      if (loopParts(run.loop.elements(), threads) > 1) return false;  // forLoopParts
+  }
+  if (step.kind == OpKind::ReduceSum || step.kind == OpKind::ReduceMean ||
+      step.kind == OpKind::ReduceToShape) {
+    for (const Run& run : step.runs)
+      if (reduceParts(run.loop, threads) > 1) return false;  // reduceKernel
+  }
   if (step.kernel == matmulKernel() || step.kernel == batchedMatmulKernel()) {
     const GemmShape largest{count * step.rows, step.cols,   step.depth,
                             step.transA,       step.transB, step.halfOutput};

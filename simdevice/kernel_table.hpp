@@ -143,6 +143,14 @@ void planBroadcast(StepPlanner& planner, Step& step) {
   planner.emit(std::move(step));
 }
 
+// The same for a kernel that splits its loop over the threads
+// (Step::splitsLoop, forLoopParts).
+template <Kernel kKernel>
+void planSplitBroadcast(StepPlanner& planner, Step& step) {
+  step.splitsLoop = true;
+  planBroadcast<kKernel>(planner, step);
+}
+
 // The kernels of a unary elementwise op computing F (float -> float).
 template <class F>
 KernelDef unaryKernels(OpKind kind) {

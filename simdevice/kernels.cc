@@ -85,9 +85,27 @@ namespace {
 
 void copyRuns(const Step& s) {
   for (const Run& run : s.runs) {
-    if (s.zeroFirst) zeroRun(s, run);
+    if (s.zeroFirst) {
+      // Cleared in contiguous ranges on the threads that then fill them
+      // (the loop's outermost dimension is the output's).
+      const int64_t n = run.count * s.outElements;
+      float* whole = outOf(s, run);
+      const int parts = s.pool == nullptr ? 1 : loopParts(n, s.pool->threads());
+      const auto clear = [&](int part, int) {
+        const int64_t first = n * part / parts;
+        std::fill_n(whole + first, n * (part + 1) / parts - first, 0.0f);
+      };
+      if (parts == 1) {
+        clear(0, 0);
+      } else {
+        s.pool->run(parts, [&](int part, int thread) { clear(part, thread); });
+      }
+    }
     float* o = outOf(s, run) + s.outLoopOffset;
-    copyStrided(run.loop, o, inOf(s, run, 0));
+    const float* x = inOf(s, run, 0);
+    forLoopParts(s, run.loop, [&](const StridedLoop& part, const std::array<int64_t, kMaxOperands>& at) {
+      copyStrided(part, o + at[0], x + at[1]);
+    });
   }
 }
 
@@ -169,6 +187,14 @@ void runBeside(const Step& s) {
 }
 
 }  // namespace
+
+// Output points per part of a step that splits its loop (Step::splitsLoop)
+// at the least, as for a chain.
+constexpr int64_t kMinLoopPartPoints = kMinSlicesPerPart * kChainSlice;
+
+int loopParts(int64_t points, int threads) {
+  return static_cast<int>(std::clamp<int64_t>(points / kMinLoopPartPoints, 1, threads));
+}
 
 int chainParts(int64_t elements, int threads) {
   const int64_t slices = (elements + kChainSlice - 1) / kChainSlice;

@@ -14,12 +14,14 @@
 // the per-replica reference plan has runs of one group.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gemm.hpp"
@@ -139,6 +141,9 @@ struct Step {
   // itself, so no rounding step follows: a product (GemmShape::halfOutput)
   // or the copy of a float16 input's feed.
   bool halfOutput = false;
+  // The kernel splits its loop over the pool's threads (forLoopParts): the
+  // strided copies, and the elementwise ops with vector forms and Where.
+  bool splitsLoop = false;
   // The product's kernel and cache blocking, chosen at load time.
   GemmPlan gemmPlan;
   const GemmScratch* scratch = nullptr;
@@ -214,6 +219,14 @@ Kernel chainKernel();
 Kernel besideKernel();
 // The parts runChain splits a chain of `elements` into on `threads`.
 int chainParts(int64_t elements, int threads);
+// The parts a reduction (ReduceSum, ReduceMean, ReduceToShape) of `loop`
+// splits into on `threads` (forLoopParts): along its outermost dimension
+// when that is kept, from 2 x 4,096 terms, each part a cache line of the
+// input wide at the least; one otherwise.
+int reduceParts(const StridedLoop& loop, int threads);
+// The parts a step with Step::splitsLoop cuts a loop of `points` output
+// points into on `threads`.
+int loopParts(int64_t points, int threads);
 // The parts a row-wise step of the softmax family (softmax, log-softmax,
 // cross entropy and its gradient) splits `rows` rows of `cols` into on
 // `threads`.
@@ -356,6 +369,45 @@ void forEach3(const StridedLoop& loop, F&& f) {
       index[d] = 0;
     }
   }
+}
+
+// The loop's outermost dimension of more than one point (rank when none).
+inline int outermostDimension(const StridedLoop& loop) {
+  int d = 0;
+  while (d < loop.rank && loop.size[static_cast<std::size_t>(d)] == 1) ++d;
+  return d;
+}
+
+// Runs body(part, offsets) over `parts` parts of `loop` on the step's pool:
+// the loop cut along its outermost dimension (outermostDimension) into
+// ranges, part p the p-th range (so that consecutive steps cut alike leave
+// each range's values in one core's cache), offsets[i] where operand i's
+// range begins. Each point is computed once, by the code that computes it
+// unsplit, so the values do not depend on the parts.
+template <class F>
+void forLoopParts(const Step& s, const StridedLoop& loop, int parts, F&& body) {
+  const int d = outermostDimension(loop);
+  const auto at = static_cast<std::size_t>(d);
+  if (d < loop.rank) parts = static_cast<int>(std::min<int64_t>(parts, loop.size[at]));
+  if (parts <= 1 || d == loop.rank || s.pool == nullptr) {
+    body(loop, std::array<int64_t, kMaxOperands>{});
+    return;
+  }
+  s.pool->run(parts, [&](int part, int) {
+    const int64_t first = loop.size[at] * part / parts;
+    StridedLoop slice = loop;
+    slice.size[at] = loop.size[at] * (part + 1) / parts - first;
+    std::array<int64_t, kMaxOperands> offsets{};
+    for (std::size_t i = 0; i < offsets.size(); ++i) offsets[i] = first * loop.stride[i][at];
+    body(slice, offsets);
+  });
+}
+
+// The same in loopParts(points) parts: the steps with Step::splitsLoop.
+template <class F>
+void forLoopParts(const Step& s, const StridedLoop& loop, F&& body) {
+  forLoopParts(s, loop, loopParts(loop.elements(), s.pool == nullptr ? 1 : s.pool->threads()),
+               std::forward<F>(body));
 }
 
 inline float* outOf(const Step& s, const Run& run) { return s.out + run.out; }

@@ -367,13 +367,18 @@ void vectorBinaryKernel(const Step& s) {
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
     const float* y = inOf(s, run, 1);
-    if (vectorPlanes<Op>(run.loop, o, x, y)) continue;
-    const auto f = [&](int64_t io, int64_t ix, int64_t iy) { o[io] = F{}(x[ix], y[iy]); };
-    forEachRow(run.loop,
-               [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
-                 if (s0 != 1 || !vectorRow<Op>(o + o0, x + o1, y + o2, n, s1, s2))
-                   inner(n, s0, s1, s2, o0, o1, o2, f);
-               });
+    forLoopParts(s, run.loop, [&](const StridedLoop& loop, const std::array<int64_t, kMaxOperands>& at) {
+      float* po = o + at[0];
+      const float* px = x + at[1];
+      const float* py = y + at[2];
+      if (vectorPlanes<Op>(loop, po, px, py)) return;
+      const auto f = [&](int64_t io, int64_t ix, int64_t iy) { po[io] = F{}(px[ix], py[iy]); };
+      forEachRow(loop,
+                 [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
+                   if (s0 != 1 || !vectorRow<Op>(po + o0, px + o1, py + o2, n, s1, s2))
+                     inner(n, s0, s1, s2, o0, o1, o2, f);
+                 });
+    });
   }
 }
 
@@ -428,7 +433,7 @@ KernelDef unaryRows(KernelDef def) {
 // `def` (F's kernels) with Op's strided kernel and flat step.
 template <class Op, class F>
 KernelDef vectorBinary(KernelDef def) {
-  def.plan = planBroadcast<vectorBinaryKernel<Op, F>>;
+  def.plan = planSplitBroadcast<vectorBinaryKernel<Op, F>>;
   def.tile = vectorBinaryTile<Op, F>;
   return def;
 }

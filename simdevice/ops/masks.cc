@@ -47,11 +47,13 @@ void whereKernel(const Step& s) {
     const float* c = inOf(s, run, 0);
     const float* x = inOf(s, run, 1);
     const float* y = inOf(s, run, 2);
-    forEach3(run.loop, [&](int64_t io, int64_t ic, int64_t ix, int64_t iy) {
-      // Both values loaded, so the choice compiles to a blend.
-      const T a = loadSlots<T>(x + ix);
-      const T b = loadSlots<T>(y + iy);
-      storeSlots(o + io, c[ic] != 0.0f ? a : b);
+    forLoopParts(s, run.loop, [&](const StridedLoop& loop, const std::array<int64_t, kMaxOperands>& at) {
+      forEach3(loop, [&](int64_t io, int64_t ic, int64_t ix, int64_t iy) {
+        // Both values loaded, so the choice compiles to a blend.
+        const T a = loadSlots<T>(x + at[2] + ix);
+        const T b = loadSlots<T>(y + at[3] + iy);
+        storeSlots(o + at[0] + io, c[ic + at[1]] != 0.0f ? a : b);
+      });
     });
   }
 }
@@ -107,7 +109,7 @@ void addMaskKernels(KernelTable& table) {
   table.add(binaryKernels<OrF>(OpKind::Or));
   table.add(unaryKernels<NotF>(OpKind::Not));
   table.add({.kind = OpKind::Where,
-             .plan = planBroadcast<whereKernel<float>>,
+             .plan = planSplitBroadcast<whereKernel<float>>,
              .tile = whereTile,
              .planFloat64 = planBroadcast<whereKernel<double>>});
   table.add({.kind = OpKind::Dropout, .plan = planDropout});

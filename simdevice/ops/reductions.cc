@@ -1,5 +1,6 @@
 // The reduction family's kernels (lib/ops/reductions.cc defines the ops).
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernel_table.hpp"
 #include "planes.hpp"
@@ -9,12 +10,12 @@ namespace {
 
 // Input elements per part of a reduction split over threads: below this,
 // handing a part to another thread costs more than it saves.
-constexpr int64_t kMinPartElements = int64_t{1} << 15;
+constexpr int64_t kMinPartElements = int64_t{1} << 12;
 
 // ReduceSum, ReduceMean, ReduceToShape: the output has stride 0 along the
 // reduced dimensions, so every input element adds into its output element.
-// Over threads, the run's loop is split along its widest kept dimension
-// (output stride not 0): each part adds into its own output elements, and
+// Over threads, the run's loop is split along its outermost dimension when
+// that is kept (reduceParts): each part adds into its own output elements, and
 // visits every element's terms in the loop's order (a row reduced into one
 // output: rowSum's), so each sum is the same bits at any thread count.
 void reduceKernel(const Step& s) {
@@ -22,33 +23,11 @@ void reduceKernel(const Step& s) {
     zeroRun(s, run);
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
-    const StridedLoop& loop = run.loop;
-    int split = -1;
-    for (int d = 0; d < loop.rank; ++d) {
-      const auto at = static_cast<std::size_t>(d);
-      if (loop.stride[0][at] != 0 && loop.size[at] > 1 &&
-          (split < 0 || loop.size[at] > loop.size[static_cast<std::size_t>(split)]))
-        split = d;
-    }
-    const int parts =
-        s.pool == nullptr || split < 0
-            ? 1
-            : static_cast<int>(std::clamp<int64_t>(
-                  std::min(loop.elements() / kMinPartElements, loop.size[static_cast<std::size_t>(split)]), 1,
-                  s.pool->threads()));
-    if (parts == 1) {
-      sumStrided(loop, o, x);
-    } else {
-      const auto d = static_cast<std::size_t>(split);
-      s.pool->run(parts, [&](int part, int) {
-        const int64_t first = loop.size[d] * part / parts;
-        StridedLoop slice = loop;
-        slice.size[d] = loop.size[d] * (part + 1) / parts - first;
-        float* os = o + first * loop.stride[0][d];
-        const float* xs = x + first * loop.stride[1][d];
-        sumStrided(slice, os, xs);
-      });
-    }
+    const int parts = reduceParts(run.loop, s.pool == nullptr ? 1 : s.pool->threads());
+    forLoopParts(s, run.loop, parts,
+                 [&](const StridedLoop& part, const std::array<int64_t, kMaxOperands>& at) {
+                   sumStrided(part, o + at[0], x + at[1]);
+                 });
     if (s.scale != 1.0f) {
       for (int64_t i = 0; i < run.count * s.outElements; ++i) o[i] *= s.scale;
     }
@@ -83,6 +62,22 @@ void planReduce(StepPlanner& planner, Step& step) {
 }
 
 }  // namespace
+
+int reduceParts(const StridedLoop& loop, int threads) {
+  // Only along the loop's outermost dimension, as the steps that split
+  // their loops are (forLoopParts): each thread then reads the rows it
+  // wrote. Cut along an inner dimension, a reduction into one row (a bias
+  // gradient) would read every row on every thread.
+  const int d = outermostDimension(loop);
+  const auto at = static_cast<std::size_t>(d);
+  if (d == loop.rank || loop.stride[0][at] == 0) return 1;
+  const int64_t most = std::min(loop.elements() / kMinPartElements, loop.size[at]);
+  const auto parts = static_cast<int>(std::clamp<int64_t>(most, 1, threads));
+  // Parts narrower than a cache line of the input would each read lines
+  // that the other reads.
+  constexpr int64_t kLineFloats = 16;
+  return std::abs(loop.stride[1][at]) * (loop.size[at] / parts) < kLineFloats ? 1 : parts;
+}
 
 void addReductionKernels(KernelTable& table) {
   for (OpKind kind : {OpKind::ReduceSum, OpKind::ReduceMean, OpKind::ReduceToShape}) {

@@ -458,7 +458,9 @@ TEST_CASE("the thread count: the spec, else TESSERA_NUM_THREADS, else the CPU af
 // of them writes, or writes what one reads, waits for them. The values are
 // the same bits at any thread count and those of the reference.
 TEST_CASE("independent steps run side by side, dependent ones after: the same bits at 1 to 3 threads") {
-  Graph g(2);
+  // One replica: each sum is then of a single value, which no thread count
+  // splits (a sum per replica is split by replicas from 2 x 4,096 terms).
+  Graph g(1);
   const Tensor x1 = ops::input(g, "x1", {10'000});
   const Tensor x2 = ops::input(g, "x2", {12'000});
   const Tensor v = ops::variable(g, "v", test::pseudoRandom(10'000, 5), {10'000});
@@ -491,11 +493,7 @@ TEST_CASE("independent steps run side by side, dependent ones after: the same bi
     // (float32 sums of 10,000 terms of both signs against double ones.)
     CHECK(test::compareAll(*device.executable, g, oracle, 2e-3) >= 6);
     std::vector<std::vector<float>> values;
-    for (const Tensor& t : outputs) {
-      values.push_back(test::deviceValue(*device.executable, g, t.id(), 0));
-      const std::vector<float> second = test::deviceValue(*device.executable, g, t.id(), 1);
-      values.back().insert(values.back().end(), second.begin(), second.end());
-    }
+    for (const Tensor& t : outputs) values.push_back(test::deviceValue(*device.executable, g, t.id(), 0));
     if (threads == 1) {
       single = values;
       continue;
@@ -503,6 +501,70 @@ TEST_CASE("independent steps run side by side, dependent ones after: the same bi
     for (std::size_t i = 0; i < outputs.size(); ++i) {
       CAPTURE(i);
       CHECK(values[i] == single[i]);
+    }
+  }
+}
+
+// The strided steps that split their loops over the threads (copies,
+// transposes, pads, broadcasts, Where, the elementwise ops' broadcast
+// loops) and the reductions over rows: large enough to split, with shapes
+// whose outer dimension does not divide evenly. The same bits at 1 to 4
+// threads as at one, and the reference's values.
+TEST_CASE("split strided steps and reductions: the same bits at 1 to 4 threads") {
+  for (const int64_t replicas : {int64_t{1}, int64_t{2}}) {
+    CAPTURE(replicas);
+    Graph g(replicas);
+    const Tensor x = ops::input(g, "x", {67, 3, 8, 16});
+    const Tensor mask = ops::input(g, "mask", {8, 16});
+    const Tensor t = ops::transpose(x, {0, 2, 1, 3});
+    const Tensor k = ops::transpose(x, {0, 1, 3, 2});
+    const Tensor part = ops::slice(x, {0, 1, 0, 0}, {67, 3, 8, 16});
+    OpAttributes pad;
+    pad.shape = {67, 3, 8, 16};
+    pad.starts = {0, 1, 0, 0};
+    pad.ends = {67, 3, 8, 16};
+    const Tensor padded{&g, g.op(g.addOp(OpKind::SlicePad, {part.id()}, std::move(pad))).outputs[0]};
+    const Tensor rows = ops::reshape(x, {67 * 3 * 8, 16});
+    const Tensor mean = ops::reduceMean(rows, {1}, true);
+    const Tensor centred = ops::sub(rows, mean);
+    const Tensor spread = ops::add(ops::mul(mean, mean), ops::scalar(g, 1.0));
+    const Tensor scaled = ops::div(centred, ops::broadcastTo(spread, {67 * 3 * 8, 16}));
+    const Tensor columnSums = ops::reduceSum(rows, {0});
+    const Tensor masked = ops::where(mask, ops::scalar(g, -1.0e9), x);
+    const Tensor joined = ops::concat({x, padded}, 1);
+    const std::vector<Tensor> outputs = {t, k, padded, mean, centred, scaled, columnSums, masked, joined};
+    auto feeds = test::makeFeeds(g, 1, 41);
+    for (float& v : feeds[mask.id()]) v = v > 0.0f ? 1.0f : 0.0f;
+
+    std::vector<std::vector<float>> single;
+    for (const int threads : {1, 2, 3, 4}) {
+      CAPTURE(threads);
+      // Only the outputs are read back, as in a session.
+      DeviceSpec spec;
+      spec.numThreads = threads;
+      std::vector<TensorId> reads;
+      for (const Tensor& out : outputs) reads.push_back(out.id());
+      test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized, spec, reads);
+      test::runDevice(*device.executable, feeds);
+      std::vector<std::vector<float>> values;
+      for (const Tensor& out : outputs) {
+        for (int64_t r = 0; r < replicas; ++r) {
+          values.push_back(test::deviceValue(*device.executable, g, out.id(), r));
+        }
+      }
+      if (threads == 1) {
+        test::ReferenceEvaluator oracle(g);
+        test::feedOracle(oracle, g, feeds);
+        oracle.run();
+        // (float32 sums of 1,608 terms against double ones.)
+        CHECK(test::compareAll(*device.executable, g, oracle, 2e-4) >= static_cast<int64_t>(outputs.size()));
+        single = values;
+        continue;
+      }
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        CAPTURE(i);
+        CHECK(values[i] == single[i]);
+      }
     }
   }
 }
