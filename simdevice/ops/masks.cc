@@ -111,7 +111,7 @@ void addMaskKernels(KernelTable& table) {
   table.add({.kind = OpKind::Where,
              .plan = planSplitBroadcast<whereKernel<float>>,
              .tile = whereTile,
-             .planFloat64 = planBroadcast<whereKernel<double>>});
+             .planFloat64 = planSplitBroadcast<whereKernel<double>>});
   table.add({.kind = OpKind::Dropout, .plan = planDropout});
   // Casts to and from float64 (IdentityF and TruncF reading one type and
   // storing the other): int32, float32 and float16 values are exact
