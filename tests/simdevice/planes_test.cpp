@@ -132,7 +132,10 @@ TEST_CASE("strided copies: slices into wider rows, broadcasts, and a whole flat 
           {{cols, 1}, {0, 1}},      // one row repeated
           {{1, rows}, {width, 1}},  // a transposed slice
       };
-      for (const auto& [outStrides, inStrides] : layouts) {
+      for (const auto& layout : layouts) {
+        // (Named, not bound: a structured binding cannot be captured.)
+        const std::vector<int64_t>& outStrides = layout.first;
+        const std::vector<int64_t>& inStrides = layout.second;
         const StridedLoop loop = loopOf({rows, cols}, outStrides, inStrides);
         std::vector<float> expected(static_cast<std::size_t>(rows * width + kGuard), -7.5f);
         std::vector<float> got = expected;
