@@ -305,8 +305,12 @@ TEST_CASE("idle work runs on the workers between jobs, never on the caller, and 
     pool.setIdleWork([&] {
       if (std::this_thread::get_id() == caller) onCaller.fetch_add(1);
       if (inPart) duringPart.fetch_add(1);
-      if (pieces.load() >= kPieces) return false;
-      pieces.fetch_add(1);
+      // Taken one at a time: two workers that both saw kPieces - 1 left
+      // must not both take it.
+      int taken = pieces.load();
+      do {
+        if (taken >= kPieces) return false;
+      } while (!pieces.compare_exchange_weak(taken, taken + 1));
       return true;
     });
     // Jobs with the workers kept polling: the pieces run in the gaps, up to 2 s.
