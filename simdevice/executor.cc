@@ -127,7 +127,7 @@ bool runsBeside(const Step& step, int threads) {
   int64_t count = 1;
   for (const Run& run : step.runs) count = std::max(count, run.count);
   // Steps that split themselves over the threads when large enough.
-  if (step.splitsLoop || step.kernel == copyKernel()) {
+  if (step.splitsLoop) {
     for (const Run& run : step.runs)
       if (loopParts(run.loop.elements(), threads) > 1) return false;  // forLoopParts
   }

@@ -129,6 +129,7 @@ void planFlatCopy(StepPlanner& planner, Step& step, TensorId source) {
   step.slots.fill(1);
   makeLoops(step, {step.outElements}, {{1}, {1}});
   step.kernel = copyKernel();
+  step.splitsLoop = true;
   planner.emit(std::move(step));
 }
 

@@ -88,18 +88,12 @@ void copyRuns(const Step& s) {
     if (s.zeroFirst) {
       // Cleared in contiguous ranges on the threads that then fill them
       // (the loop's outermost dimension is the output's).
-      const int64_t n = run.count * s.outElements;
-      float* whole = outOf(s, run);
-      const int parts = s.pool == nullptr ? 1 : loopParts(n, s.pool->threads());
-      const auto clear = [&](int part, int) {
-        const int64_t first = n * part / parts;
-        std::fill_n(whole + first, n * (part + 1) / parts - first, 0.0f);
-      };
-      if (parts == 1) {
-        clear(0, 0);
-      } else {
-        s.pool->run(parts, [&](int part, int thread) { clear(part, thread); });
-      }
+      StridedLoop whole;
+      whole.push(run.count * s.outElements, {1});
+      float* groups = outOf(s, run);
+      forLoopParts(s, whole, [&](const StridedLoop& part, const std::array<int64_t, kMaxOperands>& at) {
+        std::fill_n(groups + at[0], part.size[0], 0.0f);
+      });
     }
     float* o = outOf(s, run) + s.outLoopOffset;
     const float* x = inOf(s, run, 0);

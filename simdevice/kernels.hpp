@@ -142,7 +142,8 @@ struct Step {
   // or the copy of a float16 input's feed.
   bool halfOutput = false;
   // The kernel splits its loop over the pool's threads (forLoopParts): the
-  // strided copies, and the elementwise ops with vector forms and Where.
+  // strided copies of floats, and the elementwise ops with vector forms and
+  // Where.
   bool splitsLoop = false;
   // The product's kernel and cache blocking, chosen at load time.
   GemmPlan gemmPlan;

@@ -4,22 +4,22 @@
 #include <algorithm>
 
 #include "cpu_features.hpp"
-#include "transpose8x8.hpp"
 #include "vector_math.hpp"
+#include "x86_simd.hpp"
 
 namespace tessera::sim {
 namespace {
 
 void copyPlanePortable(const Plane& p, float* out, const float* in) {
   for (int64_t r = 0; r < p.rows; ++r) {
-    float* o = out + r * p.outRow;
-    const float* x = in + r * p.inRow;
-    if (p.outCol == 1 && p.inCol == 1) {
+    float* o = out + r * p.row[0];
+    const float* x = in + r * p.row[1];
+    if (p.col[0] == 1 && p.col[1] == 1) {
       std::copy_n(x, p.cols, o);
-    } else if (p.outCol == 1 && p.inCol == 0) {
+    } else if (p.col[0] == 1 && p.col[1] == 0) {
       std::fill_n(o, p.cols, *x);
     } else {
-      for (int64_t c = 0; c < p.cols; ++c) o[c * p.outCol] = x[c * p.inCol];
+      for (int64_t c = 0; c < p.cols; ++c) o[c * p.col[0]] = x[c * p.col[1]];
     }
   }
 }
@@ -29,14 +29,6 @@ void copyPlanePortable(const Plane& p, float* out, const float* in) {
 // Rows of up to this many floats are copied through masked vectors; longer
 // ones by std::copy_n (the C library's own vector copy).
 constexpr int64_t kMaskedRow = 64;
-
-__attribute__((target("avx512f"))) inline __mmask16 firstLanes16(int64_t n) {
-  return static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
-}
-
-__attribute__((target("avx512f"))) inline __mmask8 firstLanes8(int64_t n) {
-  return static_cast<__mmask8>(n >= 8 ? 0xff : (1u << n) - 1);
-}
 
 // A 2-D transpose (output rows contiguous along c, input contiguous along
 // r) in blocks of 8 x 8 through registers.
@@ -49,32 +41,32 @@ __attribute__((target("avx512f,avx512vl"))) void transposePlaneAvx512(const Plan
       const int64_t w = std::min<int64_t>(8, p.cols - c0);
       __m256 v[8];
       for (int64_t k = 0; k < 8; ++k)
-        v[k] = k < w ? _mm256_maskz_loadu_ps(rowLanes, in + (c0 + k) * p.inCol + r0) : _mm256_setzero_ps();
+        v[k] = k < w ? _mm256_maskz_loadu_ps(rowLanes, in + (c0 + k) * p.col[1] + r0) : _mm256_setzero_ps();
       transpose8x8(v);
       const __mmask8 colLanes = firstLanes8(w);
-      for (int64_t i = 0; i < h; ++i) _mm256_mask_storeu_ps(out + (r0 + i) * p.outRow + c0, colLanes, v[i]);
+      for (int64_t i = 0; i < h; ++i) _mm256_mask_storeu_ps(out + (r0 + i) * p.row[0] + c0, colLanes, v[i]);
     }
   }
 }
 
 __attribute__((target("avx512f,avx512vl"))) void copyPlaneAvx512(const Plane& p, float* out,
                                                                  const float* in) {
-  if (p.outCol == 1 && p.inCol == 1 && p.cols <= kMaskedRow) {
+  if (p.col[0] == 1 && p.col[1] == 1 && p.cols <= kMaskedRow) {
     for (int64_t r = 0; r < p.rows; ++r) {
-      float* o = out + r * p.outRow;
-      const float* x = in + r * p.inRow;
+      float* o = out + r * p.row[0];
+      const float* x = in + r * p.row[1];
       for (int64_t c = 0; c < p.cols; c += 16) {
         const __mmask16 lanes = firstLanes16(p.cols - c);
         _mm512_mask_storeu_ps(o + c, lanes, _mm512_maskz_loadu_ps(lanes, x + c));
       }
     }
-  } else if (p.outCol == 1 && p.inCol == 0) {
+  } else if (p.col[0] == 1 && p.col[1] == 0) {
     for (int64_t r = 0; r < p.rows; ++r) {
-      float* o = out + r * p.outRow;
-      const __m512 value = _mm512_set1_ps(in[r * p.inRow]);
+      float* o = out + r * p.row[0];
+      const __m512 value = _mm512_set1_ps(in[r * p.row[1]]);
       for (int64_t c = 0; c < p.cols; c += 16) _mm512_mask_storeu_ps(o + c, firstLanes16(p.cols - c), value);
     }
-  } else if (p.outCol == 1 && p.inRow == 1 && p.rows > 1) {
+  } else if (p.col[0] == 1 && p.row[1] == 1 && p.rows > 1) {
     transposePlaneAvx512(p, out, in);
   } else {
     copyPlanePortable(p, out, in);
@@ -99,15 +91,15 @@ void sumShortRows(const Plane& p, float* out, const float* in) {
   int64_t r = 0;
   for (; r + kSide <= p.rows; r += kSide) {
     float sum[kSide];
-    for (int64_t k = 0; k < kSide; ++k) sum[k] = out[(r + k) * p.outRow];
+    for (int64_t k = 0; k < kSide; ++k) sum[k] = out[(r + k) * p.row[0]];
     for (int64_t c = 0; c < p.cols; ++c)
-      for (int64_t k = 0; k < kSide; ++k) sum[k] += in[(r + k) * p.inRow + c];
-    for (int64_t k = 0; k < kSide; ++k) out[(r + k) * p.outRow] = sum[k];
+      for (int64_t k = 0; k < kSide; ++k) sum[k] += in[(r + k) * p.row[1] + c];
+    for (int64_t k = 0; k < kSide; ++k) out[(r + k) * p.row[0]] = sum[k];
   }
   for (; r < p.rows; ++r) {
-    float sum = out[r * p.outRow];
-    for (int64_t c = 0; c < p.cols; ++c) sum += in[r * p.inRow + c];
-    out[r * p.outRow] = sum;
+    float sum = out[r * p.row[0]];
+    for (int64_t c = 0; c < p.cols; ++c) sum += in[r * p.row[1] + c];
+    out[r * p.row[0]] = sum;
   }
 }
 
@@ -120,7 +112,7 @@ void sumIntoOneRow(const Plane& p, float* out, const float* in) {
     float sum[kBlock];
     std::copy_n(out + c0, w, sum);
     for (int64_t r = 0; r < p.rows; ++r) {
-      const float* x = in + r * p.inRow + c0;
+      const float* x = in + r * p.row[1] + c0;
       for (int64_t c = 0; c < w; ++c) sum[c] += x[c];
     }
     std::copy_n(sum, w, out + c0);
@@ -134,28 +126,27 @@ Plane innerPlane(const StridedLoop& loop) {
   if (loop.rank == 0) return p;
   const auto col = static_cast<std::size_t>(loop.rank - 1);
   p.cols = loop.size[col];
-  p.outCol = loop.stride[0][col];
-  p.inCol = loop.stride[1][col];
+  for (std::size_t i = 0; i < p.col.size(); ++i) p.col[i] = loop.stride[i][col];
   if (loop.rank == 1) return p;
   const std::size_t row = col - 1;
   p.rows = loop.size[row];
-  p.outRow = loop.stride[0][row];
-  p.inRow = loop.stride[1][row];
+  for (std::size_t i = 0; i < p.row.size(); ++i) p.row[i] = loop.stride[i][row];
   return p;
 }
 
 void copyPlane(const Plane& p, float* out, const float* in) { planeCopy()(p, out, in); }
 
 void sumPlane(const Plane& p, float* out, const float* in) {
-  if (p.outCol == 0 && p.inCol == 1 && p.cols >= kRowSumLanes) {
-    for (int64_t r = 0; r < p.rows; ++r) out[r * p.outRow] += rowSum(in + r * p.inRow, p.cols);
-  } else if (p.outCol == 0 && p.inCol == 1 && (p.outRow != 0 || p.rows == 1)) {
+  if (p.col[0] == 0 && p.col[1] == 1 && p.cols >= kRowSumLanes) {
+    for (int64_t r = 0; r < p.rows; ++r) out[r * p.row[0]] += rowSum(in + r * p.row[1], p.cols);
+  } else if (p.col[0] == 0 && p.col[1] == 1 && (p.row[0] != 0 || p.rows == 1)) {
     sumShortRows(p, out, in);
-  } else if (p.outRow == 0 && p.outCol == 1 && p.inCol == 1) {
+  } else if (p.row[0] == 0 && p.col[0] == 1 && p.col[1] == 1) {
     sumIntoOneRow(p, out, in);
   } else {
     for (int64_t r = 0; r < p.rows; ++r)
-      for (int64_t c = 0; c < p.cols; ++c) out[r * p.outRow + c * p.outCol] += in[r * p.inRow + c * p.inCol];
+      for (int64_t c = 0; c < p.cols; ++c)
+        out[r * p.row[0] + c * p.col[0]] += in[r * p.row[1] + c * p.col[1]];
   }
 }
 

@@ -10,6 +10,7 @@
 // (ops/elementwise.cc).
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "kernels.hpp"
@@ -19,16 +20,14 @@ namespace tessera::sim {
 struct Plane {
   int64_t rows = 1;
   int64_t cols = 1;
-  // Strides between rows and between the points of a row, of the output
-  // and of the input.
-  int64_t outRow = 0;
-  int64_t inRow = 0;
-  int64_t outCol = 0;
-  int64_t inCol = 0;
+  // Each operand's strides (the loop's: 0 is the output) between rows and
+  // between the points of a row.
+  std::array<int64_t, kMaxOperands> row{};
+  std::array<int64_t, kMaxOperands> col{};
 };
 
 // The plane of the loop's two innermost dimensions (rows = 1 for a loop of
-// rank 1, one point for rank 0), with operand 1 as the input.
+// rank 1, one point for rank 0).
 Plane innerPlane(const StridedLoop& loop);
 
 // Calls plane(outOffset, in0Offset, in1Offset) at the origin of every
@@ -49,13 +48,14 @@ void forEachPlane(const StridedLoop& loop, F&& plane) {
   });
 }
 
-// out[r * outRow + c * outCol] = in[r * inRow + c * inCol] for every point.
+// out[r * row[0] + c * col[0]] = in[r * row[1] + c * col[1]] for every
+// point.
 void copyPlane(const Plane& p, float* out, const float* in);
 
-// out[r * outRow + c * outCol] += in[r * inRow + c * inCol], the points
+// out[r * row[0] + c * col[0]] += in[r * row[1] + c * col[1]], the points
 // visited row by row, each row in order, so every output element gets its
 // terms in the loop's order; a row of kRowSumLanes values or more that adds
-// into one output element (outCol 0, inCol 1) is summed as rowSum() orders
+// into one output element (col[0] 0, col[1] 1) is summed as rowSum() orders
 // it, then added. Rows that add into different output elements may be
 // summed side by side: each element's order stays.
 void sumPlane(const Plane& p, float* out, const float* in);

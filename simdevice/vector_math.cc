@@ -8,11 +8,7 @@
 #include <cstdint>
 
 #include "cpu_features.hpp"
-#include "transpose8x8.hpp"
-
-#ifdef TESSERA_X86_SIMD
-#define TESSERA_VECTOR_MATH_X86 1
-#endif
+#include "x86_simd.hpp"
 
 namespace tessera::sim {
 namespace {
@@ -144,7 +140,7 @@ inline double exponentialWith(double x, Fma fma) {
   return whole > 1023 ? p * powerOf2(1023) * powerOf2(whole - 1023) : p * powerOf2(whole);
 }
 
-#ifdef TESSERA_VECTOR_MATH_X86
+#ifdef TESSERA_X86_SIMD
 // With the CPU's fused multiply-add inline (FusedMultiplyAdd is a call in a build for
 // the baseline architecture).
 __attribute__((target("fma"))) double exponentialFma(double x) {
@@ -269,7 +265,7 @@ __attribute__((target("avx512f,avx512dq,avx512vl"))) void floatsThroughDoubles(c
     for (int v = 0; v < kVectors; ++v) _mm256_storeu_ps(out + j + 8 * v, _mm512_maskz_cvtpd_ps(all, r[v]));
   }
   for (; j < n; j += 8) {
-    const auto lanes = static_cast<__mmask8>(n - j >= 8 ? 0xff : (1u << (n - j)) - 1);
+    const auto lanes = firstLanes8(n - j);
     const __m512d r = f(_mm512_maskz_cvtps_pd(all, _mm256_maskz_loadu_ps(lanes, x + j)));
     _mm256_mask_storeu_ps(out + j, lanes, _mm512_maskz_cvtpd_ps(all, r));
   }
@@ -292,7 +288,7 @@ __attribute__((target("avx512f,avx512vl"))) int64_t shiftedExponentialsAvx512(co
   }
   for (; j < n; j += 8) {
     // The last few through masks (the lanes past n load 0 and are not stored).
-    const auto lanes = static_cast<__mmask8>(n - j >= 8 ? 0xff : (1u << (n - j)) - 1);
+    const auto lanes = firstLanes8(n - j);
     const __m256 d = _mm256_sub_ps(_mm256_maskz_loadu_ps(lanes, x + j), shift);
     _mm512_mask_storeu_pd(out + j, lanes, exponential8(_mm512_maskz_cvtps_pd(all, d)));
   }
@@ -311,7 +307,7 @@ struct RowBlock {
 __attribute__((target("avx512f,avx512vl"))) void loadRows(const float* x, int64_t count, int64_t c,
                                                           float (*columns)[8]) {
   for (int64_t j0 = 0; j0 < c; j0 += 8) {
-    const auto lanes = static_cast<__mmask8>(c - j0 >= 8 ? 0xff : (1u << (c - j0)) - 1);
+    const auto lanes = firstLanes8(c - j0);
     __m256 v[8];
     for (int64_t i = 0; i < 8; ++i)
       v[i] = i < count ? _mm256_maskz_loadu_ps(lanes, x + i * c + j0) : _mm256_setzero_ps();
@@ -324,7 +320,7 @@ __attribute__((target("avx512f,avx512vl"))) void loadRows(const float* x, int64_
 __attribute__((target("avx512f,avx512vl"))) void storeRows(const float (*columns)[8], int64_t count,
                                                            int64_t c, float* out) {
   for (int64_t j0 = 0; j0 < c; j0 += 8) {
-    const auto lanes = static_cast<__mmask8>(c - j0 >= 8 ? 0xff : (1u << (c - j0)) - 1);
+    const auto lanes = firstLanes8(c - j0);
     __m256 v[8];
     for (int64_t j = 0; j < 8; ++j) v[j] = j0 + j < c ? _mm256_load_ps(columns[j0 + j]) : _mm256_setzero_ps();
     transpose8x8(v);
@@ -426,7 +422,7 @@ struct LogRows {
     const __m512d logSum = logOf(exponentialSums(block, c, &max));
     if (logSumExps != nullptr) {
       const __m512d lse = _mm512_add_pd(_mm512_maskz_cvtps_pd(all, max), logSum);
-      return _mm512_mask_storeu_pd(logSumExps + r0, static_cast<__mmask8>((1u << count) - 1), lse);
+      return _mm512_mask_storeu_pd(logSumExps + r0, firstLanes8(count), lse);
     }
     for (int64_t j = 0; j < c; ++j) {
       const __m512d shifted = _mm512_maskz_cvtps_pd(all, _mm256_sub_ps(_mm256_load_ps(block.x[j]), max));
@@ -452,7 +448,7 @@ __attribute__((target("avx512f"))) int64_t addLanesAvx512(const double* values, 
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) sum = _mm512_add_pd(sum, _mm512_loadu_pd(values + j));
   if (j < n) {  // the last few into the first lanes
-    const auto tail = static_cast<__mmask8>((1u << (n - j)) - 1);
+    const auto tail = firstLanes8(n - j);
     sum = _mm512_mask_add_pd(sum, tail, sum, _mm512_maskz_loadu_pd(tail, values + j));
   }
   _mm512_storeu_pd(lanes, sum);
@@ -467,7 +463,7 @@ __attribute__((target("avx512f,avx512vl"))) int64_t probabilitiesAvx512(const do
   const __m512d scale = _mm512_set1_pd(factor);
   const __m512d index = _mm512_set_pd(7, 6, 5, 4, 3, 2, 1, 0);
   for (int64_t j = 0; j < n; j += 8) {
-    const auto lanes = static_cast<__mmask8>(n - j >= 8 ? 0xff : (1u << (n - j)) - 1);
+    const auto lanes = firstLanes8(n - j);
     const __mmask8 hot = _mm512_cmp_pd_mask(_mm512_add_pd(index, _mm512_set1_pd(static_cast<double>(j))),
                                             _mm512_set1_pd(static_cast<double>(label)), _CMP_EQ_OQ);
     // (Lanes past n load 1, not 0, so that no division makes a NaN.)
@@ -487,7 +483,7 @@ __attribute__((target("avx512f"))) void blockLanesAvx512(const float* x, int64_t
   }
   for (std::size_t v = 0; v < 4 && j + 16 * static_cast<int64_t>(v) < n; ++v) {
     const int64_t left = n - j - 16 * static_cast<int64_t>(v);
-    const auto mask = static_cast<__mmask16>(left >= 16 ? 0xffff : (1u << left) - 1);
+    const auto mask = firstLanes16(left);
     acc[v] = _mm512_mask_add_ps(acc[v], mask, acc[v], _mm512_maskz_loadu_ps(mask, x + j + 16 * v));
   }
   for (std::size_t v = 0; v < 4; ++v) _mm512_storeu_ps(lanes + 16 * v, acc[v]);
@@ -507,7 +503,7 @@ float blockSum(const float* x, int64_t n) {
   std::array<float, 64> lanes{};
   const auto used = static_cast<std::size_t>(std::min<int64_t>(n, 64));
   int64_t j = 0;
-#ifdef TESSERA_VECTOR_MATH_X86
+#ifdef TESSERA_X86_SIMD
   if (n >= 64 && cpuHasAvx512()) {
     blockLanesAvx512(x, n, lanes.data());
     j = n;
@@ -524,7 +520,7 @@ float blockSum(const float* x, int64_t n) {
 // a Vector where the CPU has AVX-512 (the same bits).
 template <class Vector, class Scalar>
 void ofFloats(const float* x, int64_t n, float* out, Scalar scalar) {
-#ifdef TESSERA_VECTOR_MATH_X86
+#ifdef TESSERA_X86_SIMD
   if (cpuHasAvx512()) return floatsThroughDoubles(x, n, out, Vector{});
 #endif
   for (int64_t j = 0; j < n; ++j) out[j] = scalar(x[j]);
@@ -533,14 +529,14 @@ void ofFloats(const float* x, int64_t n, float* out, Scalar scalar) {
 }  // namespace
 
 double exponential(double x) {
-#ifdef TESSERA_VECTOR_MATH_X86
+#ifdef TESSERA_X86_SIMD
   if (cpuHasFma()) return exponentialFma(x);
 #endif
   return exponentialWith(x, FusedMultiplyAdd{});
 }
 
 float erfOf(float x) {
-#ifdef TESSERA_VECTOR_MATH_X86
+#ifdef TESSERA_X86_SIMD
   if (cpuHasFma()) return erfFma(x, erfTable());
 #endif
   return erfWith(x, erfTable(), FusedMultiplyAdd{});
@@ -566,7 +562,7 @@ float tanhOf(float x) {
   const double a = std::fabs(static_cast<double>(x));
   double r = 0.0;
   if (a < kTanhSmall) {
-#ifdef TESSERA_VECTOR_MATH_X86
+#ifdef TESSERA_X86_SIMD
     r = cpuHasFma() ? smallTanhFma(a) : smallTanh(a, FusedMultiplyAdd{});
 #else
     r = smallTanh(a, FusedMultiplyAdd{});
@@ -583,7 +579,7 @@ void tanhOf(const float* x, int64_t n, float* out) {
 
 void shiftedExponentials(const float* x, int64_t n, float max, double* out) {
   int64_t j = 0;
-#ifdef TESSERA_VECTOR_MATH_X86
+#ifdef TESSERA_X86_SIMD
   if (cpuHasAvx512()) j = shiftedExponentialsAvx512(x, n, max, out);
 #endif
   for (; j < n; ++j) out[j] = exponential(static_cast<double>(x[j] - max));
@@ -595,7 +591,7 @@ namespace tessera::sim {
 
 void LaneSum::add(const double* values, int64_t n) {
   int64_t j = 0;
-#ifdef TESSERA_VECTOR_MATH_X86
+#ifdef TESSERA_X86_SIMD
   if (count_ % 8 == 0 && cpuHasAvx512()) j = addLanesAvx512(values, n, lanes_.data());
 #endif
   for (; j < n; ++j) lanes_[static_cast<std::size_t>((count_ + j) % 8)] += values[j];
@@ -609,13 +605,13 @@ double LaneSum::total() const {
 
 void probabilities(const double* e, int64_t n, double sum, int64_t label, double factor, float* out) {
   int64_t j = 0;
-#ifdef TESSERA_VECTOR_MATH_X86
+#ifdef TESSERA_X86_SIMD
   if (cpuHasAvx512()) j = probabilitiesAvx512(e, n, sum, label, factor, out);
 #endif
   for (; j < n; ++j) out[j] = static_cast<float>((e[j] / sum - (j == label ? 1.0 : 0.0)) * factor);
 }
 
-#ifdef TESSERA_VECTOR_MATH_X86
+#ifdef TESSERA_X86_SIMD
 int64_t shortRowProbabilities(const float* x, int64_t rows, int64_t c, const float* labels, double factor,
                               float* out) {
   return shortRows(x, rows, c, ProbabilityRows{c, labels, factor, out});

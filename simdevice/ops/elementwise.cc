@@ -4,16 +4,12 @@
 #include <array>
 #include <cmath>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define TESSERA_ELEMENTWISE_X86 1
-#include <immintrin.h>
-#endif
-
 #include "cpu_features.hpp"
 #include "kernel_table.hpp"
 #include "ops/elementwise.hpp"
 #include "planes.hpp"
 #include "vector_math.hpp"
+#include "x86_simd.hpp"
 
 namespace tessera::sim {
 namespace {
@@ -175,7 +171,7 @@ struct ClipGradF {
 // precision, plus 2 bits), so the bits are those of the float operation
 // either way. (A compiler folds the scalar form back into a float operation,
 // hence the intrinsics.)
-#ifdef TESSERA_ELEMENTWISE_X86
+#ifdef TESSERA_X86_SIMD
 // The ops' vector forms (Op::inFloat, and Op::inDouble where a subnormal
 // operand takes an assist) and scalar forms for the tails.
 struct AddOp {
@@ -287,22 +283,20 @@ __attribute__((target("avx512f,avx512dq"))) inline __m512 applyAvx512(__m512 a, 
   return Op::inFloat(a, b);
 }
 
-// A plane of Op: `rows` rows of `cols` points, the output contiguous along
-// a row and each input contiguous (1) or one value (0) along it; rowStride
-// holds the output's and the inputs' strides between rows. A row's last
+// A plane of Op (planes.hpp), the output contiguous along a row and each
+// input contiguous (kSx, kSy 1) or one value (0) along it. A row's last
 // vector goes through masks, its lanes past the row holding 1 (so nothing
 // there can make a subnormal).
 template <class Op, int64_t kSx, int64_t kSy>
-__attribute__((target("avx512f,avx512dq"))) void planeAvx512(int64_t rows, int64_t cols,
-                                                             const std::array<int64_t, 3>& rowStride,
-                                                             float* o, const float* x, const float* y) {
+__attribute__((target("avx512f,avx512dq"))) void planeAvx512(const Plane& p, float* o, const float* x,
+                                                             const float* y) {
   const __m512 one = _mm512_set1_ps(1.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* out = o + r * rowStride[0];
-    const float* xr = x + r * rowStride[1];
-    const float* yr = y + r * rowStride[2];
-    for (int64_t c = 0; c < cols; c += 16) {
-      const auto lanes = static_cast<__mmask16>(cols - c >= 16 ? 0xffff : (1u << (cols - c)) - 1);
+  for (int64_t r = 0; r < p.rows; ++r) {
+    float* out = o + r * p.row[0];
+    const float* xr = x + r * p.row[1];
+    const float* yr = y + r * p.row[2];
+    for (int64_t c = 0; c < p.cols; c += 16) {
+      const __mmask16 lanes = firstLanes16(p.cols - c);
       const __m512 a = kSx == 0 ? _mm512_set1_ps(*xr) : _mm512_mask_loadu_ps(one, lanes, xr + c);
       const __m512 b = kSy == 0 ? _mm512_set1_ps(*yr) : _mm512_mask_loadu_ps(one, lanes, yr + c);
       _mm512_mask_storeu_ps(out + c, lanes, applyAvx512<Op>(a, b));
@@ -316,27 +310,16 @@ __attribute__((target("avx512f,avx512dq"))) void planeAvx512(int64_t rows, int64
 // contiguous or one value in each input; false when it cannot.
 template <class Op>
 bool vectorPlanes(const StridedLoop& loop, float* o, const float* x, const float* y) {
-#ifdef TESSERA_ELEMENTWISE_X86
+#ifdef TESSERA_X86_SIMD
   if (!cpuHasAvx512() || loop.rank == 0) return false;
-  const auto col = static_cast<std::size_t>(loop.rank - 1);
-  const int64_t sx = loop.stride[1][col];
-  const int64_t sy = loop.stride[2][col];
-  using Plane = void (*)(int64_t, int64_t, const std::array<int64_t, 3>&, float*, const float*, const float*);
-  Plane plane = nullptr;
-  if (sx == 1 && sy == 1) plane = planeAvx512<Op, 1, 1>;
-  if (sx == 1 && sy == 0) plane = planeAvx512<Op, 1, 0>;
-  if (sx == 0 && sy == 1) plane = planeAvx512<Op, 0, 1>;
-  if (loop.stride[0][col] != 1 || plane == nullptr) return false;
-  int64_t rows = 1;
-  std::array<int64_t, 3> rowStride{};
-  if (loop.rank >= 2) {
-    const std::size_t row = col - 1;
-    rows = loop.size[row];
-    for (std::size_t i = 0; i < rowStride.size(); ++i) rowStride[i] = loop.stride[i][row];
-  }
-  forEachPlane(loop, [&](int64_t o0, int64_t o1, int64_t o2) {
-    plane(rows, loop.size[col], rowStride, o + o0, x + o1, y + o2);
-  });
+  const Plane p = innerPlane(loop);
+  using PlaneKernel = void (*)(const Plane&, float*, const float*, const float*);
+  PlaneKernel plane = nullptr;
+  if (p.col[1] == 1 && p.col[2] == 1) plane = planeAvx512<Op, 1, 1>;
+  if (p.col[1] == 1 && p.col[2] == 0) plane = planeAvx512<Op, 1, 0>;
+  if (p.col[1] == 0 && p.col[2] == 1) plane = planeAvx512<Op, 0, 1>;
+  if (p.col[0] != 1 || plane == nullptr) return false;
+  forEachPlane(loop, [&](int64_t o0, int64_t o1, int64_t o2) { plane(p, o + o0, x + o1, y + o2); });
   return true;
 #else
   (void)loop, (void)o, (void)x, (void)y;
@@ -348,7 +331,7 @@ bool vectorPlanes(const StridedLoop& loop, float* o, const float* x, const float
 // or 0 for a scalar) vectorized when the CPU can; false when it cannot.
 template <class Op>
 bool vectorRow(float* o, const float* x, const float* y, int64_t n, int64_t sx, int64_t sy) {
-#ifdef TESSERA_ELEMENTWISE_X86
+#ifdef TESSERA_X86_SIMD
   if (!cpuHasAvx512()) return false;
   if (sx == 1 && sy == 1) return vectorAvx512<Op, 1, 1>(o, x, y, n), true;
   if (sx == 1 && sy == 0) return vectorAvx512<Op, 1, 0>(o, x, y, n), true;
@@ -455,7 +438,7 @@ void scaledAddKernel(const Step& s) {
   }
 }
 
-#ifdef TESSERA_ELEMENTWISE_X86
+#ifdef TESSERA_X86_SIMD
 // n floats of a * x + b * y, in double as scaledAddKernel computes them (a
 // and b are floats, so both products are exact in double and only the sum
 // rounds, fused into a multiply-add by the compiler or not).
@@ -481,7 +464,7 @@ __attribute__((target("avx512f"))) void scaledAddAvx512(float* o, const float* x
 void scaledAddTile(const Step& s, const TileOperands& t, int64_t n) {
   const double a = s.a;
   const double b = s.b;
-#ifdef TESSERA_ELEMENTWISE_X86
+#ifdef TESSERA_X86_SIMD
   const int64_t sx = s.tileStride[0];
   const int64_t sy = s.tileStride[1];
   if (cpuHasAvx512()) {

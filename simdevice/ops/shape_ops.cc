@@ -5,9 +5,12 @@
 namespace tessera::sim {
 namespace {
 
+// Makes the step a strided copy: of floats, split over the threads
+// (Step::splitsLoop); of whole doubles, on one thread.
 template <bool kDouble>
-Kernel stridedCopy() {
-  return kDouble ? copyDoublesKernel() : copyKernel();
+void stridedCopy(Step& step) {
+  step.kernel = kDouble ? copyDoublesKernel() : copyKernel();
+  step.splitsLoop = !kDouble;
 }
 
 void planReshape(StepPlanner& planner, Step& step) { planFlatCopy(planner, step, planner.op().inputs[0]); }
@@ -16,7 +19,7 @@ void planReshape(StepPlanner& planner, Step& step) { planFlatCopy(planner, step,
 // broadcast dimension reads the same element again (stride 0).
 void planBroadcastCopy(StepPlanner& planner, Step& step) {
   planBroadcastLoops(planner, step);
-  step.kernel = copyKernel();
+  stridedCopy<false>(step);
   planner.emit(std::move(step));
 }
 
@@ -29,7 +32,7 @@ void planTranspose(StepPlanner& planner, Step& step) {
   for (int64_t axis : op.attributes.axes) strides.push_back(inStrides[static_cast<std::size_t>(axis)]);
   const Shape& out = planner.shape(op.outputs[0]);
   makeLoops(step, out, {contiguousStrides(out), strides});
-  step.kernel = stridedCopy<kDouble>();
+  stridedCopy<kDouble>(step);
   planner.emit(std::move(step));
 }
 
@@ -42,7 +45,7 @@ void planSlice(StepPlanner& planner, Step& step) {
   planner.runsOver(step, {{op.inputs[0], begin}});
   const Shape& out = planner.shape(op.outputs[0]);
   makeLoops(step, out, {contiguousStrides(out), inStrides});
-  step.kernel = stridedCopy<kDouble>();
+  stridedCopy<kDouble>(step);
   planner.emit(std::move(step));
 }
 
@@ -57,7 +60,7 @@ void planSlicePad(StepPlanner& planner, Step& step) {
   step.outLoopOffset = begin;
   const Shape& in = planner.shape(op.inputs[0]);
   makeLoops(step, in, {outStrides, contiguousStrides(in)});
-  step.kernel = copyKernel();
+  stridedCopy<false>(step);
   planner.emit(std::move(step));
 }
 
@@ -72,7 +75,7 @@ void planConcat(StepPlanner& planner, Step& step) {
     Step part = step;
     planner.runsOver(part, {{t, 0}}, along * outStrides[axis]);
     makeLoops(part, planner.shape(t), {outStrides, contiguousStrides(planner.shape(t))});
-    part.kernel = stridedCopy<kDouble>();
+    stridedCopy<kDouble>(part);
     planner.emit(std::move(part));
     along += planner.shape(t)[axis];
   }

@@ -1,13 +1,21 @@
-// The 8 x 8 transpose of floats in AVX registers, shared by the short rows
-// of the softmax family (vector_math.cc) and the strided copies
-// (planes.cc). x86 only: the includer checks TESSERA_X86_SIMD.
+// Small pieces of x86 vector code shared by the vector kernels
+// (vector_math.cc, planes.cc, ops/elementwise.cc): masks of a vector's
+// first lanes and the 8 x 8 transpose of floats. x86 only: the includer
+// checks TESSERA_X86_SIMD.
 #pragma once
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define TESSERA_X86_SIMD 1
 #include <immintrin.h>
 
+#include <cstdint>
+
 namespace tessera::sim {
+
+// The mask of a vector's first n lanes (all of them when n >= 8 or 16):
+// the lanes of a row's last, partial vector.
+inline __mmask8 firstLanes8(int64_t n) { return static_cast<__mmask8>(n >= 8 ? 0xff : (1u << n) - 1); }
+inline __mmask16 firstLanes16(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1); }
 
 // Transposes the 8 x 8 floats v[i][j] in place (rows to columns).
 __attribute__((target("avx"), always_inline)) inline void transpose8x8(__m256 (&v)[8]) {
