@@ -467,11 +467,15 @@ void SimExecutable::planSharedOutputs() {
     const OpNode& op = graph.op(id);
     const bool cast = op.kind == OpKind::CastToFloat32;
     const bool gather = op.kind == OpKind::ReplicatedAllGather;
-    if ((!cast && !gather) || elided_[at(id)]) continue;
+    const bool reshape = op.kind == OpKind::Reshape;
+    if ((!cast && !gather && !reshape) || elided_[at(id)]) continue;
     const TensorId x = op.inputs[0];
     const TensorId y = op.outputs[0];
     const TensorNode& in = graph.tensor(x);
-    if (in.dtype == DType::Float64 || graph.storageOf(y) != y || hostRead[at(y)] || !writes_[at(y)].empty())
+    // A float64 value's cast rounds (a reshape of one moves its two floats
+    // as they are).
+    if ((in.dtype == DType::Float64 && !reshape) || graph.storageOf(y) != y || hostRead[at(y)] ||
+        !writes_[at(y)].empty())
       continue;
     const TensorId source = memoryOf(x);
     const OpId producer = graph.tensor(source).producer;
@@ -480,7 +484,10 @@ void SimExecutable::planSharedOutputs() {
     if (producer == kNoOp || foldedTranspose_[at(producer)] || fusedInto_[at(producer)] != kNoOp ||
         aliasOf_[at(source)].first >= 0 || numElements(graph.tensor(source).shape) != numElements(in.shape))
       continue;
-    if (cast && (in.shape != graph.tensor(y).shape || !(layouts_[at(source)] == layouts_[at(y)]))) continue;
+    // A cast keeps the shape, a reshape the elements in their order: either
+    // is its operand's memory when both are laid out over the same groups.
+    if (cast && in.shape != graph.tensor(y).shape) continue;
+    if ((cast || reshape) && !(layouts_[at(source)] == layouts_[at(y)])) continue;
     if (gather) {
       // On one instance, groups of consecutive replicas gathering shards
       // without padding, stored in replica order: each group's gathered
@@ -507,7 +514,7 @@ void SimExecutable::planSharedOutputs() {
       continue;
     sharedWith_[at(y)] = source;
     elided_[at(id)] = 1;
-    ++(cast ? stats_.castAliases : stats_.gatherAliases);
+    ++(cast ? stats_.castAliases : gather ? stats_.gatherAliases : stats_.reshapeAliases);
   }
 }
 
@@ -1233,7 +1240,7 @@ std::span<float> SimExecutable::hostBuffer(TensorId tensor, std::string_view who
     // and a write would change the operand.
     throw DeviceError(
         ErrorCode::InvalidProgram, node.name,
-        fmt::format("{}: the device keeps this value (a float32 cast or an all-gather) in the "
+        fmt::format("{}: the device keeps this value (a float32 cast, a reshape or an all-gather) in the "
                     "memory of its operand \"{}\", which later steps may change; list the tensor "
                     "in Program::hostReads to read it, or use \"{}\"",
                     who, graph.tensor(shared).name, graph.tensor(shared).name));

@@ -73,6 +73,7 @@ struct PlanStats {
   int64_t remoteAliases = 0;        // loaded values kept in their remote entry (no copy)
   int64_t castAliases = 0;          // float32 casts that share their input's memory (no copy)
   int64_t gatherAliases = 0;        // all-gathers that are their shards' memory (no copy)
+  int64_t reshapeAliases = 0;       // reshapes that share their input's memory (no copy)
   int64_t sunkSteps = 0;            // elementwise steps moved down next to the chain that reads them
   int64_t besideGroups = 0;         // groups of independent steps run side by side, one per thread
   int64_t besideSteps = 0;          // steps in those groups
@@ -120,9 +121,9 @@ class SimExecutable final : public Executable {
   void planRemoteAliases();
   // Outputs that are their operand's memory as it is, so the op moves
   // nothing: a cast to float32 of a value held in float slots (float16,
-  // int32, bool, float32), laid out alike; an all-gather over groups of
-  // consecutive replicas on one instance whose shards (no padding) are
-  // stored in replica order.
+  // int32, bool, float32), laid out alike; a reshape, laid out alike; an
+  // all-gather over groups of consecutive replicas on one instance whose
+  // shards (no padding) are stored in replica order.
   // Only when the host reads are known and the host does not read the
   // output, the output is never written in place, and nothing writes the
   // operand's memory from the op until the output's last reader.

@@ -813,6 +813,51 @@ TEST_CASE("a float32 cast shares its operand's memory unless the operand changes
   CHECK(results[0] == results[1]);
 }
 
+TEST_CASE("a reshape shares its operand's memory unless the operand changes while the reshape is read") {
+  // flat, the reshape feeding w's update and after (of the updated w) are
+  // their operands' memory; before (of w) is read after w's in-place
+  // update, so it keeps its copy. A float64 value's reshape moves its two
+  // floats as they are: shared too.
+  const int64_t replicas = 2;
+  Graph g(replicas);
+  const Tensor x = ops::input(g, "x", {6, 5});
+  const Tensor flat = ops::reshape(ops::mul(x, ops::scalar(g, 3.0)), {30});
+  const Tensor w = ops::variable(g, "w", test::pseudoRandom(30, 3), {6, 5});
+  const Tensor before = ops::reshape(w, {30});
+  const Tensor updated = ops::copyInplace(w, ops::reshape(ops::add(flat, ops::scalar(g, 0.25)), {6, 5}));
+  const Tensor after = ops::reshape(updated, {30});
+  const Tensor narrowed = ops::cast(ops::reshape(ops::cast(x, DType::Float64), {30}), DType::Float32);
+  const Tensor result = ops::add(ops::mul(flat, before), ops::sub(after, narrowed));
+  const auto feeds = test::makeFeeds(g, 1, 9);
+  ReferenceEvaluator oracle{g};
+  test::feedOracle(oracle, g, feeds);
+  oracle.run();
+  std::vector<std::vector<float>> results;
+  for (bool known : {false, true}) {
+    INFO("host reads known: " << known);
+    test::DeviceRun device =
+        test::loadOnDevice(g, ExecutionMode::Vectorized, {},
+                           known ? std::optional(std::vector<TensorId>{result.id(), w.id()}) : std::nullopt);
+    Executable* executable = device.executable.get();
+    CHECK(device.sim->stats().reshapeAliases == (known ? 4 : 0));
+    if (known) {
+      // A shared reshape is not the host's to read: refused, naming both.
+      std::vector<float> values(replicas * 30, 1.0f);
+      const auto error = test::catchError<DeviceError>([&] { executable->read(flat.id(), values); });
+      REQUIRE(error);
+      CHECK(error->subject() == g.tensor(flat.id()).name);
+    }
+    test::runDevice(*executable, feeds);
+    test::compareTensor(*executable, g, oracle, result.id());
+    test::runDevice(*executable, feeds);
+    std::vector<float> values = test::deviceValue(*executable, g, result.id(), 1);
+    const std::vector<float> weights = test::deviceValue(*executable, g, w.id(), 0);
+    values.insert(values.end(), weights.begin(), weights.end());
+    results.push_back(values);
+  }
+  CHECK(results[0] == results[1]);
+}
+
 TEST_CASE("an all-gather of unpadded shards in replica order is their memory until the shards change") {
   // W's gather is read before W's update: it is W's memory. V's gather is
   // read again after V's update (the old value), so it keeps its copy. P's
