@@ -7,16 +7,19 @@
 #include <array>
 #include <limits>
 
+#include "cpu_features.hpp"
 #include "kernel_table.hpp"
 #include "ops/window.hpp"
+#include "x86_simd.hpp"
 
 namespace tessera::sim {
 namespace {
 
 // Step sizes: `groups` planes (sample, channel) per group, `cols` input
 // positions and `rows` windows per plane, `depth` taps per window. table:
-// the input position of tap k of window p at p * depth + k, or -1; table2
-// (AveragePool): each window's divisor.
+// the input position of tap k of window p at p * depth + k, or -1; table2:
+// each window's divisor (AveragePool), or the same positions tap by tap, at
+// k * rows + p (MaxPool, MaxPoolGrad: 8 windows a vector).
 
 // Planes per part of a group split over threads: each part is at least
 // this many input positions, since handing a part to another thread costs
@@ -74,9 +77,72 @@ int64_t argmaxOf(const int64_t* taps, int64_t depth, const float* x) {
   return best;
 }
 
+#ifdef TESSERA_X86_SIMD
+// argmaxOf() of the windows [p, p + 8) of a plane (those below `rows`),
+// tap by tap across the windows: `byTap` is Step::table2 of a max pool.
+// Each lane makes argmaxOf's choices (a tap replaces the maximum when it is
+// greater, the first tap that is not a pad when none was before), so the
+// values and positions are the same. Returns the maximum (-inf for a
+// window of pads only) and sets at[i] to window p + i's position (-1).
+__attribute__((target("avx512f,avx512vl"))) __m256 argmax8(const int64_t* byTap, int64_t rows, int64_t depth,
+                                                           int64_t p, const float* x, int64_t (&at)[8]) {
+  const __mmask8 lanes = firstLanes8(rows - p);
+  __mmask8 found = 0;
+  __m256 value = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512i best = _mm512_set1_epi64(-1);
+  for (int64_t k = 0; k < depth; ++k) {
+    const __m512i taps = _mm512_maskz_loadu_epi64(lanes, byTap + k * rows + p);
+    const __mmask8 real = _mm512_mask_cmpge_epi64_mask(lanes, taps, _mm512_setzero_si512());
+    const __m256 v = _mm512_mask_i64gather_ps(_mm256_setzero_ps(), real, taps, x, 4);
+    const __mmask8 take = real & static_cast<__mmask8>(~found | _mm256_cmp_ps_mask(v, value, _CMP_GT_OQ));
+    value = _mm256_mask_mov_ps(value, take, v);
+    best = _mm512_mask_mov_epi64(best, take, taps);
+    found |= real;
+  }
+  _mm512_storeu_si512(at, best);
+  return value;
+}
+
+// maxPool and maxPoolGrad over planes [first, last), 8 windows a vector.
+__attribute__((target("avx512f,avx512vl"))) void maxPoolAvx512(const Step& s, float* y, const float* x,
+                                                               int64_t first, int64_t last) {
+  int64_t at[8];
+  for (int64_t plane = first; plane < last; ++plane) {
+    const float* xp = x + plane * s.cols;
+    float* yp = y + plane * s.rows;
+    for (int64_t p = 0; p < s.rows; p += 8) {
+      const __m256 value = argmax8(s.table2.data(), s.rows, s.depth, p, xp, at);
+      _mm256_mask_storeu_ps(yp + p, firstLanes8(s.rows - p), value);
+    }
+  }
+}
+
+// The positions of 8 windows at a time, then the gradient added window by
+// window as maxPoolGrad adds it.
+__attribute__((target("avx512f,avx512vl"))) void maxPoolGradAvx512(const Step& s, float* dx, const float* dy,
+                                                                   const float* x, int64_t first,
+                                                                   int64_t last) {
+  int64_t at[8];
+  for (int64_t plane = first; plane < last; ++plane) {
+    const float* xp = x + plane * s.cols;
+    const float* dyp = dy + plane * s.rows;
+    float* dxp = dx + plane * s.cols;
+    for (int64_t p = 0; p < s.rows; p += 8) {
+      argmax8(s.table2.data(), s.rows, s.depth, p, xp, at);
+      const int64_t n = std::min<int64_t>(8, s.rows - p);
+      for (int64_t i = 0; i < n; ++i)
+        if (at[i] >= 0) dxp[at[i]] += dyp[p + i];
+    }
+  }
+}
+#endif
+
 template <bool kPadded>
 void maxPool(const Step& s) {
   forPlanes(s, [&](float* y, const float* x, const float*, int64_t first, int64_t last) {
+#ifdef TESSERA_X86_SIMD
+    if (cpuHasAvx512()) return maxPoolAvx512(s, y, x, first, last);
+#endif
     for (int64_t plane = first; plane < last; ++plane) {
       const float* xp = x + plane * s.cols;
       float* yp = y + plane * s.rows;
@@ -93,6 +159,9 @@ template <bool kPadded>
 void maxPoolGrad(const Step& s) {
   forPlanes(s, [&](float* dx, const float* dy, const float* x, int64_t first, int64_t last) {
     std::fill(dx + first * s.cols, dx + last * s.cols, 0.0f);
+#ifdef TESSERA_X86_SIMD
+    if (cpuHasAvx512()) return maxPoolGradAvx512(s, dx, dy, x, first, last);
+#endif
     for (int64_t plane = first; plane < last; ++plane) {
       const float* xp = x + plane * s.cols;
       const float* dyp = dy + plane * s.rows;
@@ -162,6 +231,8 @@ void planPool(StepPlanner& planner, Step& step, TensorId pooledInput, TensorId p
   if (divisors) {
     step.table2 = windowDivisors(window, op.attributes.countIncludePad);
     for (int64_t& d : step.table2) d = std::max<int64_t>(d, 1);
+  } else {
+    step.table2 = byTap;
   }
   if (op.inputs.size() == 2) {
     planner.runsOver(step, {{op.inputs[0], 0}, {op.inputs[1], 0}});

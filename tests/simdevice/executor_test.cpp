@@ -1432,6 +1432,61 @@ TEST_CASE("a gather index outside the table is a device error naming the op and 
   }
 }
 
+TEST_CASE("max pools give each window's first maximum and route its gradient there, on every kernel path") {
+  // Ties, signed zeros, infinities and NaNs, in windows that tile the
+  // input, overlap, hang over pads, or are cut short (ceil mode), with
+  // window counts that leave a partial vector of 8. The reference
+  // evaluator picks the first maximum in scan order; the gradients are
+  // small integers, so their sums are exact.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> values = {-0.0f, 0.0f, 1.0f, -1.0f, 2.0f, 2.0f, nan, -inf, inf, 1.0f};
+  struct Case {
+    const char* name;
+    Shape x;
+    ops::PoolParams params;
+  };
+  const std::vector<Case> cases = {
+      {"2 x 2, stride 2", {2, 3, 8, 8}, {.kernel = {2, 2}, .strides = {2, 2}}},
+      {"3 x 3, stride 1, pads 1", {1, 2, 7, 9}, {.kernel = {3, 3}, .strides = {1, 1}, .pads = {1, 1, 1, 1}}},
+      {"2 x 3, stride 2, ceil mode", {1, 1, 5, 5}, {.kernel = {2, 3}, .strides = {2, 2}, .ceilMode = true}},
+      {"1-D 3, stride 2, dilation 2, pads 2 and 1",
+       {2, 2, 11},
+       {.kernel = {3}, .strides = {2}, .pads = {2, 1}, .dilations = {2}}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    Graph g{1};
+    const Tensor x = ops::input(g, "x", c.x);
+    const Tensor y = ops::maxPool(x, c.params);
+    const Tensor dy = ops::input(g, "dy", y.shape());
+    const Tensor dx = autodiff(g, ops::reduceSum(ops::mul(y, dy)), {x})[0];
+    std::map<TensorId, std::vector<float>> feeds;
+    uint64_t state = 17;
+    const auto next = [&] {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      return static_cast<std::size_t>(state >> 33);
+    };
+    for (int64_t i = 0; i < numElements(c.x); ++i) feeds[x.id()].push_back(values[next() % values.size()]);
+    for (int64_t i = 0; i < numElements(y.shape()); ++i)
+      feeds[dy.id()].push_back(static_cast<float>(1 + next() % 4));
+    ReferenceEvaluator oracle{g};
+    test::feedOracle(oracle, g, feeds);
+    oracle.run();
+    test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized);
+    test::runDevice(*device.executable, feeds);
+    for (const Tensor& t : {y, dx}) {
+      const std::vector<float> got = test::deviceValue(*device.executable, g, t.id(), 0);
+      const std::vector<double>& want = oracle.value(t.id(), 0);
+      REQUIRE(got.size() == want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        CAPTURE(i);
+        CHECK(sameFloat(got[i], static_cast<float>(want[i])));
+      }
+    }
+  }
+}
+
 TEST_CASE("convolutions and pools give every replica the same bits whatever the number of replicas") {
   // Replica r of an R-replica run gets the data of the one-replica run, so
   // each of its values must equal that run's bit for bit.
