@@ -229,6 +229,20 @@ const std::vector<Case>& cases() {
          const Tensor w1x1 = floatVariable(s, "w1x1", test::pseudoRandom(20, 23), {5, 4, 1, 1});
          const Tensor pointwise = ops::conv(x2, w1x1);
          ops::convTranspose(pointwise, w1x1);
+         // Rows wider than a vector with pads at both ends, not a shifted
+         // copy of the plane (stride 2 down): the column rows in segments.
+         const Tensor x4 = ops::input(g, "x4", {2, 3, 9, 21}, s.dtype);
+         const Tensor w4 = floatVariable(s, "w4", test::pseudoRandom(4 * 3 * 3 * 5, 25), {4, 3, 3, 5});
+         const ops::ConvParams p4{.strides = {2, 1}, .pads = {1, 2, 1, 2}};
+         const Tensor dy4 = ops::input(g, "dy4", ops::conv(x4, w4, p4).shape(), s.dtype);
+         OpAttributes weight4;
+         weight4.strides = p4.strides;
+         weight4.pads = p4.pads;
+         weight4.dilations = {1, 1};
+         weight4.group = 1;
+         weight4.shape = {4, 3, 3, 5};
+         make(g, OpKind::ConvGradWeight, {dy4, x4}, weight4);
+         ops::convTranspose(dy4, w4, {.strides = {2, 1}, .pads = {1, 2, 1, 2}});
          const Tensor x3 = ops::input(g, "x3d", {1, 2, 4, 3, 3}, s.dtype);
          const Tensor w3 = floatVariable(s, "w3", test::pseudoRandom(2 * 2 * 8, 24), {2, 2, 2, 2, 2});
          ops::conv(x3, w3, {.pads = {1, 0, 1, 0, 1, 0}});
