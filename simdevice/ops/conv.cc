@@ -21,13 +21,18 @@ namespace {
 // up to this many floats: few enough that they are still in cache when
 // the GEMM reads them.
 constexpr int64_t kWeightColumnsFloats = int64_t{1} << 16;
+// A weight gradient with fewer output channels per group than this (the
+// floats of an AVX-512 vector) computes dy · columns^T as it stands.
+constexpr int64_t kDyFirstBelow = 16;
 
 // Step::table2 holds the convolution's sizes: `width` output positions per
-// row of the last spatial axis, `step` input positions between two of them.
+// row of the last spatial axis, `step` input positions between two of them;
+// `dyFirst` (ConvGradWeight): the product is dy · columns^T as it stands
+// (see convBackwardWeight).
 // Step::table holds, for each tap k and output row, the row's positions
 // that read the input: [lo, hi) of the row, from input position `at` on.
 struct ConvSizes {
-  int64_t batch, cIn, cOut, group, inPositions, taps, outPositions, chunk, direct, width, step;
+  int64_t batch, cIn, cOut, group, inPositions, taps, outPositions, chunk, direct, width, step, dyFirst;
 
   int64_t cInGroup() const { return cIn / group; }
   int64_t cOutGroup() const { return cOut / group; }
@@ -36,7 +41,7 @@ struct ConvSizes {
 
 ConvSizes sizesOf(const Step& s) {
   const int64_t* t = s.table2.data();
-  return {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10]};
+  return {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11]};
 }
 
 // Work (multiply-adds) per part of a convolution split over threads by
@@ -247,9 +252,12 @@ void convBackwardData(const Step& s) {
 // chunks of `chunk`: dy packed [Co/g, chunk P], columns [Ci/g K, chunk P].
 // One GEMM per chunk computes the transposed gradient [Ci/g K, Co/g] =
 // columns · dy^T: the GEMM packs (transposes) dy, which has fewer rows than
-// the columns. Each element is the same sum in the same order as in
-// dy · columns^T. The first chunk's product is the gradient, transposed;
-// later chunks add theirs. The columns of a chunk are filled in parallel
+// the columns. When Co/g is narrower than a vector (`dyFirst`), most of
+// each of that product's tiles would be empty, so it computes dy ·
+// columns^T [Co/g, Ci/g K] as it stands instead. Each element is the same
+// sum in the same order either way (each product of two values, added in
+// the order of the long sum). The first chunk's product is the gradient
+// (transposed in the first way); later chunks add theirs. The columns of a chunk are filled in parallel
 // (each sample's own) and the GEMM is split over the threads (runGemm: by
 // blocks of C, or on two threads by the halves of its long sum).
 void convBackwardWeight(const Step& s) {
@@ -281,13 +289,20 @@ void convBackwardWeight(const Step& s) {
                          }
                        }
                      });
-          runGemm(s, {rows, z.cOutGroup(), depth, false, true}, cols, packed, partial, 1.0f);
+          if (z.dyFirst != 0) {
+            runGemm(s, {z.cOutGroup(), rows, depth, false, true}, packed, cols, partial, 1.0f);
+          } else {
+            runGemm(s, {rows, z.cOutGroup(), depth, false, true}, cols, packed, partial, 1.0f);
+          }
           for (int64_t m = 0; m < z.cOutGroup(); ++m) {
             float* to = dwGroup + m * rows;
+            // Element (m, r) of the product.
+            const float* from = z.dyFirst != 0 ? partial + m * rows : partial + m;
+            const int64_t stride = z.dyFirst != 0 ? 1 : z.cOutGroup();
             if (n0 == 0) {
-              for (int64_t r = 0; r < rows; ++r) to[r] = partial[r * z.cOutGroup() + m];
+              for (int64_t r = 0; r < rows; ++r) to[r] = from[r * stride];
             } else {
-              for (int64_t r = 0; r < rows; ++r) to[r] += partial[r * z.cOutGroup() + m];
+              for (int64_t r = 0; r < rows; ++r) to[r] += from[r * stride];
             }
           }
         }
@@ -322,7 +337,8 @@ void planConv(StepPlanner& planner, Step& step) {
               1,
               0,
               window.out.back(),
-              window.strides.back()};
+              window.strides.back(),
+              0};
   step.table = segmentsOf(taps, z.taps, z.outPositions, z.width, z.step);
   // A window that reads each input position once, in order (1x1, stride 1,
   // no pads): the input is its own column matrix.
@@ -344,13 +360,16 @@ void planConv(StepPlanner& planner, Step& step) {
   } else {
     const int64_t perSample = std::max<int64_t>((rows + z.cOutGroup()) * z.outPositions, 1);
     z.chunk = std::clamp<int64_t>(kWeightColumnsFloats / perSample, 1, std::max<int64_t>(z.batch, 1));
-    // The transposed product (see convBackwardWeight).
+    // The transposed product, or dy · columns^T when Co/g is narrower than
+    // the widest vector of floats (see convBackwardWeight).
+    z.dyFirst = z.cOutGroup() < kDyFirstBelow && rows > z.cOutGroup() ? 1 : 0;
     m = rows, n = z.cOutGroup(), k = z.chunk * z.outPositions;
+    if (z.dyFirst != 0) std::swap(m, n);
     step.workFloats = (rows + z.cOutGroup()) * k + z.cOutGroup() * rows;
     step.kernel = convBackwardWeight;
   }
   step.table2 = {z.batch,        z.cIn,   z.cOut,   z.group, z.inPositions, z.taps,
-                 z.outPositions, z.chunk, z.direct, z.width, z.step};
+                 z.outPositions, z.chunk, z.direct, z.width, z.step,        z.dyFirst};
   step.gemmPlan = sim::planGemm(bestGemmIsa(), m, n, k);
   planner.runsOver(step, {{a, 0}, {b, 0}});
   planner.emit(std::move(step));
