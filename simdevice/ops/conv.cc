@@ -21,6 +21,9 @@ namespace {
 // up to this many floats: few enough that they are still in cache when
 // the GEMM reads them.
 constexpr int64_t kWeightColumnsFloats = int64_t{1} << 16;
+// Multiply-adds of a weight gradient (all samples) from which its two
+// halves run on two threads (convBackwardWeight).
+constexpr int64_t kMinWeightHalvesWork = int64_t{1} << 18;
 // A weight gradient with fewer output channels per group than this (the
 // floats of an AVX-512 vector) computes dy · columns^T as it stands.
 constexpr int64_t kDyFirstBelow = 16;
@@ -256,55 +259,82 @@ void convBackwardData(const Step& s) {
 // each of that product's tiles would be empty, so it computes dy ·
 // columns^T [Co/g, Ci/g K] as it stands instead. Each element is the same
 // sum in the same order either way (each product of two values, added in
-// the order of the long sum). The first chunk's product is the gradient
-// (transposed in the first way); later chunks add theirs. The columns of a chunk are filled in parallel
-// (each sample's own) and the GEMM is split over the threads (runGemm: by
-// blocks of C, or on two threads by the halves of its long sum).
+// the order of the long sum).
+//
+// The chunks go in two halves (the first ceil(chunks / 2) and the others),
+// at any thread count: each half's first chunk's product is that half's
+// sum, its later chunks add theirs, and the gradient is the first half's
+// sum plus the second's. On two threads or more, each half runs on a thread
+// of its own, with its own columns and GEMMs: the samples a thread reads
+// are the ones the steps before wrote on it (they split the batch the same
+// way), and the threads meet once.
 void convBackwardWeight(const Step& s) {
   const ConvSizes z = sizesOf(s);
   const int64_t rows = z.columnRows();
   const int64_t width = z.chunk * z.outPositions;
-  float* cols = workspace(s, 0);
-  float* packed = cols + rows * width;
-  float* partial = packed + z.cOutGroup() * width;
+  const int64_t co = z.cOutGroup();
+  const int64_t chunks = z.batch == 0 ? 0 : (z.batch + z.chunk - 1) / z.chunk;
+  const int64_t firstHalf = (chunks + 1) / 2;
+  const int halves = chunks >= 2 ? 2 : 1;
+  const int parts = s.pool != nullptr && s.pool->threads() >= 2 &&
+                            z.batch * rows * co * z.outPositions >= kMinWeightHalvesWork
+                        ? halves
+                        : 1;
   for (const Run& run : s.runs) {
     for (int64_t g = 0; g < run.count; ++g) {
       const float* dy = operand(s, run, 0, g);
       const float* x = operand(s, run, 1, g);
       float* dw = outOf(s, run) + g * s.outElements;
       for (int64_t gi = 0; gi < z.group; ++gi) {
-        float* dwGroup = dw + gi * z.cOutGroup() * rows;
-        for (int64_t n0 = 0; n0 < z.batch; n0 += z.chunk) {
-          const int64_t count = std::min(z.chunk, z.batch - n0);
-          const int64_t depth = count * z.outPositions;
-          forSamples(s, count, (rows + z.cOutGroup()) * z.outPositions,
-                     [&](int64_t first, int64_t last, int) {
-                       for (int64_t j = first; j < last; ++j) {
-                         const int64_t n = n0 + j;
-                         im2col(z, s.table.data(), x + (n * z.cIn + gi * z.cInGroup()) * z.inPositions,
-                                cols + j * z.outPositions, depth);
-                         for (int64_t m = 0; m < z.cOutGroup(); ++m) {
-                           std::copy_n(dy + (n * z.cOut + gi * z.cOutGroup() + m) * z.outPositions,
-                                       z.outPositions, packed + m * depth + j * z.outPositions);
-                         }
-                       }
-                     });
-          if (z.dyFirst != 0) {
-            runGemm(s, {z.cOutGroup(), rows, depth, false, true}, packed, cols, partial, 1.0f);
-          } else {
-            runGemm(s, {rows, z.cOutGroup(), depth, false, true}, cols, packed, partial, 1.0f);
-          }
-          for (int64_t m = 0; m < z.cOutGroup(); ++m) {
-            float* to = dwGroup + m * rows;
-            // Element (m, r) of the product.
-            const float* from = z.dyFirst != 0 ? partial + m * rows : partial + m;
-            const int64_t stride = z.dyFirst != 0 ? 1 : z.cOutGroup();
-            if (n0 == 0) {
-              for (int64_t r = 0; r < rows; ++r) to[r] = from[r * stride];
+        float* dwGroup = dw + gi * co * rows;
+        float* second = nullptr;  // the second half's sum [Co/g, Ci/g K]
+        // Half h's sum into `to` ([Co/g, Ci/g K], rows of Ci/g K) on `thread`.
+        const auto half = [&](int h, int thread) {
+          float* cols = workspace(s, thread);
+          float* packed = cols + rows * width;
+          float* partial = packed + co * width;
+          float* to = h == 0 ? dwGroup : partial + co * rows;
+          if (h == 1) second = to;
+          const int64_t c0 = h == 0 ? 0 : firstHalf;
+          const int64_t c1 = h == 0 && halves == 2 ? firstHalf : chunks;
+          for (int64_t chunk = c0; chunk < c1; ++chunk) {
+            const int64_t n0 = chunk * z.chunk;
+            const int64_t count = std::min(z.chunk, z.batch - n0);
+            const int64_t depth = count * z.outPositions;
+            for (int64_t j = 0; j < count; ++j) {
+              const int64_t n = n0 + j;
+              im2col(z, s.table.data(), x + (n * z.cIn + gi * z.cInGroup()) * z.inPositions,
+                     cols + j * z.outPositions, depth);
+              for (int64_t m = 0; m < co; ++m) {
+                std::copy_n(dy + (n * z.cOut + gi * co + m) * z.outPositions, z.outPositions,
+                            packed + m * depth + j * z.outPositions);
+              }
+            }
+            if (z.dyFirst != 0) {
+              runGemmOn(s, thread, {co, rows, depth, false, true}, packed, cols, partial, 1.0f);
             } else {
-              for (int64_t r = 0; r < rows; ++r) to[r] += from[r * stride];
+              runGemmOn(s, thread, {rows, co, depth, false, true}, cols, packed, partial, 1.0f);
+            }
+            for (int64_t m = 0; m < co; ++m) {
+              float* sum = to + m * rows;
+              // Element (m, r) of the product.
+              const float* from = z.dyFirst != 0 ? partial + m * rows : partial + m;
+              const int64_t stride = z.dyFirst != 0 ? 1 : co;
+              if (chunk == c0) {
+                for (int64_t r = 0; r < rows; ++r) sum[r] = from[r * stride];
+              } else {
+                for (int64_t r = 0; r < rows; ++r) sum[r] += from[r * stride];
+              }
             }
           }
+        };
+        if (parts == 1) {
+          for (int h = 0; h < halves; ++h) half(h, callerThread(s));
+        } else {
+          s.pool->run(parts, [&](int h, int thread) { half(h, thread); });
+        }
+        if (second != nullptr) {
+          for (int64_t i = 0; i < co * rows; ++i) dwGroup[i] += second[i];
         }
       }
     }
@@ -365,7 +395,8 @@ void planConv(StepPlanner& planner, Step& step) {
     z.dyFirst = z.cOutGroup() < kDyFirstBelow && rows > z.cOutGroup() ? 1 : 0;
     m = rows, n = z.cOutGroup(), k = z.chunk * z.outPositions;
     if (z.dyFirst != 0) std::swap(m, n);
-    step.workFloats = (rows + z.cOutGroup()) * k + z.cOutGroup() * rows;
+    // Columns, dy and a product per thread, and the second half's sum.
+    step.workFloats = (rows + z.cOutGroup()) * k + 2 * z.cOutGroup() * rows;
     step.kernel = convBackwardWeight;
   }
   step.table2 = {z.batch,        z.cIn,   z.cOut,   z.group, z.inPositions, z.taps,

@@ -572,3 +572,46 @@ TEST_CASE("split strided steps and reductions: the same bits at 1 to 4 threads")
     }
   }
 }
+
+TEST_CASE("a convolution's weight gradient sums its chunks in two halves: the same bits at 1 to 4 threads") {
+  // 7 samples of 50 column rows (2 groups of 2 channels, 5 x 5 taps) over
+  // 26 x 26 positions: a chunk of one sample, so halves of 4 and 3 chunks;
+  // 3 output channels per group (dy first) and 20 (columns first).
+  for (const int64_t outChannels : {int64_t{6}, int64_t{40}}) {
+    CAPTURE(outChannels);
+    Graph g(1);
+    const Tensor x = ops::input(g, "x", {7, 4, 30, 30});
+    const Tensor w =
+        ops::variable(g, "w", test::pseudoRandom(outChannels * 2 * 25, 43), {outChannels, 2, 5, 5});
+    const Tensor y = ops::conv(x, w, {.group = 2});
+    const Tensor dy = ops::input(g, "dy", y.shape());
+    OpAttributes weight;
+    weight.strides = {1, 1};
+    weight.pads = {0, 0, 0, 0};
+    weight.dilations = {1, 1};
+    weight.group = 2;
+    weight.shape = {outChannels, 2, 5, 5};
+    const Tensor dw{&g,
+                    g.op(g.addOp(OpKind::ConvGradWeight, {dy.id(), x.id()}, std::move(weight))).outputs[0]};
+    const auto feeds = test::makeFeeds(g, 1, 47);
+    std::vector<float> single;
+    for (const int threads : {1, 2, 3, 4}) {
+      CAPTURE(threads);
+      DeviceSpec spec;
+      spec.numThreads = threads;
+      test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized, spec, std::vector{dw.id()});
+      test::runDevice(*device.executable, feeds);
+      const std::vector<float> value = test::deviceValue(*device.executable, g, dw.id(), 0);
+      if (threads == 1) {
+        test::ReferenceEvaluator oracle(g);
+        test::feedOracle(oracle, g, feeds);
+        oracle.run();
+        // (float32 sums of 4,732 terms against double ones.)
+        test::compareTensor(*device.executable, g, oracle, dw.id(), 2e-4);
+        single = value;
+        continue;
+      }
+      CHECK(value == single);
+    }
+  }
+}
