@@ -154,19 +154,19 @@ void planSplitBroadcast(StepPlanner& planner, Step& step) {
 // The kernels of a unary elementwise op computing F (float -> float).
 template <class F>
 KernelDef unaryKernels(OpKind kind) {
-  return {.kind = kind, .plan = planBroadcast<unaryKernel<F>>, .tile = unaryTile<F>};
+  return {.kind = kind, .plan = planSplitBroadcast<unaryKernel<F>>, .tile = unaryTile<F>};
 }
 // The kernels of a binary elementwise op computing F (float, float -> float).
 template <class F>
 KernelDef binaryKernels(OpKind kind) {
-  return {.kind = kind, .plan = planBroadcast<binaryKernel<F>>, .tile = binaryTile<F>};
+  return {.kind = kind, .plan = planSplitBroadcast<binaryKernel<F>>, .tile = binaryTile<F>};
 }
 // The unary kernels, computing F in double on float64 operands
 // (KernelDef::planFloat64).
 template <class F>
 KernelDef unaryKernelsWithDouble(OpKind kind) {
   KernelDef def = unaryKernels<F>(kind);
-  def.planFloat64 = planBroadcast<unaryKernel<F, double>>;
+  def.planFloat64 = planSplitBroadcast<unaryKernel<F, double>>;
   return def;
 }
 

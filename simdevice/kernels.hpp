@@ -142,8 +142,9 @@ struct Step {
   // or the copy of a float16 input's feed.
   bool halfOutput = false;
   // The kernel splits its loop over the pool's threads (forLoopParts): the
-  // strided copies of floats, and the elementwise ops with vector forms and
-  // Where.
+  // strided copies of floats, the elementwise ops with vector forms or bulk
+  // rows (Relu, Sqrt, Erf, Exp, Tanh, Sigmoid; Add, Sub, Mul, Div,
+  // ReluGrad) and Where.
   bool splitsLoop = false;
   // The product's kernel and cache blocking, chosen at load time.
   GemmPlan gemmPlan;
@@ -454,13 +455,19 @@ inline void storeSlots(float* p, double v) { storeDouble(p, v); }
 // operands are read as In and the result stored as Out: floats, or doubles
 // in the kernels of KernelDef::planFloat64 (the casts to and from float64
 // read one type and store the other).
+// Both split their loops over the threads (forLoopParts; planned with
+// Step::splitsLoop).
 template <class F, class In = float, class Out = In>
 void unaryKernel(const Step& s) {
   for (const Run& run : s.runs) {
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
-    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t) {
-      storeSlots(o + io, static_cast<Out>(F{}(loadSlots<In>(x + ix))));
+    forLoopParts(s, run.loop, [&](const StridedLoop& loop, const std::array<int64_t, kMaxOperands>& at) {
+      float* po = o + at[0];
+      const float* px = x + at[1];
+      forEach(loop, [&](int64_t io, int64_t ix, int64_t) {
+        storeSlots(po + io, static_cast<Out>(F{}(loadSlots<In>(px + ix))));
+      });
     });
   }
 }
@@ -471,8 +478,13 @@ void binaryKernel(const Step& s) {
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
     const float* y = inOf(s, run, 1);
-    forEach(run.loop, [&](int64_t io, int64_t ix, int64_t iy) {
-      storeSlots(o + io, static_cast<T>(F{}(loadSlots<T>(x + ix), loadSlots<T>(y + iy))));
+    forLoopParts(s, run.loop, [&](const StridedLoop& loop, const std::array<int64_t, kMaxOperands>& at) {
+      float* po = o + at[0];
+      const float* px = x + at[1];
+      const float* py = y + at[2];
+      forEach(loop, [&](int64_t io, int64_t ix, int64_t iy) {
+        storeSlots(po + io, static_cast<T>(F{}(loadSlots<T>(px + ix), loadSlots<T>(py + iy))));
+      });
     });
   }
 }

@@ -372,7 +372,8 @@ void vectorBinaryTile(const Step& s, const TileOperands& t, int64_t n) {
 
 // A unary op whose runs of contiguous elements go through kRow (x, n, out)
 // where it can (false: it cannot), and through F one element at a time
-// elsewhere.
+// elsewhere; its loop split over the threads as the binary ops split
+// theirs (forLoopParts).
 using UnaryRow = bool (*)(const float* x, int64_t n, float* out);
 
 template <class F, UnaryRow kRow>
@@ -380,11 +381,15 @@ void unaryRowKernel(const Step& s) {
   for (const Run& run : s.runs) {
     float* o = outOf(s, run);
     const float* x = inOf(s, run, 0);
-    const auto f = [&](int64_t io, int64_t ix, int64_t) { o[io] = F{}(x[ix]); };
-    forEachRow(run.loop,
-               [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
-                 if (s0 != 1 || s1 != 1 || !kRow(x + o1, n, o + o0)) inner(n, s0, s1, s2, o0, o1, o2, f);
-               });
+    forLoopParts(s, run.loop, [&](const StridedLoop& loop, const std::array<int64_t, kMaxOperands>& at) {
+      float* po = o + at[0];
+      const float* px = x + at[1];
+      const auto f = [&](int64_t io, int64_t ix, int64_t) { po[io] = F{}(px[ix]); };
+      forEachRow(loop,
+                 [&](int64_t n, int64_t s0, int64_t s1, int64_t s2, int64_t o0, int64_t o1, int64_t o2) {
+                   if (s0 != 1 || s1 != 1 || !kRow(px + o1, n, po + o0)) inner(n, s0, s1, s2, o0, o1, o2, f);
+                 });
+    });
   }
 }
 
@@ -408,7 +413,7 @@ bool bulkRow(const float* x, int64_t n, float* out) {
 
 template <class F, UnaryRow kRow>
 KernelDef unaryRows(KernelDef def) {
-  def.plan = planBroadcast<unaryRowKernel<F, kRow>>;
+  def.plan = planSplitBroadcast<unaryRowKernel<F, kRow>>;
   def.tile = unaryRowTile<F, kRow>;
   return def;
 }
@@ -484,7 +489,7 @@ void scaledAddTile(const Step& s, const TileOperands& t, int64_t n) {
 template <class F>
 KernelDef binaryKernelsWithDouble(OpKind kind) {
   KernelDef def = binaryKernels<F>(kind);
-  def.planFloat64 = planBroadcast<binaryKernel<F, double>>;
+  def.planFloat64 = planSplitBroadcast<binaryKernel<F, double>>;
   return def;
 }
 

@@ -117,20 +117,20 @@ void addMaskKernels(KernelTable& table) {
   // storing the other): int32, float32 and float16 values are exact
   // doubles; a double becomes the nearest float32, or an int32 truncated.
   KernelDef toInt32 = unaryKernels<TruncF>(OpKind::CastToInt32);
-  toInt32.planFloat64 = planBroadcast<unaryKernel<TruncF, double, float>>;
+  toInt32.planFloat64 = planSplitBroadcast<unaryKernel<TruncF, double, float>>;
   table.add(toInt32);
   KernelDef toFloat32 = unaryKernels<IdentityF>(OpKind::CastToFloat32);
   toFloat32.tile = copyTile;
-  toFloat32.planFloat64 = planBroadcast<unaryKernel<IdentityF, double, float>>;
+  toFloat32.planFloat64 = planSplitBroadcast<unaryKernel<IdentityF, double, float>>;
   table.add(toFloat32);
-  table.add(
-      {.kind = OpKind::CastToFloat64, .planFloat64 = planBroadcast<unaryKernel<IdentityF, float, double>>});
+  table.add({.kind = OpKind::CastToFloat64,
+             .planFloat64 = planSplitBroadcast<unaryKernel<IdentityF, float, double>>});
   // To float16: a float rounded by the rounding kernels, a double rounded
   // once to the nearest half (not through float32).
   table.add({.kind = OpKind::CastToFloat16,
              .plan = planBroadcast<roundToHalfKernel>,
              .tile = roundToHalfTile,
-             .planFloat64 = planBroadcast<unaryKernel<HalfOfDoubleF, double, float>>});
+             .planFloat64 = planSplitBroadcast<unaryKernel<HalfOfDoubleF, double, float>>});
 }
 
 }  // namespace tessera::sim

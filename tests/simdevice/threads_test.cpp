@@ -465,14 +465,15 @@ TEST_CASE("independent steps run side by side, dependent ones after: the same bi
   // One replica: each sum is then of a single value, which no thread count
   // splits (a sum per replica is split by replicas from 2 x 4,096 terms).
   Graph g(1);
-  const Tensor x1 = ops::input(g, "x1", {10'000});
-  const Tensor x2 = ops::input(g, "x2", {12'000});
-  const Tensor v = ops::variable(g, "v", test::pseudoRandom(10'000, 5), {10'000});
-  // Two elementwise steps of different sizes (so no chain joins them), then
-  // three sums, the first two of the ReLU's and Tanh's outputs, the last of
-  // v, which the in-place update after it rewrites.
-  const Tensor y1 = ops::relu(x1);
-  const Tensor y2 = ops::tanh(x2);
+  const Tensor x1 = ops::input(g, "x1", {1, 10'000});
+  const Tensor x2 = ops::input(g, "x2", {1, 12'000});
+  const Tensor v = ops::variable(g, "v", test::pseudoRandom(10'000, 5), {1, 10'000});
+  // Two softmaxes of one row each (a row is never split), then three sums,
+  // the first two of the softmaxes' outputs, the last of v, which the
+  // in-place update after it rewrites. (Elementwise steps this large split
+  // their loops instead.)
+  const Tensor y1 = ops::softmax(x1);
+  const Tensor y2 = ops::softmax(x2);
   const Tensor s1 = ops::reduceSum(y1);
   const Tensor s2 = ops::reduceSum(y2);
   const Tensor sv = ops::reduceSum(v);
@@ -485,7 +486,7 @@ TEST_CASE("independent steps run side by side, dependent ones after: the same bi
     CAPTURE(threads);
     test::DeviceRun device = loadOnThreads(g, threads);
     const sim::PlanStats& stats = device.sim->stats();
-    // 2 threads: {ReLU, Tanh}, {sum of y1, sum of y2}, then the sum of v
+    // 2 threads: {softmax, softmax}, {sum of y1, sum of y2}, then the sum of v
     // alone (the group is full) and the update apart from it. 3 threads:
     // the three sums together.
     CHECK(stats.besideGroups == (threads == 1 ? 0 : 2));
@@ -511,7 +512,7 @@ TEST_CASE("independent steps run side by side, dependent ones after: the same bi
 
 // The strided steps that split their loops over the threads (copies,
 // transposes, pads, broadcasts, Where, the elementwise ops' broadcast
-// loops) and the reductions over rows: large enough to split, with shapes
+// loops, unary ops outside chains) and the reductions over rows: large enough to split, with shapes
 // whose outer dimension does not divide evenly. The same bits at 1 to 4
 // threads as at one, and the reference's values.
 TEST_CASE("split strided steps and reductions: the same bits at 1 to 4 threads") {
@@ -536,7 +537,14 @@ TEST_CASE("split strided steps and reductions: the same bits at 1 to 4 threads")
     const Tensor columnSums = ops::reduceSum(rows, {0});
     const Tensor masked = ops::where(mask, ops::scalar(g, -1.0e9), x);
     const Tensor joined = ops::concat({x, padded}, 1);
-    const std::vector<Tensor> outputs = {t, k, padded, mean, centred, scaled, columnSums, masked, joined};
+    // Unary ops, each over a count of elements of its own (so that no chain
+    // joins them): a vector form, a bulk row (Tanh) and one element at a
+    // time.
+    const Tensor rectified = ops::relu(x);
+    const Tensor bent = ops::tanh(joined);
+    const Tensor magnitude = ops::abs(ops::slice(x, {0, 1, 0, 0}, {67, 3, 8, 16}));
+    const std::vector<Tensor> outputs = {t,          k,      padded, mean,      centred, scaled,
+                                         columnSums, masked, joined, rectified, bent,    magnitude};
     auto feeds = test::makeFeeds(g, 1, 41);
     for (float& v : feeds[mask.id()]) v = v > 0.0f ? 1.0f : 0.0f;
 
