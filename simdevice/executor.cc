@@ -106,7 +106,7 @@ int64_t flatElements(const Step& step) {
 
 // Collectives split a step from 2^14 elements a part, reductions with an
 // output of more than one element from 2^12, the strided copies, the
-// elementwise ops with vector forms and Where from loopParts' size (the
+// elementwise ops and Where from loopParts' size (Step::splitsLoop; the
 // other kernels outside the ones below never), so a step of fewer elements
 // than two collective parts runs on one thread.
 constexpr int64_t kWholeStepElements = int64_t{1} << 15;
