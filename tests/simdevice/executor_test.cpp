@@ -772,13 +772,63 @@ TEST_CASE("a value loaded from streaming memory lives in its entry when nothing 
   }
 }
 
+namespace {
+
+// Loads g with the host's reads unknown (nothing is shared) and known (only
+// result and w are read): the plan's `aliases` count is 0, then `shared`.
+// With them known, the shared `view` is refused to the host, for reading
+// and writing, naming it and its `operand`. Both plans give the
+// reference's result, and after a second run (which reads the updated w)
+// the same bits of result and w.
+void checkSharedOutputs(const Graph& g, const Tensor& result, const Tensor& w,
+                        int64_t sim::PlanStats::*aliases, int64_t shared, const Tensor& view,
+                        const Tensor& operand) {
+  const auto feeds = test::makeFeeds(g, 1, 9);
+  ReferenceEvaluator oracle{g};
+  test::feedOracle(oracle, g, feeds);
+  oracle.run();
+  std::vector<std::vector<float>> results;
+  for (bool known : {false, true}) {
+    INFO("host reads known: " << known);
+    test::DeviceRun device =
+        test::loadOnDevice(g, ExecutionMode::Vectorized, {},
+                           known ? std::optional(std::vector<TensorId>{result.id(), w.id()}) : std::nullopt);
+    Executable* executable = device.executable.get();
+    CHECK(device.sim->stats().*aliases == (known ? shared : 0));
+    if (known) {
+      // A write would change the operand; a read could see it changed after
+      // the view's last reader.
+      std::vector<float> values(static_cast<std::size_t>(g.replicationFactor() * numElements(view.shape())),
+                                1.0f);
+      for (bool write : {false, true}) {
+        const auto error = test::catchError<DeviceError>([&] {
+          if (write) executable->write(view.id(), values);
+          if (!write) executable->read(view.id(), values);
+        });
+        REQUIRE(error);
+        CHECK(error->subject() == g.tensor(view.id()).name);
+        CHECK(std::string(error->what()).find(g.tensor(operand.id()).name) != std::string::npos);
+      }
+    }
+    test::runDevice(*executable, feeds);
+    test::compareTensor(*executable, g, oracle, result.id());
+    test::runDevice(*executable, feeds);
+    std::vector<float> values = test::deviceValue(*executable, g, result.id(), 1);
+    const std::vector<float> weights = test::deviceValue(*executable, g, w.id(), 0);
+    values.insert(values.end(), weights.begin(), weights.end());
+    results.push_back(values);
+  }
+  CHECK(results[0] == results[1]);
+}
+
+}  // namespace
+
 TEST_CASE("a float32 cast shares its operand's memory unless the operand changes while the cast is read") {
   // wide = float32(x16) shares x16's memory. before = float32(w) of a
   // float16 variable is read after w's in-place update, so it keeps its
   // copy; after = float32(updated) is read after the last write and shares
   // w's memory. A float64 value's cast rounds: it is computed.
-  const int64_t replicas = 2;
-  Graph g(replicas);
+  Graph g(2);
   const Tensor x = ops::input(g, "x", {6, 5});
   const Tensor x16 = ops::cast(ops::mul(x, ops::scalar(g, 3.0)), DType::Float16);
   const Tensor wide = ops::cast(x16, DType::Float32);
@@ -789,42 +839,7 @@ TEST_CASE("a float32 cast shares its operand's memory unless the operand changes
   const Tensor after = ops::cast(updated, DType::Float32);
   const Tensor narrowed = ops::cast(ops::cast(x, DType::Float64), DType::Float32);
   const Tensor result = ops::add(ops::mul(wide, before), ops::sub(after, narrowed));
-  const auto feeds = test::makeFeeds(g, 1, 9);
-  ReferenceEvaluator oracle{g};
-  test::feedOracle(oracle, g, feeds);
-  oracle.run();
-  std::vector<std::vector<float>> results;
-  for (bool known : {false, true}) {
-    INFO("host reads known: " << known);
-    test::DeviceRun device =
-        test::loadOnDevice(g, ExecutionMode::Vectorized, {},
-                           known ? std::optional(std::vector<TensorId>{result.id(), w.id()}) : std::nullopt);
-    Executable* executable = device.executable.get();
-    CHECK(device.sim->stats().castAliases == (known ? 2 : 0));
-    if (known) {
-      // A shared cast is not the host's to read or write (a write would
-      // change its operand): refused, naming both.
-      std::vector<float> values(replicas * 30, 1.0f);
-      for (bool write : {false, true}) {
-        const auto error = test::catchError<DeviceError>([&] {
-          if (write) executable->write(wide.id(), values);
-          if (!write) executable->read(wide.id(), values);
-        });
-        REQUIRE(error);
-        CHECK(error->subject() == g.tensor(wide.id()).name);
-        CHECK(std::string(error->what()).find(g.tensor(x16.id()).name) != std::string::npos);
-      }
-    }
-    test::runDevice(*executable, feeds);
-    test::compareTensor(*executable, g, oracle, result.id());
-    // A second run reads the updated w; both plans give the same bits.
-    test::runDevice(*executable, feeds);
-    std::vector<float> values = test::deviceValue(*executable, g, result.id(), 1);
-    const std::vector<float> weights = test::deviceValue(*executable, g, w.id(), 0);
-    values.insert(values.end(), weights.begin(), weights.end());
-    results.push_back(values);
-  }
-  CHECK(results[0] == results[1]);
+  checkSharedOutputs(g, result, w, &sim::PlanStats::castAliases, 2, wide, x16);
 }
 
 TEST_CASE("a reshape shares its operand's memory unless the operand changes while the reshape is read") {
@@ -832,44 +847,17 @@ TEST_CASE("a reshape shares its operand's memory unless the operand changes whil
   // their operands' memory; before (of w) is read after w's in-place
   // update, so it keeps its copy. A float64 value's reshape moves its two
   // floats as they are: shared too.
-  const int64_t replicas = 2;
-  Graph g(replicas);
+  Graph g(2);
   const Tensor x = ops::input(g, "x", {6, 5});
-  const Tensor flat = ops::reshape(ops::mul(x, ops::scalar(g, 3.0)), {30});
+  const Tensor tripled = ops::mul(x, ops::scalar(g, 3.0));
+  const Tensor flat = ops::reshape(tripled, {30});
   const Tensor w = ops::variable(g, "w", test::pseudoRandom(30, 3), {6, 5});
   const Tensor before = ops::reshape(w, {30});
   const Tensor updated = ops::copyInplace(w, ops::reshape(ops::add(flat, ops::scalar(g, 0.25)), {6, 5}));
   const Tensor after = ops::reshape(updated, {30});
   const Tensor narrowed = ops::cast(ops::reshape(ops::cast(x, DType::Float64), {30}), DType::Float32);
   const Tensor result = ops::add(ops::mul(flat, before), ops::sub(after, narrowed));
-  const auto feeds = test::makeFeeds(g, 1, 9);
-  ReferenceEvaluator oracle{g};
-  test::feedOracle(oracle, g, feeds);
-  oracle.run();
-  std::vector<std::vector<float>> results;
-  for (bool known : {false, true}) {
-    INFO("host reads known: " << known);
-    test::DeviceRun device =
-        test::loadOnDevice(g, ExecutionMode::Vectorized, {},
-                           known ? std::optional(std::vector<TensorId>{result.id(), w.id()}) : std::nullopt);
-    Executable* executable = device.executable.get();
-    CHECK(device.sim->stats().reshapeAliases == (known ? 4 : 0));
-    if (known) {
-      // A shared reshape is not the host's to read: refused, naming both.
-      std::vector<float> values(replicas * 30, 1.0f);
-      const auto error = test::catchError<DeviceError>([&] { executable->read(flat.id(), values); });
-      REQUIRE(error);
-      CHECK(error->subject() == g.tensor(flat.id()).name);
-    }
-    test::runDevice(*executable, feeds);
-    test::compareTensor(*executable, g, oracle, result.id());
-    test::runDevice(*executable, feeds);
-    std::vector<float> values = test::deviceValue(*executable, g, result.id(), 1);
-    const std::vector<float> weights = test::deviceValue(*executable, g, w.id(), 0);
-    values.insert(values.end(), weights.begin(), weights.end());
-    results.push_back(values);
-  }
-  CHECK(results[0] == results[1]);
+  checkSharedOutputs(g, result, w, &sim::PlanStats::reshapeAliases, 4, flat, tripled);
 }
 
 TEST_CASE("an all-gather of unpadded shards in replica order is their memory until the shards change") {
