@@ -142,9 +142,8 @@ struct Step {
   // or the copy of a float16 input's feed.
   bool halfOutput = false;
   // The kernel splits its loop over the pool's threads (forLoopParts): the
-  // strided copies of floats, the elementwise ops with vector forms or bulk
-  // rows (Relu, Sqrt, Erf, Exp, Tanh, Sigmoid; Add, Sub, Mul, Div,
-  // ReluGrad) and Where.
+  // strided copies of floats, every elementwise op run outside a chain
+  // (unary or binary, on floats or float64) and Where.
   bool splitsLoop = false;
   // The product's kernel and cache blocking, chosen at load time.
   GemmPlan gemmPlan;

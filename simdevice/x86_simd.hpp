@@ -1,7 +1,7 @@
 // Small pieces of x86 vector code shared by the vector kernels
-// (vector_math.cc, planes.cc, ops/elementwise.cc): masks of a vector's
-// first lanes and the 8 x 8 transpose of floats. x86 only: the includer
-// checks TESSERA_X86_SIMD.
+// (vector_math.cc, planes.cc, ops/elementwise.cc, ops/pooling.cc): masks
+// of a vector's first lanes and the 8 x 8 transpose of floats. x86 only:
+// the includer checks TESSERA_X86_SIMD.
 #pragma once
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
