@@ -4,13 +4,15 @@
 // line as the libtorch peers of the same models (bench/peer/torch_lenet.cpp,
 // bench/peer/torch_gpt.cpp):
 //
-//   tessera_bench_onnx_train MODEL.onnx BATCH STEPS THREADS [--classes C] [--loss NAME]
+//   tessera_bench_onnx_train MODEL.onnx BATCH STEPS THREADS [--classes C] [--loss NAME] [--float16]
 //
 // Every graph input is fed one fixed batch: float inputs uniform in [0, 1),
 // integer inputs (labels, tokens) uniform in [0, C) (default 10). THREADS is
 // the device's host threads (DeviceSpec::numThreads; 0 takes
 // TESSERA_NUM_THREADS or every CPU of the process). The loss is the tensor
-// NAME (default "loss").
+// NAME (default "loss"). --float16 imports the model in float16
+// (OnnxImportOptions::floatType), trained with the optimizer's float32 master
+// weights and no loss scaling, as tessera_bench_mlp --float16.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -31,12 +33,15 @@ int main(int argc, char** argv) {
   std::vector<std::string> args;
   int64_t classes = 10;
   std::string lossName = "loss";
+  bool float16 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--classes" && i + 1 < argc) {
       classes = std::atoll(argv[++i]);
     } else if (a == "--loss" && i + 1 < argc) {
       lossName = argv[++i];
+    } else if (a == "--float16") {
+      float16 = true;
     } else {
       args.push_back(a);
     }
@@ -51,7 +56,7 @@ int main(int argc, char** argv) {
       classes < 1 || classes > INT32_MAX) {
     std::fprintf(stderr,
                  "usage: tessera_bench_onnx_train MODEL.onnx BATCH STEPS THREADS [--classes C] [--loss NAME] "
-                 "(THREADS 0: every CPU)\n");
+                 "[--float16] (THREADS 0: every CPU)\n");
     return 2;
   }
   try {
@@ -61,6 +66,7 @@ int main(int argc, char** argv) {
     }
     tessera::OnnxImportOptions import;
     import.dimensions = {{ "batch", batch }};
+    if (float16) import.floatType = tessera::DType::Float16;
     tessera::OnnxModel model = tessera::importOnnx(args[0], import);
     const std::vector<tessera::DataInput> inputs = tessera::graphDataInputs(model.graph, model.inputs);
     const tessera::TensorId loss = model.graph.find(lossName);
@@ -76,7 +82,7 @@ int main(int argc, char** argv) {
     std::vector<tessera::StepInput> feeds;
     for (const tessera::DataInput& input : inputs) {
       const auto elements = static_cast<size_t>(tessera::numElements(input.shape));
-      if (input.dtype == tessera::DType::Float32) {
+      if (tessera::isFloating(input.dtype)) {
         std::vector<float>& values = floats.emplace_back(elements);
         for (float& v : values) v = static_cast<float>(next() % 1000) / 1000.0f;
         feeds.emplace_back(input.name, std::span<const float>(values));
@@ -98,10 +104,11 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < steps; ++i) session.run(feeds);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf(
-        "tessera model=%s batch=%lld threads=%lld steps=%lld loss=%.4f step_us=%.1f samples_per_s=%.0f\n",
+        "tessera model=%s batch=%lld threads=%lld steps=%lld dtype=%s loss=%.4f step_us=%.1f "
+        "samples_per_s=%.0f\n",
         args[0].c_str(), static_cast<long long>(batch), static_cast<long long>(threads),
-        static_cast<long long>(steps), session.meanLoss(), 1e6 * seconds / static_cast<double>(steps),
-        static_cast<double>(batch * steps) / seconds);
+        static_cast<long long>(steps), float16 ? "float16" : "float32", session.meanLoss(),
+        1e6 * seconds / static_cast<double>(steps), static_cast<double>(batch * steps) / seconds);
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

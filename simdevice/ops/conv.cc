@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "half.hpp"
 #include "kernel_table.hpp"
 #include "ops/window.hpp"
 
@@ -214,7 +215,7 @@ void convForward(const Step& s) {
           for (int64_t gi = 0; gi < z.group; ++gi) {
             const float* in = x + (n * z.cIn + gi * z.cInGroup()) * z.inPositions;
             if (z.direct == 0) im2col(z, s.table.data(), in, cols, z.outPositions);
-            runGemmOn(s, thread, {z.cOutGroup(), z.outPositions, rows, false, false},
+            runGemmOn(s, thread, {z.cOutGroup(), z.outPositions, rows, false, false, s.halfOutput},
                       w + gi * z.cOutGroup() * rows, z.direct != 0 ? in : cols,
                       y + (n * z.cOut + gi * z.cOutGroup()) * z.outPositions, 1.0f);
           }
@@ -239,10 +240,15 @@ void convBackwardData(const Step& s) {
         for (int64_t n = first; n < last; ++n) {
           for (int64_t gi = 0; gi < z.group; ++gi) {
             float* in = dx + (n * z.cIn + gi * z.cInGroup()) * z.inPositions;
-            runGemmOn(s, thread, {rows, z.outPositions, z.cOutGroup(), true, false},
+            runGemmOn(s, thread,
+                      {rows, z.outPositions, z.cOutGroup(), true, false, s.halfOutput && z.direct != 0},
                       w + gi * z.cOutGroup() * rows, dy + (n * z.cOut + gi * z.cOutGroup()) * z.outPositions,
                       z.direct != 0 ? in : cols, 1.0f);
-            if (z.direct == 0) col2im(z, s.table.data(), cols, in);
+            if (z.direct == 0) {
+              col2im(z, s.table.data(), cols, in);
+              // Each sum is whole once its sample's columns are in.
+              if (s.halfOutput) roundToHalves(in, static_cast<std::size_t>(z.cInGroup() * z.inPositions));
+            }
           }
         }
       });
@@ -336,6 +342,7 @@ void convBackwardWeight(const Step& s) {
         if (second != nullptr) {
           for (int64_t i = 0; i < co * rows; ++i) dwGroup[i] += second[i];
         }
+        if (s.halfOutput) roundToHalves(dwGroup, static_cast<std::size_t>(co * rows));
       }
     }
   }
@@ -402,6 +409,9 @@ void planConv(StepPlanner& planner, Step& step) {
   step.table2 = {z.batch,        z.cIn,   z.cOut,   z.group, z.inPositions, z.taps,
                  z.outPositions, z.chunk, z.direct, z.width, z.step,        z.dyFirst};
   step.gemmPlan = sim::planGemm(bestGemmIsa(), m, n, k);
+  // A float16 output is rounded in the kernel, each element once its sum
+  // is whole and while it is in cache, not by a pass after the step.
+  step.halfOutput = planner.graph().tensor(op.outputs[0]).dtype == DType::Float16;
   planner.runsOver(step, {{a, 0}, {b, 0}});
   planner.emit(std::move(step));
 }

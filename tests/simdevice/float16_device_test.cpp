@@ -467,3 +467,50 @@ TEST_CASE("a float16 input is rounded as its feed is copied in, on any thread co
     CHECK(got[40'003] == 0.0f);
   }
 }
+
+// Convolutions round their float16 outputs themselves (Step::halfOutput),
+// each element once its sum is whole: the forward product, the input's
+// gradient through columns (col2im) or in place (a 1 x 1 window), and the
+// weight's gradient, whose chunks of samples are summed in two halves. Each
+// gives the bits of the float32 step rounded to halves, and no rounding
+// step follows any of them.
+TEST_CASE("float16 convolutions round their own outputs") {
+  for (const int64_t k : {int64_t{3}, int64_t{1}}) {
+    CAPTURE(k);
+    std::vector<std::vector<float>> values[2];
+    int64_t steps[2] = {0, 0};
+    for (const DType dtype : {DType::Float32, DType::Float16}) {
+      Graph g(1);
+      // 7 samples: the 3 x 3 weight's gradient takes 3 chunks of 3 samples.
+      const Tensor x = ops::input(g, "x", {7, 3, 24, 24}, dtype);
+      const Tensor w = ops::input(g, "w", {4, 3, k, k}, dtype);
+      const Tensor dy = ops::input(g, "dy", {7, 4, 24, 24}, dtype);
+      ops::ConvParams params;
+      params.pads.assign(4, (k - 1) / 2);
+      const Tensor y = ops::conv(x, w, params);
+      const std::vector<Tensor> grads = autodiff(g, ops::reduceSum(ops::mul(y, dy)), {x, w});
+      test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized);
+      steps[dtype == DType::Float16 ? 1 : 0] = device.sim->stats().steps;
+      // Halves, so that both runs read the same values.
+      auto feeds = test::makeFeeds(g, 1, 23);
+      for (auto& [id, data] : feeds) roundToHalves(data.data(), data.size());
+      test::runDevice(*device.executable, feeds);
+      for (const Tensor t : {y, grads[0], grads[1]})
+        values[dtype == DType::Float16 ? 1 : 0].push_back(
+            test::deviceValue(*device.executable, g, t.id(), 0));
+    }
+    for (std::size_t t = 0; t < 3; ++t) {
+      CAPTURE(t);
+      const std::vector<float>& wide = values[0][t];
+      const std::vector<float>& half = values[1][t];
+      REQUIRE(wide.size() == half.size());
+      REQUIRE(!half.empty());
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < half.size(); ++i)
+        differ += std::bit_cast<uint32_t>(half[i]) != std::bit_cast<uint32_t>(roundToHalf(wide[i])) ? 1 : 0;
+      CHECK(differ == 0);
+    }
+    // The other float16 ops' roundings run in their chains.
+    CHECK(steps[1] == steps[0]);
+  }
+}
