@@ -1102,7 +1102,8 @@ void SimExecutable::planStep(OpId id) {
   const std::size_t before = steps_.size();
   plan(planner, step);
   if (steps_.size() == before || op.kind == OpKind::CastToFloat16 || float64) return;
-  // Steps that round their own output (products, float16 feeds: Step::halfOutput).
+  // Steps that round their own output (products, convolutions, float16
+  // feeds: Step::halfOutput).
   if (std::all_of(steps_.begin() + static_cast<std::ptrdiff_t>(before), steps_.end(),
                   [](const Step& s) { return s.halfOutput; }))
     return;

@@ -138,8 +138,8 @@ struct Step {
   bool transA = false;
   bool transB = false;
   // The step rounds each element of its float16 output to the nearest half
-  // itself, so no rounding step follows: a product (GemmShape::halfOutput)
-  // or the copy of a float16 input's feed.
+  // itself, so no rounding step follows: a product (GemmShape::halfOutput),
+  // a convolution or the copy of a float16 input's feed.
   bool halfOutput = false;
   // The kernel splits its loop over the pool's threads (forLoopParts): the
   // strided copies of floats, every elementwise op run outside a chain
