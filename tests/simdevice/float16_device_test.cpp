@@ -470,24 +470,32 @@ TEST_CASE("a float16 input is rounded as its feed is copied in, on any thread co
 
 // Convolutions round their float16 outputs themselves (Step::halfOutput),
 // each element once its sum is whole: the forward product, the input's
-// gradient through columns (col2im) or in place (a 1 x 1 window), and the
-// weight's gradient, whose chunks of samples are summed in two halves. Each
-// gives the bits of the float32 step rounded to halves, and no rounding
-// step follows any of them.
+// gradient through columns (col2im, whose windows overlap with stride 1 and
+// not with stride 2) or in place (a 1 x 1 window), and the weight's
+// gradient, whose chunks of samples are summed in two halves; each channel
+// group on its own. Each gives the bits of the float32 step rounded to
+// halves, and no rounding step follows any of them.
 TEST_CASE("float16 convolutions round their own outputs") {
-  for (const int64_t k : {int64_t{3}, int64_t{1}}) {
-    CAPTURE(k);
+  struct Case {
+    int64_t k, stride, group;
+  };
+  // With 7 samples, the first case's weight gradient takes 4 chunks of 2 samples.
+  for (const Case c : {Case{3, 1, 1}, Case{1, 1, 1}, Case{3, 2, 2}}) {
+    CAPTURE(c.k);
+    CAPTURE(c.stride);
+    CAPTURE(c.group);
     std::vector<std::vector<float>> values[2];
     int64_t steps[2] = {0, 0};
     for (const DType dtype : {DType::Float32, DType::Float16}) {
       Graph g(1);
-      // 7 samples: the 3 x 3 weight's gradient takes 3 chunks of 3 samples.
-      const Tensor x = ops::input(g, "x", {7, 3, 24, 24}, dtype);
-      const Tensor w = ops::input(g, "w", {4, 3, k, k}, dtype);
-      const Tensor dy = ops::input(g, "dy", {7, 4, 24, 24}, dtype);
+      const Tensor x = ops::input(g, "x", {7, 4, 24, 24}, dtype);
+      const Tensor w = ops::input(g, "w", {6, 4 / c.group, c.k, c.k}, dtype);
       ops::ConvParams params;
-      params.pads.assign(4, (k - 1) / 2);
+      params.pads.assign(4, (c.k - 1) / 2);
+      params.strides.assign(2, c.stride);
+      params.group = c.group;
       const Tensor y = ops::conv(x, w, params);
+      const Tensor dy = ops::input(g, "dy", y.shape(), dtype);
       const std::vector<Tensor> grads = autodiff(g, ops::reduceSum(ops::mul(y, dy)), {x, w});
       test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized);
       steps[dtype == DType::Float16 ? 1 : 0] = device.sim->stats().steps;
