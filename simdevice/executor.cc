@@ -1157,6 +1157,7 @@ float* StepPlanner::buffer(TensorId t) const {
 
 int64_t StepPlanner::elements(TensorId t) const { return floatsOf(graph().tensor(t)); }
 const Shape& StepPlanner::shape(TensorId t) const { return graph().tensor(t).shape; }
+bool StepPlanner::halfOutput() const { return graph().tensor(op().outputs[0]).dtype == DType::Float16; }
 const ReplicaGrouping& StepPlanner::layout(TensorId t) const { return executable_.layouts_[at(t)]; }
 
 void StepPlanner::runsOver(Step& step, std::initializer_list<std::pair<TensorId, int64_t>> inputs,

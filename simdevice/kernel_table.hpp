@@ -37,6 +37,9 @@ class StepPlanner {
   int64_t elements(TensorId t) const;
   const Shape& shape(TensorId t) const;
   const ReplicaGrouping& layout(TensorId t) const;
+  // Whether the op's (first) output is float16: a kernel that rounds its own
+  // output sets Step::halfOutput from it.
+  bool halfOutput() const;
   // Sets step.in[0..] to the given operands (tensor, extra offset into its
   // groups) and step.runs to the runs of groups over output 0's layout, the
   // output starting `outOffset` into each group.

@@ -411,7 +411,7 @@ void planConv(StepPlanner& planner, Step& step) {
   step.gemmPlan = sim::planGemm(bestGemmIsa(), m, n, k);
   // A float16 output is rounded in the kernel, each element once its sum
   // is whole and while it is in cache, not by a pass after the step.
-  step.halfOutput = planner.graph().tensor(op.outputs[0]).dtype == DType::Float16;
+  step.halfOutput = planner.halfOutput();
   planner.runsOver(step, {{a, 0}, {b, 0}});
   planner.emit(std::move(step));
 }

@@ -139,7 +139,7 @@ void addMatMulKernels(KernelTable& table) {
                // Folded operands keep the transposed tensor's layout (it is the same).
                planner.runsOver(step, {{a, 0}, {b, 0}});
                step.kernel = matmulKernel();
-               step.halfOutput = graph.tensor(op.outputs[0]).dtype == DType::Float16;
+               step.halfOutput = planner.halfOutput();
                planner.emit(std::move(step));
              }});
   table.add({.kind = OpKind::BatchMatMul, .plan = [](StepPlanner& planner, Step& step) {
@@ -151,7 +151,7 @@ void addMatMulKernels(KernelTable& table) {
                step.groups = numElements(Shape(a.begin(), a.end() - 2));
                planner.runsOver(step, {{op.inputs[0], 0}, {op.inputs[1], 0}});
                step.kernel = batchedMatmulKernel();
-               step.halfOutput = planner.graph().tensor(op.outputs[0]).dtype == DType::Float16;
+               step.halfOutput = planner.halfOutput();
                planner.emit(std::move(step));
              }});
 }

@@ -13,7 +13,7 @@ namespace {
 void planInput(StepPlanner& planner, Step& step) {
   planner.takeInputSlot();
   step.kernel = inputKernel();
-  step.halfOutput = planner.graph().tensor(planner.op().outputs[0]).dtype == DType::Float16;
+  step.halfOutput = planner.halfOutput();
   planner.emit(std::move(step));
 }
 

@@ -487,6 +487,7 @@ TEST_CASE("float16 convolutions round their own outputs") {
     std::vector<std::vector<float>> values[2];
     int64_t steps[2] = {0, 0};
     for (const DType dtype : {DType::Float32, DType::Float16}) {
+      const std::size_t v = dtype == DType::Float16 ? 1 : 0;
       Graph g(1);
       const Tensor x = ops::input(g, "x", {7, 4, 24, 24}, dtype);
       const Tensor w = ops::input(g, "w", {6, 4 / c.group, c.k, c.k}, dtype);
@@ -498,14 +499,13 @@ TEST_CASE("float16 convolutions round their own outputs") {
       const Tensor dy = ops::input(g, "dy", y.shape(), dtype);
       const std::vector<Tensor> grads = autodiff(g, ops::reduceSum(ops::mul(y, dy)), {x, w});
       test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized);
-      steps[dtype == DType::Float16 ? 1 : 0] = device.sim->stats().steps;
+      steps[v] = device.sim->stats().steps;
       // Halves, so that both runs read the same values.
       auto feeds = test::makeFeeds(g, 1, 23);
       for (auto& [id, data] : feeds) roundToHalves(data.data(), data.size());
       test::runDevice(*device.executable, feeds);
       for (const Tensor t : {y, grads[0], grads[1]})
-        values[dtype == DType::Float16 ? 1 : 0].push_back(
-            test::deviceValue(*device.executable, g, t.id(), 0));
+        values[v].push_back(test::deviceValue(*device.executable, g, t.id(), 0));
     }
     for (std::size_t t = 0; t < 3; ++t) {
       CAPTURE(t);
