@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks that the library's includes point one way (README: Dependencies).
+"""Checks that the library's includes point one way (README.md: Repository layout).
 
 Every #include of the library's folders and of the public headers is
 resolved to the folder that owns the included file, and must name a folder

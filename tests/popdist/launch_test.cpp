@@ -183,7 +183,7 @@ TEST_CASE(
   const Run split = train("samples/configs/mlp_float16.json", sets, 2);
   CHECK(one.summary["steps"] == 16);
   // Seen: steps 0 to 7 overflow, the scale ends at 2^16 (the sharded
-  // gradients are summed in half before the Mean's 1/4; see README).
+  // gradients are summed in half before the Mean's 1/4; see docs/precision.md, Loss scaling).
   const json skipped = one.summary["skippedStepIndices"];
   CHECK(skipped.size() >= 2);
   CHECK(split.summary["skippedStepIndices"] == skipped);

@@ -1,6 +1,6 @@
 // End-to-end training through the programs users run: `tessera train` on the
 // sample configs and the mnist_rts sample, on bounded subsets of the data
-// (the full runs are recorded in the README).
+// (the full runs are recorded in docs/training.md and docs/onnx.md).
 #include <cmath>
 #include <cstdlib>
 #include <string>
