@@ -30,6 +30,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include "tessera/checkpoint.hpp"
 #include "tessera/device.hpp"
 #include "tessera/device_spec.hpp"
 #include "tessera/error.hpp"
@@ -260,6 +261,13 @@ struct PyWeightsIO {
   py::dict weights;
 };
 
+// Whether the array's elements are T's, in any equivalent dtype (a
+// little-endian "<f4" view is float32 like np.float32 itself).
+template <class T>
+bool isArrayOf(const py::array& array) {
+  return py::isinstance<py::array_t<T>>(array);
+}
+
 std::string arrayShapeStr(const py::array& array) {
   return shapeStr(Shape(array.shape(), array.shape() + array.ndim()));
 }
@@ -283,7 +291,7 @@ void copyInto(const HostTensor& value, const std::string& name, py::handle targe
                                  shapeStr(value.shape)));
   }
   const bool doubles = !value.doubles.empty();
-  if (!array.dtype().is(doubles ? py::dtype::of<double>() : py::dtype::of<float>()) ||
+  if (!(doubles ? isArrayOf<double>(array) : isArrayOf<float>(array)) ||
       !(array.flags() & py::array::c_style) || !array.writeable()) {
     throw GraphError(ErrorCode::DTypeMismatch, name,
                      fmt::format("the array must be a writable C-contiguous {} array (initAnchorArrays() makes "
@@ -339,11 +347,11 @@ void readInputs(const Session& session, const std::map<std::string, DType>& stre
                         fmt::format("the array is {}; this {} input takes {}", given, toString(dtype), allowed));
     };
     if (dtype == DType::Int32) {
-      if (array.dtype().is(py::dtype::of<int32_t>())) {
+      if (isArrayOf<int32_t>(array)) {
         auto ints = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(array);
         out.inputs.emplace_back(name, std::span(ints.data(), static_cast<size_t>(ints.size())));
         out.keep.push_back(std::move(ints));
-      } else if (array.dtype().is(py::dtype::of<int64_t>())) {
+      } else if (isArrayOf<int64_t>(array)) {
         const auto longs = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(array);
         std::vector<int32_t>& ints = out.converted.emplace_back(static_cast<size_t>(longs.size()));
         for (size_t i = 0; i < ints.size(); ++i) {
@@ -359,12 +367,12 @@ void readInputs(const Session& session, const std::map<std::string, DType>& stre
         throw wrongType("int32 or int64 arrays");
       }
     } else if (dtype == DType::Float64) {
-      if (!array.dtype().is(py::dtype::of<double>())) throw wrongType("float64 arrays");
+      if (!isArrayOf<double>(array)) throw wrongType("float64 arrays");
       auto doubles = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(array);
       out.inputs.emplace_back(name, std::span(doubles.data(), static_cast<size_t>(doubles.size())));
       out.keep.push_back(std::move(doubles));
     } else {
-      if (!array.dtype().is(py::dtype::of<float>())) throw wrongType("float32 arrays");
+      if (!isArrayOf<float>(array)) throw wrongType("float32 arrays");
       auto floats = FloatArray::ensure(array);
       out.inputs.emplace_back(name, std::span(floats.data(), static_cast<size_t>(floats.size())));
       out.keep.push_back(std::move(floats));
@@ -499,6 +507,29 @@ class PySession {
     }
     session().setLearningRate(optimizer.config.learningRate());
     optimizer_->config.learningRate() = optimizer.config.learningRate();
+  }
+
+  // The weights and optimizer state in a .safetensors checkpoint
+  // (tessera/checkpoint.hpp), and back: training continues as if it had
+  // never stopped. Loading writes the device; weightsToHost() then updates
+  // the host copy.
+  void saveCheckpoint(const std::string& path) {
+    Session& saving = session();
+    py::gil_scoped_release release;
+    tessera::saveCheckpoint(saving, path);
+  }
+  py::dict loadCheckpoint(const std::string& path) {
+    Session& loading = session();
+    CheckpointLoadReport report;
+    {
+      py::gil_scoped_release release;
+      report = tessera::loadCheckpoint(loading, path);
+    }
+    py::dict result;
+    result["step"] = report.step;
+    result["learningRate"] = report.learningRate;
+    result["warnings"] = report.warnings;
+    return result;
   }
 
   Session& session() {
@@ -666,7 +697,12 @@ void bindSessions(py::module_& module) {
                "`loss` names its scalar loss tensor.");
   bindSessionMethods<PyTrainingSession>(training);
   training.def("updateOptimizerFromHost", &PyTrainingSession::updateOptimizerFromHost, py::arg("optimizer"),
-               "A new learning rate from the next step; other changes are refused.");
+               "A new learning rate from the next step; other changes are refused.")
+      .def("saveCheckpoint", &PyTrainingSession::saveCheckpoint, py::arg("path"),
+           "Writes the weights, the optimizer state and the step to a .safetensors checkpoint.")
+      .def("loadCheckpoint", &PyTrainingSession::loadCheckpoint, py::arg("path"),
+           "Restores a checkpoint into the device, so that training continues where it stopped; returns "
+           "{'step', 'learningRate', 'warnings'}. weightsToHost() then updates the host copy.");
 
   py::class_<PyInferenceSession> inference(module, "InferenceSession", "PopART's InferenceSession over an ONNX model.");
   inference.def(py::init([](const py::object& fnModel, DataFlow dataFlow, std::optional<SessionOptions> userOptions,

@@ -245,3 +245,56 @@ def test_the_readme_example_runs(monkeypatch):
     scope = {}
     exec(compile(example, "README.md", "exec"), scope)
     assert scope["anchors"]["loss"].shape == (2,) and np.all(scope["anchors"]["loss"] > 0)
+
+
+def test_a_checkpoint_continues_training_where_it_stopped(tmp_path):
+    x, labels = step_data(4, 2, 2, seed=9)
+
+    def steps(session, first, last):
+        anchors = session.initAnchorArrays()
+        losses = []
+        for step in range(first, last):
+            session.run(tessera.PyStepIO({"x": x[step], "labels": labels[step]}, anchors))
+            losses.append(anchors["loss"].tolist())
+        return losses
+
+    saving = training_session(2, 2)
+    saving.prepareDevice()
+    steps(saving, 0, 2)
+    saving.saveCheckpoint(str(tmp_path / "mlp.safetensors"))
+    expected = steps(saving, 2, 4)
+
+    # Another replica count: checkpoints hold logical tensors.
+    loading = training_session(1, 4)
+    loading.prepareDevice()
+    report = loading.loadCheckpoint(str(tmp_path / "mlp.safetensors"))
+    assert report["step"] == 2 and report["learningRate"] == LEARNING_RATE
+    resumed = training_session(2, 2)
+    resumed.prepareDevice()
+    resumed.loadCheckpoint(str(tmp_path / "mlp.safetensors"))
+    assert steps(resumed, 2, 4) == expected
+
+    with pytest.raises(tessera.Error) as raised:
+        resumed.loadCheckpoint(str(tmp_path / "missing.safetensors"))
+    assert raised.value.id == "tessera.io.601"
+
+
+def test_inputs_in_any_equivalent_dtype_and_layout_are_read():
+    # A little-endian view (as np.frombuffer of a file gives) and a
+    # strided array are the same inputs as their plain float32 copies.
+    x, labels = step_data(1, 1, 4)
+    plain = training_session(1, 4)
+    plain.prepareDevice()
+    expected = plain.initAnchorArrays()
+    plain.run(tessera.PyStepIO({"x": x[0], "labels": labels[0]}, expected))
+
+    other = training_session(1, 4)
+    other.prepareDevice()
+    anchors = other.initAnchorArrays()
+    little = np.dtype(np.float32).newbyteorder("<")  # equivalent to np.float32, not the same object
+    assert little is not np.dtype(np.float32)
+    view = np.frombuffer(x[0].tobytes(), dtype=little).reshape(x[0].shape)
+    strided = np.repeat(labels[0], 2)[::2]
+    assert not strided.flags.c_contiguous
+    other.run(tessera.PyStepIO({"x": view, "labels": strided}, anchors))
+    assert float(anchors["loss"]) == float(expected["loss"])
