@@ -493,6 +493,9 @@ class PySession {
         copyInto(running.output(name), name, io.anchors[py::str(name)]);
       }
     }
+    // A Ctrl-C that came while the device ran is raised here, at the step
+    // boundary, with the step done and its anchors written.
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
 
   // A new optimizer between steps: tessera changes the learning rate

@@ -1,9 +1,12 @@
 """PopART's session names over an ONNX model: the Python module trains the
 MLP export (tests/data/onnx/mlp.onnx) to the same losses, bit for bit, as
 the C++ API (reference_training.cc), with PopART's array shapes."""
+import _thread
 import os
 import pathlib
 import subprocess
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -298,3 +301,56 @@ def test_inputs_in_any_equivalent_dtype_and_layout_are_read():
     assert not strided.flags.c_contiguous
     other.run(tessera.PyStepIO({"x": view, "labels": strided}, anchors))
     assert float(anchors["loss"]) == float(expected["loss"])
+
+
+def test_the_gil_is_released_while_the_device_runs_and_ctrl_c_stops_at_the_step_boundary():
+    # With a switch interval of 1000 s the main thread gives the GIL up only
+    # where it waits, so the helper thread runs before run() returns only if
+    # run() releases the GIL while the device runs (a step of a large batch,
+    # some 100 ms). Its simulated Ctrl-C then ends that step with
+    # KeyboardInterrupt, raised by run() once the step is done (the anchors
+    # are written). A helper that only got the GIL after run() returned (a
+    # machine too busy to wake it in time) does nothing; that attempt is
+    # repeated.
+    batch = 2**18
+    session = training_session(1, batch)
+    session.prepareDevice()
+    anchors = session.initAnchorArrays()
+    x, labels = step_data(1, 1, batch)
+    io = tessera.PyStepIO({"x": x[0], "labels": labels[0]}, anchors)
+    for _ in range(3):
+        anchors["loss"][...] = 0
+        order = []
+        running = [False]
+        gate = threading.Lock()
+        gate.acquire()
+
+        def helper():
+            with gate:
+                if running[0]:
+                    order.append("helper ran during run")
+                    _thread.interrupt_main()
+                else:
+                    order.append("helper ran after run")
+
+        thread = threading.Thread(target=helper)
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1000)
+        try:
+            thread.start()
+            try:
+                running[0] = True
+                gate.release()
+                session.run(io)
+                running[0] = False
+                order.append("run returned")
+            except KeyboardInterrupt:
+                running[0] = False
+                order.append("interrupted")
+        finally:
+            sys.setswitchinterval(interval)
+        thread.join()
+        if order[0] == "helper ran during run":
+            break
+    assert order == ["helper ran during run", "interrupted"]
+    assert float(anchors["loss"]) > 0
