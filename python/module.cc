@@ -45,18 +45,20 @@ nlohmann::json toJson(py::handle value, const std::string& path) {
     for (const auto& item : value) array.push_back(toJson(item, fmt::format("{}/{}", path, index++)));
     return array;
   }
-  throw ConfigError(ErrorCode::WrongType, path,
-                    fmt::format("a {} cannot be given here; expected a bool, a number, a str, a list or a dict",
-                                py::type::of(value).attr("__name__").cast<std::string>()));
+  throw ConfigError(
+      ErrorCode::WrongType, path,
+      fmt::format("a {} cannot be given here; expected a bool, a number, a str, a list or a dict",
+                  py::type::of(value).attr("__name__").cast<std::string>()));
 }
 
 namespace {
 
 // PopXL's ReplicaGrouping fields over tessera::ReplicaGrouping.
 void bindReplicaGrouping(py::module_& module) {
-  py::class_<ReplicaGrouping>(module, "ReplicaGrouping",
-                              "Which replicas belong together (PopXL's ReplicaGrouping): groups of group_size "
-                              "replicas whose members are stride apart, tiling num_replicas replicas.")
+  py::class_<ReplicaGrouping>(
+      module, "ReplicaGrouping",
+      "Which replicas belong together (PopXL's ReplicaGrouping): groups of group_size "
+      "replicas whose members are stride apart, tiling num_replicas replicas.")
       .def_property_readonly("num_replicas", &ReplicaGrouping::numReplicas)
       .def_property_readonly("stride", &ReplicaGrouping::stride)
       .def_property_readonly("group_size", &ReplicaGrouping::groupSize)

@@ -95,10 +95,14 @@ enum class WeightDecayMode { Decay, L2Regularization };
 
 // PopART's optimizer keys and the optimizer section's.
 constexpr std::pair<std::string_view, std::string_view> kOptimizerKeys[] = {
-    {"defaultLearningRate", "learningRate"}, {"defaultMomentum", "momentum"},
-    {"defaultDampening", "dampening"},       {"defaultWeightDecay", "weightDecay"},
-    {"defaultBeta1", "beta1"},               {"defaultBeta2", "beta2"},
-    {"defaultEps", "eps"},                   {"lossScaling", "lossScaling"},
+    {"defaultLearningRate", "learningRate"},
+    {"defaultMomentum", "momentum"},
+    {"defaultDampening", "dampening"},
+    {"defaultWeightDecay", "weightDecay"},
+    {"defaultBeta1", "beta1"},
+    {"defaultBeta2", "beta2"},
+    {"defaultEps", "eps"},
+    {"lossScaling", "lossScaling"},
     {"nesterov", "nesterov"},
 };
 
@@ -199,10 +203,10 @@ std::map<std::string, int64_t, std::less<>> symbolicDimensions(const std::filesy
                         fmt::format("the model's input is {}, not {}", input->dtype, info.dtype));
     }
     if (info.shape.size() != input->dims.size()) {
-      throw ConfigError(ErrorCode::InvalidModel, path,
-                        fmt::format("the model's input has {} dimensions ({}); the shape {} has {}",
-                                    input->dims.size(), fmt::join(input->dims, ", "), shapeStr(info.shape),
-                                    info.shape.size()));
+      throw ConfigError(
+          ErrorCode::InvalidModel, path,
+          fmt::format("the model's input has {} dimensions ({}); the shape {} has {}", input->dims.size(),
+                      fmt::join(input->dims, ", "), shapeStr(info.shape), info.shape.size()));
     }
     for (size_t axis = 0; axis < info.shape.size(); ++axis) {
       const std::string& dim = input->dims[axis];
@@ -280,9 +284,10 @@ bool hasShape(const py::array& array, const Shape& shape) {
 // tensor), which must have its shape.
 void copyInto(const HostTensor& value, const std::string& name, py::handle target) {
   if (!py::isinstance<py::array>(target)) {
-    throw GraphError(ErrorCode::DTypeMismatch, name,
-                     fmt::format("a {} cannot receive the value; give an array (initAnchorArrays() makes one)",
-                                 py::str(py::type::of(target)).cast<std::string>()));
+    throw GraphError(
+        ErrorCode::DTypeMismatch, name,
+        fmt::format("a {} cannot receive the value; give an array (initAnchorArrays() makes one)",
+                    py::str(py::type::of(target)).cast<std::string>()));
   }
   auto array = py::reinterpret_borrow<py::array>(target);
   if (!hasShape(array, value.shape)) {
@@ -293,10 +298,11 @@ void copyInto(const HostTensor& value, const std::string& name, py::handle targe
   const bool doubles = !value.doubles.empty();
   if (!(doubles ? isArrayOf<double>(array) : isArrayOf<float>(array)) ||
       !(array.flags() & py::array::c_style) || !array.writeable()) {
-    throw GraphError(ErrorCode::DTypeMismatch, name,
-                     fmt::format("the array must be a writable C-contiguous {} array (initAnchorArrays() makes "
-                                 "one); it is {}",
-                                 doubles ? "float64" : "float32", py::str(array.dtype()).cast<std::string>()));
+    throw GraphError(
+        ErrorCode::DTypeMismatch, name,
+        fmt::format("the array must be a writable C-contiguous {} array (initAnchorArrays() makes "
+                    "one); it is {}",
+                    doubles ? "float64" : "float32", py::str(array.dtype()).cast<std::string>()));
   }
   if (doubles) {
     std::memcpy(array.mutable_data(), value.doubles.data(), value.doubles.size() * sizeof(double));
@@ -343,8 +349,9 @@ void readInputs(const Session& session, const std::map<std::string, DType>& stre
     const DType dtype = streams.at(name);
     const std::string given = py::str(array.dtype()).cast<std::string>();
     auto wrongType = [&](std::string_view allowed) {
-      return GraphError(ErrorCode::DTypeMismatch, name,
-                        fmt::format("the array is {}; this {} input takes {}", given, toString(dtype), allowed));
+      return GraphError(
+          ErrorCode::DTypeMismatch, name,
+          fmt::format("the array is {}; this {} input takes {}", given, toString(dtype), allowed));
     };
     if (dtype == DType::Int32) {
       if (isArrayOf<int32_t>(array)) {
@@ -392,23 +399,26 @@ class PySession {
  public:
   static constexpr bool kTraining = std::is_same_v<Session, TrainingSession>;
 
-  PySession(const py::object& fnModel, std::string loss, std::optional<PyOptimizer> optimizer, DataFlow dataFlow,
-            std::optional<SessionOptions> userOptions, std::optional<DeviceInfo> deviceInfo,
-            std::optional<InputShapeInfo> inputShapeInfo)
+  PySession(const py::object& fnModel, std::string loss, std::optional<PyOptimizer> optimizer,
+            DataFlow dataFlow, std::optional<SessionOptions> userOptions,
+            std::optional<DeviceInfo> deviceInfo, std::optional<InputShapeInfo> inputShapeInfo)
       : loss_(std::move(loss)), optimizer_(std::move(optimizer)), dataFlow_(std::move(dataFlow)),
         options_(userOptions.value_or(SessionOptions{})), device_(deviceInfo.value_or(DeviceInfo{})) {
     validate(options_, device_.spec);
     if (device_.numIpus && *device_.numIpus != options_.getLocalReplicationFactor()) {
-      throw ConfigError(ErrorCode::InvalidDeviceSpec, "/deviceInfo/numIPUs",
-                        fmt::format("numIPUs is {} but the options run {} local replica(s); tessera simulates "
-                                    "one processor per replica",
-                                    *device_.numIpus, options_.getLocalReplicationFactor()));
+      throw ConfigError(
+          ErrorCode::InvalidDeviceSpec, "/deviceInfo/numIPUs",
+          fmt::format("numIPUs is {} but the options run {} local replica(s); tessera simulates "
+                      "one processor per replica",
+                      *device_.numIpus, options_.getLocalReplicationFactor()));
     }
-    model_ = importModel(fnModel, inputShapeInfo.value_or(InputShapeInfo{}), options_.getGlobalReplicationFactor());
+    model_ = importModel(fnModel, inputShapeInfo.value_or(InputShapeInfo{}),
+                         options_.getGlobalReplicationFactor());
     for (const std::string& input : model_->inputs) {
       streams_[input] = model_->graph.tensor(model_->graph.find(input)).dtype;
     }
-    if constexpr (kTraining) static_cast<void>(model_->graph.find(loss_));  // GraphError(UnknownTensor) for a wrong loss name
+    if constexpr (kTraining)
+      static_cast<void>(model_->graph.find(loss_));  // GraphError(UnknownTensor) for a wrong loss name
     for (const auto& [name, type] : dataFlow_.anchors) {
       const TensorNode& node = model_->graph.tensor(model_->graph.find(name));
       anchorShapes_[name] = {node.shape, node.dtype == DType::Float64};
@@ -465,7 +475,8 @@ class PySession {
   // [accumulationFactor, replicationFactor, ...shape], dims of 1 omitted.
   py::dict initAnchorArrays() const {
     Shape leading;
-    if (kTraining && options_.getAccumulationFactor() > 1) leading.push_back(options_.getAccumulationFactor());
+    if (kTraining && options_.getAccumulationFactor() > 1)
+      leading.push_back(options_.getAccumulationFactor());
     if (options_.getLocalReplicationFactor() > 1) leading.push_back(options_.getLocalReplicationFactor());
     py::dict arrays;
     for (const auto& [name, type] : dataFlow_.anchors) {
@@ -608,9 +619,10 @@ void bindSessions(py::module_& module) {
 
   py::class_<DeviceManager>(module, "DeviceManager", "PopART's DeviceManager: makes simulated devices.")
       .def(py::init<>())
-      .def_static("createSimDevice", &makeDeviceInfo, py::arg("options") = py::dict(),
-                  "A simulated device: the DeviceSpec fields as keys (tilesPerIpu, bytesPerTile, ...; PopART's "
-                  "tilesPerIPU too), and numIPUs, which must be the session's replicas.")
+      .def_static(
+          "createSimDevice", &makeDeviceInfo, py::arg("options") = py::dict(),
+          "A simulated device: the DeviceSpec fields as keys (tilesPerIpu, bytesPerTile, ...; PopART's "
+          "tilesPerIPU too), and numIPUs, which must be the session's replicas.")
       .def_static("createIpuModelDevice", &makeDeviceInfo, py::arg("options") = py::dict(),
                   "The same as createSimDevice, for ported scripts.");
 
@@ -622,8 +634,10 @@ void bindSessions(py::module_& module) {
         return section.dump();
       });
   py::class_<Sgd, PyOptimizer>(module, "SGD", "PopART's SGD.")
-      .def(py::init([](const py::dict& values) { return Sgd{{readOptimizer("sgd", values)}}; }), py::arg("values"),
-           "SGD from PopART's keys: defaultLearningRate, defaultMomentum, defaultDampening, defaultWeightDecay, "
+      .def(py::init([](const py::dict& values) { return Sgd{{readOptimizer("sgd", values)}}; }),
+           py::arg("values"),
+           "SGD from PopART's keys: defaultLearningRate, defaultMomentum, defaultDampening, "
+           "defaultWeightDecay, "
            "lossScaling, nesterov; each a (value, isConst) pair or a value.");
   py::class_<ConstSgd, Sgd>(module, "ConstSGD", "PopART's ConstSGD.")
       .def(py::init([](const py::object& learningRate, const py::object& weightDecay,
@@ -634,13 +648,15 @@ void bindSessions(py::module_& module) {
              if (!lossScaling.is_none()) values["lossScaling"] = lossScaling;
              return ConstSgd{{{readOptimizer("sgd", values)}}};
            }),
-           py::arg("learning_rate"), py::arg("weight_decay") = py::none(), py::arg("loss_scaling") = py::none());
+           py::arg("learning_rate"), py::arg("weight_decay") = py::none(),
+           py::arg("loss_scaling") = py::none());
 
   py::enum_<AdamMode>(module, "AdamMode", "PopART's Adam modes that tessera has.")
       .value("Adam", AdamMode::Adam)
       .value("AdamNoBias", AdamMode::AdamNoBias);
-  py::enum_<WeightDecayMode>(module, "WeightDecayMode", "Decay: decoupled (AdamW); L2Regularization: added to "
-                                                        "the gradient.")
+  py::enum_<WeightDecayMode>(module, "WeightDecayMode",
+                             "Decay: decoupled (AdamW); L2Regularization: added to "
+                             "the gradient.")
       .value("Decay", WeightDecayMode::Decay)
       .value("L2Regularization", WeightDecayMode::L2Regularization);
   py::class_<Adam, PyOptimizer>(module, "Adam", "PopART's Adam.")
@@ -648,12 +664,14 @@ void bindSessions(py::module_& module) {
              const std::string_view type = decay == WeightDecayMode::Decay ? "adamw" : "adam";
              return Adam{{readOptimizer(type, values, {{"biasCorrection", mode == AdamMode::Adam}})}};
            }),
-           py::arg("values"), py::arg("mode") = AdamMode::Adam, py::arg("weight_decay_mode") = WeightDecayMode::Decay,
+           py::arg("values"), py::arg("mode") = AdamMode::Adam,
+           py::arg("weight_decay_mode") = WeightDecayMode::Decay,
            "Adam from PopART's keys: defaultLearningRate, defaultBeta1, defaultBeta2, defaultEps, "
            "defaultWeightDecay, lossScaling. PopART's defaults: mode Adam (bias correction), weight decay "
            "mode Decay (AdamW).");
 
-  py::class_<AnchorReturnType>(module, "AnchorReturnType", "Which values of an anchor run() returns: \"All\".")
+  py::class_<AnchorReturnType>(module, "AnchorReturnType",
+                               "Which values of an anchor run() returns: \"All\".")
       .def(py::init(&makeAnchorReturnType), py::arg("id"))
       .def("id", [](const AnchorReturnType& a) { return a.id; });
   py::class_<DataFlow>(module, "DataFlow", "Batches per step (1) and the anchors run() returns.")
@@ -665,57 +683,69 @@ void bindSessions(py::module_& module) {
         return names;
       });
 
-  py::class_<TensorInfo>(module, "TensorInfo", "An ONNX element type (PopART's name: \"FLOAT\", ...) and a shape.")
-      .def(py::init([](std::string dtype, Shape shape) { return TensorInfo{std::move(dtype), std::move(shape)}; }),
+  py::class_<TensorInfo>(module, "TensorInfo",
+                         "An ONNX element type (PopART's name: \"FLOAT\", ...) and a shape.")
+      .def(py::init([](std::string dtype, Shape shape) {
+             return TensorInfo{std::move(dtype), std::move(shape)};
+           }),
            py::arg("dtype"), py::arg("shape"))
       .def("data_type", [](const TensorInfo& t) { return t.dtype; })
       .def("shape", [](const TensorInfo& t) { return t.shape; });
-  py::class_<InputShapeInfo>(module, "InputShapeInfo",
-                             "Shapes of the model's inputs (per replica and micro-batch), which bind its symbolic "
-                             "dimensions.")
+  py::class_<InputShapeInfo>(
+      module, "InputShapeInfo",
+      "Shapes of the model's inputs (per replica and micro-batch), which bind its symbolic "
+      "dimensions.")
       .def(py::init<>())
       .def(
-          "add", [](InputShapeInfo& s, const std::string& name, const TensorInfo& info) { s.inputs[name] = info; },
+          "add",
+          [](InputShapeInfo& s, const std::string& name, const TensorInfo& info) { s.inputs[name] = info; },
           py::arg("name"), py::arg("info"));
 
-  py::class_<PyStepIO>(module, "PyStepIO", "The inputs (dict of arrays) and anchors (dict of arrays) of a step.")
-      .def(py::init([](py::dict inputs, py::dict anchors) { return PyStepIO{std::move(inputs), std::move(anchors)}; }),
+  py::class_<PyStepIO>(module, "PyStepIO",
+                       "The inputs (dict of arrays) and anchors (dict of arrays) of a step.")
+      .def(py::init([](py::dict inputs, py::dict anchors) {
+             return PyStepIO{std::move(inputs), std::move(anchors)};
+           }),
            py::arg("inputs"), py::arg("outputs"));
   py::class_<PyWeightsIO>(module, "PyWeightsIO", "Weights by name, as a dict of arrays.")
       .def(py::init([](py::dict weights) { return PyWeightsIO{std::move(weights)}; }), py::arg("weights"));
 
   py::class_<PyTrainingSession> training(module, "TrainingSession",
                                          "PopART's TrainingSession over an ONNX model with its loss inside.");
-  training.def(py::init([](const py::object& fnModel, std::string loss, const PyOptimizer& optimizer,
-                           DataFlow dataFlow, std::optional<SessionOptions> userOptions,
-                           std::optional<DeviceInfo> deviceInfo, std::optional<InputShapeInfo> inputShapeInfo) {
-                 return std::make_unique<PyTrainingSession>(fnModel, std::move(loss), optimizer, std::move(dataFlow),
-                                                            std::move(userOptions), std::move(deviceInfo),
-                                                            std::move(inputShapeInfo));
-               }),
-               py::arg("fnModel"), py::arg("loss"), py::arg("optimizer"), py::arg("dataFlow"),
-               py::arg("userOptions") = py::none(), py::arg("deviceInfo") = py::none(),
-               py::arg("inputShapeInfo") = py::none(),
-               "Imports the model (a path or the bytes of an ONNX ModelProto) for the options' replicas; "
-               "`loss` names its scalar loss tensor.");
+  training.def(
+      py::init([](const py::object& fnModel, std::string loss, const PyOptimizer& optimizer,
+                  DataFlow dataFlow, std::optional<SessionOptions> userOptions,
+                  std::optional<DeviceInfo> deviceInfo, std::optional<InputShapeInfo> inputShapeInfo) {
+        return std::make_unique<PyTrainingSession>(fnModel, std::move(loss), optimizer, std::move(dataFlow),
+                                                   std::move(userOptions), std::move(deviceInfo),
+                                                   std::move(inputShapeInfo));
+      }),
+      py::arg("fnModel"), py::arg("loss"), py::arg("optimizer"), py::arg("dataFlow"),
+      py::arg("userOptions") = py::none(), py::arg("deviceInfo") = py::none(),
+      py::arg("inputShapeInfo") = py::none(),
+      "Imports the model (a path or the bytes of an ONNX ModelProto) for the options' replicas; "
+      "`loss` names its scalar loss tensor.");
   bindSessionMethods<PyTrainingSession>(training);
-  training.def("updateOptimizerFromHost", &PyTrainingSession::updateOptimizerFromHost, py::arg("optimizer"),
-               "A new learning rate from the next step; other changes are refused.")
+  training
+      .def("updateOptimizerFromHost", &PyTrainingSession::updateOptimizerFromHost, py::arg("optimizer"),
+           "A new learning rate from the next step; other changes are refused.")
       .def("saveCheckpoint", &PyTrainingSession::saveCheckpoint, py::arg("path"),
            "Writes the weights, the optimizer state and the step to a .safetensors checkpoint.")
       .def("loadCheckpoint", &PyTrainingSession::loadCheckpoint, py::arg("path"),
            "Restores a checkpoint into the device, so that training continues where it stopped; returns "
            "{'step', 'learningRate', 'warnings'}. weightsToHost() then updates the host copy.");
 
-  py::class_<PyInferenceSession> inference(module, "InferenceSession", "PopART's InferenceSession over an ONNX model.");
-  inference.def(py::init([](const py::object& fnModel, DataFlow dataFlow, std::optional<SessionOptions> userOptions,
-                            std::optional<DeviceInfo> deviceInfo, std::optional<InputShapeInfo> inputShapeInfo) {
-                  return std::make_unique<PyInferenceSession>(fnModel, std::string(), std::nullopt, std::move(dataFlow),
-                                                              std::move(userOptions), std::move(deviceInfo),
-                                                              std::move(inputShapeInfo));
-                }),
-                py::arg("fnModel"), py::arg("dataFlow"), py::arg("userOptions") = py::none(),
-                py::arg("deviceInfo") = py::none(), py::arg("inputShapeInfo") = py::none());
+  py::class_<PyInferenceSession> inference(module, "InferenceSession",
+                                           "PopART's InferenceSession over an ONNX model.");
+  inference.def(
+      py::init([](const py::object& fnModel, DataFlow dataFlow, std::optional<SessionOptions> userOptions,
+                  std::optional<DeviceInfo> deviceInfo, std::optional<InputShapeInfo> inputShapeInfo) {
+        return std::make_unique<PyInferenceSession>(fnModel, std::string(), std::nullopt, std::move(dataFlow),
+                                                    std::move(userOptions), std::move(deviceInfo),
+                                                    std::move(inputShapeInfo));
+      }),
+      py::arg("fnModel"), py::arg("dataFlow"), py::arg("userOptions") = py::none(),
+      py::arg("deviceInfo") = py::none(), py::arg("inputShapeInfo") = py::none());
   bindSessionMethods<PyInferenceSession>(inference);
 }
 

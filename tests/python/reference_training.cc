@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
     const int64_t replicas = std::stoll(argv[4]);
     const int64_t batch = std::stoll(argv[5]);
     tessera::OnnxImportOptions import;
-    import.dimensions = {{"batch", batch}};
+    import.dimensions = {{ "batch", batch }};
     import.replicationFactor = replicas;
     tessera::OnnxModel model = tessera::importOnnx(argv[1], import);
 
@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
     std::ifstream in(argv[2], std::ios::binary);
     for (int64_t step = 0; step < steps; ++step) {
       in.read(reinterpret_cast<char*>(x.data()), static_cast<std::streamsize>(x.size() * sizeof(float)));
-      in.read(reinterpret_cast<char*>(labels.data()), static_cast<std::streamsize>(labels.size() * sizeof(int32_t)));
+      in.read(reinterpret_cast<char*>(labels.data()),
+              static_cast<std::streamsize>(labels.size() * sizeof(int32_t)));
       if (!in) {
         std::fprintf(stderr, "%s: too short for %lld steps\n", argv[2], static_cast<long long>(steps));
         return 1;

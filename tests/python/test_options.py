@@ -111,3 +111,21 @@ def test_json_reading_errors_carry_ids():
     assert raised.value.id == "tessera.config.104"
     assert raised.value.path == "/replicatedGraphCont"
     assert isinstance(raised.value, Exception)
+
+
+def test_every_field_has_the_schemas_description_as_docstring():
+    default = json.loads((SOURCE / "samples/configs/session_options.default.json").read_text())
+    classes = {"": tessera.SessionOptions, "TensorLocationSettings": tessera.TensorLocationSettings,
+               "location": tessera.TensorLocation, "shardingDomain": tessera.CommGroup,
+               "automaticLossScalingSettings": tessera.AutomaticLossScalingSettings}
+    count = 0
+    for path, _ in leaves(default):
+        for depth, key in enumerate(path):
+            parent = path[depth - 1] if depth else ""
+            parent = "TensorLocationSettings" if parent.endswith("TensorLocationSettings") else parent
+            doc = getattr(classes[parent], key).__doc__
+            assert doc and len(doc) > 20 and "(self" not in doc, (path, doc)
+            count += 1
+    assert count > 100
+    assert "replicas" in tessera.SessionOptions.replicatedGraphCount.__doc__
+    assert tessera.SessionOptions.__doc__ and tessera.TrainingSession.run.__doc__
