@@ -27,6 +27,11 @@ nlohmann::json toJson(py::handle value, const std::string& path) {
   if (py::isinstance<py::int_>(value)) return value.cast<int64_t>();
   if (py::isinstance<py::float_>(value)) return value.cast<double>();
   if (py::isinstance<py::str>(value)) return value.cast<std::string>();
+  // numpy's scalars: an integer type has __index__, a float type __float__.
+  if (py::hasattr(value, "__index__"))
+    return py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr())).cast<int64_t>();
+  if (py::hasattr(value, "__float__"))
+    return py::float_(py::reinterpret_borrow<py::object>(value)).cast<double>();
   if (py::isinstance<py::dict>(value)) {
     nlohmann::json object = nlohmann::json::object();
     for (const auto& [key, item] : value.cast<py::dict>()) {

@@ -25,6 +25,8 @@
 #include <variant>
 #include <vector>
 
+#include <unistd.h>
+
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 #include <pybind11/numpy.h>
@@ -231,8 +233,9 @@ OnnxModel importModel(const py::object& fnModel, const InputShapeInfo& shapes, i
     const auto bytes = fnModel.cast<std::string>();
     if (!shapes.inputs.empty()) {
       // The signature reader takes a file.
-      const auto file = std::filesystem::temp_directory_path() /
-                        fmt::format("tessera-python-{}.onnx", reinterpret_cast<uintptr_t>(bytes.data()));
+      const auto file =
+          std::filesystem::temp_directory_path() /
+          fmt::format("tessera-python-{}-{}.onnx", getpid(), reinterpret_cast<uintptr_t>(bytes.data()));
       {
         std::ofstream out(file, std::ios::binary);
         out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

@@ -354,3 +354,14 @@ def test_the_gil_is_released_while_the_device_runs_and_ctrl_c_stops_at_the_step_
             break
     assert order == ["helper ran during run", "interrupted"]
     assert float(anchors["loss"]) > 0
+
+
+def test_numpy_scalars_are_numbers_in_settings():
+    sgd = tessera.SGD({"defaultLearningRate": (np.float32(0.25), True), "defaultMomentum": np.float64(0.5)})
+    assert sgd.learningRate == 0.25
+    device = tessera.DeviceManager().createSimDevice({"numIPUs": np.int64(2), "tilesPerIPU": np.int32(1216)})
+    assert device.numIpus == 2 and '"tilesPerIpu":1216' in repr(device)
+    with pytest.raises(tessera.Error) as raised:
+        tessera.SGD({"defaultLearningRate": object()})
+    assert raised.value.id == "tessera.config.103"
+    assert raised.value.path == "/optimizer/defaultLearningRate"
