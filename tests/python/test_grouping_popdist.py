@@ -20,14 +20,6 @@ def test_replica_grouping_has_popxl_fields(replicas, stride, group_size, assignm
     assert grouping.groups == groups
 
 
-def test_replica_grouping_binds_what_the_cpp_grouping_accepts():
-    # PopXL refuses a stride other than 1 unless stride * group_size is the
-    # replica count; the C++ grouping accepts (8, 2, 2) today, and so does
-    # the module, which adds no rule of its own.
-    grouping = tessera.replica_grouping(8, stride=2, group_size=2)
-    assert grouping.groups == [[0, 2], [1, 3], [4, 6], [5, 7]]
-
-
 @pytest.mark.parametrize("args, error_id", [
     ((8, 3, 2), "tessera.config.141"),
     ((8, 1, 0), "tessera.config.140"),
