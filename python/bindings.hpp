@@ -34,6 +34,7 @@ py::enum_<E> bindEnum(py::module_& module, const char* doc) {
 }
 
 void bindOptions(py::module_& module);
+void bindSettings(py::module_& module);
 void bindSessions(py::module_& module);
 
 }  // namespace tessera::python

@@ -3,13 +3,13 @@
 // computed, checked or defaulted here that the C++ API does not compute,
 // check or default itself; this file holds the module, tessera.Error,
 // tessera.popdist and tessera.replica_grouping, options.cc the options and
-// session.cc the sessions.
+// settings.cc devices, optimizers and data flows, session.cc the sessions.
+#include "bindings.hpp"  // first: it declares an opaque type before pybind11/stl.h
+
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include "bindings.hpp"  // first: it declares an opaque type before pybind11/stl.h
 
 #include <fmt/core.h>
 #include <pybind11/stl.h>
@@ -151,5 +151,6 @@ PYBIND11_MODULE(tessera, module) {
   bindReplicaGrouping(module);
   bindPopdist(module);
   bindOptions(module);
+  bindSettings(module);
   bindSessions(module);
 }
