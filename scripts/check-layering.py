@@ -12,6 +12,11 @@ that the including file's folder may depend on:
     simdevice   lib, simdevice
     onnx        lib, onnx
     sessions    lib, popdist, optimizers, simdevice, onnx, sessions
+    python      lib, popdist, optimizers, simdevice, onnx, sessions, python
+
+python/ (the Python module) is a binding of the public API: besides its own
+files it may include the public headers only, never a folder's private
+header.
 
 A file of a folder (lib/, sessions/transforms/, ...) belongs to that folder.
 A public header (include/tessera/NAME.hpp) belongs to the folder whose .cc
@@ -52,7 +57,9 @@ import pathlib
 import re
 import sys
 
-FOLDERS = ("lib", "popdist", "optimizers", "simdevice", "onnx", "sessions")
+FOLDERS = ("lib", "popdist", "optimizers", "simdevice", "onnx", "sessions", "python")
+# Folders that may reach the others through the public headers only.
+PUBLIC_ONLY = ("python",)
 SOURCE_SUFFIXES = (".cc", ".cpp", ".hpp", ".h")
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 
@@ -167,6 +174,11 @@ def main():
                 reached = owner_of(target)
                 if target.startswith("include/") and reached is None:
                     problems.append(f"{relative}:{number}: {line.strip()} names no public header")
+                    continue
+                if (folder in PUBLIC_ONLY and reached not in (None, folder)
+                        and not target.startswith("include/")):
+                    problems.append(f"{relative}:{number}: {line.strip()} is a private header of {reached} "
+                                    f"({target}); {folder} may include the public headers only")
                     continue
                 if reached is None or reached in allowed[folder] or (folder, target) in allowed_headers:
                     continue

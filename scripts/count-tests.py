@@ -4,7 +4,10 @@
 Every test executable is a doctest program: the summary line it prints,
 "[doctest] test cases: N | P passed | F failed | S skipped", gives the test
 cases it ran (a test that prints several, e.g. one per process, counts them
-all). A test without that line (it crashed or timed out before the summary,
+all). A pytest run (the Python module's suite) counts likewise by its final
+line, "===== P passed, F failed, S skipped in T s =====": its passed (and
+xfailed, xpassed) tests passed, its failed ones and errors failed, skipped
+ones neither. A test without either line (it crashed or timed out before the summary,
 or is not a doctest program) counts as one test, passed or failed by its
 result; a skipped one counts neither way. A test whose process failed
 although doctest reported no failed case (e.g. a sanitizer report at exit)
@@ -25,9 +28,24 @@ import re
 import sys
 
 SUMMARY = re.compile(r"\[doctest\] test cases:\s*(\d+)\s*\|\s*(\d+) passed\s*\|\s*(\d+) failed")
+PYTEST_SUMMARY = re.compile(r"^=+ (\d+ [a-z]+(?:, \d+ [a-z]+)*) in [0-9.]+s(?: \([0-9:.]+\))? =+$", re.M)
+PYTEST_COUNT = re.compile(r"(\d+) ([a-z]+)")
+PYTEST_PASSED = {"passed", "xfailed", "xpassed"}
+PYTEST_FAILED = {"failed", "error", "errors"}
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 PASSING_RESULTS = {"OK", "EXPECTEDFAIL"}
 NEUTRAL_RESULTS = {"SKIP"}  # neither passed nor failed
+
+
+def pytest_summaries(output):
+    """(total, passed, failed) of each pytest summary line in `output`."""
+    found = []
+    for line in PYTEST_SUMMARY.findall(output):
+        counts = [(int(n), word) for n, word in PYTEST_COUNT.findall(line)]
+        passed = sum(n for n, word in counts if word in PYTEST_PASSED)
+        failed = sum(n for n, word in counts if word in PYTEST_FAILED)
+        found.append((passed + failed, passed, failed))
+    return found
 
 
 def count_log(path, failures):
@@ -44,7 +62,7 @@ def count_log(path, failures):
         name = test.get("name", "?")
         result = test.get("result", "ERROR")
         output = ANSI.sub("", (test.get("stdout") or "") + "\n" + (test.get("stderr") or ""))
-        summaries = SUMMARY.findall(output)
+        summaries = SUMMARY.findall(output) + pytest_summaries(output)
         if summaries:
             test_passed = sum(int(p) for _, p, _ in summaries)
             test_failed = sum(int(f) for _, _, f in summaries)

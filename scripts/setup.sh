@@ -34,6 +34,7 @@ packages=(
   nlohmann-json3-dev libfmt-dev libeigen3-dev doctest-dev libcli11-dev zlib1g-dev
   libbenchmark-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist libclang-rt-14-dev valgrind
   libonnx-dev libprotobuf-dev libonnx-testdata
+  pybind11-dev python3-dev python3-numpy python3-pytest
 )
 
 # One dpkg-query for all packages; a package it does not know is missing too.

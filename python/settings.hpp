@@ -1,0 +1,51 @@
+// What the sessions of the Python module are made from (python/settings.cc
+// binds them): a device, an optimizer, a data flow, input shapes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/device_spec.hpp"
+#include "tessera/graph.hpp"
+#include "tessera/optimizer_options.hpp"
+
+namespace tessera::python {
+
+// A device to be made for a session: the DeviceSpec, and the number of
+// processors a ported script asked for (PopART's "numIPUs"), which must be
+// the session's replicas (one processor per replica).
+struct DeviceInfo {
+  DeviceSpec spec;
+  std::optional<int64_t> numIpus;
+};
+
+// An optimizer: the run config's optimizer section it stands for.
+struct PyOptimizer {
+  OptimizerConfig config;
+};
+
+// PopART's AnchorReturnType: tessera returns every micro-batch's value
+// ("All"); the others are refused.
+struct AnchorReturnType {
+  std::string id;
+};
+
+struct DataFlow {
+  int64_t batchesPerStep = 1;
+  std::vector<std::pair<std::string, AnchorReturnType>> anchors;
+};
+
+struct TensorInfo {
+  std::string dtype;  // PopART's name: "FLOAT", "INT64", ...
+  Shape shape;
+};
+
+struct InputShapeInfo {
+  std::map<std::string, TensorInfo> inputs;
+};
+
+}  // namespace tessera::python
