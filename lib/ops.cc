@@ -197,7 +197,11 @@ Tensor selu(Tensor x, double alpha, double gamma) { return unary(OpKind::Selu, x
 Tensor clip(Tensor x, double lo, double hi) { return unary(OpKind::Clip, x, scalars(lo, hi)); }
 Tensor pow(Tensor a, Tensor b) { return binary(OpKind::Pow, a, b); }
 Tensor batchMatmul(Tensor a, Tensor b) { return binary(OpKind::BatchMatMul, a, b); }
-Tensor gather(Tensor data, Tensor indices) { return binary(OpKind::Gather, data, indices); }
+Tensor gather(Tensor data, Tensor indices, int64_t axis) {
+  OpAttributes attributes;
+  attributes.axis = axis;
+  return binary(OpKind::Gather, data, indices, std::move(attributes));
+}
 namespace {
 OpAttributes convAttributes(const ConvParams& p) {
   OpAttributes attributes;

@@ -324,18 +324,17 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     return;
   }
   if (op == "Gather" && knownInput(node, 0) == nullptr) {
-    // Rows of a model value (an embedding table): the device's Gather.
+    // Slices of a model value along any axis (rows of an embedding table,
+    // a class token): the device's Gather.
     Tensor data = operand(node, 0, subject);
     requireFloat(data, node, 0, subject);
     const auto rank = static_cast<int64_t>(data.shape().size());
     const int64_t axis = normalizeAxis(intAttribute(node, "axis", 0, subject), rank, subject);
-    if (axis != 0)
-      unsupported(fmt::format("axis {}: only axis 0 (rows of a table, an embedding lookup)", axis));
     Tensor indices = operand(node, 1, subject);
     if (indices.dtype() != DType::Int32)
       unsupported(fmt::format("indices \"{}\" are {}; integer indices are expected", node.input(1),
                               typeName(values_.at(node.input(1)).type)));
-    setOutput(node, 0, ops::gather(data, indices));
+    setOutput(node, 0, ops::gather(data, indices, axis));
     return;
   }
   if (isOneOf(op, kFoldOnlyOps) || op == "Shape" || op == "Size") {

@@ -157,7 +157,8 @@ struct Step {
   WorkerPool* pool = nullptr;
 
   // Softmax-like kernels: `cols` classes per row. Collectives and remote
-  // transfers: tables of offsets (see collectives.hpp).
+  // transfers: tables of offsets (see collectives.hpp). Gather and
+  // GatherGrad: `groups` blocks of `rows` slices of `cols` elements.
   std::vector<int64_t> table;
   std::vector<int64_t> table2;
   int64_t groups = 0;

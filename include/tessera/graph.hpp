@@ -302,10 +302,10 @@ struct OpAttributes {
   std::vector<int64_t> axes{};  // ReduceSum/Mean, Transpose (permutation)
   bool keepDims = false;        // ReduceSum/Mean
   Shape shape{};  // Reshape, BroadcastTo, ReduceToShape, SlicePad, ReplicaShardedPad, AllGather,
-                  // GatherGrad
+                  // GatherGrad (the table's)
   std::vector<int64_t> starts{};  // Slice, SlicePad
   std::vector<int64_t> ends{};    // Slice, SlicePad
-  int64_t axis = 0;               // Concat
+  int64_t axis = 0;               // Concat, Gather, GatherGrad
   double a = 1.0;                 // ScaledAddInplace: x = a*x + b*y; LeakyRelu, Elu, Selu: alpha; Clip: min
   double b = 1.0;                 // Selu: gamma; Clip: max
   ReductionType reduction = ReductionType::Sum;  // collectives, SoftmaxCrossEntropy

@@ -142,10 +142,12 @@ Tensor selu(Tensor x, double alpha = 1.67326319217681884765625, double gamma = 1
 Tensor clip(Tensor x, double lo, double hi);
 // a ^ b with numpy broadcasting (the exponent's gradient needs a > 0).
 Tensor pow(Tensor a, Tensor b);
-// Rows of `data` [V, D...] picked by `indices` (int32 [I...], each in [-V, V);
-// negative counts from the end): [I..., D...], an embedding lookup. The
-// gradient adds dy's rows into the rows the indices name.
-Tensor gather(Tensor data, Tensor indices);
+// Slices of `data` along `axis` picked by `indices` (ONNX Gather): data
+// [A..., V, D...] with `axis` = rank(A) (negative counts from the end),
+// indices int32 [I...], each in [-V, V) (negative counts from the end) ->
+// [A..., I..., D...]. On axis 0 the rows of a table, an embedding lookup. The
+// gradient adds dy's slices into the slices the indices name.
+Tensor gather(Tensor data, Tensor indices, int64_t axis = 0);
 // --- Convolution and pooling over NC[D]HW tensors (1 to 3 spatial axes) ---
 // Each vector has one value per spatial axis (pads: every axis's begin, then
 // every axis's end); empty means the default (strides and dilations 1, pads 0).

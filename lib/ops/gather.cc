@@ -1,8 +1,10 @@
-// The gather family: Gather picks rows of a table by index (an embedding
-// lookup): data [V, D...], indices int32 [I...] -> [I..., D...]; an index in
+// The gather family: Gather picks slices of a table by index along `axis`
+// (ONNX Gather; on axis 0 an embedding lookup): data [A..., V, D...] with
+// `axis` = rank(A), indices int32 [I...] -> [A..., I..., D...]; an index in
 // [-V, V) (negative counts from the end). GatherGrad is its gradient, a
-// scatter-add: (dy [I..., D...], indices) -> zeros of `shape` [V, D...] with
-// each dy row added into the row its index names, in index order.
+// scatter-add: (dy [A..., I..., D...], indices) -> zeros of `shape`
+// [A..., V, D...] with each dy slice added into the slice its index names,
+// in index order.
 #include <fmt/format.h>
 
 #include "op_def.hpp"
@@ -20,9 +22,48 @@ std::size_t rowOf(const ReferenceOp& r, double index, std::size_t i, int64_t row
   return static_cast<std::size_t>(index < 0 ? index + static_cast<double>(rows) : index);
 }
 
-// Elements of one row: the product of the table's dimensions after the first.
-std::size_t rowElements(const Shape& table) {
-  return static_cast<std::size_t>(numElements(Shape(table.begin() + 1, table.end())));
+// A table [A..., V, D...] seen along `axis`: `outer` blocks (the product of
+// A) of `rows` (V) slices of `inner` elements (the product of D).
+struct TableView {
+  std::size_t outer;
+  int64_t rows;
+  std::size_t inner;
+};
+
+TableView viewOf(const Shape& table, int64_t axis) {
+  const auto a = static_cast<std::ptrdiff_t>(axis);
+  return {static_cast<std::size_t>(numElements(Shape(table.begin(), table.begin() + a))), table[static_cast<std::size_t>(axis)],
+          static_cast<std::size_t>(numElements(Shape(table.begin() + a + 1, table.end())))};
+}
+
+// Copies (or, kScatter, adds) between the table and the gathered values:
+// gathered[o, i, k] and table[o, index i, k].
+template <bool kScatter>
+void gatherReference(const ReferenceOp& r, const TableView& t, const Values& indices, const Values& from,
+                     Values& to) {
+  const std::size_t n = indices.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t row = rowOf(r, indices[i], i, t.rows);
+    for (std::size_t o = 0; o < t.outer; ++o) {
+      const std::size_t gathered = (o * n + i) * t.inner;
+      const std::size_t sliced = (o * static_cast<std::size_t>(t.rows) + row) * t.inner;
+      for (std::size_t k = 0; k < t.inner; ++k) {
+        if constexpr (kScatter)
+          to[sliced + k] += from[gathered + k];
+        else
+          to[gathered + k] = from[sliced + k];
+      }
+    }
+  }
+}
+
+// The gathered shape: the table's with its `axis` replaced by the indices' shape.
+Shape gatheredShape(const Shape& table, const Shape& indices, int64_t axis) {
+  const auto a = static_cast<std::ptrdiff_t>(axis);
+  Shape out(table.begin(), table.begin() + a);
+  out.insert(out.end(), indices.begin(), indices.end());
+  out.insert(out.end(), table.begin() + a + 1, table.end());
+  return out;
 }
 
 }  // namespace
@@ -30,30 +71,24 @@ std::size_t rowElements(const Shape& table) {
 void addGatherOps(OpTable& table) {
   table.add({.kind = OpKind::Gather,
              .family = OpFamily::Gather,
-             .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
+             .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
                c.arity(2);
                const DType dtype = c.floating({0});
                c.dtype(1, DType::Int32);
                c.minRank(0, 1);
-               Shape out = c.shape(1);
-               out.insert(out.end(), c.shape(0).begin() + 1, c.shape(0).end());
-               return {{out, dtype, {}}};
+               attributes.axis = c.axis(attributes.axis, c.rank(0));
+               return {{gatheredShape(c.shape(0), c.shape(1), attributes.axis), dtype, {}}};
              },
              .gradient = [](const GradientContext& g) -> std::vector<Tensor> {
                OpAttributes attributes;
                attributes.shape = g.in(0).shape();
+               attributes.axis = g.attributes().axis;
                return {g.make(OpKind::GatherGrad, {g.dy.id(), g.in(1).id()}, attributes), Tensor{}};
              },
              .reference =
                  [](ReferenceOp& r, int64_t replica) {
-                   const Values& data = r.in(0, replica);
-                   const Values& indices = r.in(1, replica);
-                   Values& out = r.out(replica);
-                   const std::size_t d = rowElements(r.inShape(0));
-                   for (std::size_t i = 0; i < indices.size(); ++i) {
-                     const std::size_t row = rowOf(r, indices[i], i, r.inShape(0)[0]);
-                     for (std::size_t k = 0; k < d; ++k) out[i * d + k] = data[row * d + k];
-                   }
+                   gatherReference<false>(r, viewOf(r.inShape(0), r.attributes().axis), r.in(1, replica),
+                                          r.in(0, replica), r.out(replica));
                  },
              .cost = [](const Graph& graph,
                         const OpNode& op) { return OpCost{.flops = elementsOf(graph, op.outputs[0])}; }});
@@ -63,28 +98,24 @@ void addGatherOps(OpTable& table) {
                c.arity(2);
                const DType dtype = c.floating({0});
                c.dtype(1, DType::Int32);
-               Shape expected = c.shape(1);
-               if (!attributes.shape.empty())
-                 expected.insert(expected.end(), attributes.shape.begin() + 1, attributes.shape.end());
-               if (attributes.shape.empty() || c.shape(0) != expected) {
-                 c.fail(
-                     ErrorCode::ShapeMismatch,
-                     fmt::format("dy {} must be the gather of indices {} from a table of `shape` {}, i.e. {}",
-                                 c.desc(0), c.desc(1), shapeStr(attributes.shape), shapeStr(expected)));
+               if (attributes.shape.empty())
+                 c.fail(ErrorCode::ShapeMismatch, fmt::format("dy {} needs the table's `shape`", c.desc(0)));
+               attributes.axis = c.axis(attributes.axis, static_cast<int64_t>(attributes.shape.size()));
+               const Shape expected = gatheredShape(attributes.shape, c.shape(1), attributes.axis);
+               if (c.shape(0) != expected) {
+                 c.fail(ErrorCode::ShapeMismatch,
+                        fmt::format("dy {} must be the gather of indices {} along axis {} from a table of `shape` "
+                                    "{}, i.e. {}",
+                                    c.desc(0), c.desc(1), attributes.axis, shapeStr(attributes.shape),
+                                    shapeStr(expected)));
                }
                numElements(attributes.shape);
                return {{attributes.shape, dtype, {}}};
              },
              .reference =
                  [](ReferenceOp& r, int64_t replica) {
-                   const Values& dy = r.in(0, replica);
-                   const Values& indices = r.in(1, replica);
-                   Values& out = r.out(replica);
-                   const std::size_t d = rowElements(r.outShape());
-                   for (std::size_t i = 0; i < indices.size(); ++i) {
-                     const std::size_t row = rowOf(r, indices[i], i, r.outShape()[0]);
-                     for (std::size_t k = 0; k < d; ++k) out[row * d + k] += dy[i * d + k];
-                   }
+                   gatherReference<true>(r, viewOf(r.outShape(), r.attributes().axis), r.in(1, replica),
+                                         r.in(0, replica), r.out(replica));
                  },
              .cost = [](const Graph& graph,
                         const OpNode& op) { return OpCost{.flops = elementsOf(graph, op.inputs[0])}; }});

@@ -326,6 +326,21 @@ TEST_CASE("gradient check of gather: repeated and negative indices add up") {
   checkGradients(g, {table}, ops::gather(table, indices), -1, 1);
 }
 
+TEST_CASE("gradient check of gather along inner axes: repeated and negative indices add up") {
+  SUBCASE("axis 1 of three, a matrix of indices") {
+    Graph g(2);
+    const Tensor table = ops::input(g, "table", {2, 5, 3});
+    const Tensor indices = ops::constant(g, "indices", {4, 0, -1, 2, 0, 1}, {2, 3}, DType::Int32);
+    checkGradients(g, {table}, ops::gather(table, indices, 1), -1, 1);
+  }
+  SUBCASE("the last axis (-1), one index: a class token") {
+    Graph g(2);
+    const Tensor table = ops::input(g, "table", {3, 4, 2});
+    const Tensor index = ops::constant(g, "index", {-2}, {}, DType::Int32);
+    checkGradients(g, {table}, ops::gather(table, index, -1), -1, 1);
+  }
+}
+
 TEST_CASE("gradient check of convolutions: 1-D, 2-D with groups, strides, pads and dilations, 3-D") {
   std::mt19937 rng(5);
   SUBCASE("1-D with a stride and uneven pads") {

@@ -51,6 +51,16 @@ TEST_CASE("shape inference of every op") {
          return ops::gather(f.v, ops::input(f.g, "ids", {2, 5}, DType::Int32));
        },
        {2, 5}},
+      {"gather along axis 1 by a matrix of indices",
+       [](Fixture& f) {
+         return ops::gather(ops::input(f.g, "t", {3, 7, 4}), ops::input(f.g, "ids", {2, 5}, DType::Int32), 1);
+       },
+       {3, 2, 5, 4}},
+      {"gather along the last axis (-1) by a scalar index",
+       [](Fixture& f) {
+         return ops::gather(ops::input(f.g, "t", {3, 7, 4}), ops::input(f.g, "id", {}, DType::Int32), -1);
+       },
+       {3, 7}},
       {"batched matmul",
        [](Fixture& f) {
          return ops::matmul(ops::input(f.g, "x", {5, 2, 3}), f.b);
@@ -226,6 +236,8 @@ TEST_CASE("every misuse is a GraphError naming the op or tensor") {
        "Gather"},
       {"gather from a scalar", [](Fixture& f) { ops::gather(f.s, f.labels); }, ErrorCode::ShapeMismatch,
        "Gather"},
+      {"gather along an axis the table does not have", [](Fixture& f) { ops::gather(f.a, f.labels, 2); },
+       ErrorCode::InvalidAxis, "Gather"},
       {"conv with a rank mismatch",
        [](Fixture& f) {
          ops::conv(ops::input(f.g, "img", {2, 4, 9, 8}), ops::input(f.g, "k", {6, 4, 3}));

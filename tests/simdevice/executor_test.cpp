@@ -200,6 +200,24 @@ const std::vector<Case>& cases() {
          table.shape = {5, 4};
          make(g, OpKind::GatherGrad, {s.x, s.labels}, table);
          make(g, OpKind::GatherGrad, {ops::gather(s.wT, fixed), fixed}, table);
+         // Along inner axes: columns of a grouped weight, columns of an input
+         // by per-replica indices, the middle axis of a 3-D input, and their
+         // scatter-adds.
+         const Tensor columns = ops::gather(s.wg2, fixed, 1);
+         const Tensor picked = ops::gather(s.y, s.labels, -1);
+         const Tensor middle = ops::gather(s.x3, ops::constant(g, "mid", {2, -3, 0}, {3}, DType::Int32), -2);
+         OpAttributes columnTable;
+         columnTable.shape = {4, 5};
+         columnTable.axis = 1;
+         make(g, OpKind::GatherGrad, {columns, fixed}, columnTable);
+         OpAttributes pickedTable;
+         pickedTable.shape = {3, 5};
+         pickedTable.axis = -1;
+         make(g, OpKind::GatherGrad, {ops::mul(picked, picked), s.labels}, pickedTable);
+         OpAttributes middleTable;
+         middleTable.shape = {2, 3, 4};
+         middleTable.axis = 1;
+         make(g, OpKind::GatherGrad, {middle, ops::constant(g, "mid2", {1, 1, -1}, {3}, DType::Int32)}, middleTable);
        }},
       {"convolutions in 1, 2 and 3 dimensions and their gradients",
        [](Sources& s) {
