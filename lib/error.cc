@@ -96,6 +96,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(OnnxInvalidGraph),
     TESSERA_CODE(OnnxNodeShape),
     TESSERA_CODE(OnnxTooLarge),
+    TESSERA_CODE(OnnxExportMismatch),
     TESSERA_CODE(Internal),
 };
 #undef TESSERA_CODE

@@ -28,6 +28,8 @@ namespace {
 constexpr int64_t kMinOpset = 11;
 constexpr int64_t kMaxOpset = 17;
 
+}  // namespace
+
 std::string readFile(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError(ErrorCode::FileUnreadable, path.string(), "cannot open the file for reading");
@@ -35,6 +37,8 @@ std::string readFile(const std::filesystem::path& path) {
   if (in.bad()) throw IoError(ErrorCode::FileUnreadable, path.string(), "reading the file failed");
   return bytes;
 }
+
+namespace {
 
 // The version of the default domain (ai.onnx) the model imports, if any.
 std::optional<int64_t> importedOpset(const onnx::ModelProto& model) {
@@ -168,6 +172,8 @@ onnx::ModelProto upgradeOpset(onnx::ModelProto model, const OnnxImportOptions& o
   return model;  // not reached: refuse throws
 }
 
+}  // namespace
+
 onnx::ModelProto parseModel(std::string_view bytes, const std::string& source) {
   onnx::ModelProto model;
   if (bytes.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
@@ -183,6 +189,8 @@ onnx::ModelProto parseModel(std::string_view bytes, const std::string& source) {
               "expected)");
   return model;
 }
+
+namespace {
 
 int64_t defaultOpset(const onnx::ModelProto& model, const std::string& source) {
   const std::optional<int64_t> version = importedOpset(model);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -96,5 +97,12 @@ SliceRange sliceRange(const Shape& input, const std::vector<int64_t>& starts,
                       const std::optional<std::vector<int64_t>>& steps, const std::string& subject);
 
 [[noreturn]] void throwOnnx(ErrorCode code, const std::string& subject, std::string_view message);
+
+// The bytes of a file; IoError(FileUnreadable) when it cannot be read.
+std::string readFile(const std::filesystem::path& path);
+
+// A ModelProto from its serialized bytes; OnnxMalformed (naming `source`)
+// for bytes that do not parse or a model without a graph.
+onnx::ModelProto parseModel(std::string_view bytes, const std::string& source);
 
 }  // namespace tessera::onnx_import

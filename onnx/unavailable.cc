@@ -31,4 +31,14 @@ OnnxTensor readOnnxTensor(const std::filesystem::path& path) { unavailable(path.
 
 OnnxSignature readOnnxSignature(const std::filesystem::path& path) { unavailable(path.string()); }
 
+void writeOnnx(std::span<const std::byte>, std::string_view sourceName, std::span<const OnnxTensorValues>,
+               const std::filesystem::path&) {
+  unavailable(std::string(sourceName));
+}
+
+void writeOnnx(const std::filesystem::path& source, std::span<const OnnxTensorValues>,
+               const std::filesystem::path&) {
+  unavailable(source.string());
+}
+
 }  // namespace tessera

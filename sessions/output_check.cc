@@ -74,6 +74,7 @@ void checkOutputs(const OutputConfig& output) {
   checkOutputPath(output.checkpoint, "/output/checkpoint");
   checkOutputPath(output.profile, "/output/profile");
   checkOutputPath(output.trace, "/output/trace");
+  checkOutputPath(output.onnx, "/output/onnx");
 }
 
 }  // namespace tessera

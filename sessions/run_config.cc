@@ -316,6 +316,10 @@ void visitFields(V& v, OutputConfig& value) {
       "profile", value.profile,
       {.doc = "Profile report (memory, traffic, modelled time) written after training; empty: not written."});
   v.field("trace", value.trace, {.doc = "Chrome trace of the modelled run; empty: not written."});
+  v.field("onnx", value.onnx,
+          {.doc = "The ONNX model (model type onnx only) with the trained weights (float32 master weights of a "
+                  "float16 run) and BatchNormalization's running statistics in its initializers, written after "
+                  "training; empty: not written."});
   v.rule([&value](const jsonio::RuleSite& site) {
     if (value.checkpointEvery == 0 || !value.checkpoint.empty()) return;
     const std::string path = site.path("checkpointEvery");
@@ -801,6 +805,13 @@ void validate(const RunConfig& config) {
                     toString(config.data.dataset), t.sequence, t.vocab));
   }
   checkStepFitsSubset(config);
+  if (!config.output.onnx.empty() && config.model.type != kOnnxModel) {
+    throw ConfigError(ErrorCode::InvalidOutput, "/output/onnx",
+                      fmt::format("the {} model was not imported from ONNX, so there is no ONNX model to write "
+                                  "its weights into; remove /output/onnx, or write a checkpoint "
+                                  "(/output/checkpoint)",
+                                  config.model.type));
+  }
 }
 
 nlohmann::json runConfigSchema() {

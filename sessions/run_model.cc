@@ -212,6 +212,8 @@ RunModel importModel(const RunConfig& config, int64_t batchSize, int64_t replica
   run.loss = *id;
   run.inputs = std::move(imported.inputs);
   run.graph = std::move(imported.graph);
+  run.onnxInitializers = std::move(imported.weights);
+  run.onnxInitializers.insert(run.onnxInitializers.end(), imported.state.begin(), imported.state.end());
   bindDataInputs(config, run);
   if (!model.logits.empty()) addPredictions(config, imported.outputs, run);
   return run;

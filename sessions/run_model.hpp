@@ -27,6 +27,10 @@ struct RunModel {
   // accuracy: the mlp's, or the one added to an onnx graph for
   // /model/logits; empty when there is none (a transformer).
   std::string predictions;
+  // onnx: the initializers that are variables (the weights, and the running
+  // statistics of BatchNormalization), in the model's order: what
+  // /output/onnx writes back.
+  std::vector<std::string> onnxInitializers;
 };
 
 // The model of `config` with per-replica micro-batch `batchSize` for a graph

@@ -27,6 +27,7 @@
 #include "tessera/optimizer.hpp"
 #include "tessera/output_check.hpp"
 #include "tessera/placement.hpp"
+#include "tessera/onnx.hpp"
 #include "tessera/profile.hpp"
 #include "tessera/session.hpp"
 
@@ -607,6 +608,23 @@ void warnAboutRunDifferences(const RunConfig& config, int64_t globalBatch, const
   }
 }
 
+// /output/onnx: the imported model with the trained values in its
+// initializers. A float16 weight's float32 master ("<name>.master") is
+// written where the run keeps one. Every instance takes part in reading the
+// variables; the one that writes outputs writes the file.
+void writeTrainedOnnx(const RunConfig& config, const std::vector<std::string>& initializers,
+                      const TrainingSession& session, bool writes) {
+  std::vector<OnnxTensorValues> values;
+  values.reserve(initializers.size());
+  for (const std::string& name : initializers) {
+    const std::string master = name + ".master";
+    HostTensor value =
+        session.readVariable(session.graph().tryFind(master) ? master : name, RetrievalMode::OnePerGroup);
+    values.push_back({name, std::move(value.shape), std::move(value.data)});
+  }
+  if (writes) writeOnnx(config.model.path, values, config.output.onnx);
+}
+
 }  // namespace
 
 TrainSummary train(const RunConfig& config, const std::function<void(const TrainProgress&)>& onStep,
@@ -641,6 +659,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   }
 
   const std::vector<std::string> inputs = model.inputs;
+  const std::vector<std::string> onnxInitializers = std::move(model.onnxInitializers);
   TrainingSession session(std::move(model.graph), model.loss, makeOptimizer(config.optimizer), options,
                           instances.device(config.device));
   int64_t totalSteps = 0;
@@ -770,6 +789,8 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       (summary.checkpoint.empty() || summary.checkpointStep != session.step())) {
     checkpointNow();
   }
+  if (!config.output.onnx.empty() && !summary.interrupted)
+    writeTrainedOnnx(config, onnxInitializers, session, instances.writesOutput());
   summary.finalLoss = summary.losses.empty() ? 0.0 : summary.losses.back();
   summary.samplesPerSecond =
       trainSeconds > 0 ? static_cast<double>(summary.steps * globalBatch) / trainSeconds : 0.0;

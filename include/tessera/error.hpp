@@ -109,7 +109,7 @@ enum class ErrorCode : int {
   DatasetTensorMissing = 608,   // a graph input that the tensors dataset has no tensor for
   DatasetTensorMismatch = 609,  // a dataset tensor whose dtype, shape or values do not fit its graph input
   DatasetLengthMismatch = 610,  // dataset tensors with different numbers of samples
-  // --- ONNX import (7xx) ---
+  // --- ONNX import and export (7xx) ---
   OnnxUnavailable = 701,         // this build has no ONNX support
   OnnxMalformed = 702,           // not a ModelProto / TensorProto, truncated, inconsistent tensor data
   OnnxUnsupportedOpset = 703,    // a domain other than the default one, or an opset outside 11-17
@@ -119,6 +119,7 @@ enum class ErrorCode : int {
   OnnxInvalidGraph = 707,        // a cycle, a value with no producer, a missing attribute or input
   OnnxNodeShape = 708,           // a node whose operands do not fit the op
   OnnxTooLarge = 709,            // a value computed at import over the size limit
+  OnnxExportMismatch = 710,      // values to write that do not fit the model's initializers
   // --- Internal (9xx) ---
   Internal = 901,
 };

@@ -168,4 +168,36 @@ struct OnnxSignature {
 // The declared inputs and outputs of a model, without importing it.
 OnnxSignature readOnnxSignature(const std::filesystem::path& path);
 
+// ----- ONNX out -----
+
+// Values for one initializer of a model: its name, its shape (the
+// initializer's dims) and its values in row-major order.
+struct OnnxTensorValues {
+  std::string name;
+  Shape shape;
+  std::vector<float> values;
+};
+
+// Writes the model `source` (the serialized ModelProto a session was imported
+// from; `sourceName` names it in errors) to `destination` with each
+// initializer named in `initializers` holding the given values (PopART's
+// modelToHost after training): in the initializer's own element type (float
+// values as they are, float16 rounded to the nearest half, double widened),
+// as raw data. Nodes, opsets, inputs, outputs and metadata are the
+// source's, so whatever loaded the source loads the result; ONNX's checker
+// accepts it before it is written. The file is written beside `destination`
+// and renamed over it, so no reader sees part of a model.
+//
+// Throws OnnxError(OnnxMalformed) for a source that does not parse,
+// OnnxError(OnnxExportMismatch) for a name the model has no initializer of,
+// a shape or count other than the initializer's, or an initializer that is
+// not float, float16 or double; IoError(FileUnwritable) when the file cannot
+// be written.
+void writeOnnx(std::span<const std::byte> source, std::string_view sourceName,
+               std::span<const OnnxTensorValues> initializers, const std::filesystem::path& destination);
+// The same with the source read from the file `source`; IoError(FileUnreadable)
+// when it cannot be read.
+void writeOnnx(const std::filesystem::path& source, std::span<const OnnxTensorValues> initializers,
+               const std::filesystem::path& destination);
+
 }  // namespace tessera

@@ -214,6 +214,11 @@ struct OutputConfig {
   std::string checkpoint{};
   std::string profile{};
   std::string trace{};
+  // The ONNX model (model type "onnx" only) with its initializers replaced by
+  // the trained weights (the float32 master weights of a float16 run) and the
+  // running statistics of BatchNormalization, written after training:
+  // PopART's modelToHost. See writeOnnx (tessera/onnx.hpp).
+  std::string onnx{};
   // Also write the checkpoint every this many steps (0: only at the end and
   // when interrupted). >= 0; > 0 needs a checkpoint path.
   int64_t checkpointEvery = 0;

@@ -225,6 +225,8 @@ Action attachTrain(CLI::App& command) {
     fmt::print("throughput: {:.0f} samples/s\n", summary.samplesPerSecond);
     if (!summary.checkpoint.empty())
       fmt::print("checkpoint: {} (step {})\n", summary.checkpoint, summary.checkpointStep);
+    if (!loaded.config.output.onnx.empty() && !summary.interrupted)
+      fmt::print("onnx model: {} (step {})\n", loaded.config.output.onnx, summary.firstStep + summary.steps);
     if (!args->summaryPath.empty()) writeJsonFile(args->summaryPath, summaryJson(summary));
     if (!args->weightsPath.empty()) {
       nlohmann::json weights = nlohmann::json::object();

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "half.hpp"
 #include "support/onnx_models.hpp"
 #include "support/process.hpp"
 #include "tessera/checkpoint.hpp"
@@ -591,6 +592,57 @@ TEST_CASE("/model/dtype float16 imports the model as float16 and trains it close
   REQUIRE(error.has_value());
   CHECK(error->code() == ErrorCode::InvalidModel);
   CHECK(error->subject() == "/model/loss");
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// The initializer `name` of the ONNX model in `path`, as imported (batch 8).
+std::vector<float> onnxInitializer(const std::string& path, const std::string& name) {
+  OnnxImportOptions options;
+  options.dimensions = {{"batch", 8}};
+  const OnnxModel model = importOnnx(path, options);
+  return model.graph.tensor(model.graph.find(name)).initial.values();
+}
+
+TEST_CASE("/output/onnx writes the model with the trained weights; float16 runs write the master weights") {
+  const test::TempDir folder;
+  const std::string written = (folder.path() / "trained.onnx").string();
+  const TrainSummary summary = train(mlpConfig("sgd-momentum", {"/output/onnx=\"" + written + "\""}));
+  REQUIRE(summary.weights.size() == 4);
+  for (const auto& weight : summary.weights) {
+    const std::string& name = weight.first;
+    CAPTURE(name);
+    CHECK(onnxInitializer(written, name) == weight.second);
+  }
+
+  // float16 with float32 master weights: the file holds the masters, whose
+  // halves are the float16 weights the run ended with.
+  const TrainSummary half = train(mlpConfig(
+      "sgd-momentum", {"/model/dtype=\"float16\"", "/optimizer/lossScaling=128", "/output/onnx=\"" + written + "\""}));
+  int64_t notHalves = 0;
+  for (const auto& weight : half.weights) {
+    const std::string& name = weight.first;
+    CAPTURE(name);
+    const std::vector<float> master = onnxInitializer(written, name);
+    REQUIRE(master.size() == weight.second.size());
+    for (std::size_t i = 0; i < master.size(); ++i) {
+      CHECK(roundToHalf(master[i]) == weight.second[i]);
+      if (roundToHalf(master[i]) != master[i]) ++notHalves;
+    }
+  }
+  CHECK(notHalves > 0);
+
+  // A model not imported from ONNX has no ONNX model to write into.
+  RunConfig mlp;
+  mlp.output.onnx = written;
+  const auto error = test::catchError<ConfigError>([&mlp] { validate(mlp); });
+  REQUIRE(error.has_value());
+  CHECK(error->code() == ErrorCode::InvalidOutput);
+  CHECK(error->subject() == "/output/onnx");
 }
 
 }  // namespace
