@@ -117,6 +117,16 @@ OnnxModel importModel(const py::object& fnModel, const InputShapeInfo& shapes, i
   return importOnnx(path, options);
 }
 
+// The serialized ModelProto of fnModel: the bytes given, or the file's.
+std::string modelSource(const py::object& fnModel) {
+  if (py::isinstance<py::bytes>(fnModel)) return fnModel.cast<std::string>();
+  const std::filesystem::path path = py::module_::import("os").attr("fspath")(fnModel).cast<std::string>();
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in && !in.eof()) throw IoError(ErrorCode::FileUnreadable, path.string(), "reading the file failed");
+  return bytes;
+}
+
 // ----- Arrays -----
 
 using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
@@ -279,6 +289,9 @@ class PySession {
     }
     model_ = importModel(fnModel, inputShapeInfo.value_or(InputShapeInfo{}),
                          options_.getGlobalReplicationFactor());
+    source_ = modelSource(fnModel);
+    initializers_ = model_->weights;
+    initializers_.insert(initializers_.end(), model_->state.begin(), model_->state.end());
     for (const std::string& input : model_->inputs) {
       streams_[input] = model_->graph.tensor(model_->graph.find(input)).dtype;
     }
@@ -411,6 +424,26 @@ class PySession {
     return result;
   }
 
+  // PopART's modelToHost: the ONNX model the session was made from, with
+  // its initializers holding the device's weights (a float16 weight's
+  // float32 master where the session keeps one) and BatchNormalization's
+  // running statistics (writeOnnx, tessera/onnx.hpp).
+  void modelToHost(const py::object& path) {
+    const std::filesystem::path destination =
+        py::module_::import("os").attr("fspath")(path).cast<std::string>();
+    Session& reading = session();
+    py::gil_scoped_release release;
+    std::vector<OnnxTensorValues> values;
+    values.reserve(initializers_.size());
+    for (const std::string& name : initializers_) {
+      const std::string master = name + ".master";
+      HostTensor value = reading.readVariable(reading.graph().tryFind(master) ? master : name,
+                                              RetrievalMode::OnePerGroup);
+      values.push_back({name, std::move(value.shape), std::move(value.data)});
+    }
+    writeOnnx(std::as_bytes(std::span(source_.data(), source_.size())), source_name_, values, destination);
+  }
+
   Session& session() {
     if (!session_) {
       throw ConfigError(ErrorCode::UnsupportedCombination, "session",
@@ -442,6 +475,10 @@ class PySession {
   SessionOptions options_;
   DeviceInfo device_;
   std::optional<OnnxModel> model_;
+  // The serialized model and the initializers that are variables, for modelToHost().
+  std::string source_;
+  std::string source_name_ = "fnModel";
+  std::vector<std::string> initializers_;
   std::map<std::string, DType> streams_;
   std::map<std::string, std::pair<Shape, bool>> anchorShapes_;
   std::optional<Session> session_;
@@ -497,6 +534,9 @@ void bindSessions(py::module_& module) {
       "`loss` names its scalar loss tensor.");
   bindSessionMethods<PyTrainingSession>(training);
   training
+      .def("modelToHost", &PyTrainingSession::modelToHost, py::arg("path"),
+           "Writes the ONNX model the session was made from, with the device's weights (float32 master "
+           "weights of float16 ones) and BatchNormalization's running statistics in its initializers.")
       .def("updateOptimizerFromHost", &PyTrainingSession::updateOptimizerFromHost, py::arg("optimizer"),
            "A new learning rate from the next step; other changes are refused.")
       .def("saveCheckpoint", &PyTrainingSession::saveCheckpoint, py::arg("path"),

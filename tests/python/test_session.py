@@ -243,7 +243,7 @@ def test_the_documented_example_runs(monkeypatch, capsys):
 
 def test_the_readme_example_runs(monkeypatch):
     text = (SOURCE / "README.md").read_text()
-    example = text.split("### From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    example = text.split("## From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(SOURCE)
     scope = {}
     exec(compile(example, "README.md", "exec"), scope)
@@ -280,6 +280,42 @@ def test_a_checkpoint_continues_training_where_it_stopped(tmp_path):
     with pytest.raises(tessera.Error) as raised:
         resumed.loadCheckpoint(str(tmp_path / "missing.safetensors"))
     assert raised.value.id == "tessera.io.601"
+
+
+def test_model_to_host_writes_the_trained_weights_into_the_onnx_model(tmp_path):
+    x, labels = step_data(3, 2, 2, seed=11)
+    trained = training_session(2, 2)
+    trained.prepareDevice()
+    anchors = trained.initAnchorArrays()
+    for step in range(2):
+        trained.run(tessera.PyStepIO({"x": x[step], "labels": labels[step]}, anchors))
+    trained.modelToHost(tmp_path / "trained.onnx")
+    trained.weightsToHost()
+    want = {"fc1.weight": np.zeros((8, 6), np.float32), "fc1.bias": np.zeros((8,), np.float32),
+            "fc2.weight": np.zeros((4, 8), np.float32), "fc2.bias": np.zeros((4,), np.float32)}
+    trained.readWeights(tessera.PyWeightsIO(want))
+
+    # A session of the written model starts from the trained weights and
+    # takes the trained session's next step, bit for bit.
+    reloaded = training_session(2, 2, model=tmp_path / "trained.onnx")
+    reloaded.prepareDevice()
+    got = {name: np.zeros_like(value) for name, value in want.items()}
+    reloaded.readWeights(tessera.PyWeightsIO(got))
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    reloaded_anchors = reloaded.initAnchorArrays()
+    trained.run(tessera.PyStepIO({"x": x[2], "labels": labels[2]}, anchors))
+    reloaded.run(tessera.PyStepIO({"x": x[2], "labels": labels[2]}, reloaded_anchors))
+    np.testing.assert_array_equal(reloaded_anchors["loss"], anchors["loss"])
+
+    # From bytes too; a folder that does not exist is an io error.
+    from_bytes = training_session(1, 4, model=MODEL.read_bytes())
+    from_bytes.prepareDevice()
+    from_bytes.modelToHost(str(tmp_path / "initial.onnx"))
+    assert (tmp_path / "initial.onnx").read_bytes() != b""
+    with pytest.raises(tessera.Error) as raised:
+        from_bytes.modelToHost(tmp_path / "missing" / "model.onnx")
+    assert raised.value.id == "tessera.io.602"
 
 
 def test_inputs_in_any_equivalent_dtype_and_layout_are_read():
