@@ -30,6 +30,9 @@ bool sharded(const TensorNode& node) { return !node.metaShape.empty(); }
 // groups: those hold different values, which cannot be one sharded tensor.
 void checkDomainFits(const ReplicaGrouping& variableGroups, const ReplicaGrouping& domain,
                      const ResolvedLocation& resolved, const std::string& name) {
+  // One group of every replica holds every domain: the common case costs
+  // nothing per replica.
+  if (variableGroups.numGroups() == 1) return;
   for (int64_t r = 0; r < domain.numReplicas(); ++r) {
     const int64_t first = domain.replicaAt(domain.groupAt(r), 0);
     if (variableGroups.groupAt(r) != variableGroups.groupAt(first)) {
@@ -556,6 +559,14 @@ ReplicaGrouping shardHolders(const ReplicaGrouping& variableGroups, const Replic
   const auto shardOf = [&](int64_t r) {
     return std::pair{variableGroups.groupAt(r), domain.indexInGroupAt(r)};
   };
+  // Variables with one value on every replica: the holders of a shard are
+  // the replicas at the same index of their domain group, the transpose of
+  // the domain where it is a grouping (a stride of 1, or groups spanning all
+  // replicas), found without a pass over the replicas.
+  if (variableGroups.numGroups() == 1 &&
+      (domain.stride() == 1 || domain.stride() * domain.groupSize() == replicas)) {
+    return domain.transpose();
+  }
   // A grouping that matches has replica 0's holders as its group 0, which
   // gives its stride; one pass over the replicas then checks it (a search
   // over strides comparing every pair of replicas is quadratic in them).
