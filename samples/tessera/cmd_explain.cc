@@ -234,10 +234,11 @@ std::string indent(const std::string& text, std::string_view prefix) {
 // Replicas alike: the same bytes in every space, by category, at the peaks
 // and held all step. They differ, if at all, in the padding of their shards.
 bool sameCategories(const std::vector<CategoryMemory>& a, const std::vector<CategoryMemory>& b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const CategoryMemory& x, const CategoryMemory& y) {
-    return x.category == y.category && x.computeTilesBytes == y.computeTilesBytes &&
-           x.ioTilesBytes == y.ioTilesBytes && x.streamingBytes == y.streamingBytes;
-  });
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const CategoryMemory& x, const CategoryMemory& y) {
+                      return x.category == y.category && x.computeTilesBytes == y.computeTilesBytes &&
+                             x.ioTilesBytes == y.ioTilesBytes && x.streamingBytes == y.streamingBytes;
+                    });
 }
 
 bool alike(const ReplicaMemory& a, const ReplicaMemory& b) {
@@ -468,7 +469,8 @@ std::string percentOf(int64_t used, int64_t capacity) {
 // The answer first: whether the program fits, the peak of each space per
 // replica (replicas alike once, with their ranges), the largest categories
 // at the peak that decides, and the settings that lower it.
-void printAnswer(const std::string& source, const RunPlan& plan, const std::vector<MemorySuggestion>& levers) {
+void printAnswer(const std::string& source, const RunPlan& plan,
+                 const std::vector<MemorySuggestion>& levers) {
   const MemoryReport& memory = plan.memory;
   const std::vector<ReplicaClass> classes = replicaClasses(memory);
   const std::optional<MemoryShortfall> shortfall = findShortfall(memory);
@@ -477,32 +479,35 @@ void printAnswer(const std::string& source, const RunPlan& plan, const std::vect
       classes.size() == 1 ? fmt::format("all {} replicas alike", replicaCount)
                           : fmt::format("{} kinds of replica over {}", classes.size(), replicaCount);
   if (shortfall) {
-    fmt::print("{}: valid; does not fit: {} need {} per replica, {} available ({}; first short: replica {})\n",
-               source, spaceLabel(shortfall->space), bytes(shortfall->neededBytes),
-               bytes(shortfall->availableBytes), alikeText, shortfall->replica);
+    fmt::print(
+        "{}: valid; does not fit: {} need {} per replica, {} available ({}; first short: replica {})\n",
+        source, spaceLabel(shortfall->space), bytes(shortfall->neededBytes), bytes(shortfall->availableBytes),
+        alikeText, shortfall->replica);
   } else {
     fmt::print("{}: valid; fits: every replica's peaks are within the capacities ({})\n", source, alikeText);
   }
   std::vector<std::vector<std::string>> rows;
   for (const ReplicaClass& c : classes) {
     const ReplicaMemory& m = *c.memory;
-    rows.push_back({rangesText(c.ranges), std::to_string(c.count),
-                    fmt::format("{} ({})", bytes(m.computeTilesBytes),
-                                percentOf(m.computeTilesBytes, memory.computeTilesCapacity)),
-                    fmt::format("{} ({})", bytes(m.ioTilesBytes), percentOf(m.ioTilesBytes, memory.ioTilesCapacity)),
-                    fmt::format("{} ({})", bytes(m.streamingBytes),
-                                percentOf(m.streamingBytes, memory.streamingCapacity)),
-                    c.minPaddingBytes == c.maxPaddingBytes
-                        ? bytes(c.minPaddingBytes)
-                        : fmt::format("{} to {}", bytes(c.minPaddingBytes), bytes(c.maxPaddingBytes))});
+    rows.push_back(
+        {rangesText(c.ranges), std::to_string(c.count),
+         fmt::format("{} ({})", bytes(m.computeTilesBytes),
+                     percentOf(m.computeTilesBytes, memory.computeTilesCapacity)),
+         fmt::format("{} ({})", bytes(m.ioTilesBytes), percentOf(m.ioTilesBytes, memory.ioTilesCapacity)),
+         fmt::format("{} ({})", bytes(m.streamingBytes),
+                     percentOf(m.streamingBytes, memory.streamingCapacity)),
+         c.minPaddingBytes == c.maxPaddingBytes
+             ? bytes(c.minPaddingBytes)
+             : fmt::format("{} to {}", bytes(c.minPaddingBytes), bytes(c.maxPaddingBytes))});
   }
   rows.push_back({"capacity", "", bytes(memory.computeTilesCapacity), bytes(memory.ioTilesCapacity),
                   bytes(memory.streamingCapacity), ""});
   fmt::print("Peak per replica:\n");
-  fmt::print("{}", indent(formatTable({"replicas", "count", "compute tiles", "IO tiles", "streaming",
-                                       "shard padding"},
-                                      rows),
-                          "  "));
+  fmt::print(
+      "{}",
+      indent(
+          formatTable({"replicas", "count", "compute tiles", "IO tiles", "streaming", "shard padding"}, rows),
+          "  "));
   if (memory.perReplica.empty()) return;
   // The space that decides: the short one, else the fullest on chip.
   const ReplicaMemory* replica = &memory.perReplica.front();
@@ -513,15 +518,18 @@ void printAnswer(const std::string& source, const RunPlan& plan, const std::vect
       if (m.replica == shortfall->replica) replica = &m;
   } else if (memory.ioTilesCapacity > 0 && memory.computeTilesCapacity > 0 &&
              static_cast<double>(replica->ioTilesBytes) / static_cast<double>(memory.ioTilesCapacity) >
-                 static_cast<double>(replica->computeTilesBytes) / static_cast<double>(memory.computeTilesCapacity)) {
+                 static_cast<double>(replica->computeTilesBytes) /
+                     static_cast<double>(memory.computeTilesCapacity)) {
     space = MemorySpace::IOTiles;
   }
   std::vector<std::pair<int64_t, TensorCategory>> categories;
   for (const CategoryMemory& c : replica->byCategory)
     if (bytesIn(c, space) > 0) categories.emplace_back(bytesIn(c, space), c.category);
-  std::sort(categories.begin(), categories.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::sort(categories.begin(), categories.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::string> parts;
-  for (const auto& [n, category] : categories) parts.push_back(fmt::format("{} {}", categoryLabel(category), bytes(n)));
+  for (const auto& [n, category] : categories)
+    parts.push_back(fmt::format("{} {}", categoryLabel(category), bytes(n)));
   const MemoryPeak& peak = peakOf(*replica, space);
   fmt::print("Largest at the {} peak of replica {}{}: {}\n", spaceLabel(space), replica->replica,
              peak.op.empty() ? std::string() : fmt::format(" (during op \"{}\")", peak.op),
@@ -595,7 +603,8 @@ void printVariables(const RunPlan& plan) {
     row.cells.insert(row.cells.begin() + 1, std::to_string(row.count));
     table.push_back(std::move(row.cells));
   }
-  fmt::print("\nVariables of the training program (alike once, * for layer numbers; every tensor: --json):\n");
+  fmt::print(
+      "\nVariables of the training program (alike once, * for layer numbers; every tensor: --json):\n");
   fmt::print("{}", formatTable({"name", "count", "category", "dtype", "elements", "storage", "tiles", "RTS",
                                 "per replica", "padding"},
                                table));
@@ -645,7 +654,8 @@ void printPlan(const RunPlan& plan, bool perReplica) {
     fmt::print("\nMemory per replica (peak; capacity: compute tiles {}, IO tiles {}, streaming {}):\n",
                bytes(plan.memory.computeTilesCapacity), bytes(plan.memory.ioTilesCapacity),
                bytes(plan.memory.streamingCapacity));
-    fmt::print("{}", formatTable({"replica", "compute tiles", "IO tiles", "streaming", "shard padding"}, rows));
+    fmt::print("{}",
+               formatTable({"replica", "compute tiles", "IO tiles", "streaming", "shard padding"}, rows));
   }
   if (!plan.memory.perReplica.empty()) printBreakdown(plan);
   if (!plan.notApplied.empty()) {
@@ -712,7 +722,8 @@ void printWhatIf(const std::vector<std::string>& settings, const RunPlan& before
     }
     fmt::print("model state of replica {}: {}\n", a.replica, fmt::join(categories, ", "));
   }
-  fmt::print("modelled step time {} -> {}\n", seconds(before.time.stepSeconds), seconds(after.time.stepSeconds));
+  fmt::print("modelled step time {} -> {}\n", seconds(before.time.stepSeconds),
+             seconds(after.time.stepSeconds));
   // Variables whose placement changes, those alike once with their count.
   std::map<std::string, const TensorPlacement*> previous;
   for (const TensorPlacement& a : before.tensors)
@@ -764,7 +775,8 @@ std::string groupsSummary(const ReplicaGrouping& grouping) {
   std::string out = fmt::format("{} groups of {}: ", grouping.numGroups(), grouping.groupSize());
   std::vector<std::string> parts;
   const int64_t groups = grouping.numGroups();
-  for (int64_t g = 0; g < groups && g < 2; ++g) parts.push_back(fmt::format("group {}: {}", g, groupText(grouping, g)));
+  for (int64_t g = 0; g < groups && g < 2; ++g)
+    parts.push_back(fmt::format("group {}: {}", g, groupText(grouping, g)));
   if (groups > 3) parts.emplace_back("...");
   if (groups > 2) parts.push_back(fmt::format("group {}: {}", groups - 1, groupText(grouping, groups - 1)));
   return out + fmt::format("{}", fmt::join(parts, "; ")) + "\n";
@@ -829,8 +841,8 @@ void printConfig(const LoadedRunConfig& loaded, bool values, bool perReplica) {
   for (const auto& [use, settings] : distinct) {
     const ReplicaGrouping grouping = use->location.shardingDomain.toReplicaGrouping(replicas);
     fmt::print("\n{}\n", fmt::join(settings, "\n"));
-    fmt::print("  {} -> {}, replicatedTensorSharding {}\n", use->location.shardingDomain.str(), grouping.str(),
-               use->location.replicatedTensorSharding);
+    fmt::print("  {} -> {}, replicatedTensorSharding {}\n", use->location.shardingDomain.str(),
+               grouping.str(), use->location.replicatedTensorSharding);
     fmt::print("  {}", groupsSummary(grouping));
     if (perReplica) fmt::print("{}", indent(groupingTables(grouping, "shard"), "  "));
   }
@@ -873,8 +885,9 @@ Action attachExplain(CLI::App& command) {
       printJson(out);
     } else {
       printAnswer(args->config.path, plan, levers);
-      fmt::print("More: --values lists every value of the config, --per-replica every replica and group, --json "
-                 "everything.\n");
+      fmt::print(
+          "More: --values lists every value of the config, --per-replica every replica and group, --json "
+          "everything.\n");
       printConfig(loaded, args->values, args->perReplica);
       printPlan(plan, args->perReplica);
       if (changed) printWhatIf(args->whatIf, plan, planRun(changed->config));

@@ -479,7 +479,8 @@ TEST_CASE("explain --json gives the provenance of values and the sharding domain
   const TempDir dir;
   const std::string path = dir.write("sharded.json", kShardedConfig);
   // --per-replica: the groups of each domain one by one.
-  const json report = parseJson(runCli({"explain", path, "--set", "/data/epochs=3", "--json", "--per-replica"}));
+  const json report =
+      parseJson(runCli({"explain", path, "--set", "/data/epochs=3", "--json", "--per-replica"}));
 
   CHECK(report["config"]["sessionOptions"]["replicatedGraphCount"] == 4);
   CHECK(report["config"]["data"]["epochs"] == 3);
@@ -700,8 +701,9 @@ TEST_CASE("explain answers first: fits or not, the peak per replica, the largest
   CHECK(fits.out.find("\nLargest at the compute tiles peak of replica 0") != std::string::npos);
   // No value table unless asked for.
   CHECK(fits.out.find("Values (default") == std::string::npos);
-  CHECK(runCli({"explain", path, "--values"}).out.find("\nValues (default, from the file, or from --set):\n") !=
-        std::string::npos);
+  CHECK(
+      runCli({"explain", path, "--values"}).out.find("\nValues (default, from the file, or from --set):\n") !=
+      std::string::npos);
 
   // 785 million weights: far more than the compute tiles hold.
   const std::vector<std::string> wide = {"--set", "/model/layers=[784,1000000,10]"};
@@ -731,7 +733,8 @@ TEST_CASE("explain answers first: fits or not, the peak per replica, the largest
   CHECK(report.at("levers").at(0).at("setting").get<std::string>().starts_with("/sessionOptions/"));
 }
 
-TEST_CASE("validate and explain plan past the host limits; train refuses before allocating, naming the limit") {
+TEST_CASE(
+    "validate and explain plan past the host limits; train refuses before allocating, naming the limit") {
   // 40 M weights (160 MB) against a limit of 1 MB: planning makes none of
   // them, training would.
   const std::string path = tessera::test::sourcePath("samples/configs/mnist_rts.json");
