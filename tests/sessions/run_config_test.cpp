@@ -888,8 +888,9 @@ TEST_CASE("validateForPlanning answers past the host limits and rejects only siz
       "vocab": 50257, "sequence": 2048}, "data": {"dataset": "tensors", "path": "t.safetensors", "batchSize": 1}})")
           .config;
   const RunConfig wide = parse(R"({"model": {"layers": [784, 2000000000, 10]}})").config;
-  for (const auto& [config, subject] :
-       {std::pair{gpt3, "/model/layers"}, std::pair{wide, "/model/layers/1"}}) {
+  for (const auto& c : {std::pair{gpt3, "/model/layers"}, std::pair{wide, "/model/layers/1"}}) {
+    const RunConfig& config = c.first;
+    const std::string subject = c.second;
     CAPTURE(subject);
     const auto refused = test::catchError<ConfigError>([&] { validate(config); });
     REQUIRE(refused.has_value());
