@@ -188,6 +188,13 @@ RunPlan planRun(const RunConfig& config) {
   return planTraining(std::move(model.graph), model.loss, *optimizer, options, config.device);
 }
 
+std::vector<MemorySuggestion> suggestRunSettings(const RunConfig& config, const MemoryShortfall& shortfall) {
+  const SessionOptions& options = config.sessionOptions;
+  const RunModel model = buildRunModel(config, config.data.batchSize, options.getGlobalReplicationFactor());
+  const std::unique_ptr<Optimizer> optimizer = makeOptimizer(config.optimizer);
+  return suggestMemorySettings(model.graph, model.loss, *optimizer, options, config.device, shortfall);
+}
+
 std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId loss, const Optimizer& optimizer,
                                                     const SessionOptions& options, const DeviceSpec& spec,
                                                     const MemoryShortfall& shortfall) {

@@ -610,23 +610,28 @@ std::optional<int64_t> product(std::initializer_list<int64_t> factors) {
   return result;
 }
 
-// Rejects a size over the limit; `bytes` is nullopt when computing it overflowed.
-void checkSize(const std::optional<int64_t>& bytes, int64_t limit, const std::string& path,
+// Rejects a size over the limit; `bytes` is nullopt when computing it
+// overflowed. Without a limit (a command that plans and never makes the
+// tensors) only a size that 64 bits cannot count is rejected.
+void checkSize(const std::optional<int64_t>& bytes, std::optional<int64_t> limit, const std::string& path,
                std::string_view what) {
-  if (bytes && *bytes <= limit) return;
+  if (bytes && (!limit || *bytes <= *limit)) return;
+  if (!limit) {
+    throw ConfigError(ErrorCode::ShapeTooLarge, path,
+                      fmt::format("{} would take more bytes than 64 bits count; lower {}", what, path));
+  }
   const std::string size =
       bytes ? fmt::format("{} bytes", *bytes) : std::string("more bytes than 64 bits count");
   throw ConfigError(ErrorCode::ShapeTooLarge, path,
                     fmt::format("{} would take {}, more than /limits/maxTensorBytes ({} bytes); lower {}, or "
                                 "raise /limits/maxTensorBytes if the host has the memory",
-                                what, size, limit, path));
+                                what, size, *limit, path));
 }
 
 // The transformer's largest tensors: its widest weights, its weights
 // together (what a host that trains it holds once), one replica's logits and
 // attention scores, and the host buffer of one step's tokens.
-void checkTransformerSizes(const RunConfig& config) {
-  const int64_t limit = config.limits.maxTensorBytes;
+void checkTransformerSizes(const RunConfig& config, std::optional<int64_t> limit) {
   const TransformerConfig& t = config.model.transformer;
   const DataConfig& data = config.data;
   const int64_t local = config.sessionOptions.getLocalReplicationFactor();
@@ -661,9 +666,9 @@ void checkTransformerSizes(const RunConfig& config) {
 }
 
 // Every size the config implies, computed before anything of that size is
-// allocated. The fields are in range here (the section rules ran first).
-void checkSizes(const RunConfig& config) {
-  const int64_t limit = config.limits.maxTensorBytes;
+// allocated, against `limit` (none: only countable in 64 bits). The fields are
+// in range here (the section rules ran first).
+void checkSizes(const RunConfig& config, std::optional<int64_t> limit) {
   const std::vector<int64_t>& layers = config.model.layers;
   const int64_t local = config.sessionOptions.getLocalReplicationFactor();
   const int64_t global = config.sessionOptions.getGlobalReplicationFactor();
@@ -678,7 +683,7 @@ void checkSizes(const RunConfig& config) {
                                   data.batchSize, global, factor));
   };
   if (config.model.type == kTransformerModel) {
-    checkTransformerSizes(config);
+    checkTransformerSizes(config, limit);
     checkGlobalBatch();
     return;
   }
@@ -777,7 +782,9 @@ LoadedRunConfig loadRunConfig(const std::string& path, const std::vector<std::st
   return loaded;
 }
 
-void validate(const RunConfig& config) {
+namespace {
+
+void validate(const RunConfig& config, std::optional<int64_t> sizeLimit) {
   // The device first: the options are checked against it.
   jsonio::checkRules(config.device, "/device");
   validate(config.sessionOptions, config.device);
@@ -791,7 +798,7 @@ void validate(const RunConfig& config) {
   jsonio::checkRules(config.limits, "/limits");
   // Sizes first: a width beyond the limits is reported as such whatever the
   // dataset.
-  checkSizes(config);
+  checkSizes(config, sizeLimit);
   // A tensors dataset is checked against the graph's inputs when it is loaded.
   if (config.model.type == kMlpModel && config.data.dataset != DatasetKind::Tensors)
     checkModelFitsData(config);
@@ -813,6 +820,12 @@ void validate(const RunConfig& config) {
                                   config.model.type));
   }
 }
+
+}  // namespace
+
+void validate(const RunConfig& config) { validate(config, config.limits.maxTensorBytes); }
+
+void validateForPlanning(const RunConfig& config) { validate(config, std::nullopt); }
 
 nlohmann::json runConfigSchema() {
   nlohmann::json schema = jsonio::schemaOf<RunConfig>(

@@ -396,10 +396,17 @@ MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, 
   common.streamingBytes = streaming;
   common.remoteBufferBytes = streaming;
 
+  // Only shards of a full copy with padding pad some replica; the rest
+  // (n a multiple of k) hold no padding anywhere, and looking them up per
+  // replica would make the plan's cost grow as tensors x replicas.
+  std::vector<const Held*> padded;
+  for (const Held& h : held)
+    if (h.memory.sharded && h.memory.paddingBytes > 0) padded.push_back(&h);
+  const int64_t replicationFactor = graph.replicationFactor();
   for (int64_t r = 0; r < program.localReplicas; ++r) {
     ReplicaMemory m = common;
     m.replica = program.replicaOffset + r;
-    for (const Held& h : held) m.paddingBytes += replicaPadding(h, graph.replicationFactor(), m.replica);
+    for (const Held* h : padded) m.paddingBytes += replicaPadding(*h, replicationFactor, m.replica);
     report.paddingBytes += m.paddingBytes;
     report.perReplica.push_back(std::move(m));
   }

@@ -98,4 +98,8 @@ std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId
                                                     const Optimizer& optimizer, const SessionOptions& options,
                                                     const DeviceSpec& spec, const MemoryShortfall& shortfall);
 
+// suggestMemorySettings() for the model, optimizer, options and device of a
+// run config (what `tessera explain` shows as levers).
+std::vector<MemorySuggestion> suggestRunSettings(const RunConfig& config, const MemoryShortfall& shortfall);
+
 }  // namespace tessera

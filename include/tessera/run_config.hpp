@@ -232,7 +232,8 @@ inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{4} << 30;
 // with overflow checks and rejects one over its bound (ShapeTooLarge, at the
 // path of the setting that makes it large) before anything is allocated, so
 // that a mistyped width or batch size fails with a message instead of
-// exhausting the host's memory.
+// exhausting the host's memory. They bound what the host allocates to train:
+// validateForPlanning() (tessera validate, explain) does not apply them.
 struct LimitsConfig {
   // The largest tensor a run may create, in bytes: one weight; the model's
   // weights together; one replica's activations of the widest layer for a
@@ -285,6 +286,13 @@ LoadedRunConfig loadRunConfig(const std::string& path, const std::vector<std::st
 // validate(options, device) plus the rules of the other sections and the
 // size bounds of config.limits.
 void validate(const RunConfig& config);
+
+// validate() for what only plans the run (planRun, `tessera validate` and
+// `tessera explain`): every rule but the host bounds of config.limits, since
+// planning makes no tensor of the sizes they bound; a size must still be
+// countable in 64 bits (ShapeTooLarge otherwise). A plan of a model larger
+// than the host is answered; training it is refused by validate().
+void validateForPlanning(const RunConfig& config);
 
 // JSON Schema (draft 2020-12) of the run config, generated from the tables
 // the parser uses.

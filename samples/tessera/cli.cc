@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "tessera/error.hpp"
 #include "tessera/run_config.hpp"
 
 namespace tessera::cli {
@@ -39,6 +40,32 @@ LoadedRunConfig loadValidated(const ConfigArgs& args) {
   LoadedRunConfig loaded = loadRunConfig(args.path, args.overrides);
   validate(loaded.config);
   return loaded;
+}
+
+LoadedRunConfig loadForPlanning(const ConfigArgs& args) {
+  LoadedRunConfig loaded = loadRunConfig(args.path, args.overrides);
+  validateForPlanning(loaded.config);
+  return loaded;
+}
+
+int reportDoesNotFit(const MemoryShortfall& shortfall, const MemoryReport& memory) {
+  std::string_view space = "streaming memory";
+  if (shortfall.space == MemorySpace::ComputeTiles) space = "compute tiles";
+  if (shortfall.space == MemorySpace::IOTiles) space = "IO tiles";
+  int64_t shortReplicas = 0;
+  for (const ReplicaMemory& m : memory.perReplica) {
+    const int64_t peak = shortfall.space == MemorySpace::ComputeTiles ? m.computeTilesBytes
+                         : shortfall.space == MemorySpace::IOTiles    ? m.ioTilesBytes
+                                                                      : m.streamingBytes;
+    if (peak > shortfall.availableBytes) ++shortReplicas;
+  }
+  const DeviceError error(
+      ErrorCode::OutOfMemory, fmt::format("replica {}, {}", shortfall.replica, space),
+      fmt::format("needs {} bytes but has {} bytes ({} of {} replicas short); the program does not fit the "
+                  "device, so train would refuse it: `tessera explain` lists the settings that lower the peak",
+                  shortfall.neededBytes, shortfall.availableBytes, shortReplicas, memory.perReplica.size()));
+  fmt::print(stderr, "error: {}\n", error.what());
+  return kExitDoesNotFit;
 }
 
 nlohmann::json groupingJson(const ReplicaGrouping& grouping) {

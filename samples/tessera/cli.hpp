@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "tessera/device.hpp"
 #include "tessera/replica_grouping.hpp"
 #include "tessera/run_config.hpp"
 
@@ -22,6 +23,9 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitInvalidInput = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitInternal = 3;
+// validate and explain: the config is valid but its program does not fit
+// the device (tessera.device.401 on stderr).
+inline constexpr int kExitDoesNotFit = 4;
 // Stopped by a signal at a step boundary: 128 + the signal's number, as
 // shells report a process the signal ended (130 for Ctrl-C, 143 for SIGTERM,
 // 129 for SIGHUP); never below kExitSignalBase.
@@ -69,6 +73,14 @@ struct ConfigArgs {
 void addConfigArgs(CLI::App& command, ConfigArgs& args);
 // loadRunConfig followed by validate(RunConfig).
 LoadedRunConfig loadValidated(const ConfigArgs& args);
+// loadRunConfig followed by validateForPlanning(RunConfig): for the commands
+// that plan and never make the tensors (validate, explain).
+LoadedRunConfig loadForPlanning(const ConfigArgs& args);
+
+// Prints the out-of-memory error (tessera.device.401) of a program that does
+// not fit on stderr, with `error: ` as every error, and returns
+// kExitDoesNotFit.
+int reportDoesNotFit(const MemoryShortfall& shortfall, const MemoryReport& memory);
 
 // {"numReplicas", "stride", "groupSize", "numGroups", "assignment", "groups"}.
 nlohmann::json groupingJson(const ReplicaGrouping& grouping);

@@ -1,11 +1,19 @@
-// tessera explain CONFIG [--set PATH=VALUE]... [--what-if PATH=VALUE]... [--json]:
-// the resolved run config, where each value came from, the replica groups of
-// every sharding domain in use, where every tensor of the compiled training
-// program lives, its memory per replica and its modelled step time; with
-// --what-if, the same for the config with those settings changed, beside it.
+// tessera explain CONFIG [--set PATH=VALUE]... [--what-if PATH=VALUE]... [--values]
+//                 [--per-replica] [--json]:
+// the answer first (does the program fit, the peak per replica, the largest
+// categories at it and the settings that lower it), then the sharding domains
+// in use, where the tensors of the compiled training program live, memory
+// and the modelled step time; with --what-if, the same for the config with
+// those settings changed, beside it. Replicas alike, variables alike and
+// groups of a domain are shown once with their count and replica ranges, so
+// the report grows with the model, not with the replica count; --values adds
+// every value of the config with where it came from, --per-replica every
+// replica and group one by one. Exits with kExitDoesNotFit when the program
+// does not fit the device.
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,6 +38,8 @@ namespace {
 struct ExplainArgs {
   ConfigArgs config;
   std::vector<std::string> whatIf;
+  bool values = false;
+  bool perReplica = false;
   bool json = false;
 };
 
@@ -111,6 +121,16 @@ nlohmann::json replicationJson(const SessionOptions& options) {
   };
 }
 
+// A domain's grouping by its parameters; its groups and each replica's group
+// one by one only when asked for (they grow with the replica count).
+nlohmann::json domainGroupingJson(const ReplicaGrouping& grouping, bool perReplica) {
+  if (perReplica) return groupingJson(grouping);
+  return {{"numReplicas", grouping.numReplicas()},
+          {"stride", grouping.stride()},
+          {"groupSize", grouping.groupSize()},
+          {"numGroups", grouping.numGroups()}};
+}
+
 nlohmann::json tensorJson(const TensorPlacement& t) {
   return {
       {"name", t.name},
@@ -121,7 +141,10 @@ nlohmann::json tensorJson(const TensorPlacement& t) {
       {"loadTileSet", toString(t.loadTileSet)},
       {"storageTileSet", toString(t.storageTileSet)},
       {"replicatedTensorSharding", toString(t.replicatedTensorSharding)},
-      {"shardingDomain", t.shardingDomain ? groupingJson(*t.shardingDomain) : nlohmann::json(nullptr)},
+      // By its parameters: the groups of a domain are listed once, under
+      // shardingDomains, with --per-replica.
+      {"shardingDomain",
+       t.shardingDomain ? domainGroupingJson(*t.shardingDomain, false) : nlohmann::json(nullptr)},
       {"shardElements", t.shardElements},
       {"bytesPerReplica", t.shardElements * dtypeBytes(t.dtype)},
       {"padding", t.padding},
@@ -165,29 +188,6 @@ nlohmann::json breakdownJson(const ReplicaMemory& m) {
           {"byCategoryAtPeak", std::move(atPeak)}};
 }
 
-nlohmann::json memoryJson(const MemoryReport& memory) {
-  nlohmann::json perReplica = nlohmann::json::array();
-  for (const ReplicaMemory& m : memory.perReplica) {
-    nlohmann::json entry = {{"replica", m.replica},
-                            {"computeTilesBytes", m.computeTilesBytes},
-                            {"ioTilesBytes", m.ioTilesBytes},
-                            {"streamingBytes", m.streamingBytes},
-                            {"paddingBytes", m.paddingBytes}};
-    entry.update(breakdownJson(m));
-    perReplica.push_back(std::move(entry));
-  }
-  nlohmann::json shortfall = nullptr;
-  if (const std::optional<MemoryShortfall> s = findShortfall(memory)) {
-    shortfall = {{"replica", s->replica},
-                 {"space", toString(s->space)},
-                 {"neededBytes", s->neededBytes},
-                 {"availableBytes", s->availableBytes}};
-  }
-  return {{"perReplica", std::move(perReplica)},       {"fits", shortfall.is_null()},
-          {"shortfall", std::move(shortfall)},         {"computeTilesCapacity", memory.computeTilesCapacity},
-          {"ioTilesCapacity", memory.ioTilesCapacity}, {"streamingCapacity", memory.streamingCapacity}};
-}
-
 // What one replica moves and computes in a step, per lane of the time model.
 struct LaneTraffic {
   int64_t ops = 0;
@@ -218,9 +218,149 @@ nlohmann::json trafficJson(const TimeReport& time) {
   return out;
 }
 
-// The compiled program of the config: tensors, memory, what was not applied
-// and the modelled step time.
-nlohmann::json planJson(const RunPlan& plan) {
+std::string indent(const std::string& text, std::string_view prefix) {
+  std::string out;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const std::size_t end = text.find('\n', start);
+    const std::size_t stop = end == std::string::npos ? text.size() : end + 1;
+    if (text[start] != '\n') out += prefix;  // blank lines stay blank
+    out.append(text, start, stop - start);
+    start = stop;
+  }
+  return out;
+}
+
+// Replicas alike: the same bytes in every space, by category, at the peaks
+// and held all step. They differ, if at all, in the padding of their shards.
+bool sameCategories(const std::vector<CategoryMemory>& a, const std::vector<CategoryMemory>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const CategoryMemory& x, const CategoryMemory& y) {
+                      return x.category == y.category && x.computeTilesBytes == y.computeTilesBytes &&
+                             x.ioTilesBytes == y.ioTilesBytes && x.streamingBytes == y.streamingBytes;
+                    });
+}
+
+bool alike(const ReplicaMemory& a, const ReplicaMemory& b) {
+  return a.computeTilesBytes == b.computeTilesBytes && a.ioTilesBytes == b.ioTilesBytes &&
+         a.streamingBytes == b.streamingBytes && a.variableBytes == b.variableBytes &&
+         a.peakActivationBytes == b.peakActivationBytes && sameCategories(a.byCategory, b.byCategory) &&
+         sameCategories(a.resident, b.resident);
+}
+
+// Inclusive runs of consecutive replica indices.
+using ReplicaRange = std::pair<int64_t, int64_t>;
+
+// The replicas of one memory class, shown once with their count and ranges.
+struct ReplicaClass {
+  const ReplicaMemory* memory = nullptr;  // its first replica
+  std::vector<ReplicaRange> ranges;
+  int64_t count = 0;
+  int64_t minPaddingBytes = 0;
+  int64_t maxPaddingBytes = 0;
+};
+
+std::vector<ReplicaClass> replicaClasses(const MemoryReport& memory) {
+  std::vector<ReplicaClass> classes;
+  for (const ReplicaMemory& m : memory.perReplica) {
+    auto it = std::find_if(classes.begin(), classes.end(),
+                           [&](const ReplicaClass& c) { return alike(*c.memory, m); });
+    if (it == classes.end()) {
+      classes.push_back({&m, {}, 0, m.paddingBytes, m.paddingBytes});
+      it = std::prev(classes.end());
+    }
+    if (!it->ranges.empty() && it->ranges.back().second + 1 == m.replica) {
+      it->ranges.back().second = m.replica;
+    } else {
+      it->ranges.emplace_back(m.replica, m.replica);
+    }
+    ++it->count;
+    it->minPaddingBytes = std::min(it->minPaddingBytes, m.paddingBytes);
+    it->maxPaddingBytes = std::max(it->maxPaddingBytes, m.paddingBytes);
+  }
+  return classes;
+}
+
+nlohmann::json rangesJson(const std::vector<ReplicaRange>& ranges) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [first, last] : ranges) out.push_back({first, last});
+  return out;
+}
+
+// "0-63", "0-15, 32-47"; past `shown` ranges, how many more.
+std::string rangesText(const std::vector<ReplicaRange>& ranges, std::size_t shown = 4) {
+  std::vector<std::string> parts;
+  for (std::size_t i = 0; i < ranges.size() && i < shown; ++i) {
+    const auto& [first, last] = ranges[i];
+    parts.push_back(first == last ? std::to_string(first) : fmt::format("{}-{}", first, last));
+  }
+  std::string text = fmt::format("{}", fmt::join(parts, ", "));
+  if (ranges.size() > shown) text += fmt::format(" and {} more ranges", ranges.size() - shown);
+  return text;
+}
+
+nlohmann::json replicaMemoryJson(const ReplicaMemory& m) {
+  nlohmann::json entry = {{"computeTilesBytes", m.computeTilesBytes},
+                          {"ioTilesBytes", m.ioTilesBytes},
+                          {"streamingBytes", m.streamingBytes}};
+  entry.update(breakdownJson(m));
+  return entry;
+}
+
+// Every fact of the memory plan, with replicas alike once ("replicaClasses":
+// their ranges, count and padding bounds); "perReplica" lists them one by one
+// when asked for.
+nlohmann::json memoryJson(const MemoryReport& memory, bool perReplica) {
+  nlohmann::json classes = nlohmann::json::array();
+  for (const ReplicaClass& c : replicaClasses(memory)) {
+    nlohmann::json entry = {{"replicas", rangesJson(c.ranges)},
+                            {"count", c.count},
+                            {"paddingBytes", {{"min", c.minPaddingBytes}, {"max", c.maxPaddingBytes}}}};
+    entry.update(replicaMemoryJson(*c.memory));
+    classes.push_back(std::move(entry));
+  }
+  nlohmann::json shortfall = nullptr;
+  if (const std::optional<MemoryShortfall> s = findShortfall(memory)) {
+    shortfall = {{"replica", s->replica},
+                 {"space", toString(s->space)},
+                 {"neededBytes", s->neededBytes},
+                 {"availableBytes", s->availableBytes}};
+  }
+  nlohmann::json out = {{"replicaClasses", std::move(classes)},
+                        {"fits", shortfall.is_null()},
+                        {"shortfall", std::move(shortfall)},
+                        {"paddingBytes", memory.paddingBytes},
+                        {"computeTilesCapacity", memory.computeTilesCapacity},
+                        {"ioTilesCapacity", memory.ioTilesCapacity},
+                        {"streamingCapacity", memory.streamingCapacity}};
+  if (perReplica) {
+    nlohmann::json replicas = nlohmann::json::array();
+    for (const ReplicaMemory& m : memory.perReplica) {
+      nlohmann::json entry = {{"replica", m.replica}, {"paddingBytes", m.paddingBytes}};
+      entry.update(replicaMemoryJson(m));
+      replicas.push_back(std::move(entry));
+    }
+    out["perReplica"] = std::move(replicas);
+  }
+  return out;
+}
+
+nlohmann::json suggestionsJson(const std::vector<MemorySuggestion>& suggestions) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const MemorySuggestion& s : suggestions) {
+    out.push_back({{"setting", s.setting},
+                   {"value", nlohmann::json::parse(s.value)},
+                   {"neededBytes", s.neededBytes},
+                   {"savingBytes", s.savingBytes},
+                   {"fits", s.fits}});
+  }
+  return out;
+}
+
+// The compiled program of the config: tensors, memory, what was not applied,
+// the modelled step time and, when it does not fit, the settings that lower
+// the short space's peak.
+nlohmann::json planJson(const RunPlan& plan, bool perReplica, const std::vector<MemorySuggestion>& levers) {
   nlohmann::json tensors = nlohmann::json::array();
   for (const TensorPlacement& t : plan.tensors) tensors.push_back(tensorJson(t));
   nlohmann::json notApplied = nlohmann::json::array();
@@ -237,7 +377,8 @@ nlohmann::json planJson(const RunPlan& plan) {
     if (t.category == TensorCategory::Weight) parameters += t.elements;
   return {{"parameters", parameters},
           {"tensors", std::move(tensors)},
-          {"memory", memoryJson(plan.memory)},
+          {"memory", memoryJson(plan.memory, perReplica)},
+          {"levers", suggestionsJson(levers)},
           {"notApplied", std::move(notApplied)},
           {"traffic", trafficJson(plan.time)},
           {"modelledStepTime",
@@ -248,7 +389,8 @@ nlohmann::json planJson(const RunPlan& plan) {
             {"overlappedStreamingSeconds", time.overlappedStreamingSeconds}}}};
 }
 
-nlohmann::json explainJson(const LoadedRunConfig& loaded) {
+// The config, where its values came from, its notes and sharding domains.
+nlohmann::json configJson(const LoadedRunConfig& loaded, bool perReplica) {
   const SessionOptions& options = loaded.config.sessionOptions;
   nlohmann::json provenance = nlohmann::json::object();
   for (const auto& [path, source] : loaded.provenance) provenance[path] = toString(source);
@@ -256,7 +398,7 @@ nlohmann::json explainJson(const LoadedRunConfig& loaded) {
   for (const DomainUse& use : domainsInUse(options)) {
     const ReplicaGrouping grouping =
         use.location.shardingDomain.toReplicaGrouping(options.getGlobalReplicationFactor());
-    nlohmann::json entry = groupingJson(grouping);
+    nlohmann::json entry = domainGroupingJson(grouping, perReplica);
     entry["setting"] = use.setting;
     entry["commGroup"] = use.location.shardingDomain;
     domains.push_back(std::move(entry));
@@ -264,15 +406,13 @@ nlohmann::json explainJson(const LoadedRunConfig& loaded) {
   nlohmann::json notes = nlohmann::json::array();
   for (const ConfigNote& note : configNotes(loaded.config))
     notes.push_back({{"id", noteId(note.code)}, {"path", note.path}, {"message", note.message}});
-  nlohmann::json out = {
+  return {
       {"config", loaded.config},
       {"provenance", std::move(provenance)},
       {"notes", std::move(notes)},
       {"shardingDomains", std::move(domains)},
       {"replication", replicationJson(options)},
   };
-  out.update(planJson(planRun(loaded.config)));
-  return out;
 }
 
 std::string bytes(int64_t n) {
@@ -283,6 +423,192 @@ std::string bytes(int64_t n) {
 }
 
 std::string seconds(double s) { return fmt::format("{:.3f} ms", s * 1e3); }
+
+std::string_view spaceLabel(MemorySpace space) {
+  switch (space) {
+    case MemorySpace::ComputeTiles: return "compute tiles";
+    case MemorySpace::IOTiles: return "IO tiles";
+    case MemorySpace::Streaming: return "streaming memory";
+  }
+  return "memory";
+}
+
+const MemoryPeak& peakOf(const ReplicaMemory& m, MemorySpace space) {
+  switch (space) {
+    case MemorySpace::ComputeTiles: return m.computeTilesPeak;
+    case MemorySpace::IOTiles: return m.ioTilesPeak;
+    case MemorySpace::Streaming: break;
+  }
+  return m.streamingPeak;
+}
+
+int64_t bytesIn(const CategoryMemory& c, MemorySpace space) {
+  switch (space) {
+    case MemorySpace::ComputeTiles: return c.computeTilesBytes;
+    case MemorySpace::IOTiles: return c.ioTilesBytes;
+    case MemorySpace::Streaming: return c.streamingBytes;
+  }
+  return 0;
+}
+
+std::string_view categoryLabel(TensorCategory category) {
+  switch (category) {
+    case TensorCategory::Weight: return "weights";
+    case TensorCategory::Accumulator: return "gradient accumulators";
+    case TensorCategory::OptimizerState: return "optimizer state";
+    case TensorCategory::Activation: return "activations";
+  }
+  return "tensors";
+}
+
+std::string percentOf(int64_t used, int64_t capacity) {
+  if (capacity <= 0) return used > 0 ? "over" : "0 %";
+  return fmt::format("{:.0f} %", 100.0 * static_cast<double>(used) / static_cast<double>(capacity));
+}
+
+// The answer first: whether the program fits, the peak of each space per
+// replica (replicas alike once, with their ranges), the largest categories
+// at the peak that decides, and the settings that lower it.
+void printAnswer(const std::string& source, const RunPlan& plan,
+                 const std::vector<MemorySuggestion>& levers) {
+  const MemoryReport& memory = plan.memory;
+  const std::vector<ReplicaClass> classes = replicaClasses(memory);
+  const std::optional<MemoryShortfall> shortfall = findShortfall(memory);
+  const auto replicaCount = static_cast<int64_t>(memory.perReplica.size());
+  const std::string alikeText =
+      classes.size() == 1 ? fmt::format("all {} replicas alike", replicaCount)
+                          : fmt::format("{} kinds of replica over {}", classes.size(), replicaCount);
+  if (shortfall) {
+    fmt::print(
+        "{}: valid; does not fit: {} need {} per replica, {} available ({}; first short: replica {})\n",
+        source, spaceLabel(shortfall->space), bytes(shortfall->neededBytes), bytes(shortfall->availableBytes),
+        alikeText, shortfall->replica);
+  } else {
+    fmt::print("{}: valid; fits: every replica's peaks are within the capacities ({})\n", source, alikeText);
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const ReplicaClass& c : classes) {
+    const ReplicaMemory& m = *c.memory;
+    rows.push_back(
+        {rangesText(c.ranges), std::to_string(c.count),
+         fmt::format("{} ({})", bytes(m.computeTilesBytes),
+                     percentOf(m.computeTilesBytes, memory.computeTilesCapacity)),
+         fmt::format("{} ({})", bytes(m.ioTilesBytes), percentOf(m.ioTilesBytes, memory.ioTilesCapacity)),
+         fmt::format("{} ({})", bytes(m.streamingBytes),
+                     percentOf(m.streamingBytes, memory.streamingCapacity)),
+         c.minPaddingBytes == c.maxPaddingBytes
+             ? bytes(c.minPaddingBytes)
+             : fmt::format("{} to {}", bytes(c.minPaddingBytes), bytes(c.maxPaddingBytes))});
+  }
+  rows.push_back({"capacity", "", bytes(memory.computeTilesCapacity), bytes(memory.ioTilesCapacity),
+                  bytes(memory.streamingCapacity), ""});
+  fmt::print("Peak per replica:\n");
+  fmt::print(
+      "{}",
+      indent(
+          formatTable({"replicas", "count", "compute tiles", "IO tiles", "streaming", "shard padding"}, rows),
+          "  "));
+  if (memory.perReplica.empty()) return;
+  // The space that decides: the short one, else the fullest on chip.
+  const ReplicaMemory* replica = &memory.perReplica.front();
+  MemorySpace space = MemorySpace::ComputeTiles;
+  if (shortfall) {
+    space = shortfall->space;
+    for (const ReplicaMemory& m : memory.perReplica)
+      if (m.replica == shortfall->replica) replica = &m;
+  } else if (memory.ioTilesCapacity > 0 && memory.computeTilesCapacity > 0 &&
+             static_cast<double>(replica->ioTilesBytes) / static_cast<double>(memory.ioTilesCapacity) >
+                 static_cast<double>(replica->computeTilesBytes) /
+                     static_cast<double>(memory.computeTilesCapacity)) {
+    space = MemorySpace::IOTiles;
+  }
+  std::vector<std::pair<int64_t, TensorCategory>> categories;
+  for (const CategoryMemory& c : replica->byCategory)
+    if (bytesIn(c, space) > 0) categories.emplace_back(bytesIn(c, space), c.category);
+  std::sort(categories.begin(), categories.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> parts;
+  for (const auto& [n, category] : categories)
+    parts.push_back(fmt::format("{} {}", categoryLabel(category), bytes(n)));
+  const MemoryPeak& peak = peakOf(*replica, space);
+  fmt::print("Largest at the {} peak of replica {}{}: {}\n", spaceLabel(space), replica->replica,
+             peak.op.empty() ? std::string() : fmt::format(" (during op \"{}\")", peak.op),
+             parts.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(parts, ", ")));
+  parts.clear();
+  for (std::size_t i = 0; i < peak.largest.size() && i < 3; ++i)
+    parts.push_back(fmt::format("{} {}", peak.largest[i].name, bytes(peak.largest[i].bytes)));
+  if (!parts.empty()) fmt::print("  largest tensors there: {}\n", fmt::join(parts, ", "));
+  if (!shortfall) return;
+  if (levers.empty()) {
+    fmt::print(
+        "Levers: no single location setting lowers that peak; use a smaller batch, sequence or model, or a "
+        "device with more memory per tile\n");
+    return;
+  }
+  fmt::print("Levers (each planned alone):\n");
+  for (const MemorySuggestion& s : levers) {
+    fmt::print("  set {} to {}: {} {} -> {}{}\n", s.setting, s.value, spaceLabel(shortfall->space),
+               bytes(shortfall->neededBytes), bytes(s.neededBytes), s.fits ? ", fits" : ", still too large");
+  }
+}
+
+// "h.*.attn.qkv.weight": a name with each run of digits a wildcard, so that
+// the tensors of repeated layers share one.
+std::string namePattern(const std::string& name) {
+  std::string out;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    if (name[i] >= '0' && name[i] <= '9') {
+      if (i == 0 || name[i - 1] < '0' || name[i - 1] > '9') out += '*';
+    } else {
+      out += name[i];
+    }
+  }
+  return out;
+}
+
+std::string rtsText(const TensorPlacement& t) {
+  return t.shardingDomain
+             ? fmt::format("{} over {}", toString(t.replicatedTensorSharding), t.shardingDomain->groupSize())
+             : std::string(toString(t.replicatedTensorSharding));
+}
+
+// Variables alike (the same name up to layer numbers, and the same category,
+// type, size and placement) are one row with their count.
+void printVariables(const RunPlan& plan) {
+  struct Row {
+    std::vector<std::string> cells;  // without the count
+    std::string firstName;
+    int64_t count = 0;
+  };
+  std::vector<Row> rows;
+  std::map<std::vector<std::string>, std::size_t> index;
+  for (const TensorPlacement& t : plan.tensors) {
+    if (t.category == TensorCategory::Activation) continue;
+    std::vector<std::string> cells = {namePattern(t.name),
+                                      std::string(toString(t.category)),
+                                      std::string(toString(t.dtype)),
+                                      std::to_string(t.elements),
+                                      std::string(toString(t.storage)),
+                                      std::string(toString(t.storageTileSet)),
+                                      rtsText(t),
+                                      std::to_string(t.shardElements),
+                                      std::to_string(t.padding)};
+    const auto [it, added] = index.try_emplace(cells, rows.size());
+    if (added) rows.push_back({std::move(cells), t.name, 0});
+    ++rows[it->second].count;
+  }
+  std::vector<std::vector<std::string>> table;
+  for (Row& row : rows) {
+    if (row.count == 1) row.cells[0] = row.firstName;
+    row.cells.insert(row.cells.begin() + 1, std::to_string(row.count));
+    table.push_back(std::move(row.cells));
+  }
+  fmt::print(
+      "\nVariables of the training program (alike once, * for layer numbers; every tensor: --json):\n");
+  fmt::print("{}", formatTable({"name", "count", "category", "dtype", "elements", "storage", "tiles", "RTS",
+                                "per replica", "padding"},
+                               table));
+}
 
 // The first local replica's memory by category: the model state held all step
 // (the ZeRO paper's accounting), then the activations at each space's peak.
@@ -299,10 +625,7 @@ void printBreakdown(const RunPlan& plan) {
   CategoryMemory state;
   for (const TensorCategory category : kModelStateCategories) {
     const CategoryMemory& c = categoryOf(m.resident, category);
-    const char* label = category == TensorCategory::Weight        ? "weights"
-                        : category == TensorCategory::Accumulator ? "gradient accumulators"
-                                                                  : "optimizer state";
-    rows.push_back(row(label, c));
+    rows.push_back(row(std::string(categoryLabel(category)), c));
     state.computeTilesBytes += c.computeTilesBytes;
     state.ioTilesBytes += c.ioTilesBytes;
     state.streamingBytes += c.streamingBytes;
@@ -320,36 +643,19 @@ void printBreakdown(const RunPlan& plan) {
   }
 }
 
-void printPlan(const RunPlan& plan) {
-  std::vector<std::vector<std::string>> rows;
-  for (const TensorPlacement& t : plan.tensors) {
-    if (t.category == TensorCategory::Activation) continue;
-    rows.push_back({t.name, std::string(toString(t.category)), std::string(toString(t.dtype)),
-                    std::to_string(t.elements), std::string(toString(t.storage)),
-                    std::string(toString(t.storageTileSet)),
-                    t.shardingDomain ? fmt::format("{} over {}", toString(t.replicatedTensorSharding),
-                                                   t.shardingDomain->groupSize())
-                                     : std::string(toString(t.replicatedTensorSharding)),
-                    std::to_string(t.shardElements), std::to_string(t.padding)});
-  }
-  fmt::print("\nVariables of the training program (activations: --json):\n");
-  fmt::print("{}", formatTable({"name", "category", "dtype", "elements", "storage", "tiles", "RTS",
-                                "per replica", "padding"},
-                               rows));
-  rows.clear();
-  for (const ReplicaMemory& m : plan.memory.perReplica) {
-    rows.push_back({std::to_string(m.replica), bytes(m.computeTilesBytes), bytes(m.ioTilesBytes),
-                    bytes(m.streamingBytes)});
-  }
-  fmt::print("\nMemory per replica (peak; capacity: compute tiles {}, IO tiles {}, streaming {}):\n",
-             bytes(plan.memory.computeTilesCapacity), bytes(plan.memory.ioTilesCapacity),
-             bytes(plan.memory.streamingCapacity));
-  fmt::print("{}", formatTable({"replica", "compute tiles", "IO tiles", "streaming"}, rows));
-  if (const std::optional<MemoryShortfall> s = findShortfall(plan.memory)) {
-    fmt::print("Does not fit: replica {}, {}: the peak is {}, the capacity {}.\n", s->replica,
-               toString(s->space), bytes(s->neededBytes), bytes(s->availableBytes));
-  } else {
-    fmt::print("Fits: every replica's peaks are within the capacities.\n");
+void printPlan(const RunPlan& plan, bool perReplica) {
+  printVariables(plan);
+  if (perReplica) {
+    std::vector<std::vector<std::string>> rows;
+    for (const ReplicaMemory& m : plan.memory.perReplica) {
+      rows.push_back({std::to_string(m.replica), bytes(m.computeTilesBytes), bytes(m.ioTilesBytes),
+                      bytes(m.streamingBytes), bytes(m.paddingBytes)});
+    }
+    fmt::print("\nMemory per replica (peak; capacity: compute tiles {}, IO tiles {}, streaming {}):\n",
+               bytes(plan.memory.computeTilesCapacity), bytes(plan.memory.ioTilesCapacity),
+               bytes(plan.memory.streamingCapacity));
+    fmt::print("{}",
+               formatTable({"replica", "compute tiles", "IO tiles", "streaming", "shard padding"}, rows));
   }
   if (!plan.memory.perReplica.empty()) printBreakdown(plan);
   if (!plan.notApplied.empty()) {
@@ -359,7 +665,7 @@ void printPlan(const RunPlan& plan) {
                  n.downgrade.applied, n.downgrade.why);
     }
   }
-  rows.clear();
+  std::vector<std::vector<std::string>> rows;
   for (const auto& [lane, traffic] : trafficOf(plan.time)) {
     rows.push_back({std::string(toString(lane)), std::to_string(traffic.ops),
                     bytes(static_cast<int64_t>(traffic.bytes)), fmt::format("{:.3g}", traffic.flops),
@@ -375,78 +681,129 @@ void printPlan(const RunPlan& plan) {
 
 void printWhatIf(const std::vector<std::string>& settings, const RunPlan& before, const RunPlan& after) {
   fmt::print("\nWhat if {}:\n", fmt::join(settings, ", "));
-  std::vector<std::vector<std::string>> rows;
+  // Replicas whose memory is alike before and after, once with their ranges.
+  struct Change {
+    const ReplicaMemory* a;
+    const ReplicaMemory* b;
+    std::vector<ReplicaRange> ranges;
+  };
+  std::vector<Change> changes;
   for (std::size_t r = 0; r < before.memory.perReplica.size() && r < after.memory.perReplica.size(); ++r) {
     const ReplicaMemory& a = before.memory.perReplica[r];
     const ReplicaMemory& b = after.memory.perReplica[r];
-    rows.push_back({std::to_string(a.replica),
-                    fmt::format("{} -> {}", bytes(a.computeTilesBytes), bytes(b.computeTilesBytes)),
-                    fmt::format("{} -> {}", bytes(a.ioTilesBytes), bytes(b.ioTilesBytes)),
-                    fmt::format("{} -> {}", bytes(a.streamingBytes), bytes(b.streamingBytes))});
+    auto it = std::find_if(changes.begin(), changes.end(),
+                           [&](const Change& c) { return alike(*c.a, a) && alike(*c.b, b); });
+    if (it == changes.end()) {
+      changes.push_back({&a, &b, {}});
+      it = std::prev(changes.end());
+    }
+    if (!it->ranges.empty() && it->ranges.back().second + 1 == a.replica) {
+      it->ranges.back().second = a.replica;
+    } else {
+      it->ranges.emplace_back(a.replica, a.replica);
+    }
   }
-  fmt::print("{}", formatTable({"replica", "compute tiles", "IO tiles", "streaming"}, rows));
+  std::vector<std::vector<std::string>> rows;
+  for (const Change& c : changes) {
+    rows.push_back({rangesText(c.ranges),
+                    fmt::format("{} -> {}", bytes(c.a->computeTilesBytes), bytes(c.b->computeTilesBytes)),
+                    fmt::format("{} -> {}", bytes(c.a->ioTilesBytes), bytes(c.b->ioTilesBytes)),
+                    fmt::format("{} -> {}", bytes(c.a->streamingBytes), bytes(c.b->streamingBytes))});
+  }
+  fmt::print("{}", formatTable({"replicas", "compute tiles", "IO tiles", "streaming"}, rows));
   if (!before.memory.perReplica.empty() && !after.memory.perReplica.empty()) {
     const ReplicaMemory& a = before.memory.perReplica.front();
     const ReplicaMemory& b = after.memory.perReplica.front();
-    std::vector<std::string> changes;
+    std::vector<std::string> categories;
     for (const TensorCategory category : kModelStateCategories) {
-      changes.push_back(fmt::format("{} {} -> {}", toString(category),
-                                    bytes(totalOf(categoryOf(a.resident, category))),
-                                    bytes(totalOf(categoryOf(b.resident, category)))));
+      categories.push_back(fmt::format("{} {} -> {}", toString(category),
+                                       bytes(totalOf(categoryOf(a.resident, category))),
+                                       bytes(totalOf(categoryOf(b.resident, category)))));
     }
-    fmt::print("model state of replica {}: {}\n", a.replica, fmt::join(changes, ", "));
+    fmt::print("model state of replica {}: {}\n", a.replica, fmt::join(categories, ", "));
   }
   fmt::print("modelled step time {} -> {}\n", seconds(before.time.stepSeconds),
              seconds(after.time.stepSeconds));
+  // Variables whose placement changes, those alike once with their count.
+  std::map<std::string, const TensorPlacement*> previous;
+  for (const TensorPlacement& a : before.tensors)
+    if (a.category != TensorCategory::Activation) previous.emplace(a.name, &a);
+  std::vector<std::pair<std::string, int64_t>> lines;
+  std::map<std::string, std::size_t> index;
+  std::vector<std::string> firstNames;
   for (const TensorPlacement& b : after.tensors) {
     if (b.category == TensorCategory::Activation) continue;
-    for (const TensorPlacement& a : before.tensors) {
-      if (a.name != b.name) continue;
-      if (a.storage != b.storage || a.shardElements != b.shardElements ||
-          a.storageTileSet != b.storageTileSet) {
-        fmt::print("  {}: {} {} {} elements -> {} {} {} elements\n", b.name, toString(a.storage),
-                   toString(a.storageTileSet), a.shardElements, toString(b.storage),
-                   toString(b.storageTileSet), b.shardElements);
-      }
+    const auto found = previous.find(b.name);
+    if (found == previous.end()) continue;
+    const TensorPlacement& a = *found->second;
+    if (a.storage == b.storage && a.shardElements == b.shardElements && a.storageTileSet == b.storageTileSet)
+      continue;
+    const std::string change =
+        fmt::format("{} {} {} elements -> {} {} {} elements", toString(a.storage), toString(a.storageTileSet),
+                    a.shardElements, toString(b.storage), toString(b.storageTileSet), b.shardElements);
+    const std::string key = namePattern(b.name) + ": " + change;
+    const auto [it, added] = index.try_emplace(key, lines.size());
+    if (added) {
+      lines.emplace_back(change, 0);
+      firstNames.push_back(b.name);
+    }
+    ++lines[it->second].second;
+  }
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const auto& [change, count] = lines[i];
+    if (count == 1) {
+      fmt::print("  {}: {}\n", firstNames[i], change);
+    } else {
+      fmt::print("  {} ({} alike): {}\n", namePattern(firstNames[i]), count, change);
     }
   }
 }
 
-std::string indent(const std::string& text, std::string_view prefix) {
-  std::string out;
-  std::size_t start = 0;
-  while (start < text.size()) {
-    const std::size_t end = text.find('\n', start);
-    const std::size_t stop = end == std::string::npos ? text.size() : end + 1;
-    if (text[start] != '\n') out += prefix;  // blank lines stay blank
-    out.append(text, start, stop - start);
-    start = stop;
-  }
-  return out;
+// "0-15", or "0, 4, ..., 60" for a stride: the replicas of a group.
+std::string groupText(const ReplicaGrouping& grouping, int64_t group) {
+  const int64_t first = grouping.replicaAt(group, 0);
+  const int64_t last = grouping.replicaAt(group, grouping.groupSize() - 1);
+  if (grouping.groupSize() == 1) return std::to_string(first);
+  if (grouping.stride() == 1) return fmt::format("{}-{}", first, last);
+  if (grouping.groupSize() == 2) return fmt::format("{} {}", first, last);
+  return fmt::format("{} {} ... {} (every {})", first, first + grouping.stride(), last, grouping.stride());
 }
 
-void printText(const std::string& source, const LoadedRunConfig& loaded) {
+// The groups of a domain by their rule: the first two and the last, each
+// with its replicas, whatever the replica count.
+std::string groupsSummary(const ReplicaGrouping& grouping) {
+  std::string out = fmt::format("{} groups of {}: ", grouping.numGroups(), grouping.groupSize());
+  std::vector<std::string> parts;
+  const int64_t groups = grouping.numGroups();
+  for (int64_t g = 0; g < groups && g < 2; ++g)
+    parts.push_back(fmt::format("group {}: {}", g, groupText(grouping, g)));
+  if (groups > 3) parts.emplace_back("...");
+  if (groups > 2) parts.push_back(fmt::format("group {}: {}", groups - 1, groupText(grouping, groups - 1)));
+  return out + fmt::format("{}", fmt::join(parts, "; ")) + "\n";
+}
+
+void printConfig(const LoadedRunConfig& loaded, bool values, bool perReplica) {
   const SessionOptions& options = loaded.config.sessionOptions;
-  fmt::print("{}: valid\n\n", source);
   const std::vector<ConfigNote> notes = configNotes(loaded.config);
   if (!notes.empty()) {
-    fmt::print("Warnings (the config runs as written; docs/errors.md explains each id):\n");
+    fmt::print("\nWarnings (the config runs as written; docs/errors.md explains each id):\n");
     for (const ConfigNote& note : notes) fmt::print("  warning: {}\n", note.text());
-    fmt::print("\n");
   }
 
-  std::vector<ValueLine> lines;
-  collectValues(nlohmann::json(loaded.config), "", loaded.provenance, Provenance::Default, lines);
-  std::size_t pathWidth = 0;
-  std::size_t valueWidth = 0;
-  for (const ValueLine& line : lines) {
-    pathWidth = std::max(pathWidth, line.path.size());
-    valueWidth = std::max(valueWidth, line.value.size());
-  }
-  fmt::print("Values (default, from the file, or from --set):\n");
-  for (const ValueLine& line : lines) {
-    fmt::print("{:<{}} = {:<{}}   ({})\n", line.path, pathWidth, line.value, valueWidth,
-               toString(line.provenance));
+  if (values) {
+    std::vector<ValueLine> lines;
+    collectValues(nlohmann::json(loaded.config), "", loaded.provenance, Provenance::Default, lines);
+    std::size_t pathWidth = 0;
+    std::size_t valueWidth = 0;
+    for (const ValueLine& line : lines) {
+      pathWidth = std::max(pathWidth, line.path.size());
+      valueWidth = std::max(valueWidth, line.value.size());
+    }
+    fmt::print("\nValues (default, from the file, or from --set):\n");
+    for (const ValueLine& line : lines) {
+      fmt::print("{:<{}} = {:<{}}   ({})\n", line.path, pathWidth, line.value, valueWidth,
+                 toString(line.provenance));
+    }
   }
 
   fmt::print("\nReplication:\n");
@@ -466,14 +823,28 @@ void printText(const std::string& source, const LoadedRunConfig& loaded) {
   }
   fmt::print(
       "\nSharding domains over {} replicas (a replica holds the shard numbered by its index in its "
-      "group):\n",
+      "group; settings with the same domain once):\n",
       replicas);
+  // Settings with the same domain and RTS, once.
+  std::vector<std::pair<const DomainUse*, std::vector<std::string>>> distinct;
   for (const DomainUse& use : uses) {
-    const ReplicaGrouping grouping = use.location.shardingDomain.toReplicaGrouping(replicas);
-    fmt::print("\n{}\n", use.setting);
-    fmt::print("  {} -> {}, replicatedTensorSharding {}\n", use.location.shardingDomain.str(), grouping.str(),
-               use.location.replicatedTensorSharding);
-    fmt::print("{}", indent(groupingTables(grouping, "shard"), "  "));
+    const auto it = std::find_if(distinct.begin(), distinct.end(), [&](const auto& d) {
+      return d.first->location.shardingDomain == use.location.shardingDomain &&
+             d.first->location.replicatedTensorSharding == use.location.replicatedTensorSharding;
+    });
+    if (it == distinct.end()) {
+      distinct.push_back({&use, {use.setting}});
+    } else {
+      it->second.push_back(use.setting);
+    }
+  }
+  for (const auto& [use, settings] : distinct) {
+    const ReplicaGrouping grouping = use->location.shardingDomain.toReplicaGrouping(replicas);
+    fmt::print("\n{}\n", fmt::join(settings, "\n"));
+    fmt::print("  {} -> {}, replicatedTensorSharding {}\n", use->location.shardingDomain.str(),
+               grouping.str(), use->location.replicatedTensorSharding);
+    fmt::print("  {}", groupsSummary(grouping));
+    if (perReplica) fmt::print("{}", indent(groupingTables(grouping, "shard"), "  "));
   }
 }
 
@@ -487,30 +858,41 @@ Action attachExplain(CLI::App& command) {
                   "Also show the program with PATH set to VALUE (a JSON value, or a bare string), beside "
                   "the config's; repeatable")
       ->type_name("PATH=VALUE");
+  command.add_flag("--values", args->values, "Also list every value of the config and where it came from");
+  command.add_flag("--per-replica", args->perReplica,
+                   "Also list every replica and every group of a sharding domain one by one (text and JSON)");
   command.add_flag("--json", args->json, "Print JSON instead of text");
   return [args] {
-    const LoadedRunConfig loaded = loadValidated(args->config);
+    const LoadedRunConfig loaded = loadForPlanning(args->config);
     std::optional<LoadedRunConfig> changed;
     if (!args->whatIf.empty()) {
       ConfigArgs whatIf = args->config;
       whatIf.overrides.insert(whatIf.overrides.end(), args->whatIf.begin(), args->whatIf.end());
-      changed = loadValidated(whatIf);
+      changed = loadForPlanning(whatIf);
     }
+    const RunPlan plan = planRun(loaded.config);
+    const std::optional<MemoryShortfall> shortfall = findShortfall(plan.memory);
+    const std::vector<MemorySuggestion> levers =
+        shortfall ? suggestRunSettings(loaded.config, *shortfall) : std::vector<MemorySuggestion>{};
     if (args->json) {
-      nlohmann::json out = explainJson(loaded);
+      nlohmann::json out = configJson(loaded, args->perReplica);
+      out.update(planJson(plan, args->perReplica, levers));
       if (changed) {
-        nlohmann::json after = planJson(planRun(changed->config));
+        nlohmann::json after = planJson(planRun(changed->config), args->perReplica, {});
         after["settings"] = args->whatIf;
         out["whatIf"] = std::move(after);
       }
       printJson(out);
     } else {
-      printText(args->config.path, loaded);
-      const RunPlan plan = planRun(loaded.config);
-      printPlan(plan);
+      printAnswer(args->config.path, plan, levers);
+      fmt::print(
+          "More: --values lists every value of the config, --per-replica every replica and group, --json "
+          "everything.\n");
+      printConfig(loaded, args->values, args->perReplica);
+      printPlan(plan, args->perReplica);
       if (changed) printWhatIf(args->whatIf, plan, planRun(changed->config));
     }
-    return kExitOk;
+    return shortfall ? reportDoesNotFit(*shortfall, plan.memory) : kExitOk;
   };
 }
 

@@ -1,5 +1,6 @@
 #include "locations.hpp"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -29,6 +30,9 @@ bool sharded(const TensorNode& node) { return !node.metaShape.empty(); }
 // groups: those hold different values, which cannot be one sharded tensor.
 void checkDomainFits(const ReplicaGrouping& variableGroups, const ReplicaGrouping& domain,
                      const ResolvedLocation& resolved, const std::string& name) {
+  // One group of every replica holds every domain: the common case costs
+  // nothing per replica.
+  if (variableGroups.numGroups() == 1) return;
   for (int64_t r = 0; r < domain.numReplicas(); ++r) {
     const int64_t first = domain.replicaAt(domain.groupAt(r), 0);
     if (variableGroups.groupAt(r) != variableGroups.groupAt(first)) {
@@ -552,21 +556,42 @@ ReplicaGrouping shardHolders(const ReplicaGrouping& variableGroups, const Replic
   const int64_t holders = variableGroups.groupSize() / domain.groupSize();
   // The replicas holding the same shard as r: same variable group, same
   // index in the domain's group.
-  const auto together = [&](int64_t a, int64_t b) {
-    return variableGroups.groupAt(a) == variableGroups.groupAt(b) &&
-           domain.indexInGroupAt(a) == domain.indexInGroupAt(b);
+  const auto shardOf = [&](int64_t r) {
+    return std::pair{variableGroups.groupAt(r), domain.indexInGroupAt(r)};
   };
-  for (int64_t stride = 1; holders >= 1 && stride <= replicas; ++stride) {
-    if (replicas % (stride * holders) != 0) continue;
-    const ReplicaGrouping candidate(replicas, stride, holders);
-    bool matches = true;
-    for (int64_t a = 0; a < replicas && matches; ++a) {
-      for (int64_t b = 0; b < replicas && matches; ++b) {
-        matches = (candidate.groupAt(a) == candidate.groupAt(b)) == together(a, b);
+  // Variables with one value on every replica: the holders of a shard are
+  // the replicas at the same index of their domain group, the transpose of
+  // the domain where it is a grouping (a stride of 1, or groups spanning all
+  // replicas), found without a pass over the replicas.
+  if (variableGroups.numGroups() == 1 &&
+      (domain.stride() == 1 || domain.stride() * domain.groupSize() == replicas)) {
+    return domain.transpose();
+  }
+  // A grouping that matches has replica 0's holders as its group 0, which
+  // gives its stride; one pass over the replicas then checks it (a search
+  // over strides comparing every pair of replicas is quadratic in them).
+  std::vector<int64_t> first;
+  for (int64_t r = 0; r < replicas && holders >= 1 && static_cast<int64_t>(first.size()) <= holders; ++r) {
+    if (shardOf(r) == shardOf(0)) first.push_back(r);
+  }
+  if (holders >= 1 && static_cast<int64_t>(first.size()) == holders) {
+    const int64_t stride = holders > 1 ? first[1] - first[0] : 1;
+    if (replicas % (stride * holders) == 0) {
+      const ReplicaGrouping candidate(replicas, stride, holders);
+      // Each group of the candidate holds one shard, and no two hold the same.
+      std::vector<std::optional<std::pair<int64_t, int64_t>>> shardOfGroup(
+          static_cast<std::size_t>(candidate.numGroups()));
+      bool matches = true;
+      for (int64_t r = 0; r < replicas && matches; ++r) {
+        auto& shard = shardOfGroup[static_cast<std::size_t>(candidate.groupAt(r))];
+        if (!shard) shard = shardOf(r);
+        matches = *shard == shardOf(r);
       }
+      std::vector<std::pair<int64_t, int64_t>> shards;
+      for (const auto& shard : shardOfGroup) shards.push_back(shard.value_or(std::pair{-1, -1}));
+      std::sort(shards.begin(), shards.end());
+      if (matches && std::adjacent_find(shards.begin(), shards.end()) == shards.end()) return candidate;
     }
-    if (matches) return candidate;
-    if (holders == 1) break;
   }
   throw GraphError(
       ErrorCode::InvalidCollective, std::string(tensor),

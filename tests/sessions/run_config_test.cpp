@@ -880,6 +880,37 @@ TEST_CASE("limits bound every size a config implies, at the path of the setting"
   }
 }
 
+TEST_CASE("validateForPlanning answers past the host limits and rejects only sizes 64 bits cannot count") {
+  // GPT-3's shape: 174.6 B weights, far over the default 4 GiB the host may
+  // allocate to train, but nothing that planning makes.
+  const RunConfig gpt3 =
+      parse(R"({"model": {"type": "transformer", "layers": 96, "hidden": 12288, "heads": 96,
+      "vocab": 50257, "sequence": 2048}, "data": {"dataset": "tensors", "path": "t.safetensors", "batchSize": 1}})")
+          .config;
+  const RunConfig wide = parse(R"({"model": {"layers": [784, 2000000000, 10]}})").config;
+  for (const auto& c : {std::pair{gpt3, "/model/layers"}, std::pair{wide, "/model/layers/1"}}) {
+    const RunConfig& config = c.first;
+    const std::string subject = c.second;
+    CAPTURE(subject);
+    const auto refused = test::catchError<ConfigError>([&] { validate(config); });
+    REQUIRE(refused.has_value());
+    CHECK(refused->code() == ErrorCode::ShapeTooLarge);
+    CHECK(refused->subject() == subject);
+    CHECK(refused->detail().find("/limits/maxTensorBytes (4294967296 bytes)") != std::string::npos);
+    CHECK_FALSE(test::catchError<ConfigError>([&] { validateForPlanning(config); }).has_value());
+  }
+  // A weight whose bytes overflow is refused by both, without the limit to raise.
+  const RunConfig overflow = parse(R"({"model": {"layers": [784, 4611686018427387904, 10]}})").config;
+  const auto error = test::catchError<ConfigError>([&] { validateForPlanning(overflow); });
+  REQUIRE(error.has_value());
+  CHECK(error->code() == ErrorCode::ShapeTooLarge);
+  CHECK(error->subject() == "/model/layers/1");
+  CHECK(error->detail() ==
+        "weight W0 of 784 x 4611686018427387904 float32 would take more bytes than 64 bits count; lower "
+        "/model/layers/1");
+  CHECK(test::catchError<ConfigError>([&] { validate(overflow); }).has_value());
+}
+
 TEST_CASE("the model's dtype is float32 or float16") {
   CHECK(RunConfig{}.model.dtype == DType::Float32);
   CHECK(json(RunConfig{})["model"]["dtype"] == "float32");

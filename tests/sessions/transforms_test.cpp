@@ -17,6 +17,7 @@
 #include "tessera/transform.hpp"
 #include "test_support.hpp"
 #include "training_pipeline.hpp"
+#include "transforms/locations.hpp"
 
 namespace tessera {
 namespace {
@@ -476,6 +477,63 @@ TEST_CASE("transform errors name the transform") {
     REQUIRE(error);
     CHECK(error->code() == ErrorCode::AccumulationDisabledButFactor);
     CHECK(error->subject() == "/sessionOptions/accumulationFactor");
+  }
+}
+
+TEST_CASE("shardHolders groups the replicas holding the same shard, as comparing every pair would") {
+  // (variable groups, sharding domain) over 8 and 12 replicas: one value on
+  // every replica (the transpose of the domain), and per-group values.
+  struct Case {
+    ReplicaGrouping variableGroups;
+    ReplicaGrouping domain;
+  };
+  const std::vector<Case> cases = {
+      {ReplicaGrouping(8), ReplicaGrouping(8, 1, 2)},
+      {ReplicaGrouping(8), ReplicaGrouping(8, 1, 4)},
+      {ReplicaGrouping(8), ReplicaGrouping(8, 2, 4)},
+      {ReplicaGrouping(8), ReplicaGrouping(8, 4, 2)},
+      {ReplicaGrouping(8), ReplicaGrouping(8, 1, 8)},
+      {ReplicaGrouping(8), ReplicaGrouping(8, 2, 2)},
+      {ReplicaGrouping(8, 1, 4), ReplicaGrouping(8, 1, 2)},
+      {ReplicaGrouping(8, 2, 4), ReplicaGrouping(8, 2, 2)},
+      {ReplicaGrouping(12, 1, 6), ReplicaGrouping(12, 1, 3)},
+      {ReplicaGrouping(12), ReplicaGrouping(12, 2, 3)},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.variableGroups.str());
+    CAPTURE(c.domain.str());
+    const int64_t n = c.domain.numReplicas();
+    const auto together = [&](int64_t a, int64_t b) {
+      return c.variableGroups.groupAt(a) == c.variableGroups.groupAt(b) &&
+             c.domain.indexInGroupAt(a) == c.domain.indexInGroupAt(b);
+    };
+    std::optional<ReplicaGrouping> holders;
+    try {
+      holders = shardHolders(c.variableGroups, c.domain, "W");
+    } catch (const GraphError& e) {
+      CHECK(e.code() == ErrorCode::InvalidCollective);
+    }
+    // Refused exactly when no grouping of the holders' size matches.
+    bool exists = false;
+    const int64_t size = c.variableGroups.groupSize() / c.domain.groupSize();
+    for (int64_t stride = 1; stride <= n && !exists; ++stride) {
+      if (n % (stride * size) != 0) continue;
+      const ReplicaGrouping candidate(n, stride, size);
+      bool matches = true;
+      for (int64_t a = 0; a < n; ++a)
+        for (int64_t b = 0; b < n; ++b)
+          matches = matches && (candidate.groupAt(a) == candidate.groupAt(b)) == together(a, b);
+      exists = matches;
+    }
+    CHECK(holders.has_value() == exists);
+    if (!holders) continue;
+    for (int64_t a = 0; a < n; ++a) {
+      for (int64_t b = 0; b < n; ++b) {
+        CAPTURE(a);
+        CAPTURE(b);
+        CHECK((holders->groupAt(a) == holders->groupAt(b)) == together(a, b));
+      }
+    }
   }
 }
 
