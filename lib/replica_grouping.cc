@@ -38,6 +38,15 @@ ReplicaGrouping::ReplicaGrouping(int64_t numReplicas, int64_t stride, int64_t gr
                                   "stride and group size whose product divides {}",
                                   numReplicas, stride, groupSize, numReplicas));
   }
+  // PopXL's rule: strided groups must tile the replicas exactly (a group of
+  // one replica has no stride, see below).
+  if (stride != 1 && groupSize != 1 && stride * groupSize != numReplicas) {
+    throw ConfigError(
+        ErrorCode::StridedGroupingNotTiling, groupingStr(numReplicas, stride, groupSize),
+        fmt::format("with stride {} != 1, stride * groupSize must equal numReplicas {} (PopXL's "
+                    "rule) but is {}; use groupSize {} or stride 1",
+                    stride, numReplicas, stride * groupSize, numReplicas / stride));
+  }
   // A group of one replica has no stride; normalising makes equal groupings
   // compare equal.
   if (groupSize_ == 1) stride_ = 1;
