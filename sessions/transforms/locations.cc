@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "derived_grouping.hpp"
 #include "graph_copy.hpp"
 #include "json_reader.hpp"
 #include "option_paths.hpp"
@@ -560,7 +561,7 @@ ReplicaGrouping shardHolders(const ReplicaGrouping& variableGroups, const Replic
   };
   for (int64_t stride = 1; holders >= 1 && stride <= replicas; ++stride) {
     if (replicas % (stride * holders) != 0) continue;
-    const ReplicaGrouping candidate(replicas, stride, holders);
+    const ReplicaGrouping candidate = detail::derivedGrouping(replicas, stride, holders);
     bool matches = true;
     for (int64_t a = 0; a < replicas && matches; ++a) {
       for (int64_t b = 0; b < replicas && matches; ++b) {

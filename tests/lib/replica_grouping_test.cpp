@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "derived_grouping.hpp"
 #include "tessera/error.hpp"
 #include "tessera/tensor_location.hpp"
 #include "test_support.hpp"
@@ -302,4 +303,22 @@ TEST_CASE("property: every valid grouping of up to 64 replicas") {
   CHECK(refused == 147);
   // What PopXL allows always has a transpose.
   CHECK(transposed == checked);
+}
+
+TEST_CASE("groupings tessera derives for its collectives skip PopXL's rule, and only those") {
+  // The holders of one shard within consecutive groups of 8 replicas, two shards each.
+  const ReplicaGrouping holders = detail::derivedGrouping(64, 2, 4);
+  CHECK(holders.replicasAt(0) == std::vector<int64_t>{0, 2, 4, 6});
+  CHECK(holders.replicasAt(1) == std::vector<int64_t>{1, 3, 5, 7});
+  CHECK(holders.replicasAt(2) == std::vector<int64_t>{8, 10, 12, 14});
+  // The other checks still apply, and the rule is back for the next grouping.
+  const auto notDivisible = test::catchError<ConfigError>([] { (void)detail::derivedGrouping(12, 5, 2); });
+  REQUIRE(notDivisible.has_value());
+  CHECK(notDivisible->code() == ErrorCode::ReplicaGroupingNotDivisible);
+  for (int i = 0; i < 2; ++i) {
+    const auto refused = test::catchError<ConfigError>([] { (void)ReplicaGrouping(64, 2, 4); });
+    REQUIRE(refused.has_value());
+    CHECK(refused->code() == ErrorCode::StridedGroupingNotTiling);
+    (void)detail::derivedGrouping(8, 2, 2);
+  }
 }
