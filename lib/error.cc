@@ -51,6 +51,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(InvalidCommGroup),
     TESSERA_CODE(InvalidShardLayout),
     TESSERA_CODE(ShardBufferSizeMismatch),
+    TESSERA_CODE(StridedGroupingNotTiling),
     TESSERA_CODE(InvalidModel),
     TESSERA_CODE(InvalidOptimizer),
     TESSERA_CODE(InvalidData),
@@ -73,6 +74,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(LossNotScalar),
     TESSERA_CODE(OutOfMemory),
     TESSERA_CODE(InvalidProgram),
+    TESSERA_CODE(TrainingDiverged),
     TESSERA_CODE(InconsistentDistEnv),
     TESSERA_CODE(InstanceMismatch),
     TESSERA_CODE(InstanceLost),
@@ -87,6 +89,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(DatasetTensorMissing),
     TESSERA_CODE(DatasetTensorMismatch),
     TESSERA_CODE(DatasetLengthMismatch),
+    TESSERA_CODE(NonFiniteCheckpoint),
     TESSERA_CODE(OnnxUnavailable),
     TESSERA_CODE(OnnxMalformed),
     TESSERA_CODE(OnnxUnsupportedOpset),
@@ -110,6 +113,10 @@ constexpr auto kAllCodes = [] {
 std::string formatWhat(ErrorCode code, const std::string& subject, std::string_view message) {
   if (subject.empty()) return fmt::format("[{}] {}", errorId(code), message);
   return fmt::format("[{}] {}: {}", errorId(code), subject, message);
+}
+
+std::string boundedSubject(std::string subject) {
+  return subject.size() > kMaxSubjectBytes ? boundedText(subject, kMaxSubjectBytes) : subject;
 }
 
 }  // namespace
@@ -153,10 +160,16 @@ std::string_view errorCodeName(ErrorCode code) noexcept {
 
 std::span<const ErrorCode> allErrorCodes() noexcept { return kAllCodes; }
 
+std::string boundedText(std::string_view text, std::size_t maxBytes) {
+  if (text.size() <= maxBytes) return std::string(text);
+  std::size_t cut = maxBytes;
+  // Back to the start of a UTF-8 sequence (continuation bytes are 10xxxxxx).
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0) == 0x80) --cut;
+  return fmt::format("{}... ({} bytes)", text.substr(0, cut), text.size());
+}
+
 Error::Error(ErrorCode code, std::string subject, std::string_view message)
-    : std::runtime_error(formatWhat(code, subject, message)),
-      code_(code),
-      subject_(std::move(subject)),
-      detail_(message) {}
+    : std::runtime_error(formatWhat(code, boundedSubject(subject), message)), code_(code),
+      subject_(boundedSubject(std::move(subject))), detail_(message) {}
 
 }  // namespace tessera

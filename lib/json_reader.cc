@@ -144,6 +144,13 @@ class StrictDomBuilder {
 
   // Stores `value` where the parser is and returns it with its path.
   std::pair<json*, std::string> store(json&& value) {
+    if (++values_ > kMaxDocumentValues) {
+      throw ConfigError(
+          ErrorCode::DocumentLimit, std::string(source_),
+          fmt::format("the document has more than {} values (objects, arrays, numbers, strings); "
+                      "no run config needs that many",
+                      kMaxDocumentValues));
+    }
     if (frames_.empty()) {
       root_ = std::move(value);
       return {&root_, std::string()};
@@ -183,6 +190,7 @@ class StrictDomBuilder {
   json root_;
   std::vector<Frame> frames_;
   std::string key_;
+  std::size_t values_ = 0;
 };
 
 }  // namespace
@@ -242,6 +250,9 @@ std::string SourceMap::origin(std::string_view path) const {
 }
 
 std::string printable(std::string_view text) {
+  if (text.size() > kMaxQuotedBytes) {
+    return fmt::format("{}... ({} bytes)", printable(text.substr(0, kMaxQuotedBytes)), text.size());
+  }
   std::string out;
   out.reserve(text.size());
   for (const char c : text) {

@@ -68,6 +68,10 @@ namespace tessera::jsonio {
 // Limits of parseJsonDocument().
 inline constexpr std::size_t kMaxDepth = 64;
 inline constexpr std::size_t kMaxDocumentBytes = std::size_t{64} << 20;
+// Values (objects, arrays, scalars) in one document: a run config has a few
+// hundred; the bound keeps a document's parsed form far below a gigabyte,
+// whatever the text holds (a value takes ~100 bytes parsed, one byte of text).
+inline constexpr std::size_t kMaxDocumentValues = 200'000;
 
 // What a field table says about one field besides its name. Bounds are
 // inclusive (min, max) or exclusive; for an array they apply to every
@@ -133,7 +137,8 @@ class RuleSite {
 // --- Scalars -------------------------------------------------------------------
 
 // Bytes outside printable ASCII as \xNN, so that a message about invalid
-// UTF-8 is itself valid text.
+// UTF-8 is itself valid text; a text over kMaxQuotedBytes as its first
+// kMaxQuotedBytes bytes, "..." and its length (see boundedText).
 std::string printable(std::string_view text);
 // The offset of the first byte of `text` that is not part of well-formed
 // UTF-8 (RFC 3629: no overlong forms, surrogates or code points above

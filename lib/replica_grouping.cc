@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "derived_grouping.hpp"
 #include "tessera/error.hpp"
 
 namespace tessera {
@@ -20,7 +21,27 @@ void checkPositive(int64_t value, std::string_view what, int64_t numReplicas, in
                     fmt::format("{} is {}; it must be a positive integer", what, value));
 }
 
+thread_local bool derivingGroupings = false;
+
 }  // namespace
+
+namespace detail {
+
+bool popxlGroupingRuleApplies() noexcept { return !derivingGroupings; }
+
+ReplicaGrouping derivedGrouping(int64_t numReplicas, int64_t stride, int64_t groupSize) {
+  derivingGroupings = true;
+  try {
+    ReplicaGrouping grouping(numReplicas, stride, groupSize);
+    derivingGroupings = false;
+    return grouping;
+  } catch (...) {
+    derivingGroupings = false;
+    throw;
+  }
+}
+
+}  // namespace detail
 
 ReplicaGrouping::ReplicaGrouping(int64_t numReplicas) : ReplicaGrouping(numReplicas, 1, numReplicas) {}
 
@@ -37,6 +58,16 @@ ReplicaGrouping::ReplicaGrouping(int64_t numReplicas, int64_t stride, int64_t gr
                       fmt::format("numReplicas {} is not a multiple of stride {} * groupSize {}; choose a "
                                   "stride and group size whose product divides {}",
                                   numReplicas, stride, groupSize, numReplicas));
+  }
+  // PopXL's rule: strided groups must tile the replicas exactly (a group of
+  // one replica has no stride, see below).
+  if (detail::popxlGroupingRuleApplies() && stride != 1 && groupSize != 1 &&
+      stride * groupSize != numReplicas) {
+    throw ConfigError(
+        ErrorCode::StridedGroupingNotTiling, groupingStr(numReplicas, stride, groupSize),
+        fmt::format("with stride {} != 1, stride * groupSize must equal numReplicas {} (PopXL's "
+                    "rule) but is {}; use groupSize {} or stride 1",
+                    stride, numReplicas, stride * groupSize, numReplicas / stride));
   }
   // A group of one replica has no stride; normalising makes equal groupings
   // compare equal.

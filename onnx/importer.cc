@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <set>
 #include <unordered_map>
@@ -18,6 +17,7 @@
 
 #include "half.hpp"
 #include "importer.hpp"
+#include "input_file.hpp"
 #include "tessera/error.hpp"
 #include "tessera/onnx.hpp"
 
@@ -28,14 +28,19 @@ namespace {
 constexpr int64_t kMinOpset = 11;
 constexpr int64_t kMaxOpset = 17;
 
+// Protocol buffers parse at most 2 GiB; a larger file (or a FIFO, a device,
+// a folder) is refused before anything is read.
+constexpr auto kMaxModelBytes = static_cast<uint64_t>(std::numeric_limits<int>::max());
+
 }  // namespace
 
 std::string readFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(ErrorCode::FileUnreadable, path.string(), "cannot open the file for reading");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw IoError(ErrorCode::FileUnreadable, path.string(), "reading the file failed");
-  return bytes;
+  const detail::InputFile file(path.string());
+  return file.readAll<std::string>(kMaxModelBytes, [&path](uint64_t size) {
+    throw OnnxError(ErrorCode::OnnxTooLarge, path.string(),
+                    fmt::format("the file has {} bytes; ONNX models (protocol buffers) hold at most {} bytes",
+                                size, kMaxModelBytes));
+  });
 }
 
 namespace {

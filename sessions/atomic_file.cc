@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "input_file.hpp"
 #include "tessera/error.hpp"
 
 namespace tessera::detail {
@@ -40,8 +42,9 @@ std::string reason(int error) { return std::generic_category().message(error); }
 class AtomicWrite {
  public:
   AtomicWrite(const std::string& path, std::span<const uint8_t> bytes)
-      : path_(path), temporary_(fmt::format("{}.tmp.{}", path, ::getpid())), folder_(folderOf(path)),
-        bytes_(bytes) {}
+      : path_(path), target_(resolvedOutputPath(path)),
+        temporary_(fmt::format("{}.tmp.{}", target_, ::getpid())), folder_(folderOf(target_)), bytes_(bytes) {
+  }
 
   ~AtomicWrite() {
     if (fd_ >= 0) ::close(fd_);
@@ -52,7 +55,8 @@ class AtomicWrite {
   AtomicWrite& operator=(const AtomicWrite&) = delete;
 
   void run() {
-    removeStaleTemporaryFiles(path_);
+    checkTarget();
+    removeStaleTemporaryFiles(target_);
     at(WriteStage::Create, "create the temporary file");
     create();
     writeData();
@@ -62,13 +66,29 @@ class AtomicWrite {
     if (!named_) link();
     const int fd = std::exchange(fd_, -1);
     if (::close(fd) != 0) fail(errno, "close the file");
-    if (::rename(temporary_.c_str(), path_.c_str()) != 0) fail(errno, "move the file into place");
+    if (::rename(temporary_.c_str(), target_.c_str()) != 0) fail(errno, "move the file into place");
     renamed_ = true;
     at(WriteStage::SyncFolder, "sync the folder");
     syncFolder();
   }
 
  private:
+  // rename() would replace whatever `path_` names: a device node, a FIFO, the
+  // link /proc/self/fd/1. Only a regular file (or nothing) is replaced.
+  void checkTarget() const {
+    if (path_.find('\0') != std::string::npos) {
+      throw IoError(ErrorCode::FileUnwritable, path_.substr(0, path_.find('\0')),
+                    "the path has a NUL character; a file name cannot hold one");
+    }
+    struct stat info {};
+    if (::stat(path_.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+      throw IoError(
+          ErrorCode::FileUnwritable, path_,
+          fmt::format("it is {}, not a regular file, and is never replaced; write to a regular file",
+                      fileTypeName(info.st_mode)));
+    }
+  }
+
   void create() {
     if (unnamedAllowed()) {
       fd_ = ::open(folder_.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
@@ -153,6 +173,7 @@ class AtomicWrite {
   }
 
   const std::string& path_;
+  std::string target_;  // path_ with its symbolic links resolved
   std::string temporary_;
   std::string folder_;
   std::span<const uint8_t> bytes_;
@@ -167,6 +188,20 @@ class AtomicWrite {
 void setWriteFault(std::optional<WriteFault> fault) { armedFault() = std::move(fault); }
 
 void setUnnamedTemporaryFiles(bool allowed) { unnamedAllowed() = allowed; }
+
+std::string resolvedOutputPath(const std::string& path) {
+  // Like the kernel's limit on links followed in one lookup.
+  constexpr int kMaxLinks = 40;
+  std::filesystem::path current(path);
+  for (int hops = 0; hops < kMaxLinks; ++hops) {
+    std::error_code error;
+    if (!std::filesystem::is_symlink(current, error) || error) return current.string();
+    const std::filesystem::path next = std::filesystem::read_symlink(current, error);
+    if (error) return path;
+    current = next.is_absolute() ? next : current.parent_path() / next;
+  }
+  return path;
+}
 
 int removeStaleTemporaryFiles(const std::string& path) {
   const std::string prefix = std::filesystem::path(path).filename().string() + ".tmp.";

@@ -45,9 +45,18 @@ void setUnnamedTemporaryFiles(bool allowed);
 // Before writing, "PATH.tmp.<pid>" files of processes that no longer exist
 // (left by a kill) are removed. On failure the temporary file is removed, a
 // previous file at `path` is left as it was, and IoError(FileUnwritable)
-// names `path` and the system's reason. (A failure to sync the folder after
+// names `path` and the system's reason. Symbolic links are resolved first
+// (resolvedOutputPath): the link stays and the file it names is replaced. A
+// path with a NUL character, or naming an existing file that is not a regular
+// one (a device, a FIFO, a socket, a folder), is refused the same way before
+// anything is created. (A failure to sync the folder after
 // the rename is reported too, although the new file is then in place.)
 void writeFileAtomically(const std::string& path, std::span<const uint8_t> bytes);
+
+// The file a write to `path` replaces: `path` with its symbolic links
+// resolved (also a dangling link's target), or `path` itself where it cannot
+// be resolved (a missing folder, a loop).
+std::string resolvedOutputPath(const std::string& path);
 
 // Removes the "PATH.tmp.<pid>" files of `path`'s folder whose process no
 // longer runs; returns how many. Errors are ignored: the files are litter.

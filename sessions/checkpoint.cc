@@ -8,7 +8,9 @@
 #include <bit>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <system_error>
@@ -20,6 +22,7 @@
 
 #include "atomic_file.hpp"
 #include "half.hpp"
+#include "input_file.hpp"
 #include "safetensors.hpp"
 #include "tessera/adam.hpp"
 #include "tessera/error.hpp"
@@ -341,25 +344,51 @@ class Decoder {
 
 // --- Files -------------------------------------------------------------------------
 
-struct FileCloser {
-  void operator()(std::FILE* file) const noexcept { std::fclose(file); }
-};
-
-std::vector<uint8_t> readBytes(const std::string& path) {
-  const auto unreadable = [&path](int error) {
-    return IoError(ErrorCode::FileUnreadable, path,
-                   fmt::format("cannot read the file: {}", std::generic_category().message(error)));
-  };
-  errno = 0;
-  const std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
-  if (!file) throw unreadable(errno);
-  std::vector<uint8_t> bytes;
-  std::array<uint8_t, 1 << 16> buffer{};
-  while (const std::size_t n = std::fread(buffer.data(), 1, buffer.size(), file.get())) {
-    bytes.insert(bytes.end(), buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(n));
+// The file's bytes, checked before anything is allocated: a regular file
+// (InputFile), at most `maxBytes`, and as long as its header says the header
+// is (the tensors' byte ranges are checked against the file by the parser).
+std::vector<uint8_t> readBytes(const std::string& path, uint64_t maxBytes, std::string_view bound) {
+  const detail::InputFile file(path);
+  if (file.size() >= 8) {
+    std::array<char, 8> length{};
+    file.readAt(0, length);
+    uint64_t headerBytes = 0;
+    for (std::size_t i = 0; i < length.size(); ++i) {
+      headerBytes |= uint64_t{static_cast<unsigned char>(length[i])} << (8 * i);
+    }
+    if (headerBytes > safetensors::kMaxHeaderBytes || headerBytes > file.size() - 8) {
+      throw IoError(ErrorCode::CorruptCheckpoint, path,
+                    fmt::format("the header claims {} bytes but the file has {} bytes after the length field "
+                                "and headers are at most {} bytes; the file is truncated or not a checkpoint",
+                                headerBytes, file.size() - 8, safetensors::kMaxHeaderBytes));
+    }
   }
-  if (std::ferror(file.get())) throw unreadable(errno);
-  return bytes;
+  return file.readAll<std::vector<uint8_t>>(maxBytes, [&](uint64_t size) {
+    throw IoError(ErrorCode::UnsupportedCheckpoint, path,
+                  fmt::format("the file has {} bytes, more than {} ({} bytes); nothing was read", size, bound,
+                              maxBytes));
+  });
+}
+
+// An upper bound of the size of a checkpoint of `session`: every variable as
+// float32 at its largest host view (the per-replica shape times the
+// replicas), twice (a float32 master of each float16 one), plus the largest
+// header.
+uint64_t checkpointBound(const TrainingSession& session) {
+  const auto replicas =
+      static_cast<uint64_t>(std::max<int64_t>(1, session.options().getGlobalReplicationFactor()));
+  uint64_t bound = 8 + safetensors::kMaxHeaderBytes;
+  for (const OpNode& op : session.graph().ops()) {
+    if (op.kind != OpKind::Variable) continue;
+    const auto elements =
+        static_cast<uint64_t>(numElements(session.graph().tensor(op.outputs.front()).shape));
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(elements, 2 * 4 * replicas, &bytes) ||
+        __builtin_add_overflow(bound, bytes, &bound)) {
+      return std::numeric_limits<uint64_t>::max();
+    }
+  }
+  return bound;
 }
 
 [[noreturn]] void mismatch(std::string_view source, std::string message) {
@@ -444,7 +473,15 @@ Checkpoint decodeCheckpoint(std::span<const uint8_t> bytes, std::string_view sou
   return Decoder(source).decode(bytes);
 }
 
-Checkpoint readCheckpoint(const std::string& path) { return decodeCheckpoint(readBytes(path), path); }
+Checkpoint readCheckpoint(const std::string& path, uint64_t maxBytes) {
+  return decodeCheckpoint(readBytes(path, maxBytes, "the limit of checkpoint files read without a session"),
+                          path);
+}
+
+Checkpoint readCheckpoint(const std::string& path, const TrainingSession& session) {
+  return decodeCheckpoint(
+      readBytes(path, checkpointBound(session), "a checkpoint of this session's variables can have"), path);
+}
 
 void writeCheckpoint(const Checkpoint& checkpoint, const std::string& path) {
   std::vector<uint8_t> bytes;
@@ -464,7 +501,20 @@ void saveCheckpoint(const TrainingSession& session, const std::string& path,
 }
 
 CheckpointLoadReport restoreCheckpoint(TrainingSession& session, const Checkpoint& checkpoint,
-                                       std::string_view source) {
+                                       std::string_view source, bool allowNonFinite) {
+  if (!allowNonFinite) {
+    for (const CheckpointTensor& tensor : checkpoint.tensors) {
+      const auto bad = std::find_if(tensor.value.data.begin(), tensor.value.data.end(),
+                                    [](float value) { return !std::isfinite(value); });
+      if (bad == tensor.value.data.end()) continue;
+      throw IoError(
+          ErrorCode::NonFiniteCheckpoint, std::string(source),
+          fmt::format("tensor \"{}\" holds {} at element {} (the checkpoint of step {}, of a run that "
+                      "diverged?); resume from an earlier checkpoint, or allow non-finite values "
+                      "(tessera train --allow-non-finite) to load it anyway",
+                      boundedText(tensor.name), *bad, bad - tensor.value.data.begin(), checkpoint.step));
+    }
+  }
   const OptimizerConfig current = optimizerConfig(session.optimizer());
   if (current.type != checkpoint.optimizer.type) {
     mismatch(source,
@@ -624,8 +674,8 @@ CheckpointLoadReport restoreCheckpoint(TrainingSession& session, const Checkpoin
   return report;
 }
 
-CheckpointLoadReport loadCheckpoint(TrainingSession& session, const std::string& path) {
-  return restoreCheckpoint(session, readCheckpoint(path), path);
+CheckpointLoadReport loadCheckpoint(TrainingSession& session, const std::string& path, bool allowNonFinite) {
+  return restoreCheckpoint(session, readCheckpoint(path, session), path, allowNonFinite);
 }
 
 }  // namespace tessera

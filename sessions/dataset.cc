@@ -22,6 +22,7 @@
 #include <zlib.h>
 
 #include "half.hpp"
+#include "input_file.hpp"
 #include "json_reader.hpp"
 #include "safetensors.hpp"
 #include "tessera/error.hpp"
@@ -53,9 +54,11 @@ struct FileCloser {
 class ByteSource {
  public:
   explicit ByteSource(const std::string& path) : name_(path), input_(kChunkBytes) {
+    detail::InputFile file(path);
     errno = 0;
-    file_.reset(std::fopen(path.c_str(), "rb"));
+    file_.reset(::fdopen(file.fd(), "rb"));
     if (!file_) throwUnreadable(path, errno);
+    file.release();
     stream_.next_in = input_.data();
     start();
   }
@@ -775,17 +778,18 @@ std::string tensorSubject(const std::string& file, std::string_view tensor) {
 
 std::string shapeText(std::span<const int64_t> shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
+// A tensors dataset is read whole; files over the default tensor limit are
+// refused before anything is allocated.
 std::vector<unsigned char> readWholeFile(const std::string& path) {
-  errno = 0;
-  const std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
-  if (!file) throwUnreadable(path, errno);
-  std::vector<unsigned char> bytes;
-  std::vector<unsigned char> chunk(kChunkBytes);
-  while (const std::size_t n = std::fread(chunk.data(), 1, chunk.size(), file.get())) {
-    bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + static_cast<std::ptrdiff_t>(n));
-  }
-  if (std::ferror(file.get())) throwUnreadable(path, errno);
-  return bytes;
+  const detail::InputFile file(path);
+  return file.readAll<std::vector<unsigned char>>(
+      static_cast<uint64_t>(kDefaultMaxTensorBytes), [&path](uint64_t size) {
+        throw ConfigError(
+            ErrorCode::ShapeTooLarge, path,
+            fmt::format("the dataset file has {} bytes, more than the limit of {} bytes; split it or "
+                        "use a smaller subset",
+                        size, kDefaultMaxTensorBytes));
+      });
 }
 
 // The dtypes a graph input of `dtype` can be fed from: a float input (float32

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "atomic_file.hpp"
+#include "input_file.hpp"
 #include "tessera/error.hpp"
 
 namespace tessera {
@@ -26,13 +28,28 @@ std::string reason(int error) { return std::generic_category().message(error); }
 
 void checkOutputPath(const std::string& path, const std::string& subject) {
   if (path.empty()) return;
-  const std::filesystem::path target(path);
+  if (const std::size_t nul = path.find('\0'); nul != std::string::npos) {
+    refuse(subject, path.substr(0, nul),
+           fmt::format("the path has a NUL character after its first {} bytes; a file name cannot hold one, "
+                       "so remove it from {}",
+                       nul, subject));
+  }
+  // Symbolic links are followed: the file written is the one they name.
+  const std::filesystem::path target(detail::resolvedOutputPath(path));
   const std::string folder = target.parent_path().empty() ? "." : target.parent_path().string();
   struct stat info {};
   if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
     refuse(subject, path,
            fmt::format("it is a folder; set {} to a file in it, such as \"{}\"", subject,
-                       (target / "output").string()));
+                       (std::filesystem::path(path) / "output").string()));
+  }
+  if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+    refuse(subject, path,
+           fmt::format(
+               "it is {}{}, not a regular file, and tessera never replaces one; set {} to the path of a "
+               "regular file",
+               detail::fileTypeName(info.st_mode),
+               target.string() == path ? std::string() : fmt::format(" (\"{}\")", target.string()), subject));
   }
   const std::string probe =
       (std::filesystem::path(folder) / fmt::format(".{}.probe.{}", target.filename().string(), ::getpid()))
@@ -68,6 +85,11 @@ void checkOutputPath(const std::string& path, const std::string& subject) {
   }
   ::close(fd);
   ::unlink(probe.c_str());
+}
+
+void writeOutputFile(const std::string& path, std::string_view text) {
+  detail::writeFileAtomically(
+      path, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
 }
 
 void checkOutputs(const OutputConfig& output) {

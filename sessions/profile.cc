@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/error.hpp"
+#include "tessera/output_check.hpp"
 #include "tessera/run_config.hpp"
 #include "tessera/session.hpp"
 
@@ -73,22 +74,7 @@ json memoryJson(const MemoryReport& memory) {
           {"tensors", std::move(tensors)}};
 }
 
-void writeText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    throw IoError(ErrorCode::FileUnwritable, path,
-                  fmt::format("cannot open the file for writing ({}); check that its folder exists and is "
-                              "writable",
-                              std::strerror(errno)));
-  }
-  out << text << '\n';
-  out.flush();
-  if (!out) {
-    throw IoError(ErrorCode::FileUnwritable, path,
-                  fmt::format("writing {} bytes failed ({}); check the free space of its file system",
-                              text.size() + 1, std::strerror(errno)));
-  }
-}
+void writeText(const std::string& path, const std::string& text) { writeOutputFile(path, text + '\n'); }
 
 // Chrome trace threads: the fixed lanes first, then one link per group.
 struct TraceThreads {

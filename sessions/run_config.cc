@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "device_spec_json.hpp"
+#include "input_file.hpp"
 #include "json_reader.hpp"
 #include "optimizer_options_json.hpp"
 #include "tessera/error.hpp"
@@ -320,6 +321,22 @@ void visitFields(V& v, OutputConfig& value) {
           {.doc = "The ONNX model (model type onnx only) with the trained weights (float32 master weights of a "
                   "float16 run) and BatchNormalization's running statistics in its initializers, written after "
                   "training; empty: not written."});
+  // A file name cannot hold a NUL: the system would write to the name cut there.
+  v.rule([&value](const jsonio::RuleSite& site) {
+    for (const auto& [key, file] :
+         {std::pair<std::string_view, const std::string*>{"checkpoint", &value.checkpoint},
+          {"profile", &value.profile},
+          {"trace", &value.trace}}) {
+      const std::size_t nul = file->find('\0');
+      if (nul == std::string::npos) continue;
+      const std::string path = site.path(key);
+      throw ConfigError(
+          ErrorCode::InvalidOutput, path,
+          fmt::format("the path \"{}\" has a NUL character after its first {} bytes; a file name "
+                      "cannot hold one, so remove it{}",
+                      jsonio::printable(file->substr(0, nul)), nul, site.origin(path)));
+    }
+  });
   v.rule([&value](const jsonio::RuleSite& site) {
     if (value.checkpointEvery == 0 || !value.checkpoint.empty()) return;
     const std::string path = site.path("checkpointEvery");
@@ -339,6 +356,12 @@ void visitFields(V& v, LimitsConfig& value) {
                   "one replica's activations of the widest layer for a (test) micro-batch; or the host "
                   "buffer of one step's input samples. validate() rejects larger sizes before anything is "
                   "allocated. >= 1."});
+  v.field(
+      "maxLayers", value.maxLayers,
+      {.min = 1,
+       .doc = "The most layers a model may have: weight layers of the mlp model (entries of /model/layers "
+              "minus one) or blocks of the transformer. Each layer adds ops, tensors and plans whose host "
+              "memory and planning time grow with the count. >= 1."});
 }
 
 template <class V>
@@ -530,31 +553,13 @@ Provenance provenanceOf(const std::string& leaf, const std::vector<std::string>&
   return documentHas(fileDocument, leaf) ? Provenance::File : Provenance::Default;
 }
 
-[[noreturn]] void throwUnreadable(const std::string& path, int error) {
-  throw IoError(ErrorCode::FileUnreadable, path,
-                fmt::format("cannot read the file: {}", std::generic_category().message(error)));
-}
-
-struct FileCloser {
-  void operator()(std::FILE* file) const noexcept { std::fclose(file); }
-};
-
 std::string readFile(const std::string& path) {
-  errno = 0;
-  const std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
-  if (!file) throwUnreadable(path, errno);
-  std::string text;
-  std::array<char, 1 << 16> buffer{};
-  while (const std::size_t n = std::fread(buffer.data(), 1, buffer.size(), file.get())) {
-    text.append(buffer.data(), n);
-    if (text.size() > jsonio::kMaxDocumentBytes) {
-      throw ConfigError(
-          ErrorCode::DocumentLimit, path,
-          fmt::format("the file is larger than the limit of {} bytes (64 MiB)", jsonio::kMaxDocumentBytes));
-    }
-  }
-  if (std::ferror(file.get())) throwUnreadable(path, errno);
-  return text;
+  const detail::InputFile file(path);
+  return file.readAll<std::string>(jsonio::kMaxDocumentBytes, [&path](uint64_t size) {
+    throw ConfigError(ErrorCode::DocumentLimit, path,
+                      fmt::format("the file has {} bytes, more than the limit of {} bytes (64 MiB)", size,
+                                  jsonio::kMaxDocumentBytes));
+  });
 }
 
 // Layer widths the datasets fix (the synthetic set stands in for
@@ -669,6 +674,17 @@ void checkTransformerSizes(const RunConfig& config, std::optional<int64_t> limit
 // allocated, against `limit` (none: only countable in 64 bits). The fields are
 // in range here (the section rules ran first).
 void checkSizes(const RunConfig& config, std::optional<int64_t> limit) {
+  const int64_t maxLayers = config.limits.maxLayers;
+  const int64_t layerCount = config.model.type == kTransformerModel
+                                 ? config.model.transformer.layers
+                                 : static_cast<int64_t>(config.model.layers.size()) - 1;
+  if (config.model.type != kOnnxModel && layerCount > maxLayers) {
+    throw ConfigError(
+        ErrorCode::ShapeTooLarge, "/model/layers",
+        fmt::format("the model has {} layers, more than /limits/maxLayers ({}); use fewer layers, "
+                    "or raise /limits/maxLayers if the host has the memory and time to plan them",
+                    layerCount, maxLayers));
+  }
   const std::vector<int64_t>& layers = config.model.layers;
   const int64_t local = config.sessionOptions.getLocalReplicationFactor();
   const int64_t global = config.sessionOptions.getGlobalReplicationFactor();

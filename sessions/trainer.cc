@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <exception>
 #include <filesystem>
@@ -674,8 +675,9 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
     const auto warn = [&control](const std::string& warning) {
       if (control.onWarning) control.onWarning(warning);
     };
-    const Checkpoint checkpoint = readCheckpoint(control.resumeFrom);
-    for (const std::string& warning : restoreCheckpoint(session, checkpoint, control.resumeFrom).warnings) {
+    const Checkpoint checkpoint = readCheckpoint(control.resumeFrom, session);
+    for (const std::string& warning :
+         restoreCheckpoint(session, checkpoint, control.resumeFrom, control.allowNonFinite).warnings) {
       warn(warning);
     }
     warnAboutRunDifferences(config, globalBatch, checkpoint, warn);
@@ -733,7 +735,8 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   const double baseLearningRate = config.optimizer.learningRate();
   // A resumed run starts inside the epoch of its first step.
   const int64_t firstEpoch = firstStep / stepsPerEpoch;
-  for (int64_t epoch = firstEpoch; epoch < config.data.epochs && !summary.interrupted; ++epoch) {
+  for (int64_t epoch = firstEpoch; epoch < config.data.epochs && !summary.interrupted && !summary.diverged;
+       ++epoch) {
     fillEpochOrder(order, config.data.seed, epoch, config.data.shuffle);
     for (int64_t step = epoch == firstEpoch ? firstStep % stepsPerEpoch : 0; step < stepsPerEpoch; ++step) {
       if (control.stopRequested) {
@@ -761,6 +764,13 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       summary.losses.push_back(loss);
       ++summary.steps;
       if (session.lastStepSkipped()) summary.skippedStepIndices.push_back(session.step() - 1);
+      // A non-finite loss is never loss scaling's doing (the loss is not
+      // scaled): the weights that produced it are lost, so stop here rather
+      // than train on (and checkpoint) NaNs.
+      if (!std::isfinite(loss)) {
+        summary.diverged = true;
+        summary.divergedStep = session.step() - 1;
+      }
       if (onStep) {
         TrainProgress progress;
         progress.epoch = epoch;
@@ -775,17 +785,19 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
         progress.skippedSteps = static_cast<int64_t>(summary.skippedStepIndices.size());
         onStep(progress);
       }
+      if (summary.diverged) break;
       const int64_t every = config.output.checkpointEvery;
       if (every > 0 && session.step() % every == 0) checkpointNow();
     }
-    if (!summary.interrupted) {
+    if (!summary.interrupted && !summary.diverged) {
       const TestResult test = evaluate(config, options, instances, session, data.test);
       summary.epochTestAccuracies.push_back(test.accuracy);
       summary.epochTestLosses.push_back(test.loss);
       summary.testGlobalBatch = test.globalBatch;
     }
   }
-  if (!config.output.checkpoint.empty() &&
+  // A diverged run keeps its last finite checkpoint.
+  if (!config.output.checkpoint.empty() && !summary.diverged &&
       (summary.checkpoint.empty() || summary.checkpointStep != session.step())) {
     checkpointNow();
   }
@@ -796,7 +808,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       trainSeconds > 0 ? static_cast<double>(summary.steps * globalBatch) / trainSeconds : 0.0;
   // The last epoch's evaluation is of the final weights (a run resumed after
   // its last step runs no epoch and is evaluated here).
-  if (!summary.interrupted) {
+  if (!summary.interrupted && !summary.diverged) {
     const TestResult test = summary.epochTestAccuracies.empty()
                                 ? evaluate(config, options, instances, session, data.test)
                                 : TestResult{summary.epochTestAccuracies.back(),
@@ -830,6 +842,8 @@ nlohmann::json summaryJson(const TrainSummary& summary) {
                         {"dataset", summary.dataset},
                         {"firstStep", summary.firstStep},
                         {"interrupted", summary.interrupted},
+                        {"diverged", summary.diverged},
+                        {"divergedStep", summary.divergedStep},
                         {"stopReason", summary.stopReason},
                         {"checkpoint", summary.checkpoint},
                         {"checkpointStep", summary.checkpointStep},

@@ -134,8 +134,20 @@ std::vector<uint8_t> encodeCheckpoint(const Checkpoint& checkpoint);
 // format or shard layout version, a dtype other than F32, F16 and I32).
 Checkpoint decodeCheckpoint(std::span<const uint8_t> bytes, std::string_view source);
 
-// decodeCheckpoint of a file; IoError(FileUnreadable) when it cannot be read.
-Checkpoint readCheckpoint(const std::string& path);
+// The default bound of readCheckpoint(path): 4 GiB.
+inline constexpr uint64_t kDefaultMaxCheckpointBytes = uint64_t{4} << 30;
+
+// decodeCheckpoint of a file. IoError(FileUnreadable) when it cannot be read
+// or is not a regular file (a folder, a FIFO, a device: refused without
+// waiting or reading); CorruptCheckpoint when its header length does not fit
+// the file; UnsupportedCheckpoint when the file is larger than `maxBytes`.
+// Sizes are checked before anything is allocated.
+Checkpoint readCheckpoint(const std::string& path, uint64_t maxBytes = kDefaultMaxCheckpointBytes);
+// The same for a checkpoint to restore into `session`: the bound is what a
+// checkpoint of the session's variables can hold (all of them float32, with
+// float32 masters, plus the largest header), so a file far larger than the
+// model is refused before it is read.
+Checkpoint readCheckpoint(const std::string& path, const TrainingSession& session);
 // Writes encodeCheckpoint(checkpoint) atomically (see above);
 // IoError(FileUnwritable) naming the file and the system's reason.
 void writeCheckpoint(const Checkpoint& checkpoint, const std::string& path);
@@ -152,11 +164,14 @@ void saveCheckpoint(const TrainingSession& session, const std::string& path,
 // does not have, a variable of the session the checkpoint does not have, or a
 // different category or host shape, or an integer dtype where the other side
 // has a float one (F32 and F16 convert as described above; each conversion
-// is listed in the report's warnings).
+// is listed in the report's warnings). A tensor holding a NaN or an infinity
+// (the checkpoint of a run that diverged) is IoError(NonFiniteCheckpoint)
+// naming the tensor and the element unless `allowNonFinite`.
 CheckpointLoadReport restoreCheckpoint(TrainingSession& session, const Checkpoint& checkpoint,
-                                       std::string_view source);
+                                       std::string_view source, bool allowNonFinite = false);
 
-// restoreCheckpoint(session, readCheckpoint(path), path).
-CheckpointLoadReport loadCheckpoint(TrainingSession& session, const std::string& path);
+// restoreCheckpoint(session, readCheckpoint(path, session), path, allowNonFinite).
+CheckpointLoadReport loadCheckpoint(TrainingSession& session, const std::string& path,
+                                    bool allowNonFinite = false);
 
 }  // namespace tessera

@@ -67,6 +67,7 @@ enum class ErrorCode : int {
   InvalidCommGroup = 146,
   InvalidShardLayout = 147,  // negative elements or fewer than one shard
   ShardBufferSizeMismatch = 148,
+  StridedGroupingNotTiling = 149,  // stride != 1 and stride * groupSize != numReplicas (PopXL's rule)
   // --- Run config sections (15x) ---
   InvalidModel = 150,
   InvalidOptimizer = 151,
@@ -93,6 +94,7 @@ enum class ErrorCode : int {
   // --- Device (4xx) ---
   OutOfMemory = 401,
   InvalidProgram = 402,
+  TrainingDiverged = 403,  // a non-finite training loss: training stopped at that step
   // --- Distributed (5xx) ---
   InconsistentDistEnv = 501,
   InstanceMismatch = 502,
@@ -109,6 +111,7 @@ enum class ErrorCode : int {
   DatasetTensorMissing = 608,   // a graph input that the tensors dataset has no tensor for
   DatasetTensorMismatch = 609,  // a dataset tensor whose dtype, shape or values do not fit its graph input
   DatasetLengthMismatch = 610,  // dataset tensors with different numbers of samples
+  NonFiniteCheckpoint = 611,    // a checkpoint tensor holding NaN or infinity, refused on load unless allowed
   // --- ONNX import and export (7xx) ---
   OnnxUnavailable = 701,         // this build has no ONNX support
   OnnxMalformed = 702,           // not a ModelProto / TensorProto, truncated, inconsistent tensor data
@@ -134,10 +137,22 @@ std::string_view errorCodeName(ErrorCode code) noexcept;
 // Every code, in numeric order; for documentation and tests.
 std::span<const ErrorCode> allErrorCodes() noexcept;
 
+// How much of an input value a message quotes: a key, an enum string, a name
+// or a path of any length is quoted as its first bytes, then "...", then its
+// length, so that a huge input never makes a huge message.
+inline constexpr std::size_t kMaxQuotedBytes = 200;
+// The same for an error's subject (a JSON path or file name).
+inline constexpr std::size_t kMaxSubjectBytes = 1024;
+
+// `text` when it has at most `maxBytes` bytes, else its first `maxBytes`
+// bytes (not cutting a UTF-8 sequence) followed by "... (N bytes)".
+std::string boundedText(std::string_view text, std::size_t maxBytes = kMaxQuotedBytes);
+
 class Error : public std::runtime_error {
  public:
   // `subject` is the JSON path, tensor name or file the message is about;
-  // it may be empty when there is none.
+  // it may be empty when there is none. A subject longer than
+  // kMaxSubjectBytes is kept as boundedText(subject, kMaxSubjectBytes).
   Error(ErrorCode code, std::string subject, std::string_view message);
 
   ErrorCode code() const noexcept { return code_; }

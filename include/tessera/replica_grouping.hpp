@@ -4,8 +4,11 @@
 // apart; groups of `groupSize` replicas tile the `numReplicas` replicas.
 //
 //   ReplicaGrouping(8, 1, 2): groups [0,1] [2,3] [4,5] [6,7]
-//   ReplicaGrouping(8, 2, 2): groups [0,2] [1,3] [4,6] [5,7]
 //   ReplicaGrouping(8, 2, 4): groups [0,2,4,6] [1,3,5,7]
+//   ReplicaGrouping(8, 4, 2): groups [0,4] [1,5] [2,6] [3,7]
+//
+// As in PopXL, a stride other than 1 needs stride * groupSize = numReplicas:
+// (8, 2, 2), groups [0,2] [1,3] [4,6] [5,7], is refused.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +23,9 @@ class ReplicaGrouping {
   explicit ReplicaGrouping(int64_t numReplicas);
   // Throws ConfigError: InvalidReplicaGrouping when a value is not
   // positive, ReplicaGroupingNotDivisible when numReplicas is not a multiple
-  // of stride * groupSize. A group size of 1 makes the stride 1.
+  // of stride * groupSize, StridedGroupingNotTiling when stride != 1 and
+  // stride * groupSize != numReplicas (PopXL's rule). A group size of 1
+  // makes the stride 1 (and is never refused for its stride).
   ReplicaGrouping(int64_t numReplicas, int64_t stride, int64_t groupSize);
 
   int64_t numReplicas() const noexcept { return numReplicas_; }

@@ -228,6 +228,9 @@ struct OutputConfig {
 // The default of LimitsConfig::maxTensorBytes: 4 GiB.
 inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{4} << 30;
 
+// The default of LimitsConfig::maxLayers.
+inline constexpr int64_t kDefaultMaxLayers = 1024;
+
 // Bounds on the sizes a run config implies. validate() computes every size
 // with overflow checks and rejects one over its bound (ShapeTooLarge, at the
 // path of the setting that makes it large) before anything is allocated, so
@@ -242,6 +245,11 @@ struct LimitsConfig {
   // default is far above what the simulator trains in reasonable time; raise
   // it only for a host with the memory to match.
   int64_t maxTensorBytes = kDefaultMaxTensorBytes;
+  // The most layers a model may have: weight layers of the mlp model
+  // (entries of /model/layers minus one) or blocks of the transformer. Each
+  // layer adds ops, tensors and plans, whose host memory and planning time
+  // grow with the count whatever the widths. >= 1.
+  int64_t maxLayers = kDefaultMaxLayers;
   bool operator==(const LimitsConfig&) const = default;
 };
 

@@ -80,6 +80,11 @@ struct TrainSummary {
   // update automatic loss scaling skipped, by absolute 0-based step index.
   double lossScale = 1.0;
   std::vector<int64_t> skippedStepIndices;
+  // The loss of a step was NaN or infinite: training stopped after that step
+  // (absolute 0-based index divergedStep), without evaluating the test set or
+  // writing a checkpoint of the non-finite weights (an earlier one stays).
+  bool diverged = false;
+  int64_t divergedStep = 0;
 };
 
 // How a run starts and stops besides what its config says.
@@ -100,6 +105,9 @@ struct TrainControl {
   // training: session options, optimizer hyper-parameters or data settings
   // that differ from the checkpoint's run.
   std::function<void(const std::string&)> onWarning;
+  // Resume from a checkpoint holding NaN or infinite values (refused with
+  // IoError(NonFiniteCheckpoint) otherwise).
+  bool allowNonFinite = false;
 };
 
 // Validates the config, loads the data, builds and compiles the model, trains

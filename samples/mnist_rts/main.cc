@@ -22,11 +22,12 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "program.hpp"
 #include "tessera/dataset.hpp"
 #include "tessera/error.hpp"
 #include "tessera/mlp.hpp"
+#include "tessera/output_check.hpp"
 #include "tessera/session.hpp"
-#include "program.hpp"
 
 namespace {
 
@@ -95,10 +96,11 @@ int run(const Options& opts) {
   fmt::print("test accuracy: {:.4f} ({} samples, replication factor {}, rts {})\n", accuracy, seen,
              opts.replicationFactor, opts.rts ? "on" : "off");
   if (!opts.summaryPath.empty()) {
-    std::ofstream out(opts.summaryPath);
-    out << nlohmann::json{{"testAccuracy", accuracy}, {"finalLoss", loss}, {"steps", steps * opts.epochs}}.dump(2)
-        << '\n';
-    if (!out) throw IoError(ErrorCode::FileUnwritable, opts.summaryPath, "cannot write the summary");
+    writeOutputFile(
+        opts.summaryPath,
+        nlohmann::json{{"testAccuracy", accuracy}, {"finalLoss", loss}, {"steps", steps * opts.epochs}}.dump(
+            2) +
+            '\n');
   }
   return 0;
 }

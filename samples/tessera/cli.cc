@@ -16,6 +16,10 @@ const CLI::Validator& listableCount() {
       [](const std::string& text) -> std::string {
         int64_t value = 0;
         const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
+          return fmt::format("{} is too large to list; at most {} are supported", boundedText(text),
+                             kMaxListedCount);
+        }
         // Text that is not a number is left to the option's own conversion,
         // which reports it.
         if (ec != std::errc{} || end != text.data() + text.size()) return {};

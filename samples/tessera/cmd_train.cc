@@ -31,6 +31,7 @@ struct TrainArgs {
   std::string summaryPath;
   std::string weightsPath;
   bool quiet = false;
+  bool allowNonFinite = false;
 };
 
 // The number of the first stop signal (0: none yet): training stops at the
@@ -143,17 +144,7 @@ class ProgressPrinter {
 };
 
 void writeJsonFile(const std::string& path, const nlohmann::json& value) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << value.dump(2) << '\n';
-    out.close();
-    if (!out) throw IoError(ErrorCode::FileUnwritable, path, "cannot write the file");
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    std::remove(temporary.c_str());
-    throw IoError(ErrorCode::FileUnwritable, path, "cannot move the file into place");
-  }
+  writeOutputFile(path, value.dump(2) + '\n');
 }
 
 }  // namespace
@@ -169,6 +160,8 @@ Action attachTrain(CLI::App& command) {
   command.add_option("--dump-weights", args->weightsPath,
                      "Write the final weights to this file as JSON: {NAME: [values in host order], ...}")
       ->type_name("FILE");
+  command.add_flag("--allow-non-finite", args->allowNonFinite,
+                   "Resume from a checkpoint that holds NaN or infinite values (refused otherwise)");
   command.add_flag("--quiet", args->quiet, "No progress output");
   return [args] {
     const LoadedRunConfig loaded = loadValidated(args->config);
@@ -185,6 +178,7 @@ Action attachTrain(CLI::App& command) {
     ProgressPrinter progress(args->quiet || !reports);
     TrainControl control;
     control.resumeFrom = args->resume;
+    control.allowNonFinite = args->allowNonFinite;
     control.stopRequested = [] { return stopSignal != 0; };
     control.stopReason = [] { return static_cast<int>(stopSignal); };
     control.onWarning = [](const std::string& warning) { fmt::print(stderr, "warning: {}\n", warning); };
@@ -196,7 +190,10 @@ Action attachTrain(CLI::App& command) {
     progress.endLine();
     // Every instance stops for the same reason, so all exit with one code.
     const int interruptedCode = exitCodeForSignal(summary.stopReason > 0 ? summary.stopReason : SIGINT);
-    if (!reports) return summary.interrupted ? leaveTogether(interruptedCode) : kExitOk;
+    if (!reports) {
+      if (summary.diverged) return kExitInvalidInput;
+      return summary.interrupted ? leaveTogether(interruptedCode) : kExitOk;
+    }
     if (!summary.notice.empty()) fmt::print(stderr, "note: {}\n", summary.notice);
     fmt::print("dataset: {}\n", summary.dataset);
     if (!args->resume.empty()) fmt::print("resumed: {} at step {}\n", args->resume, summary.firstStep);
@@ -204,12 +201,13 @@ Action attachTrain(CLI::App& command) {
     fmt::print("final loss: {:.4f}\n", summary.finalLoss);
     const ModelConfig& model = loaded.config.model;
     const bool mlp = model.type == kMlpModel;
-    if (!summary.interrupted && (mlp || (model.type == kOnnxModel && !model.logits.empty()))) {
+    const bool evaluated = !summary.interrupted && !summary.diverged;
+    if (evaluated && (mlp || (model.type == kOnnxModel && !model.logits.empty()))) {
       fmt::print("test accuracy: {:.4f} ({} samples)\n", summary.testAccuracy, summary.testSamples);
       if (summary.epochTestAccuracies.size() > 1)
         fmt::print("test accuracy per epoch: {:.4f}\n", fmt::join(summary.epochTestAccuracies, " "));
     }
-    if (!summary.interrupted && !mlp && summary.testSamples > 0) {
+    if (evaluated && !mlp && summary.testSamples > 0) {
       // Another model reports its mean loss on the test set (an onnx model with logits: besides the
       // accuracy).
       fmt::print("test loss: {:.4f} ({} samples)\n", summary.testLoss, summary.testSamples);
@@ -232,6 +230,16 @@ Action attachTrain(CLI::App& command) {
       nlohmann::json weights = nlohmann::json::object();
       for (const auto& [name, values] : summary.weights) weights[name] = values;
       writeJsonFile(args->weightsPath, weights);
+    }
+    if (summary.diverged) {
+      throw DeviceError(ErrorCode::TrainingDiverged, fmt::format("step {}", summary.divergedStep),
+                        fmt::format("the training loss is {}; training diverged and stopped{} (lower "
+                                    "/optimizer/learningRate, or enable loss scaling for float16)",
+                                    summary.finalLoss,
+                                    summary.checkpoint.empty()
+                                        ? std::string()
+                                        : fmt::format("; the checkpoint {} of step {} is the last finite one",
+                                                      summary.checkpoint, summary.checkpointStep)));
     }
     if (!summary.interrupted) return kExitOk;
     const int64_t step = summary.firstStep + summary.steps;

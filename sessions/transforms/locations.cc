@@ -9,7 +9,10 @@
 
 #include <fmt/format.h>
 
+#include "derived_grouping.hpp"
 #include "graph_copy.hpp"
+#include "json_reader.hpp"
+#include "option_paths.hpp"
 #include "tessera/error.hpp"
 #include "tessera/location_resolver.hpp"
 #include "tessera/ops.hpp"
@@ -577,7 +580,7 @@ ReplicaGrouping shardHolders(const ReplicaGrouping& variableGroups, const Replic
   if (holders >= 1 && static_cast<int64_t>(first.size()) == holders) {
     const int64_t stride = holders > 1 ? first[1] - first[0] : 1;
     if (replicas % (stride * holders) == 0) {
-      const ReplicaGrouping candidate(replicas, stride, holders);
+      const ReplicaGrouping candidate = detail::derivedGrouping(replicas, stride, holders);
       // Each group of the candidate holds one shard, and no two hold the same.
       std::vector<std::optional<std::pair<int64_t, int64_t>>> shardOfGroup(
           static_cast<std::size_t>(candidate.numGroups()));
@@ -697,7 +700,32 @@ void WeightShardingTransform::apply(Graph& graph) {
 LocationTransform::LocationTransform(const SessionOptions& options, TrainingTensors* tensors)
     : options_(options), tensors_(tensors) {}
 
+namespace {
+
+// Every per-tensor override names a tensor of the training graph (which has
+// them all: weights, gradients, accumulators, optimizer state); a name
+// without one is a typo that would otherwise change nothing, silently.
+void checkOverridesNameTensors(const Graph& graph, const SessionOptions& options) {
+  for (const auto& entry : options.tensorLocationSettingsOverride) {
+    const std::string& name = entry.first;
+    if (graph.tryFind(name)) continue;
+    std::vector<std::string_view> names;
+    names.reserve(graph.tensors().size());
+    for (const TensorNode& node : graph.tensors()) names.push_back(node.name);
+    const std::optional<std::string_view> match = jsonio::closestMatch(name, names);
+    throw GraphError(
+        ErrorCode::UnknownTensor, detail::overridePath(name),
+        fmt::format("the override names tensor \"{}\" but the model has no tensor of that name{}; "
+                    "use a name tessera explain lists, or remove the override",
+                    jsonio::printable(name),
+                    match ? fmt::format(" (did you mean \"{}\"?)", *match) : std::string()));
+  }
+}
+
+}  // namespace
+
 void LocationTransform::apply(Graph& graph) {
+  if (tensors_ != nullptr) checkOverridesNameTensors(graph, options_);
   Relocator relocator(graph, options_, tensors_ != nullptr ? tensors_->loss : kNoTensor);
   if (!relocator.changesAnything()) return;
   Graph rebuilt = relocator.run();

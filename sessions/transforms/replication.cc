@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "derived_grouping.hpp"
 #include "locations.hpp"
 #include "tessera/error.hpp"
 #include "tessera/ops.hpp"
@@ -66,9 +67,9 @@ void ReplicationTransform::reduceShardGradient(Graph& graph, std::size_t k, cons
   const int64_t holders = grouping.groupSize() / shards;
   if (holders > 1) {
     // Without a domain, member m of the group holds shard m mod shards.
-    const ReplicaGrouping over = weight.shardDomain
-                                     ? shardHolders(grouping, *weight.shardDomain, weight.name)
-                                     : ReplicaGrouping(replicas_, grouping.stride() * shards, holders);
+    const ReplicaGrouping over =
+        weight.shardDomain ? shardHolders(grouping, *weight.shardDomain, weight.name)
+                           : detail::derivedGrouping(replicas_, grouping.stride() * shards, holders);
     gradient = ops::replicatedAllReduce(gradient, ReductionType::Sum, over);
   }
   if (reduction_ == ReductionType::Mean) {

@@ -221,14 +221,30 @@ TEST_CASE("generated huge inputs are rejected by their limits") {
        ErrorCode::DocumentLimit, "$FILE"},
       {"a 32 MiB unknown key",
        [] { return R"({"data": {")" + std::string(std::size_t{32} << 20, 'k') + R"(": 1}})"; },
-       ErrorCode::UnknownKey, "/data/" + std::string(std::size_t{32} << 20, 'k')},
-      {"a million layers",
+       // The subject quotes a bounded prefix of the key.
+       ErrorCode::UnknownKey,
+       "/data/" + std::string(kMaxSubjectBytes - 6, 'k') + fmt::format("... ({} bytes)", (32 << 20) + 6)},
+      {"a million layers: more values than a document may hold",
        [] {
          std::string layers = "784";
          for (int i = 0; i < 1'000'000; ++i) layers += ", 784";
          return R"({"model": {"layers": [)" + layers + ", 10]}}";
        },
+       ErrorCode::DocumentLimit, "$FILE"},
+      {"100,000 layers: more than /limits/maxLayers",
+       [] {
+         std::string layers = "784";
+         for (int i = 0; i < 100'000; ++i) layers += ", 4";
+         return R"({"model": {"layers": [)" + layers + ", 10]}}";
+       },
        ErrorCode::ShapeTooLarge, "/model/layers"},
+      {"250,000 tensor location overrides",
+       [] {
+         std::string overrides;
+         for (int i = 0; i < 250'000; ++i) overrides += fmt::format("{}\"W{}\": {{}}", i == 0 ? "" : ", ", i);
+         return R"({"sessionOptions": {"tensorLocationSettingsOverride": {)" + overrides + "}}}";
+       },
+       ErrorCode::DocumentLimit, "$FILE"},
       {"ten thousand nested arrays inside a valid prefix",
        [] { return R"({"model": {"layers": )" + std::string(10000, '[') + std::string(10000, ']') + "}}"; },
        ErrorCode::DocumentLimit, "$FILE"},

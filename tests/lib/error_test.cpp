@@ -58,3 +58,15 @@ TEST_CASE("docs/errors.md documents every id with an example message") {
     CHECK(text.str().find("[" + errorId(code) + "]", at) != std::string::npos);
   }
 }
+
+TEST_CASE("messages and subjects quote at most a bounded prefix of an input value") {
+  CHECK(boundedText("short") == "short");
+  CHECK(boundedText(std::string(kMaxQuotedBytes, 'a')) == std::string(kMaxQuotedBytes, 'a'));
+  const std::string huge(10'000'000, 'k');
+  CHECK(boundedText(huge) == std::string(kMaxQuotedBytes, 'k') + "... (10000000 bytes)");
+  // A UTF-8 sequence is never cut: "é" is 2 bytes, so 3 bytes end inside the second one.
+  CHECK(boundedText("\xc3\xa9\xc3\xa9z", 3) == "\xc3\xa9... (5 bytes)");
+  const ConfigError error(ErrorCode::UnknownKey, "/" + huge, "unknown key");
+  CHECK(error.subject() == "/" + std::string(kMaxSubjectBytes - 1, 'k') + "... (10000001 bytes)");
+  CHECK(std::string(error.what()).size() < 2 * kMaxSubjectBytes);
+}

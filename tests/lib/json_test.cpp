@@ -255,9 +255,9 @@ TEST_CASE("missing keys keep the C++ defaults") {
 }
 
 TEST_CASE("ReplicaGrouping has its own serializer") {
-  const ReplicaGrouping grouping(8, 2, 2);
+  const ReplicaGrouping grouping(8, 4, 2);
   const json j = grouping;
-  CHECK(j == json{{"numReplicas", 8}, {"stride", 2}, {"groupSize", 2}});
+  CHECK(j == json{{"numReplicas", 8}, {"stride", 4}, {"groupSize", 2}});
   CHECK(j.get<ReplicaGrouping>() == grouping);
   CHECK(json{{"numReplicas", 4}}.get<ReplicaGrouping>() == ReplicaGrouping(4));
   CHECK(json{{"numReplicas", 4}, {"groupSize", 2}}.get<ReplicaGrouping>() == ReplicaGrouping(4, 1, 2));

@@ -158,7 +158,7 @@ TEST_CASE("collectives across instances give one instance's bits, for every grou
   const std::vector<Row> rows = {
       {2, ReplicaGrouping(4, 1, 4)}, {2, ReplicaGrouping(4, 1, 2)}, {2, ReplicaGrouping(4, 2, 2)},
       {4, ReplicaGrouping(4, 1, 4)}, {4, ReplicaGrouping(4, 1, 2)}, {4, ReplicaGrouping(4, 2, 2)},
-      {2, ReplicaGrouping(8, 1, 4)}, {4, ReplicaGrouping(8, 2, 2)}, {4, ReplicaGrouping(8, 2, 4)},
+      {2, ReplicaGrouping(8, 1, 4)}, {4, ReplicaGrouping(8, 4, 2)}, {4, ReplicaGrouping(8, 2, 4)},
   };
   for (const Row& row : rows) {
     for (const ReductionType reduction : {ReductionType::Sum, ReductionType::Mean}) {

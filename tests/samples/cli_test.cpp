@@ -325,13 +325,13 @@ TEST_CASE("groups --json lists the assignment and the groups") {
     json expected;
   };
   const std::vector<Case> cases = {
-      {{"--replicas", "8", "--stride", "2", "--group-size", "2"},
+      {{"--replicas", "8", "--stride", "4", "--group-size", "2"},
        {{"numReplicas", 8},
-        {"stride", 2},
+        {"stride", 4},
         {"groupSize", 2},
         {"numGroups", 4},
-        {"assignment", {0, 1, 0, 1, 2, 3, 2, 3}},
-        {"groups", {{0, 2}, {1, 3}, {4, 6}, {5, 7}}}}},
+        {"assignment", {0, 1, 2, 3, 0, 1, 2, 3}},
+        {"groups", {{0, 4}, {1, 5}, {2, 6}, {3, 7}}}}},
       {{"--replicas", "16", "--stride", "4", "--group-size", "4"},
        {{"numReplicas", 16},
         {"stride", 4},
@@ -366,13 +366,13 @@ TEST_CASE("groups --json lists the assignment and the groups") {
 }
 
 TEST_CASE("groups prints group and replica tables") {
-  const CliResult result = runCli({"groups", "--replicas", "8", "--stride", "2", "--group-size", "2"});
+  const CliResult result = runCli({"groups", "--replicas", "8", "--stride", "4", "--group-size", "2"});
   INFO("stdout: ", result.out);
   REQUIRE(result.exitCode == 0);
-  CHECK(startsWith(result.out, "ReplicaGrouping(numReplicas=8, stride=2, groupSize=2): 4 groups of 2\n"));
-  CHECK(result.out.find("group  replicas\n0      0 2\n1      1 3\n2      4 6\n3      5 7\n") !=
+  CHECK(startsWith(result.out, "ReplicaGrouping(numReplicas=8, stride=4, groupSize=2): 4 groups of 2\n"));
+  CHECK(result.out.find("group  replicas\n0      0 4\n1      1 5\n2      2 6\n3      3 7\n") !=
         std::string::npos);
-  CHECK(result.out.find("replica  group  index\n0        0      0\n1        1      0\n2        0      1\n") !=
+  CHECK(result.out.find("replica  group  index\n0        0      0\n1        1      0\n2        2      0\n") !=
         std::string::npos);
 }
 
@@ -388,6 +388,10 @@ TEST_CASE("groups rejects an invalid grouping with the library's error id") {
       {{"--replicas", "4", "--stride", "0"},
        "error: [tessera.config.140] ReplicaGrouping(numReplicas=4, stride=0, "},
       {{"--replicas", "8", "--stride", "3"}, "error: [tessera.config.141] --stride: "},
+      // PopXL's rule: stride * groupSize = numReplicas when the stride is not 1.
+      {{"--replicas", "8", "--stride", "2", "--group-size", "2"},
+       "error: [tessera.config.149] ReplicaGrouping(numReplicas=8, stride=2, groupSize=2): with stride 2 != "
+       "1"},
   };
   for (const Case& c : cases) {
     const std::string command = commandLine(c.args);
@@ -567,7 +571,7 @@ TEST_CASE("explain --json lists overrides and non-default domains, and nothing e
           "location": {"shardingDomain": {"type": "Orthogonal", "replicaGroupSize": 2}}
         },
         "tensorLocationSettingsOverride": {
-          "layer/W1": {"storage": "OffChip", "replicatedTensorSharding": "On"}
+          "W1": {"storage": "OffChip", "replicatedTensorSharding": "On"}
         }
       }
     })");
@@ -577,7 +581,7 @@ TEST_CASE("explain --json lists overrides and non-default domains, and nothing e
     CHECK(domains[0]["setting"] ==
           "/sessionOptions/optimizerStateTensorLocationSettings/location/shardingDomain");
     CHECK(domains[0]["groups"] == json{{0, 2}, {1, 3}});
-    CHECK(domains[1]["setting"] == "/sessionOptions/tensorLocationSettingsOverride/layer~1W1/shardingDomain");
+    CHECK(domains[1]["setting"] == "/sessionOptions/tensorLocationSettingsOverride/W1/shardingDomain");
     CHECK(domains[1]["commGroup"]["type"] == "All");
     CHECK(domains[1]["groups"] == json{{0, 1, 2, 3}});
   }

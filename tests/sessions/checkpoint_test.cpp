@@ -1,14 +1,17 @@
 #include "tessera/checkpoint.hpp"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -1171,4 +1174,176 @@ TEST_CASE("checkpointEvery needs a checkpoint path") {
   REQUIRE(negative);
   CHECK(negative->code() == ErrorCode::OutOfRange);
   CHECK(negative->subject() == "/output/checkpointEvery");
+}
+
+// ---------------------------------------------------------------------------
+// Hostile files and outputs
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// A safetensors file of `path` whose header claims one F32 tensor of `bytes`
+// bytes, made that long as a sparse file (no disk, no memory).
+void writeSparseCheckpoint(const std::string& path, uint64_t bytes) {
+  const std::string header =
+      fmt::format(R"({{"W0":{{"dtype":"F32","shape":[{}],"data_offsets":[0,{}]}}}})", bytes / 4, bytes);
+  std::string prefix(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    prefix[static_cast<std::size_t>(i)] = static_cast<char>(header.size() >> (8 * i));
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << prefix << header;
+  }
+  fs::resize_file(path, 8 + header.size() + bytes);
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint larger than its bound is refused before it is read") {
+  const test::TempDir dir;
+  const std::string path = (dir.path() / "huge.safetensors").string();
+  writeSparseCheckpoint(path, uint64_t{8} << 30);
+  const auto start = std::chrono::steady_clock::now();
+  const auto error = test::catchError<IoError>([&] { readCheckpoint(path); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::UnsupportedCheckpoint);
+  CHECK(error->subject() == path);
+  CHECK(error->detail().find(fmt::format("more than the limit of checkpoint files read without a session ({} "
+                                         "bytes)",
+                                         kDefaultMaxCheckpointBytes)) != std::string::npos);
+  // Resuming bounds the file by the session's variables: far less than the default.
+  TrainingSession session = makeSession(Setup{1, false, 1}, sgdMomentum());
+  const std::string small = (dir.path() / "small.safetensors").string();
+  writeSparseCheckpoint(small, uint64_t{1} << 30);
+  const auto resumed = test::catchError<IoError>([&] { loadCheckpoint(session, small); });
+  REQUIRE(resumed);
+  CHECK(resumed->code() == ErrorCode::UnsupportedCheckpoint);
+  CHECK(resumed->detail().find("a checkpoint of this session's variables can have") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(3));
+}
+
+TEST_CASE("a header length beyond the file is refused from the first 8 bytes") {
+  const test::TempDir dir;
+  const std::string path = (dir.path() / "claims.safetensors").string();
+  std::string bytes(8, '\0');
+  bytes[4] = 1;  // 2^32 header bytes
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << bytes << "{}";
+  }
+  const auto error = test::catchError<IoError>([&] { readCheckpoint(path); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::CorruptCheckpoint);
+  CHECK(error->detail().find("the header claims 4294967296 bytes but the file has 2 bytes") !=
+        std::string::npos);
+}
+
+TEST_CASE("special files are refused as checkpoints without waiting or reading") {
+  const test::TempDir dir;
+  const std::string fifo = (dir.path() / "fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  struct Case {
+    std::string path;
+    std::string what;
+  };
+  for (const Case& c : {Case{fifo, "a FIFO (named pipe)"}, Case{"/dev/zero", "a character device"},
+                        Case{"/dev/urandom", "a character device"}, Case{dir.path().string(), "a folder"}}) {
+    CAPTURE(c.path);
+    const auto start = std::chrono::steady_clock::now();
+    const auto error = test::catchError<IoError>([&] { readCheckpoint(c.path); });
+    REQUIRE(error);
+    CHECK(error->code() == ErrorCode::FileUnreadable);
+    CHECK(error->subject() == c.path);
+    CHECK(error->detail() == fmt::format("cannot read the file: it is {}, not a regular file", c.what));
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(3));
+  }
+}
+
+TEST_CASE("a checkpoint holding NaN or infinity is refused on load unless allowed") {
+  TrainingSession session = makeSession(Setup{1, false, 1}, sgdMomentum());
+  Checkpoint checkpoint = makeCheckpoint(session);
+  REQUIRE(!checkpoint.tensors.empty());
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    CAPTURE(bad);
+    Checkpoint broken = checkpoint;
+    broken.tensors.back().value.data.at(1) = bad;
+    const auto error =
+        test::catchError<IoError>([&] { restoreCheckpoint(session, broken, "run.safetensors"); });
+    REQUIRE(error);
+    CHECK(error->code() == ErrorCode::NonFiniteCheckpoint);
+    CHECK(error->subject() == "run.safetensors");
+    CHECK(error->detail().starts_with(
+        fmt::format("tensor \"{}\" holds {} at element 1", broken.tensors.back().name, bad)));
+    CHECK_NOTHROW(restoreCheckpoint(session, broken, "run.safetensors", /*allowNonFinite=*/true));
+  }
+  CHECK_NOTHROW(restoreCheckpoint(session, checkpoint, "run.safetensors"));
+}
+
+TEST_CASE("writes never replace a special file, follow symbolic links and refuse NUL") {
+  const test::TempDir dir;
+  const std::string fifo = (dir.path() / "fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::vector<uint8_t> bytes = {1, 2, 3};
+  const auto isFifo = [&] { return fs::status(fifo).type() == fs::file_type::fifo; };
+
+  const auto direct = test::catchError<IoError>([&] { detail::writeFileAtomically(fifo, bytes); });
+  REQUIRE(direct);
+  CHECK(direct->code() == ErrorCode::FileUnwritable);
+  CHECK(direct->detail() ==
+        "it is a FIFO (named pipe), not a regular file, and is never replaced; write to a regular file");
+  CHECK(isFifo());
+
+  const fs::path toFifo = dir.path() / "to-fifo";
+  fs::create_symlink(fifo, toFifo);
+  const auto linked = test::catchError<IoError>([&] { detail::writeFileAtomically(toFifo.string(), bytes); });
+  REQUIRE(linked);
+  CHECK(linked->code() == ErrorCode::FileUnwritable);
+  CHECK(fs::is_symlink(toFifo));
+  CHECK(isFifo());
+
+  // A link to a regular file (or to none yet) stays a link; the file it names is written.
+  const fs::path target = dir.path() / "target.bin";
+  const fs::path link = dir.path() / "link.bin";
+  fs::create_symlink("target.bin", link);
+  detail::writeFileAtomically(link.string(), bytes);
+  CHECK(fs::is_symlink(link));
+  CHECK(fs::file_size(target) == 3);
+  detail::writeFileAtomically(link.string(), std::vector<uint8_t>{4, 5});
+  CHECK(fs::is_symlink(link));
+  CHECK(fs::file_size(target) == 2);
+
+  const std::string withNul = (dir.path() / "a").string() + std::string(1, '\0') + "b";
+  const auto nul = test::catchError<IoError>([&] { detail::writeFileAtomically(withNul, bytes); });
+  REQUIRE(nul);
+  CHECK(nul->code() == ErrorCode::FileUnwritable);
+  CHECK(!fs::exists(dir.path() / "a"));
+}
+
+TEST_CASE("the temporary file of a write is unique to the process") {
+  // Writers of one path in several processes at once all succeed.
+  const test::TempDir dir;
+  const std::string path = (dir.path() / "summary.json").string();
+  std::vector<pid_t> children;
+  for (int i = 0; i < 8; ++i) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int status = 0;
+      try {
+        detail::setUnnamedTemporaryFiles(false);
+        for (int n = 0; n < 20; ++n) detail::writeFileAtomically(path, std::vector<uint8_t>(4096, 'x'));
+      } catch (...) {
+        status = 1;
+      }
+      ::_exit(status);
+    }
+    children.push_back(pid);
+  }
+  for (const pid_t pid : children) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  CHECK(fs::file_size(path) == 4096);
 }

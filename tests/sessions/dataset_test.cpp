@@ -1,5 +1,7 @@
 #include "tessera/dataset.hpp"
 
+#include <sys/stat.h>
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -325,7 +327,17 @@ TEST_CASE("missing or unreadable files are FileUnreadable errors with the reason
   expectIoError([&] { readIdxLabels(missing); }, ErrorCode::FileUnreadable, missing,
                 "No such file or directory");
   expectIoError([&] { readIdxImages(folder.str()); }, ErrorCode::FileUnreadable, folder.str(),
-                "Is a directory");
+                "it is a folder, not a regular file");
+  // Special files are refused when opened: a FIFO without a writer does not block, a device is not read.
+  const std::string fifo = folder.file("fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  expectIoError([&] { readIdxImages(fifo); }, ErrorCode::FileUnreadable, fifo,
+                "it is a FIFO (named pipe), not a regular file");
+  expectIoError([&] { readIdxLabels("/dev/zero"); }, ErrorCode::FileUnreadable, "/dev/zero",
+                "it is a character device, not a regular file");
+  const std::vector<DataInput> inputs = {{"x", DType::Float32, {2, 3}}};
+  expectIoError([&] { readTensorSplit("/dev/urandom", inputs); }, ErrorCode::FileUnreadable, "/dev/urandom",
+                "it is a character device, not a regular file");
 }
 
 TEST_CASE("loadDataset reads IDX folders, raw or gzip'd") {

@@ -649,7 +649,7 @@ TEST_CASE("loadRunConfig names the file in IO and syntax errors") {
   const auto directory = test::catchError<IoError>([&] { loadRunConfig(dir.string()); });
   REQUIRE(directory.has_value());
   CHECK(directory->code() == ErrorCode::FileUnreadable);
-  CHECK(directory->detail().find("Is a directory") != std::string::npos);
+  CHECK(directory->detail() == "cannot read the file: it is a folder, not a regular file");
 
   const std::string broken = (dir / "broken.json").string();
   std::ofstream(broken) << "{\n  \"data\": {\n    \"epochs\": 3,\n  }\n}\n";
@@ -1027,8 +1027,10 @@ TEST_CASE("docs/errors.md documents every note id with an example") {
 TEST_CASE("the limits section is read strictly and survives a round trip") {
   const RunConfig config = parse(R"({"limits": {"maxTensorBytes": 1024}})").config;
   CHECK(config.limits.maxTensorBytes == 1024);
-  CHECK(json(config)["limits"] == json{{"maxTensorBytes", 1024}});
+  CHECK(json(config)["limits"] == json{{"maxLayers", kDefaultMaxLayers}, {"maxTensorBytes", 1024}});
   CHECK(json(RunConfig{})["limits"]["maxTensorBytes"] == kDefaultMaxTensorBytes);
+  CHECK(parse(R"({"limits": {"maxLayers": 4}})").config.limits.maxLayers == 4);
+  TESSERA_CHECK_ERROR(parse(R"({"limits": {"maxLayers": 0}})"), ConfigError, ErrorCode::OutOfRange);
   TESSERA_CHECK_ERROR(parse(R"({"limits": {"maxTensorBytes": 0}})"), ConfigError, ErrorCode::OutOfRange);
   TESSERA_CHECK_ERROR(parse(R"({"limits": {"maxBytes": 1}})"), ConfigError, ErrorCode::UnknownKey);
 }

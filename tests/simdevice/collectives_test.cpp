@@ -36,7 +36,7 @@ void checkBothModes(const Graph& graph, int runs = 1) {
 
 TEST_CASE("collectives over every grouping and reduction agree with the reference") {
   const std::vector<ReplicaGrouping> groupings = {ReplicaGrouping(4, 1, 4), ReplicaGrouping(4, 1, 2),
-                                                  ReplicaGrouping(4, 2, 2), ReplicaGrouping(8, 2, 2),
+                                                  ReplicaGrouping(4, 2, 2), ReplicaGrouping(8, 4, 2),
                                                   ReplicaGrouping(8, 1, 4)};
   for (const ReplicaGrouping& grouping : groupings) {
     for (ReductionType reduction : {ReductionType::Sum, ReductionType::Mean}) {

@@ -1,0 +1,254 @@
+// Hostile inputs and outputs at the command line: special files where files
+// are expected, NUL in paths, huge values in errors, counts over the limits,
+// groupings PopXL refuses and training that diverges. Each is answered at
+// once with an id and exit code 1 or 2.
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "support/process.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using tessera::test::ProcessResult;
+using tessera::test::readFile;
+using tessera::test::runCli;
+using tessera::test::TempDir;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Runs the CLI and checks that it answered within 3 s.
+ProcessResult runQuickly(const std::vector<std::string>& args) {
+  const auto start = std::chrono::steady_clock::now();
+  ProcessResult result = runCli(args);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(3));
+  return result;
+}
+
+// A small synthetic run: batch 8, 10 steps per epoch.
+json smallRun() {
+  return {{"model", {{"layers", {784, 16, 10}}}},
+          {"optimizer", {{"type", "sgd"}, {"learningRate", 0.05}}},
+          {"data",
+           {{"dataset", "synthetic"},
+            {"batchSize", 8},
+            {"epochs", 1},
+            {"limitTrainSamples", 80},
+            {"limitTestSamples", 16}}}};
+}
+
+}  // namespace
+
+TEST_CASE("a FIFO, a device or a folder as the config or checkpoint is refused at once with io.601") {
+  const TempDir dir;
+  const std::string fifo = (dir.path() / "fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::vector<std::vector<std::string>> commands = {
+      {"validate", fifo},
+      {"train", fifo},
+      {"validate", "/dev/zero"},
+      {"validate", dir.path().string()},
+      {"checkpoint", "inspect", fifo},
+      {"checkpoint", "inspect", "/dev/zero"},
+      {"checkpoint", "inspect", "/dev/urandom"},
+  };
+  for (const auto& command : commands) {
+    CAPTURE(command.back());
+    CAPTURE(command.front());
+    const ProcessResult result = runQuickly(command);
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 2);
+    CHECK(result.err.starts_with("error: [tessera.io.601] " + command.back() +
+                                 ": cannot read the file: it is "));
+    CHECK(contains(result.err, "not a regular file"));
+  }
+  const std::string config = dir.write("run.json", smallRun().dump());
+  const ProcessResult resumed = runQuickly({"train", config, "--resume", "/dev/urandom", "--quiet"});
+  INFO("stderr: ", resumed.err);
+  CHECK(resumed.exitCode == 2);
+  CHECK(
+      resumed.err.starts_with("error: [tessera.io.601] /dev/urandom: cannot read the file: it is a character "
+                              "device, not a regular file"));
+}
+
+TEST_CASE("an output path naming a special file, directly or by a link, is refused and left alone") {
+  const TempDir dir;
+  const std::string fifo = (dir.path() / "fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const fs::path link = dir.path() / "link";
+  fs::create_symlink(fifo, link);
+  const std::string config = dir.write("run.json", smallRun().dump());
+  for (const std::string& target : {fifo, link.string(), std::string("/dev/null")}) {
+    CAPTURE(target);
+    for (const char* key : {"checkpoint", "profile", "trace"}) {
+      CAPTURE(key);
+      const ProcessResult result =
+          runQuickly({"validate", config, "--set", fmt::format("/output/{}={}", key, json(target).dump())});
+      INFO("stderr: ", result.err);
+      CHECK(result.exitCode == 1);
+      CHECK(result.err.starts_with(
+          fmt::format("error: [tessera.io.607] /output/{}: \"{}\" cannot be written: it is ", key, target)));
+      CHECK(contains(result.err, "not a regular file, and tessera never replaces one"));
+    }
+    const ProcessResult summary = runQuickly({"train", config, "--quiet", "--json-summary", target});
+    INFO("stderr: ", summary.err);
+    CHECK(summary.exitCode == 1);
+    CHECK(summary.err.starts_with("error: [tessera.io.607] --json-summary: "));
+  }
+  CHECK(fs::status(fifo).type() == fs::file_type::fifo);
+  CHECK(fs::is_symlink(link));
+  CHECK(fs::status("/dev/null").type() == fs::file_type::character);
+}
+
+TEST_CASE("a NUL character in an output path, from JSON or --set, is refused") {
+  const TempDir dir;
+  json run = smallRun();
+  run["output"]["checkpoint"] = (dir.path() / "model").string() + std::string(1, '\0') + ".safetensors";
+  const std::string config = dir.write("nul.json", run.dump());
+  REQUIRE(contains(readFile(config), "\\u0000"));
+  const std::string plain = dir.write("run.json", smallRun().dump());
+  const std::string trace =
+      "/output/trace=" + json((dir.path() / "t").string() + std::string(1, '\0') + "x").dump();
+  REQUIRE(contains(trace, "\\u0000"));
+  for (const auto& command : std::vector<std::vector<std::string>>{
+           {"validate", config}, {"train", config}, {"validate", plain, "--set", trace}}) {
+    CAPTURE(command.back());
+    const ProcessResult result = runQuickly(command);
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 1);
+    CHECK(result.err.starts_with("error: [tessera.config.155] /output/"));
+    CHECK(contains(result.err, "has a NUL character after its first "));
+  }
+  CHECK(!fs::exists(dir.path() / "model"));
+  CHECK(!fs::exists(dir.path() / "t"));
+}
+
+TEST_CASE("errors quote a bounded prefix of a huge key, enum value or syntax error") {
+  const TempDir dir;
+  const std::string huge(10 << 20, 'k');
+  const std::vector<std::pair<std::string, std::string>> documents = {
+      {"key.json", json{{huge, 1}}.dump()},
+      {"enum.json",
+       json{{"sessionOptions", {{"weightTensorLocationSettings", {{"location", {{"storage", huge}}}}}}}}
+           .dump()},
+      {"syntax.json", "{\"a\": \"" + huge + "\n\"}"},
+  };
+  // Named variables, not structured bindings: clang before 16 cannot capture those (CAPTURE makes a lambda).
+  for (const auto& document : documents) {
+    const std::string& name = document.first;
+    CAPTURE(name);
+    const ProcessResult result = runQuickly({"validate", dir.write(name, document.second)});
+    CHECK(result.exitCode == 1);
+    CHECK(result.err.starts_with("error: [tessera.config.10"));
+    CHECK(result.err.size() < 4096);
+    CHECK(contains(result.err, "... ("));
+  }
+}
+
+TEST_CASE("a config with more layers than /limits/maxLayers fails validate with the limit named") {
+  const TempDir dir;
+  json run = smallRun();
+  std::vector<int64_t> layers(100'000, 4);
+  layers.front() = 784;
+  layers.back() = 10;
+  run["model"]["layers"] = layers;
+  const std::string config = dir.write("deep.json", run.dump());
+  for (const char* command : {"validate", "explain", "train"}) {
+    CAPTURE(command);
+    const ProcessResult result = runQuickly({command, config});
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 1);
+    CHECK(result.err.starts_with(
+        "error: [tessera.config.154] /model/layers: the model has 99999 layers, more than "
+        "/limits/maxLayers (1024)"));
+  }
+  // The knob: a user who needs more raises it.
+  run["model"]["layers"] = std::vector<int64_t>{784, 4, 4, 4, 10};
+  run["limits"]["maxLayers"] = 3;
+  const std::string limited = dir.write("limited.json", run.dump());
+  CHECK(runQuickly({"validate", limited}).exitCode == 1);
+  CHECK(runQuickly({"validate", limited, "--set", "/limits/maxLayers=4"}).exitCode == 0);
+}
+
+TEST_CASE("a config of millions of values is refused while it is parsed") {
+  const TempDir dir;
+  std::string text = R"({"sessionOptions": {"tensorLocationSettingsOverride": {)";
+  for (int i = 0; i < 250'000; ++i) text += fmt::format("{}\"W{}\": {{}}", i == 0 ? "" : ",", i);
+  text += "}}}";
+  const ProcessResult result = runQuickly({"validate", dir.write("overrides.json", text)});
+  INFO("stderr: ", result.err);
+  CHECK(result.exitCode == 1);
+  CHECK(result.err.starts_with("error: [tessera.config.108] "));
+  CHECK(contains(result.err, "more than 200000 values"));
+}
+
+TEST_CASE("groups refuses what PopXL refuses and counts beyond 64 bits") {
+  const ProcessResult strided =
+      runQuickly({"groups", "--replicas", "8", "--stride", "2", "--group-size", "2"});
+  CHECK(strided.exitCode == 1);
+  CHECK(strided.err ==
+        "error: [tessera.config.149] ReplicaGrouping(numReplicas=8, stride=2, groupSize=2): with stride 2 != "
+        "1, "
+        "stride * groupSize must equal numReplicas 8 (PopXL's rule) but is 4; use groupSize 4 or stride 1\n");
+  CHECK(runQuickly({"groups", "--replicas", "8", "--stride", "2", "--group-size", "4"}).exitCode == 0);
+  const ProcessResult huge = runQuickly({"groups", "--replicas", "9223372036854775808"});
+  INFO("stderr: ", huge.err);
+  CHECK(huge.exitCode == 2);
+  CHECK(contains(huge.err, "9223372036854775808 is too large to list"));
+}
+
+TEST_CASE("training that diverges stops at the first non-finite loss with device.403") {
+  const TempDir dir;
+  json run = smallRun();
+  run["optimizer"]["learningRate"] = 1e308;
+  run["data"]["epochs"] = 3;
+  run["output"]["checkpoint"] = (dir.path() / "model.safetensors").string();
+  const std::string config = dir.write("diverge.json", run.dump());
+  const std::string summary = (dir.path() / "summary.json").string();
+  const ProcessResult result = runCli({"train", config, "--quiet", "--json-summary", summary});
+  INFO("stderr: ", result.err);
+  CHECK(result.exitCode == 1);
+  CHECK(result.err.starts_with("error: [tessera.device.403] step "));
+  CHECK(contains(result.err, "training diverged and stopped"));
+  const json report = json::parse(readFile(summary));
+  CHECK(report["diverged"] == true);
+  const auto step = report["divergedStep"].get<int64_t>();
+  CHECK(step < 30);
+  CHECK(report["steps"].get<int64_t>() == step + 1);
+  // JSON has no NaN: the non-finite loss is null.
+  CHECK(report["losses"].back().is_null());
+  // No checkpoint of the non-finite weights is written.
+  CHECK(!fs::exists(dir.path() / "model.safetensors"));
+}
+
+TEST_CASE("an override naming a tensor the model does not have fails explain and train with graph.203") {
+  const TempDir dir;
+  json run = smallRun();
+  run["sessionOptions"]["tensorLocationSettingsOverride"]["W9"] = {{"storage", "OffChip"}};
+  const std::string config = dir.write("override.json", run.dump());
+  for (const char* command : {"explain", "train"}) {
+    CAPTURE(command);
+    const ProcessResult result = runQuickly({command, config});
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 1);
+    CHECK(
+        result.err.starts_with("error: [tessera.graph.203] "
+                               "/sessionOptions/tensorLocationSettingsOverride/W9: locations: the override names "
+                               "tensor "
+                               "\"W9\" but the model has no tensor of that name (did you mean \"W"));
+  }
+  run["sessionOptions"]["tensorLocationSettingsOverride"] = {{"W1", {{"storage", "OffChip"}}}};
+  CHECK(runQuickly({"explain", dir.write("known.json", run.dump())}).exitCode == 0);
+}
