@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <limits>
 #include <string>
 #include <vector>
 #include <unistd.h>
@@ -114,6 +115,14 @@ TEST_CASE("bad transformer sections are refused at the JSON path, with the value
       ErrorCode::ShapeTooLarge, "/model/vocab", "the token embedding wte.weight of 50257 x 30000 float32");
   checkError(
       [&] { validate(parse(config(R"({"type": "transformer", "layers": 9223372036854775807})")).config); },
+      ErrorCode::ShapeTooLarge, "/model/layers", "more than /limits/maxLayers (1024)");
+  // With /limits/maxLayers raised, the sizes themselves are counted in 64 bits.
+  checkError(
+      [&] {
+        RunConfig many = parse(config(R"({"type": "transformer", "layers": 9223372036854775807})")).config;
+        many.limits.maxLayers = std::numeric_limits<int64_t>::max();
+        validate(many);
+      },
       ErrorCode::ShapeTooLarge, "/model/layers", "more than 2^63");
   // The builder checks as the config does, for callers that skip validate().
   TransformerConfig bad;
