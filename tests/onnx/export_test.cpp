@@ -69,9 +69,12 @@ TEST_CASE("a trained MLP written as ONNX re-imports with its trained weights and
   importOptions.dimensions = {{"batch", batch}};
   OnnxModel back = importOnnx(written, importOptions);
   CHECK(back.weights == weights);
-  for (const auto& [name, tensor] : trainedWeights) {
+  // Named variables, not structured bindings: clang before 16 cannot capture
+  // those in a lambda (CAPTURE makes one).
+  for (const auto& weight : trainedWeights) {
+    const std::string& name = weight.first;
     CAPTURE(name);
-    CHECK(back.graph.tensor(back.graph.find(name)).initial.values() == tensor.data);
+    CHECK(back.graph.tensor(back.graph.find(name)).initial.values() == weight.second.data);
   }
   CHECK(initialValues(back, weights) != initial);
   const OnnxSignature before = readOnnxSignature(kMlp);
@@ -116,9 +119,10 @@ TEST_CASE("BatchNormalization's running statistics go out with the weights") {
   const fs::path written = folder.path() / "bn.onnx";
   writeOnnx(source, asOnnxValues(tensors), written);
   const OnnxModel back = importOnnx(written, importOptions);
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& value : tensors) {
+    const std::string& name = value.first;
     CAPTURE(name);
-    CHECK(back.graph.tensor(back.graph.find(name)).initial.values() == tensor.data);
+    CHECK(back.graph.tensor(back.graph.find(name)).initial.values() == value.second.data);
   }
   CHECK(initialValues(back, state) != initial);
 }
