@@ -157,5 +157,25 @@ TEST_CASE("values that do not fit the model's initializers are refused, and noth
   CHECK(!fs::exists(written));
 }
 
+TEST_CASE("a link is followed and its target replaced; a device is refused, not replaced") {
+  const test::TempDir folder;
+  const std::vector<OnnxTensorValues> none;
+  const fs::path target = folder.write("target.onnx", "old");
+  const fs::path link = folder.path() / "link.onnx";
+  fs::create_symlink(target, link);
+  writeOnnx(kMlp, none, link);
+  CHECK(fs::is_symlink(link));
+  CHECK(test::readFile(target) == test::readFile(kMlp));
+  try {
+    writeOnnx(kMlp, none, "/dev/null");
+    FAIL("no error");
+  } catch (const IoError& e) {
+    CHECK(e.code() == ErrorCode::FileUnwritable);
+    CHECK(std::string(e.what()).find("not a regular file") != std::string::npos);
+  }
+  CHECK(fs::is_character_file("/dev/null"));
+  CHECK(std::distance(fs::directory_iterator(folder.path()), fs::directory_iterator()) == 2);
+}
+
 }  // namespace
 }  // namespace tessera
