@@ -75,6 +75,10 @@ enum class ErrorCode : int {
   InvalidDeviceSpec = 153,
   ShapeTooLarge = 154,  // a size the run config implies overflows or exceeds /limits/maxTensorBytes
   InvalidOutput = 155,  // an output section that asks for what it cannot do
+  // --- Batches per step and anchors (17x) ---
+  InvalidBatchesPerStep = 170,    // batchesPerStep < 1, or more batches than the run has
+  InvalidAnchorReturnType = 171,  // an unknown return type, or EveryN's period not dividing batchesPerStep
+  InvalidAnchor = 172,            // an anchor naming no output, or named twice
   // --- Graph construction (2xx) ---
   ShapeMismatch = 201,
   InvalidOperand = 202,

@@ -13,6 +13,12 @@
 // and there is no accumulation). Outputs come back the same way: one value
 // per micro-batch and local replica.
 //
+// With a DataFlow (tessera/data_flow.hpp) of batchesPerStep > 1, one run()
+// consumes that many batches: inputs take [batchesPerStep, ...] in front of
+// the shape above, every batch gets its own weight update exactly as that
+// many one-batch run() calls would, and each anchor comes back in the shape
+// its return type gives.
+//
 // Variables are read and written in their host shape: [numGroups, ...shape]
 // for a grouped variable (the group dimension omitted for one group), or
 // [replicas, ...shape] when read with RetrievalMode::AllReplicas; sharded
@@ -28,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tessera/data_flow.hpp"
 #include "tessera/device.hpp"
 #include "tessera/graph.hpp"
 #include "tessera/optimizer.hpp"
@@ -68,6 +75,12 @@ class TrainingSession {
   // the loss. Throws ConfigError, GraphError, AutodiffError, DeviceError.
   TrainingSession(Graph graph, TensorId loss, std::unique_ptr<Optimizer> optimizer, SessionOptions options,
                   std::unique_ptr<Device> device, std::vector<std::string> outputs = {});
+  // PopART's form: the data flow's anchors other than the loss are the extra
+  // outputs, and one run() consumes dataFlow.batchesPerStep batches.
+  // Throws ConfigError(InvalidBatchesPerStep, InvalidAnchorReturnType,
+  // InvalidAnchor) for a bad data flow (see validate(DataFlow)).
+  TrainingSession(Graph graph, TensorId loss, std::unique_ptr<Optimizer> optimizer, SessionOptions options,
+                  std::unique_ptr<Device> device, DataFlow dataFlow);
   ~TrainingSession();
   TrainingSession(TrainingSession&&) noexcept;
   TrainingSession& operator=(TrainingSession&&) noexcept;
@@ -75,10 +88,11 @@ class TrainingSession {
   // The host shape an input stream expects, and how it was derived.
   Shape inputHostShape(std::string_view name) const;
 
-  // One training step: every local replica runs accumulationFactor
-  // micro-batches, then the weights are updated. Every input stream must be
-  // given once, in its host shape (GraphError(HostShapeMismatch) naming the
-  // stream, the expected shape and its derivation).
+  // One training step: for each of batchesPerStep batches, every local
+  // replica runs accumulationFactor micro-batches, then the weights are
+  // updated. Every input stream must be given once, in its host shape
+  // (GraphError(HostShapeMismatch) naming the stream, the expected shape and
+  // its derivation).
   void run(std::span<const StepInput> inputs);
   void run(std::initializer_list<StepInput> inputs) {
     run(std::span<const StepInput>(inputs.begin(), inputs.size()));
@@ -95,19 +109,29 @@ class TrainingSession {
   void setIdleWork(std::function<bool()> work);
 
   // The loss of the last step per micro-batch and local replica, host shape
-  // [accumulationFactor, localReplicas] with size-1 dimensions omitted.
+  // [accumulationFactor, localReplicas] with size-1 dimensions omitted, or
+  // with batchesPerStep > 1 or another return type the loss anchor's shape
+  // (tessera/data_flow.hpp).
   const HostTensor& loss() const;
-  // The mean of loss() (the mean over the global batch when every replica's
-  // micro-batch has the same size).
+  // The mean loss of the last batch of the last step (the mean over the
+  // global batch when every replica's micro-batch has the same size).
   double meanLoss() const;
+  // The mean loss of each batch of the last step, in order, whatever the
+  // loss anchor's return type.
+  const std::vector<double>& batchMeanLosses() const;
+  // Whether each batch of the last step skipped its update (automatic loss
+  // scaling), in order.
+  const std::vector<bool>& batchesSkipped() const;
   // An extra output named at construction, after the last step, with host
-  // shape [accumulationFactor, localReplicas, ...shape] (size-1 omitted).
+  // shape [accumulationFactor, localReplicas, ...shape] (size-1 omitted), or
+  // the anchor's shape for its return type.
   const HostTensor& output(std::string_view name) const;
+  const DataFlow& dataFlow() const;
 
   double learningRate() const;
   // Takes effect from the next step; nothing is recompiled.
   void setLearningRate(double learningRate);
-  // Steps run so far.
+  // Weight updates (batches) run so far: batchesPerStep per run().
   int64_t step() const;
   // Sets the step count, e.g. when resuming from a checkpoint: the optimizer's
   // step-dependent values (SGD's first-step momentum, Adam's bias correction)
@@ -124,7 +148,7 @@ class TrainingSession {
   // checkpoint restores it. The optimizer's step-dependent values count
   // step() - skippedSteps() applied steps.
   int64_t skippedSteps() const;
-  // Whether the last run() skipped its update.
+  // Whether the last batch of the last run() skipped its update.
   bool lastStepSkipped() const;
 
   // Variables by name (weights, optimizer state, accumulators).
@@ -155,6 +179,9 @@ class InferenceSession {
   // (ConfigError(UnsupportedCombination)): it only exists for training.
   InferenceSession(Graph graph, std::vector<std::string> outputs, SessionOptions options,
                    std::unique_ptr<Device> device);
+  // PopART's form: the data flow's anchors are the outputs; one run()
+  // consumes dataFlow.batchesPerStep batches.
+  InferenceSession(Graph graph, DataFlow dataFlow, SessionOptions options, std::unique_ptr<Device> device);
   ~InferenceSession();
   InferenceSession(InferenceSession&&) noexcept;
   InferenceSession& operator=(InferenceSession&&) noexcept;
@@ -164,8 +191,10 @@ class InferenceSession {
   void run(std::initializer_list<StepInput> inputs) {
     run(std::span<const StepInput>(inputs.begin(), inputs.size()));
   }
-  // Host shape [localReplicas, ...shape] (size-1 omitted).
+  // Host shape [localReplicas, ...shape] (size-1 omitted), or the anchor's
+  // shape for its return type.
   const HostTensor& output(std::string_view name) const;
+  const DataFlow& dataFlow() const;
 
   HostTensor readVariable(std::string_view name, std::optional<RetrievalMode> mode = std::nullopt) const;
   void writeVariable(std::string_view name, const HostTensor& value);
