@@ -1,7 +1,7 @@
 // PopART's session names over tessera's sessions: PyStepIO, PyWeightsIO,
 // TrainingSession and InferenceSession over an ONNX model (their settings
-// are settings.cc's). Arrays have PopART's shapes, which with one batch per
-// step are the C++ sessions' host shapes.
+// are settings.cc's). Arrays have PopART's shapes, which are the C++
+// sessions' host shapes (tessera/data_flow.hpp).
 #include "bindings.hpp"  // first: it declares an opaque type before pybind11/stl.h
 
 #include <algorithm>
@@ -217,8 +217,9 @@ void readInputs(const Session& session, const std::map<std::string, DType>& stre
     }
     if (!hasShape(array, expected)) {
       throw GraphError(ErrorCode::HostShapeMismatch, name,
-                       fmt::format("the array has shape {}; the input takes {} ([accumulationFactor, "
-                                   "replicationFactor, ...shape], a dimension of 1 omitted)",
+                       fmt::format("the array has shape {}; the input takes {} ([batchesPerStep, "
+                                   "accumulationFactor, replicationFactor, ...shape], a dimension of 1 "
+                                   "omitted)",
                                    arrayShapeStr(array), shapeStr(expected)));
     }
     const DType dtype = streams.at(name);
@@ -306,19 +307,15 @@ class PySession {
   // Compiles the program and loads it on a new simulated device.
   void prepareDevice() {
     if (!model_) throw notAgain("prepareDevice");
-    std::vector<std::string> outputs;
-    for (const auto& [name, type] : dataFlow_.anchors) {
-      if (!kTraining || name != loss_) outputs.push_back(name);
-    }
     OnnxModel model = std::move(*model_);
     model_.reset();
     py::gil_scoped_release release;
     if constexpr (kTraining) {
       const TensorId loss = model.graph.find(loss_);
       session_.emplace(std::move(model.graph), loss, makeOptimizer(optimizer_->config), options_,
-                       makeSimDevice(device_.spec), std::move(outputs));
+                       makeSimDevice(device_.spec), dataFlow_);
     } else {
-      session_.emplace(std::move(model.graph), std::move(outputs), options_, makeSimDevice(device_.spec));
+      session_.emplace(std::move(model.graph), dataFlow_, options_, makeSimDevice(device_.spec));
     }
     hostWeights_ = session_->readWeights();
   }
@@ -350,16 +347,22 @@ class PySession {
   }
 
   // A dict of arrays, one per anchor, in the shape run() writes them:
-  // [accumulationFactor, replicationFactor, ...shape], dims of 1 omitted.
+  // [batches returned, accumulationFactor, replicationFactor, ...shape], dims
+  // of 1 omitted, where the return type gives the batches (All:
+  // batchesPerStep, EveryN(n): batchesPerStep / n) and Final and Sum have
+  // neither the batch nor the accumulation dimension.
   py::dict initAnchorArrays() const {
-    Shape leading;
-    if (kTraining && options_.getAccumulationFactor() > 1)
-      leading.push_back(options_.getAccumulationFactor());
-    if (options_.getLocalReplicationFactor() > 1) leading.push_back(options_.getLocalReplicationFactor());
     py::dict arrays;
     for (const auto& [name, type] : dataFlow_.anchors) {
       const auto& [shape, doubles] = anchorShapes_.at(name);
-      Shape full = leading;
+      const bool reduced = type.id == AnchorReturnTypeId::Final || type.id == AnchorReturnTypeId::Sum;
+      Shape full;
+      const int64_t batches = returnedBatches(type, dataFlow_.batchesPerStep);
+      if (batches > 1) full.push_back(batches);
+      // Only the training loss is returned per micro-batch.
+      if (kTraining && !reduced && name == loss_ && options_.getAccumulationFactor() > 1)
+        full.push_back(options_.getAccumulationFactor());
+      if (options_.getLocalReplicationFactor() > 1) full.push_back(options_.getLocalReplicationFactor());
       full.insert(full.end(), shape.begin(), shape.end());
       arrays[py::str(name)] = emptyArray(full, doubles);
     }

@@ -94,28 +94,20 @@ OptimizerConfig readOptimizer(std::string_view type, const py::dict& values, nlo
 
 // ----- Data flow -----
 
-AnchorReturnType makeAnchorReturnType(const std::string& id) {
-  if (id == "All") return {id};
-  if (id == "Final" || id == "EveryN" || id == "Sum") {
-    throw ConfigError(ErrorCode::UnsupportedCombination, "/dataFlow/anchors",
-                      fmt::format("AnchorReturnType(\"{}\") is not supported: tessera returns every "
-                                  "micro-batch's value; use AnchorReturnType(\"All\")",
-                                  id));
+AnchorReturnType makeAnchorReturnType(const std::string& id, int64_t returnPeriod) {
+  if (id == "EveryN" && returnPeriod < 1) {
+    throw ConfigError(ErrorCode::InvalidAnchorReturnType, "/dataFlow/anchors",
+                      fmt::format("AnchorReturnType(\"EveryN\", {}): the return period must be >= 1 and "
+                                  "divide batchesPerStep",
+                                  returnPeriod));
   }
-  throw ConfigError(ErrorCode::InvalidEnumValue, "/dataFlow/anchors",
-                    fmt::format("invalid AnchorReturnType \"{}\"; expected one of \"All\", \"Final\", "
-                                "\"EveryN\", \"Sum\" (tessera supports \"All\")",
-                                id));
+  return AnchorReturnType::fromName(id, returnPeriod);
 }
 
 DataFlow makeDataFlow(int64_t batchesPerStep, const std::map<std::string, AnchorReturnType>& anchors) {
-  if (batchesPerStep != 1) {
-    throw ConfigError(ErrorCode::UnsupportedCombination, "/dataFlow/batchesPerStep",
-                      fmt::format("batchesPerStep is {}; tessera runs one batch per step, so it must be 1 "
-                                  "(call run() once per batch)",
-                                  batchesPerStep));
-  }
-  return {batchesPerStep, {anchors.begin(), anchors.end()}};
+  DataFlow flow{batchesPerStep, {anchors.begin(), anchors.end()}};
+  validate(flow);
+  return flow;
 }
 
 struct Sgd : PyOptimizer {};
@@ -193,10 +185,12 @@ void bindSettings(py::module_& module) {
            "mode Decay (AdamW).");
 
   py::class_<AnchorReturnType>(module, "AnchorReturnType",
-                               "Which values of an anchor run() returns: \"All\".")
-      .def(py::init(&makeAnchorReturnType), py::arg("id"))
-      .def("id", [](const AnchorReturnType& a) { return a.id; });
-  py::class_<DataFlow>(module, "DataFlow", "Batches per step (1) and the anchors run() returns.")
+                               "Which values of an anchor run() returns: \"All\", \"EveryN\" with a "
+                               "return period, \"Final\" or \"Sum\".")
+      .def(py::init(&makeAnchorReturnType), py::arg("id"), py::arg("returnPeriod") = 0)
+      .def("id", [](const AnchorReturnType& a) { return std::string(toString(a.id)); })
+      .def("rp", [](const AnchorReturnType& a) { return a.returnPeriod; });
+  py::class_<DataFlow>(module, "DataFlow", "Batches per step and the anchors run() returns.")
       .def(py::init(&makeDataFlow), py::arg("batchesPerStep"), py::arg("anchorTensors"))
       .def("batchesPerStep", [](const DataFlow& d) { return d.batchesPerStep; })
       .def("anchors", [](const DataFlow& d) {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/data_flow.hpp"
 #include "tessera/device_spec.hpp"
 #include "tessera/graph.hpp"
 #include "tessera/optimizer_options.hpp"
@@ -28,16 +29,10 @@ struct PyOptimizer {
   OptimizerConfig config;
 };
 
-// PopART's AnchorReturnType: tessera returns every micro-batch's value
-// ("All"); the others are refused.
-struct AnchorReturnType {
-  std::string id;
-};
-
-struct DataFlow {
-  int64_t batchesPerStep = 1;
-  std::vector<std::pair<std::string, AnchorReturnType>> anchors;
-};
+// PopART's DataFlow and AnchorReturnType are tessera's own
+// (tessera/data_flow.hpp).
+using tessera::AnchorReturnType;
+using tessera::DataFlow;
 
 struct TensorInfo {
   std::string dtype;  // PopART's name: "FLOAT", "INT64", ...

@@ -58,11 +58,13 @@ def shape_info(batch):
     return info
 
 
-def training_session(replicas, batch, model=MODEL, accumulation=1, anchors=("loss",), **kwargs):
+def training_session(replicas, batch, model=MODEL, accumulation=1, anchors=("loss",), batches_per_step=1,
+                     return_type=("All",), **kwargs):
     return tessera.TrainingSession(
         fnModel=model, loss="loss",
         optimizer=tessera.SGD({"defaultLearningRate": (LEARNING_RATE, True), "defaultMomentum": (MOMENTUM, True)}),
-        dataFlow=tessera.DataFlow(1, {name: tessera.AnchorReturnType("All") for name in anchors}),
+        dataFlow=tessera.DataFlow(batches_per_step,
+                                  {name: tessera.AnchorReturnType(*return_type) for name in anchors}),
         userOptions=options(replicas, accumulation),
         deviceInfo=tessera.DeviceManager().createSimDevice({"numIPUs": replicas}),
         inputShapeInfo=shape_info(batch), **kwargs)
@@ -131,6 +133,67 @@ def test_extra_anchors_have_the_tensor_shape_after_the_replicas():
     assert raised.value.id == "tessera.config.125"
 
 
+@pytest.mark.parametrize("replicas, accumulation", [(1, 1), (2, 1), (1, 3), (2, 2)])
+def test_batches_per_step_train_as_separate_runs_bit_for_bit(replicas, accumulation):
+    batches, batch = 3, 2
+    rng = np.random.default_rng(11)
+    leading = tuple(d for d in (batches, accumulation, replicas) if d > 1)
+    x = rng.standard_normal(leading + (batch, 2, 3)).astype(np.float32)
+    labels = rng.integers(0, 4, size=leading + (batch,), dtype=np.int64)
+
+    stepped = training_session(replicas, batch, accumulation=accumulation, batches_per_step=batches)
+    stepped.prepareDevice()
+    anchors = stepped.initAnchorArrays()
+    assert anchors["loss"].shape == leading
+    stepped.run(tessera.PyStepIO({"x": x, "labels": labels}, anchors))
+
+    separate = training_session(replicas, batch, accumulation=accumulation)
+    separate.prepareDevice()
+    one = separate.initAnchorArrays()
+    losses = []
+    for b in range(batches):
+        separate.run(tessera.PyStepIO({"x": x[b], "labels": labels[b]}, one))
+        losses.append(one["loss"].copy())
+    assert np.array_equal(anchors["loss"], np.stack(losses))
+    weights = []
+    for trained in (stepped, separate):
+        trained.weightsToHost()
+        arrays = {"fc1.weight": np.zeros((8, 6), np.float32), "fc2.bias": np.zeros((4,), np.float32)}
+        trained.readWeights(tessera.PyWeightsIO(arrays))
+        weights.append(arrays)
+    assert all(np.array_equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_anchor_return_types_have_popart_shapes_and_values():
+    batches, accumulation, replicas, batch = 4, 2, 2, 3
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((batches, accumulation, replicas, batch, 2, 3)).astype(np.float32)
+    labels = rng.integers(0, 4, size=(batches, accumulation, replicas, batch), dtype=np.int64)
+    returned = {}
+    for kind, shape in [(("All",), (4, 2, 2)), (("EveryN", 2), (2, 2, 2)), (("EveryN", 4), (2, 2)),
+                        (("Final",), (2,)), (("Sum",), (2,))]:
+        session = training_session(replicas, batch, accumulation=accumulation, batches_per_step=batches,
+                                   return_type=kind)
+        session.prepareDevice()
+        anchors = session.initAnchorArrays()
+        assert anchors["loss"].shape == shape, kind
+        session.run(tessera.PyStepIO({"x": x, "labels": labels}, anchors))
+        returned[kind] = anchors["loss"]
+    every = returned[("All",)]
+    assert np.array_equal(returned[("EveryN", 2)], every[[1, 3]])
+    assert np.array_equal(returned[("EveryN", 4)], every[3])
+    assert np.array_equal(returned[("Final",)], every[3, 1])
+    total = every[0, 0].copy()
+    for b in range(batches):
+        for m in range(accumulation):
+            if b or m:
+                total += every[b, m]
+    assert np.array_equal(returned[("Sum",)], total)
+    with pytest.raises(tessera.Error) as raised:
+        session.run(tessera.PyStepIO({"x": x[0], "labels": labels[0]}, anchors))
+    assert raised.value.id == "tessera.graph.206"
+
+
 def test_weights_move_between_host_and_device():
     session = training_session(1, 4)
     session.prepareDevice()
@@ -189,10 +252,13 @@ def test_learning_rate_changes_between_steps():
 
 
 @pytest.mark.parametrize("make, error_id, path", [
-    (lambda: tessera.DataFlow(4, {"loss": tessera.AnchorReturnType("All")}), "tessera.config.125",
+    (lambda: tessera.DataFlow(0, {"loss": tessera.AnchorReturnType("All")}), "tessera.config.170",
      "/dataFlow/batchesPerStep"),
-    (lambda: tessera.AnchorReturnType("Final"), "tessera.config.125", "/dataFlow/anchors"),
-    (lambda: tessera.AnchorReturnType("Every"), "tessera.config.102", "/dataFlow/anchors"),
+    (lambda: tessera.DataFlow(3, {"loss": tessera.AnchorReturnType("EveryN", 2)}), "tessera.config.171",
+     "/dataFlow/anchors/loss"),
+    (lambda: tessera.AnchorReturnType("EveryN"), "tessera.config.171", "/dataFlow/anchors"),
+    (lambda: tessera.AnchorReturnType("Final", 2), "tessera.config.171", "/dataFlow/anchors"),
+    (lambda: tessera.AnchorReturnType("Every"), "tessera.config.171", "/dataFlow/anchors"),
     (lambda: tessera.SGD({"defaultLearningRat": 0.1}), "tessera.config.104", "/defaultLearningRat"),
     (lambda: tessera.SGD({"defaultLearningRate": (-0.1, True)}), "tessera.config.106", "/learningRate"),
     (lambda: tessera.DeviceManager().createSimDevice({"tilesPerIpu": 0}), "tessera.config.106", "/tilesPerIpu"),
