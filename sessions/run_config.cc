@@ -256,6 +256,10 @@ void visitFields(V& v, DataConfig& value) {
   v.field("testBatchSize", value.testBatchSize,
           {.min = 1, .doc = "Test samples per replica per step. >= 1."});
   v.field("epochs", value.epochs, {.min = 1, .doc = "Passes over the training set. >= 1."});
+  v.field("batchesPerStep", value.batchesPerStep,
+          {.min = 1,
+           .doc = "Batches (weight updates) per session run, PopART's DataFlow batchesPerStep. >= 1; above 1 it "
+                  "must divide the batches of an epoch and /output/checkpointEvery, with one instance."});
   v.field("seed", value.seed, {.doc = "Seed for initialisation and shuffling."});
   v.field("limitTrainSamples", value.limitTrainSamples,
           {.min = 0, .doc = "Use only the first N training samples (0: all). >= 0."});
@@ -812,6 +816,14 @@ void validate(const RunConfig& config, std::optional<int64_t> sizeLimit) {
   jsonio::checkRules(config.data, "/data");
   jsonio::checkRules(config.output, "/output");
   jsonio::checkRules(config.limits, "/limits");
+  const int64_t batchesPerStep = config.data.batchesPerStep;
+  if (batchesPerStep > 1 && config.output.checkpointEvery % batchesPerStep != 0) {
+    throw ConfigError(ErrorCode::InvalidBatchesPerStep, "/output/checkpointEvery",
+                      fmt::format("checkpointEvery is {} batches but a run takes /data/batchesPerStep {} at a "
+                                  "time, so checkpoints can only fall on multiples of {}; set checkpointEvery to "
+                                  "one",
+                                  config.output.checkpointEvery, batchesPerStep, batchesPerStep));
+  }
   // Sizes first: a width beyond the limits is reported as such whatever the
   // dataset.
   checkSizes(config, sizeLimit);

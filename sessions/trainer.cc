@@ -20,6 +20,7 @@
 #include "run_model.hpp"
 #include "tessera/checkpoint.hpp"
 #include "tessera/communicator.hpp"
+#include "tessera/data_flow.hpp"
 #include "tessera/dataset.hpp"
 #include "tessera/dist.hpp"
 #include "tessera/error.hpp"
@@ -659,10 +660,29 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
                     batch, options.getGlobalReplicationFactor(), af, globalBatch, data.train.count));
   }
 
+  // A run of the session takes batchesPerStep whole batches of the epoch.
+  const int64_t batchesPerStep = config.data.batchesPerStep;
+  if (stepsPerEpoch % batchesPerStep != 0) {
+    throw ConfigError(
+        ErrorCode::InvalidBatchesPerStep, "/data/batchesPerStep",
+        fmt::format("batchesPerStep is {} but an epoch has {} batches ({} training samples / global batch {}); "
+                    "it must divide them, so that every run takes whole batches of one epoch",
+                    batchesPerStep, stepsPerEpoch, data.train.count, globalBatch));
+  }
+  if (batchesPerStep > 1 && instances.count() > 1) {
+    throw ConfigError(ErrorCode::InvalidBatchesPerStep, "/data/batchesPerStep",
+                      fmt::format("batchesPerStep is {} with {} instances; tessera train runs several batches "
+                                  "per step on one instance only: set it to 1",
+                                  batchesPerStep, instances.count()));
+  }
+
   const std::vector<std::string> inputs = model.inputs;
   const std::vector<std::string> onnxInitializers = std::move(model.onnxInitializers);
+  // The run config has no anchors: the loss comes back for every batch
+  // ("All"), which the summary reports batch by batch.
   TrainingSession session(std::move(model.graph), model.loss, makeOptimizer(config.optimizer), options,
-                          instances.device(config.device));
+                          instances.device(config.device),
+                          DataFlow{batchesPerStep, {}});
   int64_t totalSteps = 0;
   if (__builtin_mul_overflow(stepsPerEpoch, config.data.epochs, &totalSteps)) {
     throw ConfigError(ErrorCode::ShapeTooLarge, "/data/epochs",
@@ -682,6 +702,12 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
     }
     warnAboutRunDifferences(config, globalBatch, checkpoint, warn);
     firstStep = checkpoint.step;
+    if (firstStep % batchesPerStep != 0) {
+      throw ConfigError(ErrorCode::InvalidBatchesPerStep, "/data/batchesPerStep",
+                        fmt::format("the checkpoint {} is at batch {}, which is not a multiple of batchesPerStep "
+                                    "{}; resume with a batchesPerStep that divides it",
+                                    control.resumeFrom, firstStep, batchesPerStep));
+    }
     if (firstStep >= totalSteps) {
       warn(fmt::format(
           "the checkpoint is at step {}, the end of this run's {} epoch(s) x {} steps is {}; there is "
@@ -727,7 +753,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
                           globalBatch, stepsPerEpoch * globalBatch, data.train.count % globalBatch)));
   }
   std::vector<int64_t> order(static_cast<size_t>(data.train.count));
-  BatchFeed feed(inputs, data.train, stepSamples, session);
+  BatchFeed feed(inputs, data.train, stepSamples * batchesPerStep, session);
   double trainSeconds = 0.0;
   // The schedule scales the config's rate (not the session's, which a
   // checkpoint may have left scaled), from the absolute step, so a resumed
@@ -738,7 +764,9 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   for (int64_t epoch = firstEpoch; epoch < config.data.epochs && !summary.interrupted && !summary.diverged;
        ++epoch) {
     fillEpochOrder(order, config.data.seed, epoch, config.data.shuffle);
-    for (int64_t step = epoch == firstEpoch ? firstStep % stepsPerEpoch : 0; step < stepsPerEpoch; ++step) {
+    // `step` counts batches; a run takes batchesPerStep of them.
+    for (int64_t step = epoch == firstEpoch ? firstStep % stepsPerEpoch : 0; step < stepsPerEpoch;
+         step += batchesPerStep) {
       if (control.stopRequested) {
         summary.stopReason = instances.anyStop(control);
         if (summary.stopReason > 0) {
@@ -746,6 +774,8 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
           break;
         }
       }
+      // The optimizer changes between runs only: a run's batches share the
+      // rate of its first.
       if (config.schedule.type != ScheduleType::Constant) {
         session.setLearningRate(baseLearningRate * learningRateFactor(config.schedule,
                                                                       epoch * stepsPerEpoch + step,
@@ -755,35 +785,45 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       if (summary.steps == 0) summary.setupSeconds = std::chrono::duration<double>(start - called).count();
       const int64_t first = instanceStepOffset(step, stepSamples, instances.count(), instances.index());
       const std::span<const StepInput> stepInputs = feed.take(order, first);
-      if (step + 1 < stepsPerEpoch) {
-        feed.prefetch(order, instanceStepOffset(step + 1, stepSamples, instances.count(), instances.index()));
+      if (step + batchesPerStep < stepsPerEpoch) {
+        feed.prefetch(order, instanceStepOffset(step + batchesPerStep, stepSamples, instances.count(),
+                                                instances.index()));
       }
       session.run(stepInputs);
-      const double loss = instances.meanLoss(session, control);
+      // One instance when batchesPerStep > 1: each batch's own mean.
+      const std::vector<double> losses =
+          batchesPerStep == 1 ? std::vector<double>{instances.meanLoss(session, control)}
+                              : session.batchMeanLosses();
       trainSeconds += std::chrono::duration<double>(Clock::now() - start).count();
-      summary.losses.push_back(loss);
-      ++summary.steps;
-      if (session.lastStepSkipped()) summary.skippedStepIndices.push_back(session.step() - 1);
-      // A non-finite loss is never loss scaling's doing (the loss is not
-      // scaled): the weights that produced it are lost, so stop here rather
-      // than train on (and checkpoint) NaNs.
-      if (!std::isfinite(loss)) {
-        summary.diverged = true;
-        summary.divergedStep = session.step() - 1;
-      }
-      if (onStep) {
-        TrainProgress progress;
-        progress.epoch = epoch;
-        progress.epochs = config.data.epochs;
-        progress.stepInEpoch = step + 1;
-        progress.stepsPerEpoch = stepsPerEpoch;
-        progress.loss = loss;
-        progress.samplesPerSecond =
-            trainSeconds > 0 ? static_cast<double>(summary.steps * globalBatch) / trainSeconds : 0.0;
-        progress.automaticLossScaling = options.automaticLossScalingSettings.enabled;
-        progress.lossScale = session.lossScale();
-        progress.skippedSteps = static_cast<int64_t>(summary.skippedStepIndices.size());
-        onStep(progress);
+      const int64_t firstBatch = session.step() - batchesPerStep;
+      for (int64_t b = 0; b < batchesPerStep; ++b) {
+        const double loss = losses[static_cast<size_t>(b)];
+        summary.losses.push_back(loss);
+        ++summary.steps;
+        if (session.batchesSkipped()[static_cast<size_t>(b)]) summary.skippedStepIndices.push_back(firstBatch + b);
+        // A non-finite loss is never loss scaling's doing (the loss is not
+        // scaled): the weights that produced it are lost, so stop here rather
+        // than train on (and checkpoint) NaNs. The rest of its run has run,
+        // but is not reported.
+        if (!std::isfinite(loss)) {
+          summary.diverged = true;
+          summary.divergedStep = firstBatch + b;
+        }
+        if (onStep) {
+          TrainProgress progress;
+          progress.epoch = epoch;
+          progress.epochs = config.data.epochs;
+          progress.stepInEpoch = step + b + 1;
+          progress.stepsPerEpoch = stepsPerEpoch;
+          progress.loss = loss;
+          progress.samplesPerSecond =
+              trainSeconds > 0 ? static_cast<double>(summary.steps * globalBatch) / trainSeconds : 0.0;
+          progress.automaticLossScaling = options.automaticLossScalingSettings.enabled;
+          progress.lossScale = session.lossScale();
+          progress.skippedSteps = static_cast<int64_t>(summary.skippedStepIndices.size());
+          onStep(progress);
+        }
+        if (summary.diverged) break;
       }
       if (summary.diverged) break;
       const int64_t every = config.output.checkpointEvery;

@@ -168,6 +168,10 @@ struct DataConfig {
   int64_t testBatchSize = 100;
   // Passes over the training set. >= 1.
   int64_t epochs = 1;
+  // Batches (weight updates) per session run, PopART's DataFlow
+  // batchesPerStep. >= 1; more than 1 must divide the batches of an epoch
+  // and /output/checkpointEvery, and needs one instance.
+  int64_t batchesPerStep = 1;
   // Seed for initialisation and shuffling.
   int64_t seed = 0;
   // Use only the first N training samples (0: all). >= 0.

@@ -10,11 +10,15 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "support/onnx_models.hpp"
 #include "tessera/data_flow.hpp"
 #include "tessera/error.hpp"
 #include "tessera/optimizer_options.hpp"
+#include "tessera/run_config.hpp"
 #include "tessera/session.hpp"
+#include "tessera/trainer.hpp"
 #include "test_support.hpp"
 
 namespace tessera {
@@ -301,6 +305,66 @@ TEST_CASE("bad data flows and step inputs are refused with their ids") {
   });
   REQUIRE(unknown.has_value());
   CHECK(unknown->code() == ErrorCode::UnknownStream);
+}
+
+// The MLP export on its tensors dataset (192 samples): batch 4 x 2 replicas x
+// accumulation 2 makes 12 batches an epoch.
+RunConfig trainConfig(const std::vector<std::string>& overrides) {
+  const nlohmann::json document = {
+      {"model",
+       {{"type", "onnx"}, {"path", test::sourcePath("tests/data/onnx/mlp.onnx")}, {"loss", "loss"}}},
+      {"optimizer", {{"type", "adam"}, {"learningRate", 0.01}}},
+      {"sessionOptions",
+       {{"enableReplicatedGraphs", true},
+        {"replicatedGraphCount", 2},
+        {"enableGradientAccumulation", true},
+        {"accumulationFactor", 2}}},
+      {"data",
+       {{"dataset", "tensors"},
+        {"path", test::sourcePath("tests/data/onnx/mlp_train.safetensors")},
+        {"batchSize", 4},
+        {"epochs", 2},
+        {"shuffle", true}}}};
+  return parseRunConfig(document.dump(), "bps.json", overrides).config;
+}
+
+TEST_CASE("tessera train with /data/batchesPerStep reports the per-batch losses of one batch per step") {
+  if (!onnxSupported()) return;
+  const TrainSummary one = train(trainConfig({}));
+  REQUIRE(one.losses.size() == 24);
+  for (const std::string bps : {"3", "4", "12"}) {
+    CAPTURE(bps);
+    const TrainSummary stepped = train(trainConfig({"/data/batchesPerStep=" + bps}));
+    CHECK(stepped.losses == one.losses);
+    CHECK(stepped.steps == one.steps);
+    CHECK(stepped.weights == one.weights);
+  }
+  CHECK(one.losses.front() != one.losses.back());
+}
+
+TEST_CASE("/data/batchesPerStep that does not fit the run is refused with its id") {
+  if (!onnxSupported()) return;
+  const auto notDividing =
+      test::catchError<ConfigError>([] { (void)train(trainConfig({"/data/batchesPerStep=5"})); });
+  REQUIRE(notDividing.has_value());
+  INFO(notDividing->what());
+  CHECK(notDividing->code() == ErrorCode::InvalidBatchesPerStep);
+  CHECK(notDividing->subject() == "/data/batchesPerStep");
+  CHECK(std::string(notDividing->what()).find("an epoch has 12 batches") != std::string::npos);
+
+  const auto zero = test::catchError<ConfigError>([] { (void)trainConfig({"/data/batchesPerStep=0"}); });
+  REQUIRE(zero.has_value());
+  CHECK(zero->code() == ErrorCode::OutOfRange);
+  CHECK(zero->subject() == "/data/batchesPerStep");
+
+  const auto checkpoints = test::catchError<ConfigError>([] {
+    validate(trainConfig({"/data/batchesPerStep=3", "/output/checkpoint=\"unused.safetensors\"",
+                          "/output/checkpointEvery=4"}));
+  });
+  REQUIRE(checkpoints.has_value());
+  INFO(checkpoints->what());
+  CHECK(checkpoints->code() == ErrorCode::InvalidBatchesPerStep);
+  CHECK(checkpoints->subject() == "/output/checkpointEvery");
 }
 
 }  // namespace
