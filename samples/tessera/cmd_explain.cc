@@ -877,6 +877,11 @@ Action attachExplain(CLI::App& command) {
     if (args->json) {
       nlohmann::json out = configJson(loaded, args->perReplica);
       out.update(planJson(plan, args->perReplica, levers));
+      // A session run of batchesPerStep batches repeats the step's device
+      // work; the time model has no per-run host cost to pay once.
+      const int64_t batchesPerStep = loaded.config.data.batchesPerStep;
+      out["modelledStepTime"]["batchesPerStep"] = batchesPerStep;
+      out["modelledStepTime"]["runSeconds"] = plan.time.stepSeconds * static_cast<double>(batchesPerStep);
       if (changed) {
         nlohmann::json after = planJson(planRun(changed->config), args->perReplica, {});
         after["settings"] = args->whatIf;
@@ -890,6 +895,14 @@ Action attachExplain(CLI::App& command) {
           "everything.\n");
       printConfig(loaded, args->values, args->perReplica);
       printPlan(plan, args->perReplica);
+      if (loaded.config.data.batchesPerStep > 1) {
+        const int64_t batchesPerStep = loaded.config.data.batchesPerStep;
+        fmt::print(
+            "Batches per step: {}: a session run takes {} x {} = {} (each batch's device work repeats; the "
+            "model has no per-run host cost)\n",
+            batchesPerStep, batchesPerStep, seconds(plan.time.stepSeconds),
+            seconds(plan.time.stepSeconds * static_cast<double>(batchesPerStep)));
+      }
       if (changed) printWhatIf(args->whatIf, plan, planRun(changed->config));
     }
     return shortfall ? reportDoesNotFit(*shortfall, plan.memory) : kExitOk;
