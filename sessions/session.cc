@@ -277,7 +277,7 @@ struct TrainingSession::Impl {
   double lossScale = 1.0;
   int64_t skippedSteps = 0;
   bool lastStepSkipped = false;
-  DataFlow dataFlow;
+  DataFlow dataFlow{1};
   std::optional<StepAnchors> anchors;
   std::vector<double> batchMeanLosses;
   std::vector<bool> batchesSkipped;
@@ -482,7 +482,7 @@ const Optimizer& TrainingSession::optimizer() const { return *impl_->optimizer; 
 struct InferenceSession::Impl {
   std::vector<std::string> outputNames;
   std::unique_ptr<detail::SessionRuntime> runtime;
-  DataFlow dataFlow;
+  DataFlow dataFlow{1};
   std::optional<StepAnchors> anchors;
 };
 

@@ -59,6 +59,10 @@ struct AnchorReturnType {
 };
 
 struct DataFlow {
+  // No default: a session's `{}` argument stays its list of outputs.
+  DataFlow(int64_t batches, std::vector<std::pair<std::string, AnchorReturnType>> anchorTensors = {})
+      : batchesPerStep(batches), anchors(std::move(anchorTensors)) {}
+
   // Batches (weight updates) per run(); >= 1.
   int64_t batchesPerStep = 1;
   // Tensors run() returns, by name, with their return types. A training

@@ -261,7 +261,7 @@ TEST_CASE("an inference session runs batchesPerStep batches and returns its anch
 }
 
 TEST_CASE("bad data flows and step inputs are refused with their ids") {
-  CHECK_NOTHROW(validate(DataFlow{}));
+  CHECK_NOTHROW(validate(DataFlow{1}));
   auto codeOf = [](const DataFlow& flow) {
     const auto error = test::catchError<ConfigError>([&flow] { validate(flow); });
     REQUIRE(error.has_value());
