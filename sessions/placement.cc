@@ -148,6 +148,17 @@ std::vector<Candidate> candidates(const SessionOptions& options) {
     c.options.locationSettings(category).location.storage = TensorStorage::OffChip;
     out.push_back(std::move(c));
   }
+  // Recomputation: fewer activations kept, more forward work. RecomputeAll
+  // differs from no recomputation only with checkpoints marked by hand;
+  // when it changes nothing it saves nothing and is left out below.
+  if (options.autoRecomputation == RecomputationType::None) {
+    for (RecomputationType type : {RecomputationType::Standard, RecomputationType::RecomputeAll}) {
+      Candidate c{fmt::format("{}/autoRecomputation", kSessionOptionsPath),
+                  fmt::format("\"{}\"", toString(type)), options};
+      c.options.autoRecomputation = type;
+      out.push_back(std::move(c));
+    }
+  }
   if (options.getLocalReplicationFactor() <= 1) return out;
   for (TensorCategory category :
        {TensorCategory::OptimizerState, TensorCategory::Weight, TensorCategory::Accumulator}) {
@@ -209,7 +220,7 @@ std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId
     const int64_t needed = peakOf(plan.memory, shortfall);
     if (needed >= shortfall.neededBytes) continue;
     out.push_back({std::move(candidate.setting), std::move(candidate.value), needed, shortfall.neededBytes - needed,
-                   !findShortfall(plan.memory).has_value()});
+                   !findShortfall(plan.memory).has_value(), plan.time.stepSeconds});
   }
   std::stable_sort(out.begin(), out.end(), [](const MemorySuggestion& a, const MemorySuggestion& b) {
     return a.fits != b.fits ? a.fits : a.savingBytes > b.savingBytes;
