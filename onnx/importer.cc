@@ -625,8 +625,7 @@ void Importer::bindOutput(const std::string& name) {
 // recomputeOutputInBackwardPass, an int attribute holding a RecomputeType.
 void Importer::markRecompute(const onnx::NodeProto& node, OpId first, const std::string& subject) {
   const std::string& op = node.op_type();
-  if (op == "BatchNormalization" || op == "InstanceNormalization" || op == "LayerNormalization" ||
-      op == "GroupNormalization")
+  if (op == "BatchNormalization" || op == "InstanceNormalization" || op == "LayerNormalization")
     graph_.markNormalisation(first);
   const onnx::AttributeProto* attribute = findAttribute(node, kRecomputeAttribute);
   if (attribute == nullptr) return;

@@ -135,7 +135,7 @@ struct Candidate {
   SessionOptions options;
 };
 
-std::vector<Candidate> candidates(const SessionOptions& options) {
+std::vector<Candidate> candidates(const Graph& graph, const SessionOptions& options) {
   std::vector<Candidate> out;
   const int64_t replicas = options.getGlobalReplicationFactor();
   const auto path = [](TensorCategory category, std::string_view field) {
@@ -149,10 +149,14 @@ std::vector<Candidate> candidates(const SessionOptions& options) {
     out.push_back(std::move(c));
   }
   // Recomputation: fewer activations kept, more forward work. RecomputeAll
-  // differs from no recomputation only with checkpoints marked by hand;
-  // when it changes nothing it saves nothing and is left out below.
+  // differs from no recomputation only with ops marked Checkpoint by hand
+  // (without them PopART's rule keeps the whole forward pass, the segment
+  // that ends at the loss), so it is planned only then.
   if (options.autoRecomputation == RecomputationType::None) {
+    const bool marked = std::any_of(graph.ops().begin(), graph.ops().end(),
+                                    [](const OpNode& op) { return op.recompute == RecomputeType::Checkpoint; });
     for (RecomputationType type : {RecomputationType::Standard, RecomputationType::RecomputeAll}) {
+      if (type == RecomputationType::RecomputeAll && !marked) continue;
       Candidate c{fmt::format("{}/autoRecomputation", kSessionOptionsPath),
                   fmt::format("\"{}\"", toString(type)), options};
       c.options.autoRecomputation = type;
@@ -210,7 +214,7 @@ std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId
                                                     const SessionOptions& options, const DeviceSpec& spec,
                                                     const MemoryShortfall& shortfall) {
   std::vector<MemorySuggestion> out;
-  for (Candidate& candidate : candidates(options)) {
+  for (Candidate& candidate : candidates(graph, options)) {
     RunPlan plan;
     try {
       plan = planTraining(graph, loss, optimizer, candidate.options, spec);

@@ -92,8 +92,9 @@ struct MemorySuggestion {
 
 // The settings that lower the peak of `shortfall`'s space, each planned with
 // the change alone: streaming memory for a category, RTS for a category,
-// RTS over all replicas instead of a smaller domain, recomputation
-// (autoRecomputation Standard, then RecomputeAll) when none is set. Settings that make the
+// RTS over all replicas instead of a smaller domain, recomputation when
+// none is set (autoRecomputation Standard; RecomputeAll too when ops are
+// marked Checkpoint, without which it recomputes nothing). Settings that make the
 // program fit come first, then by saving; changes that save nothing are left
 // out.
 std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId loss,
