@@ -58,6 +58,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(InvalidDeviceSpec),
     TESSERA_CODE(ShapeTooLarge),
     TESSERA_CODE(InvalidOutput),
+    TESSERA_CODE(RecomputationNeedsPipelining),
     TESSERA_CODE(InvalidBatchesPerStep),
     TESSERA_CODE(InvalidAnchorReturnType),
     TESSERA_CODE(InvalidAnchor),
@@ -73,6 +74,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(ReplicationFactorMismatch),
     TESSERA_CODE(UnknownStream),
     TESSERA_CODE(DTypeMismatch),
+    TESSERA_CODE(InvalidRecompute),
     TESSERA_CODE(NoGradient),
     TESSERA_CODE(LossNotScalar),
     TESSERA_CODE(OutOfMemory),
@@ -103,6 +105,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(OnnxNodeShape),
     TESSERA_CODE(OnnxTooLarge),
     TESSERA_CODE(OnnxExportMismatch),
+    TESSERA_CODE(OnnxInvalidRecompute),
     TESSERA_CODE(Internal),
 };
 #undef TESSERA_CODE

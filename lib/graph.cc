@@ -271,6 +271,41 @@ void Graph::setRemoteBufferMetaShape(int64_t id, Shape metaShape) {
   remoteBuffers_[static_cast<std::size_t>(id)].metaShape = std::move(metaShape);
 }
 
+bool Graph::canRecompute(OpId id) const {
+  const OpKind kind = op(id).kind;
+  return kind != OpKind::Input && kind != OpKind::Variable && kind != OpKind::Constant && !isInplace(kind) &&
+         !isCollective(kind) && kind != OpKind::RemoteLoad && kind != OpKind::RemoteStore;
+}
+
+void Graph::setRecompute(OpId id, RecomputeType type) {
+  const OpNode& node = op(id);
+  if (type == RecomputeType::Recomputed) {
+    throw GraphError(ErrorCode::InvalidRecompute, node.name,
+                     fmt::format("op {} ({}) cannot be marked Recomputed: that mark is the recomputation "
+                                 "transform's; use Recompute, Checkpoint or Undefined",
+                                 node.name, node.kind));
+  }
+  if (type == RecomputeType::Recompute && !canRecompute(id)) {
+    throw GraphError(ErrorCode::InvalidRecompute, node.name,
+                     fmt::format("op {} is a {}, which cannot be recomputed (sources, in-place, remote and "
+                                 "collective ops keep their outputs); mark it Checkpoint or Undefined",
+                                 node.name, node.kind));
+  }
+  ops_[static_cast<std::size_t>(id)].recompute = type;
+}
+
+void Graph::copyRecomputeMarks(OpId to, const OpNode& from) {
+  op(to);
+  ops_[static_cast<std::size_t>(to)].recompute = from.recompute;
+  ops_[static_cast<std::size_t>(to)].normalisation = from.normalisation;
+}
+
+void Graph::markNormalisation(OpId first) {
+  for (std::size_t id = static_cast<std::size_t>(std::max<OpId>(first, 0)); id < ops_.size(); ++id) {
+    ops_[id].normalisation = true;
+  }
+}
+
 void Graph::addAfter(OpId op, OpId before) {
   this->op(before);
   this->op(op);

@@ -136,6 +136,10 @@ void visitFields(V& v, SessionOptions& value) {
   v.field("meanAccumulationAndReplicationReductionStrategy",
           value.meanAccumulationAndReplicationReductionStrategy,
           {.doc = "With Mean reduction: average as a running mean (Running) or sum then divide (Post)."});
+  v.field("autoRecomputation", value.autoRecomputation,
+          {.doc = "Which forward ops are recomputed in the backward pass instead of keeping their outputs: "
+                  "None, Standard (checkpoints where few activations are live), NormOnly, Pipeline (needs "
+                  "pipelining) or RecomputeAll."});
   v.field(
       "numIOTiles", value.numIOTiles,
       {.min = 0,
@@ -204,6 +208,7 @@ TESSERA_ENUM_JSON(CommGroupType)
 TESSERA_ENUM_JSON(TensorCategory)
 TESSERA_ENUM_JSON(ReductionType)
 TESSERA_ENUM_JSON(MeanReductionStrategy)
+TESSERA_ENUM_JSON(RecomputationType)
 #undef TESSERA_ENUM_JSON
 
 #define TESSERA_STRUCT_JSON(Type)                                                       \

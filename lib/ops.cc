@@ -501,4 +501,8 @@ Tensor remoteReplicaShardedVariable(Graph& graph, std::string name, InitialValue
   return sharded.variable;
 }
 
+void recomputeOutputInBackwardPass(Tensor t, RecomputeType type) {
+  t.graph().setRecompute(t.node().producer, type);
+}
+
 }  // namespace tessera::ops

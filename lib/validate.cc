@@ -70,6 +70,13 @@ void checkSwitches(const SessionOptions& o) {
   }
   // The getter throws the error of this rule.
   (void)o.getAccumulationFactor();
+  // PopART annotates Pipeline recomputation only when pipelining and
+  // refuses it otherwise; tessera has no pipelining.
+  if (o.autoRecomputation == RecomputationType::Pipeline) {
+    fail(ErrorCode::RecomputationNeedsPipelining, fieldPath("autoRecomputation"),
+         "autoRecomputation is Pipeline, which recomputes each forward pipeline stage, but pipelining is "
+         "not enabled; use Standard, NormOnly, RecomputeAll or None");
+  }
 }
 
 void checkDistribution(const SessionOptions& o) {

@@ -620,6 +620,29 @@ void Importer::bindOutput(const std::string& name) {
   values_[name].id = id;
 }
 
+// PopART's annotations on the ops a node became: normalisations (what
+// RecomputationType::NormOnly recomputes) and the builder's
+// recomputeOutputInBackwardPass, an int attribute holding a RecomputeType.
+void Importer::markRecompute(const onnx::NodeProto& node, OpId first, const std::string& subject) {
+  const std::string& op = node.op_type();
+  if (op == "BatchNormalization" || op == "InstanceNormalization" || op == "LayerNormalization")
+    graph_.markNormalisation(first);
+  const onnx::AttributeProto* attribute = findAttribute(node, kRecomputeAttribute);
+  if (attribute == nullptr) return;
+  if (attribute->type() != onnx::AttributeProto::INT)
+    throwOnnx(ErrorCode::OnnxInvalidRecompute, subject,
+              fmt::format("attribute {} must be an int (0 Undefined, 1 Checkpoint, 2 Recompute)",
+                          kRecomputeAttribute));
+  const int64_t value = attribute->i();
+  if (value < 0 || value > 2)
+    throwOnnx(ErrorCode::OnnxInvalidRecompute, subject,
+              fmt::format("attribute {} is {}; it must be 0 (Undefined), 1 (Checkpoint) or 2 (Recompute)",
+                          kRecomputeAttribute, value));
+  const auto type = static_cast<RecomputeType>(value);
+  for (auto id = first; id < static_cast<OpId>(graph_.ops().size()); ++id)
+    if (type != RecomputeType::Recompute || graph_.canRecompute(id)) graph_.setRecompute(id, type);
+}
+
 void Importer::importNode(const onnx::NodeProto& node) {
   const std::string subject = nodeSubject(node);
   checkArity(node, opset_, subject);
@@ -659,11 +682,13 @@ void Importer::importNode(const onnx::NodeProto& node) {
       return;
     }
   }
+  const auto first = static_cast<OpId>(graph_.ops().size());
   try {
     mapNode(node, subject);
   } catch (const GraphError& e) {
     throwOnnx(ErrorCode::OnnxNodeShape, subject, e.what());
   }
+  markRecompute(node, first, subject);
   for (const auto& out : node.output())
     if (!out.empty() && !values_.count(out))
       throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,

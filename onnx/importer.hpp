@@ -73,6 +73,10 @@ class Importer {
   // where a float16 one is involved (ONNX's type constraints give them one
   // type); sets nodeFloatType_.
   void checkFloatOperands(const onnx::NodeProto& node, const std::string& subject);
+  // Marks the ops created for `node` from op `first` on: normalisations and
+  // PopART's __recompute_output_in_backward_pass (OnnxInvalidRecompute for a
+  // value that is not 0, 1 or 2).
+  void markRecompute(const onnx::NodeProto& node, OpId first, const std::string& subject);
   // Input k, an initializer, made a Variable of category OptimizerState that
   // the node updates in place (OnnxModel::state).
   Tensor stateVariable(const onnx::NodeProto& node, int k, const std::string& subject);

@@ -71,6 +71,11 @@ void bindOptions(py::module_& module) {
   bindEnum<TensorCategory>(module, "The kinds of tensor that have their own location settings.");
   bindEnum<ReductionType>(module, "How gradients are combined over micro-batches and replicas.");
   bindEnum<MeanReductionStrategy>(module, "How a Mean reduction over micro-batches is computed.");
+  bindEnum<RecomputationType>(module,
+                              "Which forward ops are recomputed in the backward pass. `None` is a Python "
+                              "keyword: reach it as RecomputationType.NoRecompute (PopART's Python name) or "
+                              "getattr(RecomputationType, 'None').")
+      .value("NoRecompute", RecomputationType::None);
 
   py::class_<CommGroup>(module, "CommGroup",
                         "A grouping of replicas by type and group size (PopART's CommGroup).")
@@ -173,6 +178,8 @@ void bindOptions(py::module_& module) {
       .def_readwrite("meanAccumulationAndReplicationReductionStrategy",
                      &SessionOptions::meanAccumulationAndReplicationReductionStrategy,
                      fieldDoc(sessionOptions, "meanAccumulationAndReplicationReductionStrategy"))
+      .def_readwrite("autoRecomputation", &SessionOptions::autoRecomputation,
+                     fieldDoc(sessionOptions, "autoRecomputation"))
       .def_readwrite("numIOTiles", &SessionOptions::numIOTiles, fieldDoc(sessionOptions, "numIOTiles"))
       .def_readwrite("activationTensorLocationSettings", &SessionOptions::activationTensorLocationSettings,
                      fieldDoc(sessionOptions, "activationTensorLocationSettings"))

@@ -135,7 +135,7 @@ struct Candidate {
   SessionOptions options;
 };
 
-std::vector<Candidate> candidates(const SessionOptions& options) {
+std::vector<Candidate> candidates(const Graph& graph, const SessionOptions& options) {
   std::vector<Candidate> out;
   const int64_t replicas = options.getGlobalReplicationFactor();
   const auto path = [](TensorCategory category, std::string_view field) {
@@ -147,6 +147,21 @@ std::vector<Candidate> candidates(const SessionOptions& options) {
     Candidate c{path(category, "storage"), "\"OffChip\"", options};
     c.options.locationSettings(category).location.storage = TensorStorage::OffChip;
     out.push_back(std::move(c));
+  }
+  // Recomputation: fewer activations kept, more forward work. RecomputeAll
+  // differs from no recomputation only with ops marked Checkpoint by hand
+  // (without them PopART's rule keeps the whole forward pass, the segment
+  // that ends at the loss), so it is planned only then.
+  if (options.autoRecomputation == RecomputationType::None) {
+    const bool marked = std::any_of(graph.ops().begin(), graph.ops().end(),
+                                    [](const OpNode& op) { return op.recompute == RecomputeType::Checkpoint; });
+    for (RecomputationType type : {RecomputationType::Standard, RecomputationType::RecomputeAll}) {
+      if (type == RecomputationType::RecomputeAll && !marked) continue;
+      Candidate c{fmt::format("{}/autoRecomputation", kSessionOptionsPath),
+                  fmt::format("\"{}\"", toString(type)), options};
+      c.options.autoRecomputation = type;
+      out.push_back(std::move(c));
+    }
   }
   if (options.getLocalReplicationFactor() <= 1) return out;
   for (TensorCategory category :
@@ -199,7 +214,7 @@ std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId
                                                     const SessionOptions& options, const DeviceSpec& spec,
                                                     const MemoryShortfall& shortfall) {
   std::vector<MemorySuggestion> out;
-  for (Candidate& candidate : candidates(options)) {
+  for (Candidate& candidate : candidates(graph, options)) {
     RunPlan plan;
     try {
       plan = planTraining(graph, loss, optimizer, candidate.options, spec);
@@ -209,7 +224,7 @@ std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId
     const int64_t needed = peakOf(plan.memory, shortfall);
     if (needed >= shortfall.neededBytes) continue;
     out.push_back({std::move(candidate.setting), std::move(candidate.value), needed, shortfall.neededBytes - needed,
-                   !findShortfall(plan.memory).has_value()});
+                   !findShortfall(plan.memory).has_value(), plan.time.stepSeconds});
   }
   std::stable_sort(out.begin(), out.end(), [](const MemorySuggestion& a, const MemorySuggestion& b) {
     return a.fits != b.fits ? a.fits : a.savingBytes > b.savingBytes;

@@ -4,6 +4,7 @@
 #include "transforms/gradient_accumulation.hpp"
 #include "transforms/locations.hpp"
 #include "transforms/optimizer_update.hpp"
+#include "transforms/recompute.hpp"
 #include "transforms/replication.hpp"
 
 namespace tessera {
@@ -15,6 +16,7 @@ std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptio
   pipeline.push_back(std::make_unique<WeightShardingTransform>(options, &tensors));
   pipeline.push_back(std::make_unique<AutodiffTransform>(tensors, optimizer.lossScaling(),
                                                          options.automaticLossScalingSettings.enabled));
+  pipeline.push_back(std::make_unique<RecomputeTransform>(options.autoRecomputation, tensors));
   pipeline.push_back(
       std::make_unique<GradientAccumulationTransform>(options, tensors, optimizer.accumType()));
   pipeline.push_back(std::make_unique<ReplicationTransform>(options, tensors));

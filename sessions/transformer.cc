@@ -52,11 +52,15 @@ Tensor layerNorm(Parameters& parameters, const std::string& prefix, Tensor x, in
   const Tensor weight = parameters.filled(prefix + ".weight", {hidden}, 1.0F);
   const Tensor bias = parameters.filled(prefix + ".bias", {hidden}, 0.0F);
   Graph& g = x.graph();
+  const auto first = static_cast<OpId>(g.ops().size());
   const Tensor centred = ops::sub(x, ops::reduceMean(x, {-1}, true));
   const Tensor variance = ops::reduceMean(ops::mul(centred, centred), {-1}, true);
   const Tensor normalised =
       ops::div(centred, ops::sqrt(ops::add(variance, ops::scalar(g, kLayerNormEpsilon, x.dtype()))));
-  return ops::add(ops::mul(normalised, weight), bias);
+  const Tensor out = ops::add(ops::mul(normalised, weight), bias);
+  // What RecomputationType::NormOnly recomputes.
+  g.markNormalisation(first);
+  return out;
 }
 
 // x W + b with W [in, out] (GPT-2's Conv1D).

@@ -75,6 +75,8 @@ enum class ErrorCode : int {
   InvalidDeviceSpec = 153,
   ShapeTooLarge = 154,  // a size the run config implies overflows or exceeds /limits/maxTensorBytes
   InvalidOutput = 155,  // an output section that asks for what it cannot do
+  // --- Recomputation and larger-than-a-chip options (16x) ---
+  RecomputationNeedsPipelining = 160,  // autoRecomputation Pipeline without pipelining
   // --- Batches per step and anchors (17x) ---
   InvalidBatchesPerStep = 170,    // batchesPerStep < 1, or more batches than the run has
   InvalidAnchorReturnType = 171,  // an unknown return type, or EveryN's period not dividing batchesPerStep
@@ -92,6 +94,7 @@ enum class ErrorCode : int {
   ReplicationFactorMismatch = 210,  // a graph built for another replication factor
   UnknownStream = 211,              // a step input or output name the program does not have
   DTypeMismatch = 212,              // float16 and float32 operands of one op (cast one of them)
+  InvalidRecompute = 220,           // a recompute annotation on an op that cannot be recomputed
   // --- Autodiff (3xx) ---
   NoGradient = 301,
   LossNotScalar = 302,
@@ -127,6 +130,7 @@ enum class ErrorCode : int {
   OnnxNodeShape = 708,           // a node whose operands do not fit the op
   OnnxTooLarge = 709,            // a value computed at import over the size limit
   OnnxExportMismatch = 710,      // values to write that do not fit the model's initializers
+  OnnxInvalidRecompute = 720,    // a __recompute_output_in_backward_pass value that is no RecomputeType
   // --- Internal (9xx) ---
   Internal = 901,
 };

@@ -410,12 +410,35 @@ struct TensorNode {
 // The shard of a sharded variable that global replica `replica` holds.
 int64_t shardIndexAt(const TensorNode& node, int64_t replicationFactor, int64_t replica);
 
+// What becomes of an op's outputs in the backward pass (PopART's
+// RecomputeType): kept (Checkpoint) or recomputed from the nearest kept
+// values (Recompute). Undefined leaves the choice to
+// SessionOptions::autoRecomputation; the recomputation transform marks its
+// clones Recomputed.
+enum class RecomputeType { Undefined, Checkpoint, Recompute, Recomputed };
+
+template <>
+struct EnumNames<RecomputeType> {
+  static constexpr std::string_view kTypeName = "RecomputeType";
+  static constexpr std::array kNames = {std::pair{RecomputeType::Undefined, std::string_view{"Undefined"}},
+                                        std::pair{RecomputeType::Checkpoint, std::string_view{"Checkpoint"}},
+                                        std::pair{RecomputeType::Recompute, std::string_view{"Recompute"}},
+                                        std::pair{RecomputeType::Recomputed, std::string_view{"Recomputed"}}};
+};
+
 struct OpNode {
   OpKind kind = OpKind::Input;
   std::vector<TensorId> inputs;
   std::vector<TensorId> outputs;
   OpAttributes attributes;
   std::string name;
+  // Recomputation (set by ops::recomputeOutputInBackwardPass or an ONNX
+  // node's __recompute_output_in_backward_pass attribute).
+  RecomputeType recompute = RecomputeType::Undefined;
+  // Part of a normalisation (layer, batch, group or instance norm): what
+  // RecomputationType::NormOnly recomputes. Set by the builders that expand
+  // a normalisation into ops (markNormalisation).
+  bool normalisation = false;
   // Ops that must run before this one although no data may flow between
   // them (see the program order rules at the top of this file).
   std::vector<OpId> after;
@@ -472,6 +495,19 @@ class Graph {
   std::string uniqueName(std::string_view base);
   // Renames a tensor; throws GraphError(DuplicateTensorName) when taken.
   void rename(TensorId id, std::string name);
+
+  // Sets an op's RecomputeType; Recompute on a source, an in-place, remote
+  // or collective op, which cannot be recomputed, throws
+  // GraphError(InvalidRecompute) naming the op. Recomputed is the
+  // transform's own mark and is refused too.
+  void setRecompute(OpId op, RecomputeType type);
+  // Marks the ops from `first` to the last op created as a normalisation.
+  void markNormalisation(OpId first);
+  // True for the ops the recomputation transform may clone.
+  bool canRecompute(OpId op) const;
+  // Gives op `to` the recompute and normalisation marks of `from` (an op of
+  // another graph that `to` copies), unchecked: transforms that copy ops.
+  void copyRecomputeMarks(OpId to, const OpNode& from);
 
   // `op` runs after `before`. Throws GraphError(InvalidOperand) on bad ids;
   // a cycle is reported by schedule().

@@ -57,6 +57,8 @@ void to_json(nlohmann::json& j, ReductionType value);
 void from_json(const nlohmann::json& j, ReductionType& value);
 void to_json(nlohmann::json& j, MeanReductionStrategy value);
 void from_json(const nlohmann::json& j, MeanReductionStrategy& value);
+void to_json(nlohmann::json& j, RecomputationType value);
+void from_json(const nlohmann::json& j, RecomputationType& value);
 
 // Option structs.
 void to_json(nlohmann::json& j, const CommGroup& value);

@@ -274,5 +274,13 @@ ShardedVariable replicaShardedVariable(Graph& graph, std::string name, InitialVa
 Tensor remoteReplicaShardedVariable(Graph& graph, std::string name, InitialValues hostData, Shape shape,
                                     RemoteBuffer buffer, int64_t entry = 0);
 
+// --- Recomputation (PopART's Builder::recomputeOutputInBackwardPass) ---
+// Marks the op that produces `t`: Recompute clones it into the backward pass
+// (its outputs are not kept), Checkpoint keeps its outputs whatever
+// SessionOptions::autoRecomputation chooses, Undefined leaves the choice to
+// it. Throws GraphError(InvalidRecompute) for Recompute on an op that cannot
+// be recomputed (Graph::setRecompute).
+void recomputeOutputInBackwardPass(Tensor t, RecomputeType type = RecomputeType::Recompute);
+
 }  // namespace ops
 }  // namespace tessera

@@ -87,11 +87,14 @@ struct MemorySuggestion {
   int64_t neededBytes = 0;  // the space's peak on that replica with the change
   int64_t savingBytes = 0;  // how much lower than now
   bool fits = false;        // the whole program then fits the device
+  double stepSeconds = 0.0;  // the modelled step time with the change (TimeReport::stepSeconds)
 };
 
 // The settings that lower the peak of `shortfall`'s space, each planned with
 // the change alone: streaming memory for a category, RTS for a category,
-// RTS over all replicas instead of a smaller domain. Settings that make the
+// RTS over all replicas instead of a smaller domain, recomputation when
+// none is set (autoRecomputation Standard; RecomputeAll too when ops are
+// marked Checkpoint, without which it recomputes nothing). Settings that make the
 // program fit come first, then by saving; changes that save nothing are left
 // out.
 std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId loss,

@@ -47,6 +47,28 @@ struct EnumNames<MeanReductionStrategy> {
       std::pair{MeanReductionStrategy::Post, std::string_view{"Post"}}};
 };
 
+// Which forward ops are recomputed in the backward pass instead of keeping
+// their outputs (PopART's RecomputationType). Per-op RecomputeType
+// annotations (graph.hpp) override the automatic choice.
+enum class RecomputationType {
+  None,          // only the ops annotated Recompute are recomputed
+  Standard,      // checkpoints chosen where few activations are live; the rest recomputed
+  NormOnly,      // only normalisation ops are recomputed, every other op is a checkpoint
+  Pipeline,      // each forward pipeline stage is recomputed; needs pipelining
+  RecomputeAll,  // every forward op, except the last segment before the loss, is recomputed
+};
+
+template <>
+struct EnumNames<RecomputationType> {
+  static constexpr std::string_view kTypeName = "RecomputationType";
+  static constexpr std::array kNames = {
+      std::pair{RecomputationType::None, std::string_view{"None"}},
+      std::pair{RecomputationType::Standard, std::string_view{"Standard"}},
+      std::pair{RecomputationType::NormOnly, std::string_view{"NormOnly"}},
+      std::pair{RecomputationType::Pipeline, std::string_view{"Pipeline"}},
+      std::pair{RecomputationType::RecomputeAll, std::string_view{"RecomputeAll"}}};
+};
+
 // JSON path of the SessionOptions object inside a run config; every path in
 // a validation error or a location reason starts with it.
 inline constexpr std::string_view kSessionOptionsPath = "/sessionOptions";
@@ -96,6 +118,16 @@ struct SessionOptions {
 
   // With Mean reduction: average as a running mean or sum then divide.
   MeanReductionStrategy meanAccumulationAndReplicationReductionStrategy = MeanReductionStrategy::Post;
+
+  // ---------------------------------------------------------------------
+  // Recomputation (training only)
+  // ---------------------------------------------------------------------
+
+  // Which forward ops are recomputed in the backward pass (the recomputation
+  // transform, sessions/transforms/recompute.cc). Pipeline is refused:
+  // tessera does not pipeline (config error 160, as PopART refuses it
+  // without pipelining).
+  RecomputationType autoRecomputation = RecomputationType::None;
 
   // ---------------------------------------------------------------------
   // Tiles

@@ -42,6 +42,10 @@ struct TrainingTensors {
   // The float32 scalar the loss gradient was seeded with (loss scaling, set
   // by autodiff); kNoTensor: 1, the gradients are not scaled.
   TensorId lossScale = kNoTensor;
+  // The first op autodiff created: the ops before it are the forward pass,
+  // the ops from it on the backward pass (kNoOp before autodiff). The
+  // recomputation transform reads it.
+  OpId firstBackwardOp = kNoOp;
 };
 
 // A graph with its training tensors.

@@ -352,7 +352,8 @@ nlohmann::json suggestionsJson(const std::vector<MemorySuggestion>& suggestions)
                    {"value", nlohmann::json::parse(s.value)},
                    {"neededBytes", s.neededBytes},
                    {"savingBytes", s.savingBytes},
-                   {"fits", s.fits}});
+                   {"fits", s.fits},
+                   {"stepSeconds", s.stepSeconds}});
   }
   return out;
 }
@@ -547,8 +548,9 @@ void printAnswer(const std::string& source, const RunPlan& plan,
   }
   fmt::print("Levers (each planned alone):\n");
   for (const MemorySuggestion& s : levers) {
-    fmt::print("  set {} to {}: {} {} -> {}{}\n", s.setting, s.value, spaceLabel(shortfall->space),
-               bytes(shortfall->neededBytes), bytes(s.neededBytes), s.fits ? ", fits" : ", still too large");
+    fmt::print("  set {} to {}: {} {} -> {}{}; modelled step {} -> {}\n", s.setting, s.value,
+               spaceLabel(shortfall->space), bytes(shortfall->neededBytes), bytes(s.neededBytes),
+               s.fits ? ", fits" : ", still too large", seconds(plan.time.stepSeconds), seconds(s.stepSeconds));
   }
 }
 

@@ -20,6 +20,7 @@ void AutodiffTransform::apply(Graph& graph) {
       }
     }
   }
+  tensors_.firstBackwardOp = static_cast<OpId>(graph.ops().size());
   std::vector<Tensor> wrt;
   wrt.reserve(tensors_.weights.size());
   for (TensorId w : tensors_.weights) wrt.emplace_back(&graph, w);

@@ -121,6 +121,7 @@ class Unroller {
     for (TensorId t : op.inputs) inputs.push_back(mapped(t, std::max<int64_t>(i, 0)));
     const OpId copy = out_.addOp(op.kind, std::move(inputs), op.attributes,
                                  i < 0 ? op.name : fmt::format("{}.mb{}", op.name, i));
+    out_.copyRecomputeMarks(copy, op);
     const std::vector<TensorId> outputs = out_.op(copy).outputs;
     for (std::size_t k = 0; k < outputs.size(); ++k) {
       const TensorNode& original = in_.tensor(op.outputs[k]);

@@ -24,6 +24,7 @@ TensorId GraphCopy::copySource(OpId id, TensorNode node) {
 OpId GraphCopy::copyOp(OpId id, std::vector<TensorId> inputs) {
   const OpNode& op = in_.op(id);
   const OpId copy = out_.addOp(op.kind, std::move(inputs), op.attributes, op.name);
+  out_.copyRecomputeMarks(copy, op);
   const std::vector<TensorId> outputs = out_.op(copy).outputs;
   for (std::size_t k = 0; k < outputs.size(); ++k) {
     const TensorNode& original = in_.tensor(op.outputs[k]);

@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <map>
@@ -14,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <onnx/onnx_pb.h>
 
 #include "support/onnx_models.hpp"
 #include "tessera/device.hpp"
@@ -363,6 +366,58 @@ TEST_CASE("constantInputs fix an input at import so that it can feed Reshape's s
   REQUIRE(wrongType);
   CHECK(wrongType->code() == ErrorCode::OnnxInvalidGraph);
   CHECK(wrongType->detail() == "constantInputs gives a float tensor for an input of type int64");
+}
+
+// The MLP export with PopART's __recompute_output_in_backward_pass on every
+// node of type `opType`, holding `value`, as bytes.
+std::string withRecomputeAttribute(const std::string& opType, int64_t value) {
+  onnx::ModelProto model;
+  REQUIRE(model.ParseFromString(test::readText(test::sourcePath("tests/data/onnx/mlp.onnx"))));
+  bool found = false;
+  for (onnx::NodeProto& node : *model.mutable_graph()->mutable_node()) {
+    if (node.op_type() != opType) continue;
+    onnx::AttributeProto* attribute = node.add_attribute();
+    attribute->set_name("__recompute_output_in_backward_pass");
+    attribute->set_type(onnx::AttributeProto::INT);
+    attribute->set_i(value);
+    found = true;
+  }
+  REQUIRE(found);
+  return model.SerializeAsString();
+}
+
+OnnxModel importBytes(const std::string& bytes) {
+  OnnxImportOptions options;
+  options.dimensions = {{"batch", 2}};
+  return importOnnx(std::as_bytes(std::span(bytes.data(), bytes.size())), options, "mlp.onnx");
+}
+
+TEST_CASE("PopART's __recompute_output_in_backward_pass marks the ops a node became; other values are refused") {
+  const OnnxModel plain = importBytes(withRecomputeAttribute("Relu", 0));
+  for (const OpNode& op : plain.graph.ops()) CHECK(op.recompute == RecomputeType::Undefined);
+  const OnnxModel recompute = importBytes(withRecomputeAttribute("Relu", 2));
+  int64_t marked = 0;
+  for (const OpNode& op : recompute.graph.ops()) {
+    if (op.recompute == RecomputeType::Undefined) continue;
+    CHECK(op.recompute == RecomputeType::Recompute);
+    CHECK(op.kind == OpKind::Relu);
+    ++marked;
+  }
+  CHECK(marked >= 1);
+  const OnnxModel checkpoint = importBytes(withRecomputeAttribute("Relu", 1));
+  CHECK(std::any_of(checkpoint.graph.ops().begin(), checkpoint.graph.ops().end(),
+                    [](const OpNode& op) { return op.recompute == RecomputeType::Checkpoint; }));
+  for (const int64_t value : {int64_t{3}, int64_t{-1}, int64_t{7}}) {
+    CAPTURE(value);
+    const auto error = test::catchError<OnnxError>([&] { (void)importBytes(withRecomputeAttribute("Relu", value)); });
+    REQUIRE(error.has_value());
+    CHECK(error->id() == "tessera.onnx.720");
+    const std::string message = error->what();
+    CHECK(message.find("(Relu, opset") != std::string::npos);
+    CHECK(message.find(fmt::format("attribute __recompute_output_in_backward_pass is {}; it must be 0 "
+                                   "(Undefined), 1 (Checkpoint) or 2 (Recompute)",
+                                   value)) != std::string::npos);
+  }
 }
 
 }  // namespace

@@ -77,6 +77,13 @@ def test_enums_have_popart_names():
     assert tessera.CommGroupType.Ungrouped == getattr(tessera.CommGroupType, "None")
     assert set(tessera.ReductionType.__members__) == {"Sum", "Mean"}
     assert set(tessera.TileSet.__members__) == {"Compute", "IO"}
+    assert set(tessera.RecomputationType.__members__) == {
+        "None", "NoRecompute", "Standard", "NormOnly", "Pipeline", "RecomputeAll"}
+    assert tessera.RecomputationType.NoRecompute == getattr(tessera.RecomputationType, "None")
+    opts = tessera.SessionOptions()
+    assert opts.autoRecomputation == tessera.RecomputationType.NoRecompute
+    opts.autoRecomputation = tessera.RecomputationType.Standard
+    assert json.loads(opts.toJson())["autoRecomputation"] == "Standard"
 
 
 @pytest.mark.parametrize("change, json_change, error_id, path", [
@@ -86,6 +93,8 @@ def test_enums_have_popart_names():
      "tessera.config.111", "/sessionOptions/accumulationFactor"),
     (lambda o: setattr(o, "numIOTiles", 7), {"numIOTiles": 7},
      "tessera.config.119", "/sessionOptions/numIOTiles"),
+    (lambda o: setattr(o, "autoRecomputation", tessera.RecomputationType.Pipeline),
+     {"autoRecomputation": "Pipeline"}, "tessera.config.160", "/sessionOptions/autoRecomputation"),
 ])
 def test_validation_raises_the_json_paths_error(change, json_change, error_id, path):
     opts = tessera.SessionOptions()

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -735,6 +736,32 @@ TEST_CASE("explain answers first: fits or not, the peak per replica, the largest
   CHECK(report.at("memory").at("fits") == false);
   REQUIRE(!report.at("levers").empty());
   CHECK(report.at("levers").at(0).at("setting").get<std::string>().starts_with("/sessionOptions/"));
+}
+
+TEST_CASE("explain plans recomputation as a lever: a lower peak for more modelled step time") {
+  // GPT-2 XL: the activations of a 1,024-token sequence do not fit.
+  const std::string path = tessera::test::sourcePath("samples/configs/gpt2_xl_pod64.json");
+  const CliResult asJson = runCli({"explain", path, "--json"});
+  CHECK(asJson.exitCode == 4);
+  const json report = json::parse(asJson.out);
+  const double step = report.at("modelledStepTime").at("seconds").get<double>();
+  std::optional<json> recompute;
+  for (const json& lever : report.at("levers")) {
+    CHECK(lever.at("stepSeconds").get<double>() > 0.0);
+    if (lever.at("setting") == "/sessionOptions/autoRecomputation") recompute = lever;
+  }
+  REQUIRE(recompute.has_value());
+  INFO("lever: ", recompute->dump());
+  CHECK(recompute->at("value") == "Standard");
+  CHECK(recompute->at("savingBytes").get<int64_t>() > 0);
+  // The clones are charged like any op: the step takes longer.
+  CHECK(recompute->at("stepSeconds").get<double>() > step);
+  // With recomputation set, it is no lever: the plan is the lever's.
+  const CliResult standard =
+      runCli({"explain", path, "--json", "--set", "/sessionOptions/autoRecomputation=Standard"});
+  const json planned = json::parse(standard.out);
+  CHECK(planned.at("modelledStepTime").at("seconds").get<double>() == recompute->at("stepSeconds").get<double>());
+  for (const json& lever : planned.at("levers")) CHECK(lever.at("setting") != "/sessionOptions/autoRecomputation");
 }
 
 TEST_CASE(

@@ -241,6 +241,40 @@ TEST_CASE("GPT block: replication, RTS, streaming and accumulation train the los
   checkEquivalentVariants(kGpt, "adam");
 }
 
+// Recomputation clones forward ops into the backward pass: the same
+// computation on the same values, so every step's loss and every final
+// weight are the same bits, alone and with the splits of a step.
+TEST_CASE("every recomputation type trains the MLP, LeNet and GPT block to the same bits") {
+  const std::string option = "/sessionOptions/autoRecomputation=";
+  for (const Fixture& fixture : kFixtures) {
+    CAPTURE(fixture.name);
+    const TrainSummary plain = train(onnxConfig(fixture, "adam"));
+    for (const std::string type : {"None", "Standard", "NormOnly", "RecomputeAll"}) {
+      CAPTURE(type);
+      const TrainSummary summary = train(onnxConfig(fixture, "adam", {option + type}));
+      CHECK(summary.losses == plain.losses);
+      CHECK(summary.weights == plain.weights);
+      CHECK(summary.testLoss == plain.testLoss);
+      CHECK(summary.memory.perReplica.at(0).peakActivationBytes <=
+            plain.memory.perReplica.at(0).peakActivationBytes);
+    }
+    const std::vector<Variant> splits = {
+        {"R=2 x batch 4, RTS over All", with(replicas(2, 4), rts(R"({"type": "All"})"))},
+        {"R=2 x batch 4, optimizer state OffChip through IO tiles", with(replicas(2, 4), kOffChipThroughIo)},
+        {"accumulation 2 x R=2 x batch 2",
+         with(replicas(2, 2), {"/sessionOptions/enableGradientAccumulation=true",
+                               "/sessionOptions/accumulationFactor=2", "/data/testBatchSize=4"})}};
+    for (const Variant& split : splits) {
+      CAPTURE(split.name);
+      const TrainSummary base = train(onnxConfig(fixture, "adam", split.overrides));
+      const TrainSummary recomputed =
+          train(onnxConfig(fixture, "adam", with(split.overrides, {option + "Standard"})));
+      CHECK(recomputed.losses == base.losses);
+      CHECK(recomputed.weights == base.weights);
+    }
+  }
+}
+
 TEST_CASE("explain lists every initializer with its category, location, shard sizes and reason") {
   const RunConfig config = mlpConfig(
       "sgd-momentum",

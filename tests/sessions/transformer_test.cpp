@@ -276,6 +276,41 @@ TEST_CASE(
   }
 }
 
+// Recomputation clones forward ops into the backward pass: the same bits,
+// alone and with the splits of a step; Standard and NormOnly keep fewer
+// activations.
+TEST_CASE("every recomputation type trains the tiny transformer to the same bits, with a lower peak") {
+  TempFolder folder;
+  const std::string tokens = writeCountingTokens(folder.path, 32, 6, 12);
+  const std::string option = "/sessionOptions/autoRecomputation=";
+  const std::vector<std::vector<std::string>> splits = {
+      {},
+      with(replicas(2, 4), rts({"weight", "optimizerState"})),
+      with(replicas(2, 4), {"/sessionOptions/optimizerStateTensorLocationSettings/location/storage=OffChip",
+                            "/sessionOptions/optimizerStateTensorLocationSettings/minElementsForOffChip=0"}),
+      with(replicas(2, 2), {"/sessionOptions/enableGradientAccumulation=true",
+                            "/sessionOptions/accumulationFactor=2"}),
+  };
+  for (std::size_t s = 0; s < splits.size(); ++s) {
+    CAPTURE(s);
+    const TrainSummary plain = train(tinyRun(tokens, splits[s]));
+    const int64_t plainPeak = plain.memory.perReplica.at(0).peakActivationBytes;
+    for (const std::string type : {"Standard", "NormOnly", "RecomputeAll"}) {
+      CAPTURE(type);
+      const TrainSummary summary = train(tinyRun(tokens, with(splits[s], {option + type})));
+      CHECK(summary.losses == plain.losses);
+      CHECK(summary.weights == plain.weights);
+      const int64_t peak = summary.memory.perReplica.at(0).peakActivationBytes;
+      INFO("peak activation bytes ", peak, " without recomputation ", plainPeak);
+      if (type == "RecomputeAll") {
+        CHECK(peak == plainPeak);
+      } else {
+        CHECK(peak < plainPeak);
+      }
+    }
+  }
+}
+
 TEST_CASE("planning GPT-2 XL makes no values and keeps every tensor's name and size") {
   const LoadedRunConfig loaded = parse(
       R"({"model": {"type": "transformer", "layers": 48, "hidden": 1600, "heads": 25, "vocab": 50257,

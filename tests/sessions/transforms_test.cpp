@@ -12,13 +12,18 @@
 
 #include "derived_grouping.hpp"
 #include "support/reference_evaluator.hpp"
+#include "tessera/device.hpp"
+#include "tessera/device_spec.hpp"
+#include "tessera/error.hpp"
 #include "tessera/ops.hpp"
+#include "tessera/time_model.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/sgd.hpp"
 #include "tessera/transform.hpp"
 #include "test_support.hpp"
 #include "training_pipeline.hpp"
 #include "transforms/locations.hpp"
+#include "transforms/recompute.hpp"
 
 namespace tessera {
 namespace {
@@ -310,8 +315,8 @@ TEST_CASE("the pipeline lists its transforms in order") {
   const auto pipeline = buildTrainingPipeline(trainingOptions(2, 2, ReductionType::Mean), sgd, tensors);
   std::vector<std::string> names;
   for (const auto& transform : pipeline) names.emplace_back(transform->name());
-  CHECK(names == std::vector<std::string>{"weightSharding", "autodiff", "gradientAccumulation", "replication",
-                                          "optimizerUpdate", "locations"});
+  CHECK(names == std::vector<std::string>{"weightSharding", "autodiff", "recompute", "gradientAccumulation",
+                                          "replication", "optimizerUpdate", "locations"});
 }
 
 TEST_CASE("the training graph's structure") {
@@ -539,6 +544,118 @@ TEST_CASE("shardHolders groups the replicas holding the same shard, as comparing
       }
     }
   }
+}
+
+// x [B, width] -> `layers` x tanh(h W_k) (the middle one a layer norm's
+// ops) -> softmax cross-entropy: a chain whose activations the backward
+// pass reads.
+TrainingGraph buildDeepChain(int64_t layers, int64_t batch, int64_t width) {
+  TrainingGraph training{Graph(1)};
+  Graph& g = training.graph;
+  Tensor h = ops::input(g, "x", {batch, width});
+  const Tensor labels = ops::input(g, "labels", {batch}, DType::Int32);
+  for (int64_t k = 0; k < layers; ++k) {
+    const Tensor w = ops::variable(g, "W" + std::to_string(k), weightData(width * width, k, {0.0}), {width, width});
+    h = ops::tanh(ops::matmul(h, w));
+    if (k == layers / 2) {
+      const auto first = static_cast<OpId>(g.ops().size());
+      const Tensor centred = ops::sub(h, ops::reduceMean(h, {-1}, true));
+      h = ops::div(centred, ops::sqrt(ops::add(ops::reduceMean(ops::mul(centred, centred), {-1}, true),
+                                               ops::scalar(g, 1e-5, DType::Float32))));
+      g.markNormalisation(first);
+    }
+  }
+  const Tensor loss = ops::softmaxCrossEntropy(h, labels, ReductionType::Mean);
+  g.rename(loss.id(), "loss");
+  training.tensors.loss = loss.id();
+  return training;
+}
+
+struct Planned {
+  int64_t recomputedOps = 0;
+  int64_t peakActivationBytes = 0;
+  double stepSeconds = 0.0;
+};
+
+Planned planChain(RecomputationType type, const std::function<void(TrainingGraph&)>& annotate = {}) {
+  TrainingGraph training = buildDeepChain(12, 512, 32);
+  if (annotate) annotate(training);
+  SessionOptions options;
+  options.autoRecomputation = type;
+  Sgd sgd({});
+  runTrainingPipeline(training, options, sgd);
+  Planned planned;
+  for (const OpNode& op : training.graph.ops()) {
+    if (op.recompute != RecomputeType::Recomputed) continue;
+    ++planned.recomputedOps;
+    CHECK(op.name.ends_with(".recomputed"));
+  }
+  Program program{training.graph};
+  planned.peakActivationBytes = planMemory(program, DeviceSpec{}).perReplica.at(0).peakActivationBytes;
+  planned.stepSeconds = modelTime(program, DeviceSpec{}).stepSeconds;
+  return planned;
+}
+
+TEST_CASE("recomputation clones forward ops into the backward pass: the peak falls, the modelled step grows") {
+  const Planned none = planChain(RecomputationType::None);
+  CHECK(none.recomputedOps == 0);
+  const Planned standard = planChain(RecomputationType::Standard);
+  INFO("peak activation bytes: None ", none.peakActivationBytes, ", Standard ", standard.peakActivationBytes);
+  CHECK(standard.recomputedOps > 0);
+  CHECK(standard.peakActivationBytes < none.peakActivationBytes);
+  CHECK(standard.stepSeconds > none.stepSeconds);
+  // The layer norm's ops only.
+  const Planned norm = planChain(RecomputationType::NormOnly);
+  CHECK(norm.recomputedOps > 0);
+  CHECK(norm.recomputedOps <= 7);
+  // Without pipeline stages or hand-marked checkpoints the segment ending at
+  // the loss is the whole forward pass: PopART's RecomputeAll keeps it.
+  CHECK(planChain(RecomputationType::RecomputeAll).recomputedOps == 0);
+}
+
+TEST_CASE("per-op marks override the automatic choice") {
+  // One tanh marked Recompute under None: it alone is cloned.
+  const Planned one = planChain(RecomputationType::None, [](TrainingGraph& training) {
+    ops::recomputeOutputInBackwardPass(Tensor{&training.graph, training.graph.find("Tanh.3")});
+  });
+  CHECK(one.recomputedOps == 1);
+  // RecomputeAll with a checkpoint by hand: the ops before it are recomputed.
+  const Planned all = planChain(RecomputationType::RecomputeAll, [](TrainingGraph& training) {
+    for (const OpNode& op : training.graph.ops()) {
+      if (op.kind == OpKind::Tanh && op.name == "Tanh.8") {
+        ops::recomputeOutputInBackwardPass(Tensor{&training.graph, op.outputs.front()}, RecomputeType::Checkpoint);
+      }
+    }
+  });
+  CHECK(all.recomputedOps > 0);
+  // Every op marked Checkpoint: Standard recomputes nothing.
+  const Planned kept = planChain(RecomputationType::Standard, [](TrainingGraph& training) {
+    for (std::size_t id = 0; id < training.graph.ops().size(); ++id) {
+      training.graph.setRecompute(static_cast<OpId>(id), RecomputeType::Checkpoint);
+    }
+  });
+  CHECK(kept.recomputedOps == 0);
+}
+
+TEST_CASE("recomputation errors: Pipeline without pipelining, a source marked Recompute") {
+  SessionOptions options;
+  options.autoRecomputation = RecomputationType::Pipeline;
+  const auto pipeline = test::catchError<ConfigError>([&] { validate(options); });
+  REQUIRE(pipeline.has_value());
+  CHECK(pipeline->id() == "tessera.config.160");
+  CHECK(pipeline->subject() == "/sessionOptions/autoRecomputation");
+  TrainingGraph training = buildDeepChain(2, 4, 8);
+  const auto source = test::catchError<GraphError>(
+      [&] { ops::recomputeOutputInBackwardPass(Tensor{&training.graph, training.graph.find("W0")}); });
+  REQUIRE(source.has_value());
+  CHECK(source->id() == "tessera.graph.220");
+  CHECK(std::string(source->what()).find("W0 is a Variable, which cannot be recomputed") != std::string::npos);
+  const auto recomputed = test::catchError<GraphError>([&] {
+    training.graph.setRecompute(training.graph.tensor(training.graph.find("loss")).producer,
+                                RecomputeType::Recomputed);
+  });
+  REQUIRE(recomputed.has_value());
+  CHECK(recomputed->id() == "tessera.graph.220");
 }
 
 }  // namespace
