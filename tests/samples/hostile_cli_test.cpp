@@ -182,6 +182,35 @@ TEST_CASE("a config with more layers than /limits/maxLayers fails validate with 
   CHECK(runQuickly({"validate", limited, "--set", "/limits/maxLayers=4"}).exitCode == 0);
 }
 
+TEST_CASE("a run of more replicas than /limits/maxReplicas is refused before it is planned, the limit named") {
+  const TempDir dir;
+  json run = smallRun();
+  run["sessionOptions"]["enableReplicatedGraphs"] = true;
+  run["sessionOptions"]["replicatedGraphCount"] = 4611686018427387904LL;  // 2^62
+  const std::string config = dir.write("replicas.json", run.dump());
+  for (const char* command : {"validate", "explain", "train"}) {
+    CAPTURE(command);
+    for (const char* count : {"4611686018427387904", "1048576"}) {
+      CAPTURE(count);
+      const ProcessResult result =
+          runQuickly({command, config, "--set", std::string("/sessionOptions/replicatedGraphCount=") + count});
+      INFO("stderr: ", result.err);
+      CHECK(result.exitCode == 1);
+      CHECK(result.err.starts_with(fmt::format(
+          "error: [tessera.config.154] /sessionOptions/replicatedGraphCount: the run has {} replicas, more "
+          "than /limits/maxReplicas (65536)",
+          count)));
+    }
+  }
+  // The knob: a user who needs more raises it.
+  const std::vector<std::string> eight = {"--set", "/sessionOptions/replicatedGraphCount=8"};
+  std::vector<std::string> limited = {"validate", config, "--set", "/limits/maxReplicas=4"};
+  limited.insert(limited.end(), eight.begin(), eight.end());
+  CHECK(runQuickly(limited).exitCode == 1);
+  limited[3] = "/limits/maxReplicas=8";
+  CHECK(runQuickly(limited).exitCode == 0);
+}
+
 TEST_CASE("a config of millions of values is refused while it is parsed") {
   const TempDir dir;
   std::string text = R"({"sessionOptions": {"tensorLocationSettingsOverride": {)";
