@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -202,6 +203,18 @@ TEST_CASE("a run of more replicas than /limits/maxReplicas is refused before it 
           count)));
     }
   }
+  // The launcher's count (its POPDIST_* variables) meets the same limit in train.
+  ::setenv("POPDIST_NUM_TOTAL_REPLICAS", "4611686018427387904", 1);
+  ::setenv("POPDIST_NUM_LOCAL_REPLICAS", "4611686018427387904", 1);
+  ::setenv("POPDIST_REPLICA_INDEX_OFFSET", "0", 1);
+  const ProcessResult launched = runQuickly({"train", dir.write("launched.json", smallRun().dump())});
+  for (const char* name : {"POPDIST_NUM_TOTAL_REPLICAS", "POPDIST_NUM_LOCAL_REPLICAS", "POPDIST_REPLICA_INDEX_OFFSET"})
+    ::unsetenv(name);
+  INFO("stderr: ", launched.err);
+  CHECK(launched.exitCode == 1);
+  CHECK(launched.err.starts_with(
+      "error: [tessera.config.154] POPDIST_NUM_TOTAL_REPLICAS: the launcher asks for 4611686018427387904 replicas "
+      "in total (tessera launch --num-replicas), more than /limits/maxReplicas (65536)"));
   // The knob: a user who needs more raises it.
   const std::vector<std::string> eight = {"--set", "/sessionOptions/replicatedGraphCount=8"};
   std::vector<std::string> limited = {"validate", config, "--set", "/limits/maxReplicas=4"};
