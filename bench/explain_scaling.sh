@@ -10,7 +10,8 @@
 #   bash bench/explain_scaling.sh [BUILD_DIR] [REPLICAS...]
 #
 # BUILD_DIR (default build) holds a built tessera; REPLICAS default to
-# 64 256 1024. Prints a Markdown table (the one in bench/RESULTS.md).
+# 64 256 1024. Prints a Markdown table (the one in bench/RESULTS.md): CPU
+# seconds (wall seconds in parentheses) and peak resident memory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build=${1:-build}
@@ -24,24 +25,28 @@ shape=(--set /model/layers=96 --set /model/hidden=12288 --set /model/heads=96 --
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-# "SECONDS KB" of one command; its stdout goes to $out/stdout. Exit status 4
-# (the program does not fit the device) is the expected answer here.
+# "CPU_SECONDS WALL_SECONDS KB" of one command (CPU: user + system, which
+# other processes on a shared machine disturb less than wall time); its stdout
+# goes to $out/stdout. Exit status 4 (the program does not fit the device) is
+# the expected answer here.
 measure() {
   local status=0
-  /usr/bin/time -f '%e %M' -o "$out/time" "$@" >"$out/stdout" 2>/dev/null || status=$?
+  /usr/bin/time -f '%U %S %e %M' -o "$out/time" "$@" >"$out/stdout" 2>/dev/null || status=$?
   ((status == 0 || status == 4)) || { echo "explain_scaling: $* exited with $status" >&2; exit 1; }
-  tail -n 1 "$out/time"  # after "Command exited with non-zero status 4"
+  # The last line, after "Command exited with non-zero status 4".
+  tail -n 1 "$out/time" | awk '{ printf "%.2f %s %s\n", $1 + $2, $3, $4 }'
 }
 
 echo "| replicas | validate | explain (text) | lines | explain --json | JSON |"
 echo "|---|---|---|---|---|---|"
 for r in "${replicas[@]}"; do
   args=("$config" "${shape[@]}" --set "/sessionOptions/replicatedGraphCount=$r")
-  read -r vs vk < <(measure "$tessera" validate "${args[@]}")
-  read -r ts tk < <(measure "$tessera" explain "${args[@]}")
+  read -r vs vw vk < <(measure "$tessera" validate "${args[@]}")
+  read -r ts tw tk < <(measure "$tessera" explain "${args[@]}")
   lines=$(wc -l <"$out/stdout")
-  read -r js jk < <(measure "$tessera" explain "${args[@]}" --json)
+  read -r js jw jk < <(measure "$tessera" explain "${args[@]}" --json)
   bytes=$(wc -c <"$out/stdout")
-  printf '| %s | %s s, %s MB | %s s, %s MB | %s | %s s, %s MB | %s MB |\n' "$r" "$vs" "$((vk / 1024))" "$ts" \
-    "$((tk / 1024))" "$lines" "$js" "$((jk / 1024))" "$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1e6 }')"
+  printf '| %s | %s s (%s s), %s MB | %s s (%s s), %s MB | %s | %s s (%s s), %s MB | %s MB |\n' "$r" "$vs" "$vw" \
+    "$((vk / 1024))" "$ts" "$tw" "$((tk / 1024))" "$lines" "$js" "$jw" "$((jk / 1024))" \
+    "$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1e6 }')"
 done

@@ -366,6 +366,11 @@ void visitFields(V& v, LimitsConfig& value) {
        .doc = "The most layers a model may have: weight layers of the mlp model (entries of /model/layers "
               "minus one) or blocks of the transformer. Each layer adds ops, tensors and plans whose host "
               "memory and planning time grow with the count. >= 1."});
+  v.field("maxReplicas", value.maxReplicas,
+          {.min = 1,
+           .doc = "The most replicas a run may have over all its instances (the global replication "
+                  "factor). Planning keeps an entry per replica, so the host memory of validate, explain "
+                  "and train grows with the count. >= 1."});
 }
 
 template <class V>
@@ -692,6 +697,15 @@ void checkSizes(const RunConfig& config, std::optional<int64_t> limit) {
   const std::vector<int64_t>& layers = config.model.layers;
   const int64_t local = config.sessionOptions.getLocalReplicationFactor();
   const int64_t global = config.sessionOptions.getGlobalReplicationFactor();
+  if (global > config.limits.maxReplicas) {
+    const std::string path = config.sessionOptions.enableDistributedReplicatedGraphs
+                                 ? "/sessionOptions/globalReplicationFactor"
+                                 : "/sessionOptions/replicatedGraphCount";
+    throw ConfigError(ErrorCode::ShapeTooLarge, path,
+                      fmt::format("the run has {} replicas, more than /limits/maxReplicas ({}); lower {}, or "
+                                  "raise /limits/maxReplicas if the host has the memory and time to plan them",
+                                  global, config.limits.maxReplicas, path));
+  }
   const int64_t factor = config.sessionOptions.getAccumulationFactor();
   const DataConfig& data = config.data;
   // The global batch is a count, never one buffer, but the step loop computes it.

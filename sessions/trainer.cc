@@ -367,6 +367,16 @@ class Instances {
                       "--num-instances {} -- tessera train ...`",
                       global, local, global, global / local));
     }
+    // The launcher's replica count replaces the config's, so it meets the
+    // config's limit before anything is planned or allocated for it.
+    if (env_.set && env_.numTotalReplicas > config.limits.maxReplicas) {
+      throw ConfigError(
+          ErrorCode::ShapeTooLarge, std::string(dist::kNumTotalReplicasVar),
+          fmt::format("the launcher asks for {} replicas in total (tessera launch --num-replicas), more than "
+                      "/limits/maxReplicas ({}); lower --num-replicas, or raise /limits/maxReplicas if the host "
+                      "has the memory and time to plan them",
+                      env_.numTotalReplicas, config.limits.maxReplicas));
+    }
     dist::configureSessionOptions(options, env_);
     const int64_t asked = config.sessionOptions.getGlobalReplicationFactor();
     if (env_.set && options.getGlobalReplicationFactor() != asked) {

@@ -23,12 +23,17 @@ bool onIOTiles(const Graph& graph, TensorId t) {
   return graph.tensor(t).tileSet == TileSet::IO || graph.tensor(graph.storageOf(t)).tileSet == TileSet::IO;
 }
 
+// Whether a group holds replicas of two instances (of `localReplicas`
+// consecutive replicas each). Checked once per collective, so its cost must
+// not grow with the replica count where it need not: one instance holds every
+// group, and a group's members increase (by its stride), so it spans
+// instances exactly when its first and last members do.
 bool spansInstances(const ReplicaGrouping& grouping, int64_t localReplicas) {
-  for (int64_t group = 0; group < grouping.numGroups(); ++group) {
-    const int64_t instance = grouping.replicaAt(group, 0) / localReplicas;
-    for (int64_t m = 1; m < grouping.groupSize(); ++m)
-      if (grouping.replicaAt(group, m) / localReplicas != instance) return true;
-  }
+  if (localReplicas >= grouping.numReplicas() || grouping.groupSize() == 1) return false;
+  const int64_t last = grouping.groupSize() - 1;
+  for (int64_t group = 0; group < grouping.numGroups(); ++group)
+    if (grouping.replicaAt(group, 0) / localReplicas != grouping.replicaAt(group, last) / localReplicas)
+      return true;
   return false;
 }
 

@@ -235,6 +235,10 @@ inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{4} << 30;
 // The default of LimitsConfig::maxLayers.
 inline constexpr int64_t kDefaultMaxLayers = 1024;
 
+// The default of LimitsConfig::maxReplicas: 64 times the 1,024 replicas of
+// the largest sample.
+inline constexpr int64_t kDefaultMaxReplicas = 65536;
+
 // Bounds on the sizes a run config implies. validate() computes every size
 // with overflow checks and rejects one over its bound (ShapeTooLarge, at the
 // path of the setting that makes it large) before anything is allocated, so
@@ -254,6 +258,10 @@ struct LimitsConfig {
   // layer adds ops, tensors and plans, whose host memory and planning time
   // grow with the count whatever the widths. >= 1.
   int64_t maxLayers = kDefaultMaxLayers;
+  // The most replicas a run may have over all its instances (the global
+  // replication factor). Planning keeps an entry per replica, so the host
+  // memory of validate, explain and train grows with the count. >= 1.
+  int64_t maxReplicas = kDefaultMaxReplicas;
   bool operator==(const LimitsConfig&) const = default;
 };
 

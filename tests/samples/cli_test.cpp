@@ -104,6 +104,36 @@ TEST_CASE("validate and explain print the config's warning-level notes with thei
   CHECK(parseJson(runCli({"explain", path, "--json"})).at("notes").empty());
 }
 
+TEST_CASE("validate opens an ONNX config's model and checks its names with the ids train gives") {
+  if (!tessera::onnxSupported()) return;  // the importer's absence has its own test above
+  const std::string path = tessera::test::sourcePath("samples/configs/mlp_onnx.json");
+  const TempDir dir;
+  struct Case {
+    const char* name;
+    std::string set;
+    const char* id;
+  };
+  const std::vector<Case> cases = {
+      {"missing model", "/model/path=" + (dir.path() / "missing.onnx").string(), "tessera.io.601"},
+      {"truncated model", "/model/path=" + dir.write("truncated.onnx", std::string("\x08\x07\x12", 3)),
+       "tessera.onnx.702"},
+      {"loss naming no tensor", "/model/loss=lost", "tessera.config.150"},
+      {"override naming no tensor",
+       R"(/sessionOptions/tensorLocationSettingsOverride={"W9": {"storage": "OffChip"}})", "tessera.graph.203"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    for (const char* command : {"validate", "train"}) {
+      CAPTURE(command);
+      const CliResult result = runCli({command, path, "--set", c.set});
+      INFO("stderr: ", result.err);
+      CHECK((result.exitCode == 1 || result.exitCode == 2));
+      CHECK(result.out.find("valid") == std::string::npos);
+      CHECK(result.err.find(c.id) != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("explain on an ONNX config lists every initializer with its category, location and shards") {
   const std::string path = tessera::test::sourcePath("samples/configs/mlp_onnx.json");
   // validate plans the program too, so it needs the importer as explain does.

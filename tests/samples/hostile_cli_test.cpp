@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -180,6 +181,47 @@ TEST_CASE("a config with more layers than /limits/maxLayers fails validate with 
   const std::string limited = dir.write("limited.json", run.dump());
   CHECK(runQuickly({"validate", limited}).exitCode == 1);
   CHECK(runQuickly({"validate", limited, "--set", "/limits/maxLayers=4"}).exitCode == 0);
+}
+
+TEST_CASE("a run of more replicas than /limits/maxReplicas is refused before it is planned, the limit named") {
+  const TempDir dir;
+  json run = smallRun();
+  run["sessionOptions"]["enableReplicatedGraphs"] = true;
+  run["sessionOptions"]["replicatedGraphCount"] = 4611686018427387904LL;  // 2^62
+  const std::string config = dir.write("replicas.json", run.dump());
+  for (const char* command : {"validate", "explain", "train"}) {
+    CAPTURE(command);
+    for (const char* count : {"4611686018427387904", "1048576"}) {
+      CAPTURE(count);
+      const ProcessResult result =
+          runQuickly({command, config, "--set", std::string("/sessionOptions/replicatedGraphCount=") + count});
+      INFO("stderr: ", result.err);
+      CHECK(result.exitCode == 1);
+      CHECK(result.err.starts_with(fmt::format(
+          "error: [tessera.config.154] /sessionOptions/replicatedGraphCount: the run has {} replicas, more "
+          "than /limits/maxReplicas (65536)",
+          count)));
+    }
+  }
+  // The launcher's count (its POPDIST_* variables) meets the same limit in train.
+  ::setenv("POPDIST_NUM_TOTAL_REPLICAS", "4611686018427387904", 1);
+  ::setenv("POPDIST_NUM_LOCAL_REPLICAS", "4611686018427387904", 1);
+  ::setenv("POPDIST_REPLICA_INDEX_OFFSET", "0", 1);
+  const ProcessResult launched = runQuickly({"train", dir.write("launched.json", smallRun().dump())});
+  for (const char* name : {"POPDIST_NUM_TOTAL_REPLICAS", "POPDIST_NUM_LOCAL_REPLICAS", "POPDIST_REPLICA_INDEX_OFFSET"})
+    ::unsetenv(name);
+  INFO("stderr: ", launched.err);
+  CHECK(launched.exitCode == 1);
+  CHECK(launched.err.starts_with(
+      "error: [tessera.config.154] POPDIST_NUM_TOTAL_REPLICAS: the launcher asks for 4611686018427387904 replicas "
+      "in total (tessera launch --num-replicas), more than /limits/maxReplicas (65536)"));
+  // The knob: a user who needs more raises it.
+  const std::vector<std::string> eight = {"--set", "/sessionOptions/replicatedGraphCount=8"};
+  std::vector<std::string> limited = {"validate", config, "--set", "/limits/maxReplicas=4"};
+  limited.insert(limited.end(), eight.begin(), eight.end());
+  CHECK(runQuickly(limited).exitCode == 1);
+  limited[3] = "/limits/maxReplicas=8";
+  CHECK(runQuickly(limited).exitCode == 0);
 }
 
 TEST_CASE("a config of millions of values is refused while it is parsed") {

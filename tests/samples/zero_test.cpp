@@ -1,6 +1,6 @@
 // The model-state accounting of `tessera explain --json` checked against the
 // ZeRO paper's formulas (Rajbhandari et al., 2020, section 5), and the
-// gpt2_xl_pod64.json sample explained.
+// gpt2_xl_pod64.json and gpt3_pod1024.json samples explained.
 //
 // ZeRO counts 2 + 2 + K bytes per parameter for float16 weights and
 // gradients and K = 12 bytes of Adam state (float32 master weights and two
@@ -210,6 +210,52 @@ TEST_CASE("gpt2_xl_pod64.json explains: memory by category and tile set, traffic
   REQUIRE(whatIf.exitCode == 4);
   CHECK(whatIf.out.find("model state of replica 0: Weight 374.95 MiB -> 96.60 MiB, Accumulator 0 B -> 0 B, "
                         "OptimizerState 749.89 MiB -> 193.20 MiB") != std::string::npos);
+}
+
+TEST_CASE("gpt3_pod1024.json validates and explains at the default limits; train refuses it by the limit") {
+  const std::string path = tessera::test::sourcePath("samples/configs/gpt3_pod1024.json");
+  // Planned against the device: valid, and it does not fit (exit status 4).
+  const tessera::test::ProcessResult valid = runCli({"validate", path});
+  INFO("validate stderr: ", valid.err);
+  CHECK(valid.exitCode == 4);
+  CHECK(valid.out == path + ": valid\n");
+  CHECK(valid.err.find("tessera.device.401") != std::string::npos);
+
+  const tessera::test::ProcessResult explained = runCli({"explain", path, "--json"});
+  INFO("explain stderr: ", explained.err);
+  REQUIRE(explained.exitCode == 4);
+  // The facts of 1,024 replicas in a size that grows with the model, not with R.
+  CHECK(explained.out.size() < 20'000'000);
+  const json report = json::parse(explained.out);
+  // GPT-3 175B's shape: 96 blocks of width 12288, head tied.
+  CHECK(report.at("parameters") == 174604259328LL);
+  CHECK(report.at("replication").at("global") == 1024);
+  const json& memory = report.at("memory");
+  CHECK(memory.at("fits") == false);
+  CHECK(memory.at("shortfall").at("space") == "ComputeTiles");
+  // Every replica holds the same shard sizes: one class of 1,024 replicas.
+  REQUIRE(memory.at("replicaClasses").size() == 1);
+  const json& replicas = memory.at("replicaClasses").front();
+  CHECK(replicas.at("count") == 1024);
+  // Weights and Adam's moments sharded over groups of 64 (the tensors under
+  // 8192 elements whole); the moments in streaming memory.
+  const int64_t weights = replicas.at("modelState").at("Weight").at("total").get<int64_t>();
+  CHECK(weights >= 174604259328LL * 4 / 64);
+  CHECK(weights < 174604259328LL * 4 / 64 * 101 / 100);
+  const json& optimizer = replicas.at("modelState").at("OptimizerState");
+  CHECK(optimizer.at("computeTiles") == 0);
+  CHECK(optimizer.at("streaming").get<int64_t>() >= 2 * 174604259328LL * 4 / 64);
+  for (const json& tensor : report.at("tensors")) {
+    if (tensor.at("replicatedTensorSharding") != "On") continue;
+    CAPTURE(tensor.at("name").get<std::string>());
+    CHECK(tensor.at("shardingDomain").at("groupSize") == 64);
+  }
+
+  // train makes the weights (698 GB on the host): refused by the limit before anything is allocated.
+  const tessera::test::ProcessResult trained = runCli({"train", path});
+  CHECK(trained.exitCode == 1);
+  CHECK(trained.err.find("tessera.config.154") != std::string::npos);
+  CHECK(trained.err.find("/limits/maxTensorBytes") != std::string::npos);
 }
 
 }  // namespace

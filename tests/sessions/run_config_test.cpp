@@ -828,8 +828,12 @@ TEST_CASE("limits bound every size a config implies, at the path of the setting"
       {"a global batch that overflows",
        R"({"sessionOptions": {"enableDistributedReplicatedGraphs": true, "enableReplicatedGraphs": true,
            "replicatedGraphCount": 2, "globalReplicationFactor": 4611686018427387904},
-           "data": {"batchSize": 4}})",
+           "data": {"batchSize": 4}, "limits": {"maxReplicas": 4611686018427387904}})",
        "/data/batchSize"},
+      {"more replicas over the instances than /limits/maxReplicas",
+       R"({"sessionOptions": {"enableDistributedReplicatedGraphs": true, "enableReplicatedGraphs": true,
+           "replicatedGraphCount": 2, "globalReplicationFactor": 4611686018427387904}})",
+       "/sessionOptions/globalReplicationFactor"},
       // The default model: W0 is 802816 bytes, all weights and biases 940584.
       {"a limit of exactly the weights", R"({"limits": {"maxTensorBytes": 940584}})", std::nullopt},
       {"a limit of W0 alone", R"({"limits": {"maxTensorBytes": 802816}})", "/model/layers"},
@@ -1027,10 +1031,14 @@ TEST_CASE("docs/errors.md documents every note id with an example") {
 TEST_CASE("the limits section is read strictly and survives a round trip") {
   const RunConfig config = parse(R"({"limits": {"maxTensorBytes": 1024}})").config;
   CHECK(config.limits.maxTensorBytes == 1024);
-  CHECK(json(config)["limits"] == json{{"maxLayers", kDefaultMaxLayers}, {"maxTensorBytes", 1024}});
+  CHECK(json(config)["limits"] == json{{"maxLayers", kDefaultMaxLayers},
+                                       {"maxReplicas", kDefaultMaxReplicas},
+                                       {"maxTensorBytes", 1024}});
   CHECK(json(RunConfig{})["limits"]["maxTensorBytes"] == kDefaultMaxTensorBytes);
   CHECK(parse(R"({"limits": {"maxLayers": 4}})").config.limits.maxLayers == 4);
   TESSERA_CHECK_ERROR(parse(R"({"limits": {"maxLayers": 0}})"), ConfigError, ErrorCode::OutOfRange);
+  CHECK(parse(R"({"limits": {"maxReplicas": 8}})").config.limits.maxReplicas == 8);
+  TESSERA_CHECK_ERROR(parse(R"({"limits": {"maxReplicas": 0}})"), ConfigError, ErrorCode::OutOfRange);
   TESSERA_CHECK_ERROR(parse(R"({"limits": {"maxTensorBytes": 0}})"), ConfigError, ErrorCode::OutOfRange);
   TESSERA_CHECK_ERROR(parse(R"({"limits": {"maxBytes": 1}})"), ConfigError, ErrorCode::UnknownKey);
 }

@@ -5,7 +5,10 @@
 // never by time. While the layouts and the collectives' tables were worked
 // out replica by replica and padded shards took a GEMM per replica, loading
 // 1,024 sharded replicas here allocated 3.2 million times (one replica:
-// 5,160) and held twice the bytes of one replica.
+// 5,160) and held twice the bytes of one replica. Planning a run config
+// (what validate and explain do) is counted the same way at 64 to 1,024
+// replicas: its rows and its allocations, apart from the memory plan's entry
+// per replica, do not depend on R.
 #include <malloc.h>
 
 #include <algorithm>
@@ -20,7 +23,10 @@
 #include "device_checks.hpp"
 #include "tessera/mlp.hpp"
 #include "tessera/optimizer.hpp"
+#include "tessera/placement.hpp"
+#include "tessera/run_config.hpp"
 #include "tessera/session.hpp"
+#include "test_support.hpp"
 
 // Every allocation of the test program is counted, with the bytes live and
 // their peak. GCC pairs the inlined replacement operators with malloc/free
@@ -161,5 +167,78 @@ TEST_CASE("an MLP step at a fixed global batch loads with the same host cost on 
       // rest does not grow with R.
       CHECK(cost.allocations <= 2 * one.allocations + 6 * replicas);
     }
+  }
+}
+
+namespace {
+
+// What planning a run config (validate's and explain's plan) cost on the
+// host, and the rows of what it reports.
+struct PlanCost {
+  int64_t allocations = 0;
+  int64_t placements = 0;      // rows of the placement table
+  int64_t memoryTensors = 0;   // rows of the memory plan's tensor list
+  int64_t replicaClasses = 0;  // distinct per-replica memory rows
+  int64_t replicaRows = 0;     // per-replica memory entries
+  int64_t entryAllocations = 0;  // allocations of copying one per-replica entry
+};
+
+// gpt2_xl_pod64.json at a small width: the same levers (weights and Adam's
+// moments sharded over Consecutive(16), the moments OffChip through the IO
+// tiles), 4 blocks of width 128, on `replicas` replicas.
+PlanCost planAt(int64_t replicas) {
+  const RunConfig config =
+      loadRunConfig(test::sourcePath("samples/configs/gpt2_xl_pod64.json"),
+                    {"/model/layers=4", "/model/hidden=128", "/model/heads=4", "/model/vocab=512",
+                     "/model/sequence=32", "/sessionOptions/replicatedGraphCount=" + std::to_string(replicas)})
+          .config;
+  validateForPlanning(config);
+  PlanCost cost;
+  const int64_t before = allocations.load();
+  const RunPlan plan = planRun(config);
+  cost.allocations = allocations.load() - before;
+  cost.placements = static_cast<int64_t>(plan.tensors.size());
+  cost.memoryTensors = static_cast<int64_t>(plan.memory.tensors.size());
+  cost.replicaRows = static_cast<int64_t>(plan.memory.perReplica.size());
+  std::vector<const ReplicaMemory*> classes;
+  for (const ReplicaMemory& m : plan.memory.perReplica) {
+    const bool known = std::any_of(classes.begin(), classes.end(), [&m](const ReplicaMemory* c) {
+      return c->computeTilesBytes == m.computeTilesBytes && c->ioTilesBytes == m.ioTilesBytes &&
+             c->streamingBytes == m.streamingBytes && c->paddingBytes == m.paddingBytes;
+    });
+    if (!known) classes.push_back(&m);
+  }
+  cost.replicaClasses = static_cast<int64_t>(classes.size());
+  const int64_t beforeEntry = allocations.load();
+  {
+    const ReplicaMemory entry = plan.memory.perReplica.front();
+    CHECK(entry.replica == 0);
+  }
+  cost.entryAllocations = allocations.load() - beforeEntry;
+  return cost;
+}
+
+}  // namespace
+
+TEST_CASE("planning a transformer on 64, 256 and 1,024 replicas allocates the same and reports the same rows") {
+  const PlanCost base = planAt(64);
+  CHECK(base.replicaRows == 64);
+  CHECK(base.replicaClasses == 1);
+  CHECK(base.entryAllocations > 0);
+  for (int64_t replicas : {256, 1024}) {
+    const PlanCost cost = planAt(replicas);
+    INFO(replicas << " replicas: allocations " << cost.allocations << " (64 replicas: " << base.allocations
+                  << "), per-replica entry " << cost.entryAllocations);
+    // The same rows: variables and activations, one class of replicas alike.
+    CHECK(cost.placements == base.placements);
+    CHECK(cost.memoryTensors == base.memoryTensors);
+    CHECK(cost.replicaClasses == 1);
+    CHECK(cost.replicaRows == replicas);
+    // Allocations: beyond copying the memory plan's entry of each replica
+    // (its peaks' largest tensors by name), the same at every R.
+    CHECK(cost.entryAllocations == base.entryAllocations);
+    const int64_t entries = (replicas - 64) * cost.entryAllocations;
+    CHECK(cost.allocations - entries <= base.allocations + 64);
+    CHECK(cost.allocations - entries >= base.allocations - 64);
   }
 }
