@@ -2,8 +2,7 @@
 // that hold the same shard within a larger group ((64, 2, 4) for two shards
 // in consecutive groups of eight), are strided without tiling the replicas.
 // PopXL's rule (stride * groupSize = numReplicas when stride != 1) is for the
-// groupings a user gives, so ReplicaGrouping's constructor skips it while a
-// DerivedGroupingScope lives on the calling thread.
+// groupings a user gives; these are made by a private constructor that skips it.
 #pragma once
 
 #include <cstdint>
@@ -11,9 +10,6 @@
 #include "tessera/replica_grouping.hpp"
 
 namespace tessera::detail {
-
-// Whether ReplicaGrouping's constructor applies PopXL's rule on this thread.
-bool popxlGroupingRuleApplies() noexcept;
 
 // ReplicaGrouping(numReplicas, stride, groupSize) without PopXL's rule (the
 // other checks apply).

@@ -21,24 +21,12 @@ void checkPositive(int64_t value, std::string_view what, int64_t numReplicas, in
                     fmt::format("{} is {}; it must be a positive integer", what, value));
 }
 
-thread_local bool derivingGroupings = false;
-
 }  // namespace
 
 namespace detail {
 
-bool popxlGroupingRuleApplies() noexcept { return !derivingGroupings; }
-
 ReplicaGrouping derivedGrouping(int64_t numReplicas, int64_t stride, int64_t groupSize) {
-  derivingGroupings = true;
-  try {
-    ReplicaGrouping grouping(numReplicas, stride, groupSize);
-    derivingGroupings = false;
-    return grouping;
-  } catch (...) {
-    derivingGroupings = false;
-    throw;
-  }
+  return ReplicaGrouping(numReplicas, stride, groupSize, ReplicaGrouping::Rule::Derived);
 }
 
 }  // namespace detail
@@ -46,6 +34,9 @@ ReplicaGrouping derivedGrouping(int64_t numReplicas, int64_t stride, int64_t gro
 ReplicaGrouping::ReplicaGrouping(int64_t numReplicas) : ReplicaGrouping(numReplicas, 1, numReplicas) {}
 
 ReplicaGrouping::ReplicaGrouping(int64_t numReplicas, int64_t stride, int64_t groupSize)
+    : ReplicaGrouping(numReplicas, stride, groupSize, Rule::PopXL) {}
+
+ReplicaGrouping::ReplicaGrouping(int64_t numReplicas, int64_t stride, int64_t groupSize, Rule rule)
     : numReplicas_(numReplicas), stride_(stride), groupSize_(groupSize) {
   // Errors name the grouping as the caller wrote it, before the stride is
   // normalised, so that (4, 3, 1) is reported with its stride of 3.
@@ -61,7 +52,7 @@ ReplicaGrouping::ReplicaGrouping(int64_t numReplicas, int64_t stride, int64_t gr
   }
   // PopXL's rule: strided groups must tile the replicas exactly (a group of
   // one replica has no stride, see below).
-  if (detail::popxlGroupingRuleApplies() && stride != 1 && groupSize != 1 &&
+  if (rule == Rule::PopXL && stride != 1 && groupSize != 1 &&
       stride * groupSize != numReplicas) {
     throw ConfigError(
         ErrorCode::StridedGroupingNotTiling, groupingStr(numReplicas, stride, groupSize),

@@ -4,15 +4,14 @@
 // read, so any runtime that loaded the original loads the result.
 #include <bit>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <string>
 #include <unordered_map>
 
 #include <fmt/format.h>
 #include <onnx/checker.h>
-#include <unistd.h>
 
+#include "atomic_file.hpp"
 #include "half.hpp"
 #include "onnx_internal.hpp"
 #include "tessera/onnx.hpp"
@@ -98,45 +97,12 @@ void writeOnnx(std::span<const std::byte> source, std::string_view sourceName,
   std::string bytes;
   if (!model.SerializeToString(&bytes))
     mismatch(destination.string(), "the model does not serialize (over protobuf's 2 GiB limit?)");
-  // A link is followed: its target is replaced, the link kept. Only a
-  // regular file is replaced; a device, FIFO or folder is refused (renaming
-  // over /dev/null as root would replace the device).
-  std::filesystem::path target = destination;
-  std::error_code error;
-  if (std::filesystem::is_symlink(std::filesystem::symlink_status(target, error))) {
-    target = std::filesystem::weakly_canonical(target, error);
-    if (error)
-      throw IoError(ErrorCode::FileUnwritable, destination.string(),
-                    fmt::format("cannot resolve the link: {}", error.message()));
-  }
-  const std::filesystem::file_status existing = std::filesystem::status(target, error);
-  if (std::filesystem::exists(existing) && !std::filesystem::is_regular_file(existing))
-    throw IoError(ErrorCode::FileUnwritable, destination.string(),
-                  "the path exists and is not a regular file (a device, FIFO or folder); write the model to a "
-                  "file");
-  // Written beside the destination, then renamed over it: a reader never
-  // sees half a model, and a failed write leaves the old file.
-  std::filesystem::path temporary = target;
-  temporary += fmt::format(".{}.tmp", ::getpid());
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw IoError(ErrorCode::FileUnwritable, destination.string(), "cannot create the file");
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) {
-      out.close();
-      std::error_code ignored;
-      std::filesystem::remove(temporary, ignored);
-      throw IoError(ErrorCode::FileUnwritable, destination.string(), "writing the file failed");
-    }
-  }
-  std::filesystem::rename(temporary, target, error);
-  if (error) {
-    std::error_code ignored;
-    std::filesystem::remove(temporary, ignored);
-    throw IoError(ErrorCode::FileUnwritable, destination.string(),
-                  fmt::format("cannot move the written model into place: {}", error.message()));
-  }
+  // Written beside the destination, synced and renamed over it: a reader
+  // never sees half a model and a failed write leaves the old file. A link
+  // is followed (its target replaced, the link kept); only a regular file is
+  // replaced, a device, FIFO or folder is refused.
+  detail::writeFileAtomically(destination.string(),
+                              std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
 }
 
 void writeOnnx(const std::filesystem::path& source, std::span<const OnnxTensorValues> initializers,

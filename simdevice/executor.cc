@@ -666,7 +666,9 @@ void SimExecutable::planSteps() {
   int64_t partial = 0;
   int64_t work = 0;
   int64_t product = 0;
+  int64_t sums = 0;
   for (Step& step : steps_) {
+    sums = std::max(sums, alignUp(step.sumDoubles));
     // Other kernels with GEMMs (convolutions) planned theirs with the step.
     const bool keepsParts = step.kernel == matmulSlicesKernel() || step.kernel == matmulShardsKernel();
     if (step.kernel == matmulKernel() || keepsParts || step.kernel == batchedMatmulKernel()) planGemm(step);
@@ -692,6 +694,9 @@ void SimExecutable::planSteps() {
               work,
               base + threads * (lhs + rhs) + shared,
               partial};
+  sumScratch_.assign(static_cast<std::size_t>(threads * sums), 0.0);
+  scratch_.sums = sumScratch_.data();
+  scratch_.sumsStride = sums;
   for (Step& step : steps_) {
     step.scratch = &scratch_;
     step.pool = pool_.get();

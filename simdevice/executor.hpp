@@ -192,6 +192,7 @@ class SimExecutable final : public Executable {
   CacheAlignedFloats arena_;
   std::vector<int64_t> remoteBase_;  // per remote buffer
   CacheAlignedFloats gemmScratch_;
+  std::vector<double> sumScratch_;  // GemmScratch::sums
   CacheAlignedFloats chainScratch_;  // slots of chain intermediates (kChainSlice floats each)
   GemmScratch scratch_;
   // The host threads of run(); steps point to it.

@@ -99,6 +99,11 @@ struct GemmScratch {
   int64_t productStride = 0;
   float* partial = nullptr;
   int64_t partialStride = 0;
+  // The reductions' double sums, one block per thread (thread t's at
+  // sums + t * sumsStride): the sums of the step's run on the thread that
+  // runs the step (Step::sumDoubles of them).
+  double* sums = nullptr;
+  int64_t sumsStride = 0;
 };
 
 struct Step {
@@ -152,6 +157,9 @@ struct Step {
   // (the column matrices of convolutions); their kernels plan their own
   // GEMMs.
   int64_t workFloats = 0;
+  // Doubles of each thread's GemmScratch::sums the step uses (a reduction's
+  // output elements of one run).
+  int64_t sumDoubles = 0;
   // The threads that run the step's parts (products, chains); null runs
   // everything on the calling thread.
   WorkerPool* pool = nullptr;

@@ -306,15 +306,6 @@ void checkProgram(const Program& program, const DeviceSpec& spec) {
   }
 }
 
-std::string_view spaceLabel(MemorySpace space) {
-  switch (space) {
-    case MemorySpace::ComputeTiles: return "compute tiles";
-    case MemorySpace::IOTiles: return "IO tiles";
-    case MemorySpace::Streaming: return "streaming memory";
-  }
-  return "memory";
-}
-
 // "512 B", "1.5 KiB", "897.2 MiB".
 std::string humanBytes(int64_t bytes) {
   constexpr std::array kUnits = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
@@ -326,15 +317,6 @@ std::string humanBytes(int64_t bytes) {
     ++unit;
   }
   return fmt::format("{:.1f} {}", value, kUnits[unit]);
-}
-
-const MemoryPeak& peakOf(const ReplicaMemory& m, MemorySpace space) {
-  switch (space) {
-    case MemorySpace::ComputeTiles: return m.computeTilesPeak;
-    case MemorySpace::IOTiles: return m.ioTilesPeak;
-    case MemorySpace::Streaming: break;
-  }
-  return m.streamingPeak;
 }
 
 }  // namespace
@@ -420,7 +402,7 @@ void requireFits(const MemoryReport& report) {
   if (!shortfall) return;
   const auto replica = std::find_if(report.perReplica.begin(), report.perReplica.end(),
                                     [&](const ReplicaMemory& m) { return m.replica == shortfall->replica; });
-  const MemoryPeak& peak = peakOf(*replica, shortfall->space);
+  const MemoryPeak& peak = replica->peak(shortfall->space);
   std::vector<std::string> largest;
   for (const TensorMemory& t : peak.largest)
     largest.push_back(fmt::format("{} ({}, {} bytes)", t.name, t.category, t.bytes));
@@ -434,6 +416,33 @@ void requireFits(const MemoryReport& report) {
 }
 
 }  // namespace sim
+
+std::string_view spaceLabel(MemorySpace space) {
+  switch (space) {
+    case MemorySpace::ComputeTiles: return "compute tiles";
+    case MemorySpace::IOTiles: return "IO tiles";
+    case MemorySpace::Streaming: return "streaming memory";
+  }
+  return "memory";
+}
+
+int64_t CategoryMemory::bytesIn(MemorySpace space) const {
+  switch (space) {
+    case MemorySpace::ComputeTiles: return computeTilesBytes;
+    case MemorySpace::IOTiles: return ioTilesBytes;
+    case MemorySpace::Streaming: break;
+  }
+  return streamingBytes;
+}
+
+const MemoryPeak& ReplicaMemory::peak(MemorySpace space) const {
+  switch (space) {
+    case MemorySpace::ComputeTiles: return computeTilesPeak;
+    case MemorySpace::IOTiles: return ioTilesPeak;
+    case MemorySpace::Streaming: break;
+  }
+  return streamingPeak;
+}
 
 MemoryReport planMemory(const Program& program, const DeviceSpec& spec) {
   return sim::planMemory(program, program.graph.schedule(), spec);

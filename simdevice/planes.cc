@@ -2,6 +2,7 @@
 #include "planes.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cpu_features.hpp"
 #include "vector_math.hpp"
@@ -85,19 +86,21 @@ PlaneCopy planeCopy() {
 }
 
 // Short rows, each into its own output element: 8 rows side by side, each
-// summed in order from its output's value.
-void sumShortRows(const Plane& p, float* out, const float* in) {
+// summed in order from its output's value. `Out` is the accumulator: float,
+// or double for the reductions (sumStrided's double form).
+template <typename Out>
+void sumShortRows(const Plane& p, Out* out, const float* in) {
   constexpr int64_t kSide = 8;
   int64_t r = 0;
   for (; r + kSide <= p.rows; r += kSide) {
-    float sum[kSide];
+    Out sum[kSide];
     for (int64_t k = 0; k < kSide; ++k) sum[k] = out[(r + k) * p.row[0]];
     for (int64_t c = 0; c < p.cols; ++c)
       for (int64_t k = 0; k < kSide; ++k) sum[k] += in[(r + k) * p.row[1] + c];
     for (int64_t k = 0; k < kSide; ++k) out[(r + k) * p.row[0]] = sum[k];
   }
   for (; r < p.rows; ++r) {
-    float sum = out[r * p.row[0]];
+    Out sum = out[r * p.row[0]];
     for (int64_t c = 0; c < p.cols; ++c) sum += in[r * p.row[1] + c];
     out[r * p.row[0]] = sum;
   }
@@ -105,17 +108,39 @@ void sumShortRows(const Plane& p, float* out, const float* in) {
 
 // Every row into the same output row: its elements held in a local block
 // while the rows are added in order.
-void sumIntoOneRow(const Plane& p, float* out, const float* in) {
+template <typename Out>
+void sumIntoOneRow(const Plane& p, Out* out, const float* in) {
   constexpr int64_t kBlock = 64;
   for (int64_t c0 = 0; c0 < p.cols; c0 += kBlock) {
     const int64_t w = std::min(kBlock, p.cols - c0);
-    float sum[kBlock];
+    Out sum[kBlock];
     std::copy_n(out + c0, w, sum);
     for (int64_t r = 0; r < p.rows; ++r) {
       const float* x = in + r * p.row[1] + c0;
       for (int64_t c = 0; c < w; ++c) sum[c] += x[c];
     }
     std::copy_n(sum, w, out + c0);
+  }
+}
+
+template <typename Out>
+void sumPlaneInto(const Plane& p, Out* out, const float* in) {
+  if (p.col[0] == 0 && p.col[1] == 1 && p.cols >= kRowSumLanes) {
+    for (int64_t r = 0; r < p.rows; ++r) {
+      if constexpr (std::is_same_v<Out, double>) {
+        out[r * p.row[0]] += rowSumWide(in + r * p.row[1], p.cols);
+      } else {
+        out[r * p.row[0]] += rowSum(in + r * p.row[1], p.cols);
+      }
+    }
+  } else if (p.col[0] == 0 && p.col[1] == 1 && (p.row[0] != 0 || p.rows == 1)) {
+    sumShortRows(p, out, in);
+  } else if (p.row[0] == 0 && p.col[0] == 1 && p.col[1] == 1) {
+    sumIntoOneRow(p, out, in);
+  } else {
+    for (int64_t r = 0; r < p.rows; ++r)
+      for (int64_t c = 0; c < p.cols; ++c)
+        out[r * p.row[0] + c * p.col[0]] += in[r * p.row[1] + c * p.col[1]];
   }
 }
 
@@ -136,19 +161,7 @@ Plane innerPlane(const StridedLoop& loop) {
 
 void copyPlane(const Plane& p, float* out, const float* in) { planeCopy()(p, out, in); }
 
-void sumPlane(const Plane& p, float* out, const float* in) {
-  if (p.col[0] == 0 && p.col[1] == 1 && p.cols >= kRowSumLanes) {
-    for (int64_t r = 0; r < p.rows; ++r) out[r * p.row[0]] += rowSum(in + r * p.row[1], p.cols);
-  } else if (p.col[0] == 0 && p.col[1] == 1 && (p.row[0] != 0 || p.rows == 1)) {
-    sumShortRows(p, out, in);
-  } else if (p.row[0] == 0 && p.col[0] == 1 && p.col[1] == 1) {
-    sumIntoOneRow(p, out, in);
-  } else {
-    for (int64_t r = 0; r < p.rows; ++r)
-      for (int64_t c = 0; c < p.cols; ++c)
-        out[r * p.row[0] + c * p.col[0]] += in[r * p.row[1] + c * p.col[1]];
-  }
-}
+void sumPlane(const Plane& p, float* out, const float* in) { sumPlaneInto(p, out, in); }
 
 void copyStrided(const StridedLoop& loop, float* out, const float* in) {
   const Plane p = innerPlane(loop);
@@ -158,7 +171,12 @@ void copyStrided(const StridedLoop& loop, float* out, const float* in) {
 
 void sumStrided(const StridedLoop& loop, float* out, const float* in) {
   const Plane p = innerPlane(loop);
-  forEachPlane(loop, [&](int64_t o, int64_t i, int64_t) { sumPlane(p, out + o, in + i); });
+  forEachPlane(loop, [&](int64_t o, int64_t i, int64_t) { sumPlaneInto(p, out + o, in + i); });
+}
+
+void sumStrided(const StridedLoop& loop, double* out, const float* in) {
+  const Plane p = innerPlane(loop);
+  forEachPlane(loop, [&](int64_t o, int64_t i, int64_t) { sumPlaneInto(p, out + o, in + i); });
 }
 
 }  // namespace tessera::sim

@@ -63,5 +63,9 @@ void sumPlane(const Plane& p, float* out, const float* in);
 // Every point of the loop: copyPlane and sumPlane over its planes.
 void copyStrided(const StridedLoop& loop, float* out, const float* in);
 void sumStrided(const StridedLoop& loop, float* out, const float* in);
+// The same into double accumulators (out's offsets count elements, as for
+// float), a long row into one element summed as rowSumWide() orders it: the
+// reductions sum in double and round once.
+void sumStrided(const StridedLoop& loop, double* out, const float* in);
 
 }  // namespace tessera::sim

@@ -641,4 +641,15 @@ float rowSum(const float* x, int64_t n) {
   return total;
 }
 
+double rowSumWide(const float* x, int64_t n) {
+  std::array<double, 8> lanes{};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (std::size_t k = 0; k < 8; ++k) lanes[k] += x[j + static_cast<int64_t>(k)];
+  for (std::size_t k = 0; j < n; ++j, ++k) lanes[k] += x[j];
+  for (std::size_t w = 4; w >= 1; w /= 2)
+    for (std::size_t i = 0; i < w; ++i) lanes[i] = lanes[i] + lanes[i + w];
+  return lanes[0];
+}
+
 }  // namespace tessera::sim

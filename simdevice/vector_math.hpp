@@ -114,5 +114,9 @@ int64_t shortRowLogSumExps(const float* x, int64_t rows, int64_t c, double* out)
 inline constexpr int64_t kRowSumLanes = 64;
 inline constexpr int64_t kRowSumBlock = 4096;
 float rowSum(const float* x, int64_t n);
+// The sum in double of a row of n floats, as the reductions take it: value k
+// into lane k mod 8, each lane in order from +0, then the lanes as rowSum's
+// tree does (w = 4, 2, 1). The same bits on every CPU and thread count.
+double rowSumWide(const float* x, int64_t n);
 
 }  // namespace tessera::sim

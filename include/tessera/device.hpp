@@ -76,6 +76,10 @@ struct EnumNames<MemorySpace> {
       std::pair{MemorySpace::Streaming, std::string_view{"Streaming"}}};
 };
 
+// The space as messages and reports name it: "compute tiles", "IO tiles",
+// "streaming memory".
+std::string_view spaceLabel(MemorySpace space);
+
 // The bytes of one tensor that owns storage (in-place outputs share their
 // input's), or of one remote buffer. The same on every replica: shapes are
 // per replica, and a shared value still costs its bytes on each.
@@ -109,6 +113,8 @@ struct CategoryMemory {
   int64_t computeTilesBytes = 0;
   int64_t ioTilesBytes = 0;
   int64_t streamingBytes = 0;
+
+  int64_t bytesIn(MemorySpace space) const;
 };
 
 // Bytes one replica holds, as the hardware would.
@@ -134,6 +140,8 @@ struct ReplicaMemory {
   // counts its ceil(n/k) slots, padding included; a transient copy (a
   // gathered or loaded weight) is not held all step and is not counted here.
   std::vector<CategoryMemory> resident;
+
+  const MemoryPeak& peak(MemorySpace space) const;
 };
 
 struct MemoryReport {

@@ -17,6 +17,13 @@
 
 namespace tessera {
 
+class ReplicaGrouping;
+
+namespace detail {
+// The groupings tessera derives for its own collectives (lib/derived_grouping.hpp).
+ReplicaGrouping derivedGrouping(int64_t numReplicas, int64_t stride, int64_t groupSize);
+}  // namespace detail
+
 class ReplicaGrouping {
  public:
   // All replicas in one group: (numReplicas, 1, numReplicas).
@@ -55,6 +62,12 @@ class ReplicaGrouping {
   bool operator==(const ReplicaGrouping&) const = default;
 
  private:
+  // Whether PopXL's rule applies: to every grouping a user gives, not to
+  // those tessera derives (detail::derivedGrouping).
+  enum class Rule { PopXL, Derived };
+  ReplicaGrouping(int64_t numReplicas, int64_t stride, int64_t groupSize, Rule rule);
+  friend ReplicaGrouping detail::derivedGrouping(int64_t numReplicas, int64_t stride, int64_t groupSize);
+
   int64_t numReplicas_;
   int64_t stride_;
   int64_t groupSize_;

@@ -425,33 +425,6 @@ std::string bytes(int64_t n) {
 
 std::string seconds(double s) { return fmt::format("{:.3f} ms", s * 1e3); }
 
-std::string_view spaceLabel(MemorySpace space) {
-  switch (space) {
-    case MemorySpace::ComputeTiles: return "compute tiles";
-    case MemorySpace::IOTiles: return "IO tiles";
-    case MemorySpace::Streaming: return "streaming memory";
-  }
-  return "memory";
-}
-
-const MemoryPeak& peakOf(const ReplicaMemory& m, MemorySpace space) {
-  switch (space) {
-    case MemorySpace::ComputeTiles: return m.computeTilesPeak;
-    case MemorySpace::IOTiles: return m.ioTilesPeak;
-    case MemorySpace::Streaming: break;
-  }
-  return m.streamingPeak;
-}
-
-int64_t bytesIn(const CategoryMemory& c, MemorySpace space) {
-  switch (space) {
-    case MemorySpace::ComputeTiles: return c.computeTilesBytes;
-    case MemorySpace::IOTiles: return c.ioTilesBytes;
-    case MemorySpace::Streaming: return c.streamingBytes;
-  }
-  return 0;
-}
-
 std::string_view categoryLabel(TensorCategory category) {
   switch (category) {
     case TensorCategory::Weight: return "weights";
@@ -525,13 +498,13 @@ void printAnswer(const std::string& source, const RunPlan& plan,
   }
   std::vector<std::pair<int64_t, TensorCategory>> categories;
   for (const CategoryMemory& c : replica->byCategory)
-    if (bytesIn(c, space) > 0) categories.emplace_back(bytesIn(c, space), c.category);
+    if (c.bytesIn(space) > 0) categories.emplace_back(c.bytesIn(space), c.category);
   std::sort(categories.begin(), categories.end(),
             [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::string> parts;
   for (const auto& [n, category] : categories)
     parts.push_back(fmt::format("{} {}", categoryLabel(category), bytes(n)));
-  const MemoryPeak& peak = peakOf(*replica, space);
+  const MemoryPeak& peak = replica->peak(space);
   fmt::print("Largest at the {} peak of replica {}{}: {}\n", spaceLabel(space), replica->replica,
              peak.op.empty() ? std::string() : fmt::format(" (during op \"{}\")", peak.op),
              parts.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(parts, ", ")));

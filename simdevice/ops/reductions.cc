@@ -14,23 +14,28 @@ constexpr int64_t kMinPartElements = int64_t{1} << 12;
 
 // ReduceSum, ReduceMean, ReduceToShape: the output has stride 0 along the
 // reduced dimensions, so every input element adds into its output element.
-// Over threads, the run's loop is split along its outermost dimension when
-// that is kept (reduceParts): each part adds into its own output elements, and
-// visits every element's terms in the loop's order (a row reduced into one
-// output: rowSum's), so each sum is the same bits at any thread count.
+// The sums accumulate in double and are rounded to float once (a mean after
+// its scaling): the error of a sum of n terms is then that of the terms, not
+// n roundings (a BatchNormalization statistic over N x H x W values, a bias
+// gradient over a batch). Over threads, the run's loop is split along its
+// outermost dimension when that is kept (reduceParts): each part adds into
+// its own output elements, and visits every element's terms in the loop's
+// order (a row reduced into one output: rowSum's), so each sum is the same
+// bits at any thread count.
 void reduceKernel(const Step& s) {
+  double* sums = s.scratch->sums + callerThread(s) * s.scratch->sumsStride;
   for (const Run& run : s.runs) {
-    zeroRun(s, run);
-    float* o = outOf(s, run);
+    const int64_t n = run.count * s.outElements;
+    std::fill_n(sums, n, 0.0);
     const float* x = inOf(s, run, 0);
     const int parts = reduceParts(run.loop, s.pool == nullptr ? 1 : s.pool->threads());
     forLoopParts(s, run.loop, parts,
                  [&](const StridedLoop& part, const std::array<int64_t, kMaxOperands>& at) {
-                   sumStrided(part, o + at[0], x + at[1]);
+                   sumStrided(part, sums + at[0], x + at[1]);
                  });
-    if (s.scale != 1.0f) {
-      for (int64_t i = 0; i < run.count * s.outElements; ++i) o[i] *= s.scale;
-    }
+    float* o = outOf(s, run);
+    const double scale = s.scale;
+    for (int64_t i = 0; i < n; ++i) o[i] = static_cast<float>(sums[i] * scale);
   }
 }
 
@@ -57,6 +62,9 @@ void planReduce(StepPlanner& planner, Step& step) {
     step.scale = static_cast<float>(static_cast<double>(step.outElements) /
                                     static_cast<double>(planner.elements(op.inputs[0])));
   }
+  int64_t count = 1;
+  for (const Run& run : step.runs) count = std::max(count, run.count);
+  step.sumDoubles = count * step.outElements;
   step.kernel = reduceKernel;
   planner.emit(std::move(step));
 }
