@@ -32,8 +32,8 @@ error, so that a new header is given a folder when it is added:
     optimizers  adam optimizer optimizer_options sgd
     simdevice   device device_spec time_model
     onnx        onnx
-    sessions    checkpoint config_notes dataset mlp output_check placement profile run_config session
-                trainer transform transformer
+    sessions    checkpoint config_notes data_flow dataset mlp output_check placement profile run_config
+                session trainer transform transformer
 
 Allowed exceptions, one include each (FOLDER HEADER: why):
 

@@ -767,7 +767,7 @@ TEST_CASE("the run config schema is generated from the field tables") {
   const std::set<std::vector<std::string>> expected = {
       names<TensorStorage>(), names<TileSet>(),       names<ReplicatedTensorSharding>(),
       names<CommGroupType>(), names<ReductionType>(), names<MeanReductionStrategy>(),
-      names<Activation>(),    names<DatasetKind>(),   names<ScheduleType>(),
+      names<Activation>(),    names<DatasetKind>(),   names<ScheduleType>(), names<RecomputationType>(),
       {"float32", "float16"},  // /model/dtype: the floating DTypes
       names<DType>(),          // optimizer state dtypes
   };
