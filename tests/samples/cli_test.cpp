@@ -769,9 +769,10 @@ TEST_CASE("explain answers first: fits or not, the peak per replica, the largest
 }
 
 TEST_CASE("explain plans recomputation as a lever: a lower peak for more modelled step time") {
-  // GPT-2 XL: the activations of a 1,024-token sequence do not fit.
+  // GPT-2 XL's shape, two of its blocks (cheap enough under valgrind): the
+  // activations of a 1,024-token sequence do not fit.
   const std::string path = tessera::test::sourcePath("samples/configs/gpt2_xl_pod64.json");
-  const CliResult asJson = runCli({"explain", path, "--json"});
+  const CliResult asJson = runCli({"explain", path, "--json", "--set", "/model/layers=2"});
   CHECK(asJson.exitCode == 4);
   const json report = json::parse(asJson.out);
   const double step = report.at("modelledStepTime").at("seconds").get<double>();
@@ -788,7 +789,8 @@ TEST_CASE("explain plans recomputation as a lever: a lower peak for more modelle
   CHECK(recompute->at("stepSeconds").get<double>() > step);
   // With recomputation set, it is no lever: the plan is the lever's.
   const CliResult standard =
-      runCli({"explain", path, "--json", "--set", "/sessionOptions/autoRecomputation=Standard"});
+      runCli({"explain", path, "--json", "--set", "/model/layers=2", "--set",
+              "/sessionOptions/autoRecomputation=Standard"});
   const json planned = json::parse(standard.out);
   CHECK(planned.at("modelledStepTime").at("seconds").get<double>() == recompute->at("stepSeconds").get<double>());
   for (const json& lever : planned.at("levers")) CHECK(lever.at("setting") != "/sessionOptions/autoRecomputation");
