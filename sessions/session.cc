@@ -144,15 +144,21 @@ class StepAnchors {
         to = lastMicroBatch(index, value);
         break;
       case AnchorReturnTypeId::Sum: {
-        const int64_t slices = leadingMicroBatch_[index] ? value.shape.at(0) : 1;
-        for (int64_t m = 0; m < slices; ++m) {
-          const HostTensor slice = microBatch(index, value, m);
-          if (first && m == 0) {
-            to = slice;
-            continue;
-          }
-          for (size_t k = 0; k < slice.data.size(); ++k) to.data[k] += slice.data[k];
-          for (size_t k = 0; k < slice.doubles.size(); ++k) to.doubles[k] += slice.doubles[k];
+        // Micro-batch by micro-batch, in order, read in place.
+        const bool leading = leadingMicroBatch_[index];
+        const auto slices = static_cast<size_t>(leading ? value.shape.at(0) : 1);
+        const size_t floats = value.data.size() / slices;
+        const size_t doubles = value.doubles.size() / slices;
+        size_t m = 0;
+        if (first) {
+          to = HostTensor{leading ? Shape(value.shape.begin() + 1, value.shape.end()) : value.shape,
+                          {value.data.begin(), value.data.begin() + static_cast<std::ptrdiff_t>(floats)},
+                          {value.doubles.begin(), value.doubles.begin() + static_cast<std::ptrdiff_t>(doubles)}};
+          m = 1;
+        }
+        for (; m < slices; ++m) {
+          for (size_t k = 0; k < floats; ++k) to.data[k] += value.data[m * floats + k];
+          for (size_t k = 0; k < doubles; ++k) to.doubles[k] += value.doubles[m * doubles + k];
         }
         break;
       }
