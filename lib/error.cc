@@ -106,6 +106,8 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(OnnxTooLarge),
     TESSERA_CODE(OnnxExportMismatch),
     TESSERA_CODE(OnnxInvalidRecompute),
+    TESSERA_CODE(OnnxBuilderUnknown),
+    TESSERA_CODE(OnnxBuilderInvalid),
     TESSERA_CODE(Internal),
 };
 #undef TESSERA_CODE

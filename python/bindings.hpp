@@ -36,5 +36,7 @@ py::enum_<E> bindEnum(py::module_& module, const char* doc) {
 void bindOptions(py::module_& module);
 void bindSettings(py::module_& module);
 void bindSessions(py::module_& module);
+void bindBuilder(py::module_& module);
+void bindDatasets(py::module_& module);
 
 }  // namespace tessera::python

@@ -3,7 +3,8 @@
 // computed, checked or defaulted here that the C++ API does not compute,
 // check or default itself; this file holds the module, tessera.Error,
 // tessera.popdist and tessera.replica_grouping, options.cc the options and
-// settings.cc devices, optimizers and data flows, session.cc the sessions.
+// settings.cc devices, optimizers and data flows, session.cc the sessions,
+// builder.cc PopART's Builder.
 #include "bindings.hpp"  // first: it declares an opaque type before pybind11/stl.h
 
 #include <cstdint>
@@ -153,4 +154,6 @@ PYBIND11_MODULE(tessera, module) {
   bindOptions(module);
   bindSettings(module);
   bindSessions(module);
+  bindBuilder(module);
+  bindDatasets(module);
 }

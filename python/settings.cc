@@ -1,5 +1,6 @@
 // PopART's settings objects: DeviceManager and its devices, the optimizers,
-// DataFlow with AnchorReturnType, InputShapeInfo with TensorInfo.
+// DataFlow with AnchorReturnType, InputShapeInfo with TensorInfo; and the
+// datasets the CLI trains on (loadDataset), for the samples.
 //
 // What PopART's Python API takes as dicts is turned into the JSON the C++
 // readers take (the device spec, the optimizer section), so that the checks,
@@ -14,9 +15,11 @@
 #include <vector>
 
 #include <fmt/core.h>
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include "settings.hpp"
+#include "tessera/dataset.hpp"
 #include "tessera/device_spec.hpp"
 #include "tessera/error.hpp"
 #include "tessera/optimizer_options.hpp"
@@ -117,7 +120,47 @@ struct Adam : PyOptimizer {};
 enum class AdamMode { Adam, AdamNoBias };
 enum class WeightDecayMode { Decay, L2Regularization };
 
+// A split's images [count, rows, cols] (float32) and labels [count] (int32).
+py::tuple splitArrays(DatasetSplit&& split) {
+  auto* images = new std::vector<float>(std::move(split.images));
+  auto* labels = new std::vector<int32_t>(std::move(split.labels));
+  py::capsule ownImages(images, [](void* p) { delete static_cast<std::vector<float>*>(p); });
+  py::capsule ownLabels(labels, [](void* p) { delete static_cast<std::vector<int32_t>*>(p); });
+  return py::make_tuple(py::array_t<float>({split.count, split.rows, split.cols}, images->data(), ownImages),
+                        py::array_t<int32_t>({split.count}, labels->data(), ownLabels));
+}
+
 }  // namespace
+
+void bindDatasets(py::module_& module) {
+  module.def(
+      "loadDataset",
+      [](const std::string& dataset, const std::string& path, int64_t limitTrainSamples, int64_t limitTestSamples,
+         int64_t seed) {
+        DataConfig config;
+        const auto kind = enumFromString<DatasetKind>(dataset);
+        if (!kind || *kind == DatasetKind::Tensors)
+          throw ConfigError(ErrorCode::InvalidEnumValue, "dataset",
+                            fmt::format("\"{}\"; expected fashion-mnist, mnist or synthetic", boundedText(dataset)));
+        config.dataset = *kind;
+        config.path = path;
+        config.limitTrainSamples = limitTrainSamples;
+        config.limitTestSamples = limitTestSamples;
+        config.seed = seed;
+        Dataset data = loadDataset(config);
+        py::dict result;
+        result["train"] = splitArrays(std::move(data.train));
+        result["test"] = splitArrays(std::move(data.test));
+        result["source"] = data.source;
+        result["notice"] = data.notice;
+        return result;
+      },
+      py::arg("dataset") = "fashion-mnist", py::arg("path") = "", py::arg("limitTrainSamples") = 0,
+      py::arg("limitTestSamples") = 0, py::arg("seed") = 0,
+      "The dataset the CLI's run configs train on (tessera/dataset.hpp): a dict with 'train' and 'test' "
+      "(images [N, 28, 28] float32 in [0, 1], labels [N] int32), 'source' and 'notice' (non-empty when the "
+      "synthetic stand-in replaced a dataset that is not installed).");
+}
 
 void bindSettings(py::module_& module) {
   py::class_<DeviceInfo>(module, "DeviceInfo", "A simulated device for a session (tessera/device_spec.hpp).")

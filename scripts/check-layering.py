@@ -31,7 +31,7 @@ error, so that a new header is given a folder when it is added:
     popdist     communicator dist
     optimizers  adam optimizer optimizer_options sgd
     simdevice   device device_spec time_model
-    onnx        onnx
+    onnx        onnx onnx_builder
     sessions    checkpoint config_notes data_flow dataset mlp output_check placement profile run_config
                 session trainer transform transformer
 

@@ -131,6 +131,8 @@ enum class ErrorCode : int {
   OnnxTooLarge = 709,            // a value computed at import over the size limit
   OnnxExportMismatch = 710,      // values to write that do not fit the model's initializers
   OnnxInvalidRecompute = 720,    // a __recompute_output_in_backward_pass value that is no RecomputeType
+  OnnxBuilderUnknown = 735,      // OnnxBuilder: an op type, attribute or tensor name it does not know
+  OnnxBuilderInvalid = 736,      // OnnxBuilder: an element type, count, attribute value or model it refuses
   // --- Internal (9xx) ---
   Internal = 901,
 };
