@@ -1,0 +1,33 @@
+"""Real models against PyTorch (bench/zoo_accuracy.py): a BatchNorm CNN of
+torchvision's zoo within 3x of PyTorch float32's error against float64, and
+PyTorch's transformer encoder equal to PyTorch float32 for 24 steps and over
+R = 2 x 4 with RTS and OffChip. The models are exported at test time, so the
+test runs only where Debian's python3-torch, python3-torchvision and
+python3-onnx are installed."""
+import importlib.util
+import os
+import pathlib
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+pytest.importorskip("onnx")
+
+SOURCE = pathlib.Path(os.environ.get("TESSERA_SOURCE_ROOT", pathlib.Path(__file__).parents[2]))
+
+pytestmark = pytest.mark.skipif(not os.environ.get("TESSERA_PYTHON_REFERENCE"), reason="a build without ONNX support")
+
+
+def zoo():
+    spec = importlib.util.spec_from_file_location("zoo_accuracy", SOURCE / "bench/zoo_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "transformer_encoder"])
+def test_model_trains_as_pytorch(name):
+    rows, failures = zoo().compare(name)
+    assert rows
+    assert failures == []
