@@ -484,6 +484,8 @@ struct TestResult {
   double accuracy = 0.0;
   double loss = 0.0;
   int64_t globalBatch = 0;  // samples per test step over every replica
+  bool hasAccuracy = false;  // the model has predictions
+  bool hasLoss = false;      // the loss is reported
 };
 
 // The test set with the weights of `session`. A model with predictions (the
@@ -511,6 +513,8 @@ TestResult evaluate(const RunConfig& config, const SessionOptions& trainingOptio
   const bool accuracy = !model.predictions.empty();
   // An onnx model reports its test loss, and its accuracy when it has predictions.
   const bool withLoss = !accuracy || config.model.type == kOnnxModel;
+  result.hasAccuracy = accuracy;
+  result.hasLoss = withLoss;
   const std::string lossName = model.graph.tensor(model.loss).name;
   std::vector<std::string> outputs;
   if (accuracy) outputs.push_back(model.predictions);
@@ -873,6 +877,76 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   for (auto& [name, value] : session.readWeights()) summary.weights.emplace_back(name, std::move(value.data));
   for (const std::string& note : notes) summary.notice += (summary.notice.empty() ? "" : "; ") + note;
   return summary;
+}
+
+EvaluateSummary evaluate(const RunConfig& config, const EvaluateControl& control) {
+  validate(config);
+  SessionOptions options = config.sessionOptions;
+  std::vector<std::string> notes;
+  Instances instances(config, options, notes);
+  RunModel model = buildRunModel(config, config.data.batchSize, options.getGlobalReplicationFactor());
+  // The session that holds the weights is a training session, so that a
+  // checkpoint restores into it exactly as when resuming; it must fit as
+  // training does, and is checked before the data is read.
+  requireTrainingFits(model.graph, model.loss, *makeOptimizer(config.optimizer), options, config.device);
+  std::string dataNotice;
+  const TensorDataset data = loadRunData(config, model, dataNotice);
+  instances.checkAgree(config, data);
+  if (data.test.count == 0) {
+    throw ConfigError(ErrorCode::InvalidData, "/data/limitTestSamples",
+                      fmt::format("the run has no test set to evaluate ({}); give the dataset a test split",
+                                  data.source));
+  }
+
+  EvaluateSummary summary;
+  summary.dataset = data.source;
+  summary.testSamples = data.test.count;
+  TrainingSession session(std::move(model.graph), model.loss, makeOptimizer(config.optimizer), options,
+                          instances.device(config.device));
+  if (!control.checkpoint.empty()) {
+    const auto warn = [&control](const std::string& warning) {
+      if (control.onWarning) control.onWarning(warning);
+    };
+    const Checkpoint checkpoint = readCheckpoint(control.checkpoint, session);
+    // What differs in the optimizer (its learning rate, hyper-parameters) or
+    // in where tensors live does not change what is evaluated; a value the
+    // checkpoint holds in another precision does.
+    for (const std::string& warning :
+         restoreCheckpoint(session, checkpoint, control.checkpoint, control.allowNonFinite).warnings) {
+      const bool aboutTraining = warning.starts_with("the learning rate ") ||
+                                 warning.starts_with("the checkpoint's optimizer had") ||
+                                 warning.starts_with("the checkpoint was written with other session options");
+      if (!aboutTraining) warn(warning);
+    }
+    summary.checkpoint = control.checkpoint;
+    summary.checkpointStep = checkpoint.step;
+  }
+  const TestResult test = evaluate(config, options, instances, session, data.test);
+  summary.hasAccuracy = test.hasAccuracy;
+  summary.testAccuracy = test.accuracy;
+  summary.hasLoss = test.hasLoss;
+  summary.testLoss = test.loss;
+  summary.testGlobalBatch = test.globalBatch;
+  if (test.hasLoss && !test.hasAccuracy && test.globalBatch > data.test.count) {
+    throw ConfigError(ErrorCode::InvalidData, "/data/testBatchSize",
+                      fmt::format("a global test batch of {} samples is larger than the {} test samples, so no "
+                                  "whole batch gives a test loss; lower /data/testBatchSize",
+                                  test.globalBatch, data.test.count));
+  }
+  summary.notice = dataNotice;
+  for (const std::string& note : notes) summary.notice += (summary.notice.empty() ? "" : "; ") + note;
+  return summary;
+}
+
+nlohmann::json summaryJson(const EvaluateSummary& summary) {
+  return nlohmann::json{
+      {"testAccuracy", summary.hasAccuracy ? nlohmann::json(summary.testAccuracy) : nlohmann::json(nullptr)},
+      {"testLoss", summary.hasLoss ? nlohmann::json(summary.testLoss) : nlohmann::json(nullptr)},
+      {"testSamples", summary.testSamples},
+      {"testGlobalBatch", summary.testGlobalBatch},
+      {"dataset", summary.dataset},
+      {"checkpoint", summary.checkpoint.empty() ? nlohmann::json(nullptr) : nlohmann::json(summary.checkpoint)},
+      {"checkpointStep", summary.checkpointStep}};
 }
 
 nlohmann::json summaryJson(const TrainSummary& summary) {

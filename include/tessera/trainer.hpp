@@ -127,6 +127,52 @@ struct TrainControl {
 TrainSummary train(const RunConfig& config, const std::function<void(const TrainProgress&)>& onStep = {},
                    const TrainControl& control = {});
 
+// What evaluate() reports: the test set of a run config with a checkpoint's
+// weights or the initial ones, without training.
+struct EvaluateSummary {
+  // The model has predictions (the mlp model, an onnx model with
+  // /model/logits): the accuracy over every test sample.
+  bool hasAccuracy = false;
+  double testAccuracy = 0.0;
+  // Other models, and onnx models with logits besides: the mean loss over
+  // the test set's whole global batches (testGlobalBatch samples each).
+  bool hasLoss = false;
+  double testLoss = 0.0;
+  int64_t testSamples = 0;
+  int64_t testGlobalBatch = 0;
+  std::string dataset;  // what was loaded
+  std::string notice;   // e.g. the synthetic fallback; empty when nothing to say
+  // The checkpoint evaluated and its step (empty: the initial weights).
+  std::string checkpoint;
+  int64_t checkpointStep = 0;
+};
+
+struct EvaluateControl {
+  // A checkpoint whose weights (and BatchNormalization statistics) are
+  // evaluated; empty: the model's initial weights (its seed's, or an ONNX
+  // model's initializers).
+  std::string checkpoint;
+  // Evaluate a checkpoint holding NaN or infinite values (refused with
+  // IoError(NonFiniteCheckpoint) otherwise).
+  bool allowNonFinite = false;
+  // Called with what the checkpoint could not restore exactly (see
+  // TrainControl::onWarning).
+  std::function<void(const std::string&)> onWarning;
+};
+
+// The test set of `config` as train() evaluates it at the end of a run, with
+// the weights of control.checkpoint (or the initial weights), on the config's
+// replicas and instances; no weight is updated. The numbers are those train()
+// reports for the same weights, whatever the replica count. Throws what
+// train() throws for the config, the data and the checkpoint;
+// ConfigError(InvalidData) naming /data/limitTestSamples when the run has no
+// test set.
+EvaluateSummary evaluate(const RunConfig& config, const EvaluateControl& control = {});
+
+// {"testAccuracy" (or null), "testLoss" (or null), "testSamples", "testGlobalBatch", "dataset",
+//  "checkpoint" (or null), "checkpointStep"}
+nlohmann::json summaryJson(const EvaluateSummary& summary);
+
 // {"steps", "losses", "finalLoss", "testAccuracy", "epochTestAccuracies", "testLoss",
 //  "epochTestLosses", "samplesPerSecond", "globalBatch", "trainSamples", "testSamples", "dataset",
 //  "firstStep", "interrupted", "stopReason", "checkpoint", "checkpointStep", "lossScale", "skippedSteps"

@@ -52,6 +52,7 @@ Action attachGroups(CLI::App& command);
 Action attachCbr(CLI::App& command);
 Action attachSchema(CLI::App& command);
 Action attachTrain(CLI::App& command);
+Action attachEvaluate(CLI::App& command);
 Action attachLaunch(CLI::App& command);
 Action attachCheckpoint(CLI::App& command);
 Action attachOnnxTest(CLI::App& command);

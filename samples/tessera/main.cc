@@ -25,6 +25,8 @@ constexpr std::array kSubcommands = {
     Subcommand{"groups", "Show which replicas a ReplicaGrouping puts together", attachGroups},
     Subcommand{"cbr", "Show how a tensor is split into padded replica shards", attachCbr},
     Subcommand{"train", "Train the model of a run config and report its test accuracy", attachTrain},
+    Subcommand{"evaluate", "Report the test accuracy or loss of a checkpoint (or the initial weights) without training",
+               attachEvaluate},
     Subcommand{"launch",
                "Run a command as several instances under mpirun, each with its share of the replicas",
                attachLaunch},

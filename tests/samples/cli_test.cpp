@@ -924,3 +924,42 @@ TEST_CASE("train redraws its progress bar on a terminal at most every 100 ms") {
   CHECK(draws <= 4 + static_cast<std::size_t>(seconds / 0.1) + 1);
   CHECK(draws >= 4);
 }
+
+TEST_CASE("evaluate reports the test accuracy of the initial weights or a checkpoint, without training") {
+  const tessera::test::TempDir folder;
+  const std::string checkpoint = (folder.path() / "small.safetensors").string();
+  const std::string config = tessera::test::sourcePath("samples/configs/mnist.json");
+  const std::vector<std::string> small = {"--set", "/data/dataset=synthetic", "--set", "/data/limitTrainSamples=128",
+                                          "--set", "/data/limitTestSamples=50", "--set", "/data/epochs=1",
+                                          "--set", "/model/layers=[784, 8, 10]"};
+  std::vector<std::string> initial = {"evaluate", config};
+  initial.insert(initial.end(), small.begin(), small.end());
+  const CliResult fresh = runCli(initial);
+  INFO(fresh.err);
+  CHECK(fresh.exitCode == 0);
+  CHECK(fresh.out.find("weights: initial (no checkpoint given)") != std::string::npos);
+  CHECK(fresh.out.find("test accuracy: ") != std::string::npos);
+  CHECK(fresh.out.find("(50 samples)") != std::string::npos);
+
+  std::vector<std::string> training = {"train", config, "--quiet", "--set", "/output/checkpoint=\"" + checkpoint + "\""};
+  training.insert(training.end(), small.begin(), small.end());
+  const CliResult trained = runCli(training);
+  REQUIRE(trained.exitCode == 0);
+  const std::size_t at = trained.out.find("test accuracy: ");
+  REQUIRE(at != std::string::npos);
+  const std::string accuracyLine = trained.out.substr(at, trained.out.find('\n', at) - at);
+
+  std::vector<std::string> evaluated = initial;
+  evaluated.insert(evaluated.end(), {"--checkpoint", checkpoint});
+  const CliResult again = runCli(evaluated);
+  INFO(again.err);
+  CHECK(again.exitCode == 0);
+  CHECK(again.out.find(accuracyLine) != std::string::npos);
+  CHECK(again.out.find("(step 2)") != std::string::npos);
+
+  std::vector<std::string> device = initial;
+  device.insert(device.end(), {"--checkpoint", "/dev/zero"});
+  const CliResult refused = runCli(device);
+  CHECK(refused.exitCode == 2);
+  CHECK(refused.err.find("tessera.io.601") != std::string::npos);
+}
