@@ -75,6 +75,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(UnknownStream),
     TESSERA_CODE(DTypeMismatch),
     TESSERA_CODE(InvalidRecompute),
+    TESSERA_CODE(InvalidRecurrence),
     TESSERA_CODE(NoGradient),
     TESSERA_CODE(LossNotScalar),
     TESSERA_CODE(OutOfMemory),
@@ -106,6 +107,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(OnnxTooLarge),
     TESSERA_CODE(OnnxExportMismatch),
     TESSERA_CODE(OnnxInvalidRecompute),
+    TESSERA_CODE(OnnxUnsupportedRecurrence),
     TESSERA_CODE(Internal),
 };
 #undef TESSERA_CODE

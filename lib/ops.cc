@@ -260,6 +260,65 @@ Tensor globalMaxPool(Tensor x) {
   return maxPool(x, params);
 }
 
+RecurrenceOutputs recurrence(OpKind cell, Tensor x, Tensor w, Tensor r, Tensor b, Tensor h0, Tensor c0,
+                             const RecurrenceParams& params) {
+  const std::string_view who = opName(cell);
+  Graph& graph = graphOf(who, {x, w, r});
+  const bool lstm = cell == OpKind::Lstm;
+  if (cell != OpKind::Rnn && cell != OpKind::Gru && !lstm)
+    throw GraphError(ErrorCode::InvalidRecurrence, std::string(who),
+                     fmt::format("{} is not a recurrence; the cell is Rnn, Gru or Lstm", cell));
+  const int64_t dirs = params.direction == RecurrenceDirection::Bidirectional ? 2 : 1;
+  const Shape xs = x.shape();
+  const Shape rs = r.shape();
+  if (xs.size() != 3 || rs.size() != 3 || w.shape().size() != 3 || rs[0] != dirs) {
+    throw GraphError(ErrorCode::InvalidRecurrence, std::string(who),
+                     fmt::format("{}: x {}, W {} and R {} must be [S, B, I], [D, G*H, I] and [D, G*H, H] with D = {} "
+                                 "for {}",
+                                 cell, shapeStr(xs), shapeStr(w.shape()), shapeStr(rs), dirs, params.direction));
+  }
+  const int64_t hidden = rs[2];
+  const int64_t gateRows = rs[1];
+  const Shape state{dirs, xs[1], hidden};
+  const DType dtype = x.dtype();
+  const auto zeros = [&](Shape shape) { return ops::broadcastTo(ops::scalar(graph, 0.0, dtype), std::move(shape)); };
+  if (!b.valid()) b = zeros({dirs, 2 * gateRows});
+  if (!h0.valid()) h0 = zeros(state);
+  if (lstm && !c0.valid()) c0 = zeros(state);
+  if (!lstm && c0.valid())
+    throw GraphError(ErrorCode::InvalidRecurrence, std::string(who),
+                     fmt::format("{} has no cell state: pass no c0", cell));
+  if (b.shape() != Shape{dirs, 2 * gateRows}) {
+    throw GraphError(ErrorCode::InvalidRecurrence, std::string(who),
+                     fmt::format("{}: B {} must be [D, 2*G*H] = [{}, {}]", cell, shapeStr(b.shape()), dirs, 2 * gateRows));
+  }
+  // Each gate row: its input weights, recurrent weights, input bias, recurrent bias.
+  const Tensor biases = ops::transpose(ops::reshape(b, {dirs, 2, gateRows}), {0, 2, 1});
+  const Tensor weights = ops::concat({w, r, biases}, 2);
+  const Tensor initial = lstm ? ops::concat({h0, c0}, 2) : h0;
+  OpAttributes attributes;
+  attributes.direction = params.direction;
+  attributes.linearBeforeReset = params.linearBeforeReset;
+  RecurrenceOutputs out;
+  out.states = single(graph, graph.addOp(cell, {x.id(), weights.id(), initial.id()}, std::move(attributes)));
+  const int64_t steps = xs[0];
+  const int64_t batch = xs[1];
+  out.y = ops::slice(out.states, {0, 0, 0, 0}, {steps, dirs, batch, hidden});
+  // Each direction's last state: step S-1 forward, step 0 in reverse.
+  const auto last = [&](int64_t channel) {
+    std::vector<Tensor> parts;
+    for (int64_t d = 0; d < dirs; ++d) {
+      const bool reversed = params.direction == RecurrenceDirection::Reverse || d == 1;
+      const int64_t t = reversed ? 0 : steps - 1;
+      parts.push_back(ops::slice(out.states, {t, d, 0, channel * hidden}, {t + 1, d + 1, batch, (channel + 1) * hidden}));
+    }
+    return ops::reshape(parts.size() == 1 ? parts.front() : ops::concat(parts, 1), state);
+  };
+  out.yH = last(0);
+  if (lstm) out.yC = last(1);
+  return out;
+}
+
 Tensor softmax(Tensor x) { return unary(OpKind::Softmax, x); }
 Tensor equal(Tensor a, Tensor b) { return binary(OpKind::Equal, a, b); }
 Tensor less(Tensor a, Tensor b) { return binary(OpKind::Less, a, b); }
