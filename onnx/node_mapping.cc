@@ -41,12 +41,14 @@ const std::vector<std::string> kMappedOps = {
     "Gemm",
     "GlobalAveragePool",
     "GlobalMaxPool",
+    "GRU",
     "Greater",
     "GreaterOrEqual",
     "Identity",
     "InstanceNormalization",
     "LayerNormalization",
     "LeakyRelu",
+    "LSTM",
     "Less",
     "LessOrEqual",
     "Log",
@@ -64,6 +66,7 @@ const std::vector<std::string> kMappedOps = {
     "PRelu",
     "Pad",
     "Pow",
+    "RNN",
     "Reciprocal",
     "ReduceMean",
     "ReduceSum",
@@ -126,7 +129,8 @@ void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& s
     required = 2;
   } else if (op == "Unsqueeze") {
     required = opset >= 13 ? 2 : 1;
-  } else if (op == "Slice" || op == "Range" || op == "Where" || op == "InstanceNormalization") {
+  } else if (op == "Slice" || op == "Range" || op == "Where" || op == "InstanceNormalization" || op == "RNN" ||
+             op == "GRU" || op == "LSTM") {
     required = 3;
   } else if (op == "BatchNormalization") {
     required = 5;
@@ -164,6 +168,7 @@ std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
   }
   if (isOneOf(op, kElementwiseOps) || op == "Clip" || op == "Gather") return {0};
   if (op == "LayerNormalization" || op == "Conv" || op == "ConvTranspose") return {0, 1, 2};
+  if (op == "RNN" || op == "GRU" || op == "LSTM") return {0, 1, 2, 3, 5, 6};
   if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool")
     return {0};
   if (op == "Split" || op == "Tile") return {0};
@@ -1180,6 +1185,10 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
   }
   if (op == "Conv" || op == "ConvTranspose" || op == "MaxPool" || op == "AveragePool") {
     setOutput(node, 0, mapWindowOp(node, subject));
+    return;
+  }
+  if (op == "RNN" || op == "GRU" || op == "LSTM") {
+    mapRecurrence(node, subject);
     return;
   }
   if (op == "GlobalAveragePool" || op == "GlobalMaxPool") {
