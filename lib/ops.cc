@@ -269,29 +269,38 @@ RecurrenceOutputs recurrence(OpKind cell, Tensor x, Tensor w, Tensor r, Tensor b
     throw GraphError(ErrorCode::InvalidRecurrence, std::string(who),
                      fmt::format("{} is not a recurrence; the cell is Rnn, Gru or Lstm", cell));
   const int64_t dirs = params.direction == RecurrenceDirection::Bidirectional ? 2 : 1;
+  const int64_t gates = cell == OpKind::Gru ? 3 : lstm ? 4 : 1;
   const Shape xs = x.shape();
   const Shape rs = r.shape();
-  if (xs.size() != 3 || rs.size() != 3 || w.shape().size() != 3 || rs[0] != dirs) {
+  const auto refuse = [&](const std::string& what) {
     throw GraphError(ErrorCode::InvalidRecurrence, std::string(who),
-                     fmt::format("{}: x {}, W {} and R {} must be [S, B, I], [D, G*H, I] and [D, G*H, H] with D = {} "
-                                 "for {}",
-                                 cell, shapeStr(xs), shapeStr(w.shape()), shapeStr(rs), dirs, params.direction));
+                     fmt::format("{} {} over x {}: {}", params.direction, cell, shapeStr(xs), what));
+  };
+  if (xs.size() != 3) refuse("x must be [S, B, I]");
+  if (rs.size() != 3 || rs[2] < 1 || rs[1] != gates * rs[2] || rs[0] != dirs) {
+    refuse(fmt::format("R {} must be [D, G*H, H] with D = {} directions and G = {} gates", shapeStr(rs), dirs,
+                       gates));
   }
   const int64_t hidden = rs[2];
   const int64_t gateRows = rs[1];
   const Shape state{dirs, xs[1], hidden};
+  const auto check = [&](const Tensor& t, std::string_view name, const Shape& expected) {
+    if (t.valid() && t.shape() != expected)
+      refuse(fmt::format("{} {} must be {} (hidden size {} from R)", name, shapeStr(t.shape()),
+                         shapeStr(expected), hidden));
+  };
+  check(w, "W", {dirs, gateRows, xs[2]});
+  check(b, "B", {dirs, 2 * gateRows});
+  check(h0, "h0", state);
+  check(c0, "c0", state);
+  if (!lstm && c0.valid()) refuse("only Lstm has a cell state c0");
   const DType dtype = x.dtype();
-  const auto zeros = [&](Shape shape) { return ops::broadcastTo(ops::scalar(graph, 0.0, dtype), std::move(shape)); };
+  const auto zeros = [&](Shape shape) {
+    return ops::broadcastTo(ops::scalar(graph, 0.0, dtype), std::move(shape));
+  };
   if (!b.valid()) b = zeros({dirs, 2 * gateRows});
   if (!h0.valid()) h0 = zeros(state);
   if (lstm && !c0.valid()) c0 = zeros(state);
-  if (!lstm && c0.valid())
-    throw GraphError(ErrorCode::InvalidRecurrence, std::string(who),
-                     fmt::format("{} has no cell state: pass no c0", cell));
-  if (b.shape() != Shape{dirs, 2 * gateRows}) {
-    throw GraphError(ErrorCode::InvalidRecurrence, std::string(who),
-                     fmt::format("{}: B {} must be [D, 2*G*H] = [{}, {}]", cell, shapeStr(b.shape()), dirs, 2 * gateRows));
-  }
   // Each gate row: its input weights, recurrent weights, input bias, recurrent bias.
   const Tensor biases = ops::transpose(ops::reshape(b, {dirs, 2, gateRows}), {0, 2, 1});
   const Tensor weights = ops::concat({w, r, biases}, 2);
@@ -310,7 +319,8 @@ RecurrenceOutputs recurrence(OpKind cell, Tensor x, Tensor w, Tensor r, Tensor b
     for (int64_t d = 0; d < dirs; ++d) {
       const bool reversed = params.direction == RecurrenceDirection::Reverse || d == 1;
       const int64_t t = reversed ? 0 : steps - 1;
-      parts.push_back(ops::slice(out.states, {t, d, 0, channel * hidden}, {t + 1, d + 1, batch, (channel + 1) * hidden}));
+      parts.push_back(
+          ops::slice(out.states, {t, d, 0, channel * hidden}, {t + 1, d + 1, batch, (channel + 1) * hidden}));
     }
     return ops::reshape(parts.size() == 1 ? parts.front() : ops::concat(parts, 1), state);
   };

@@ -129,8 +129,8 @@ void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& s
     required = 2;
   } else if (op == "Unsqueeze") {
     required = opset >= 13 ? 2 : 1;
-  } else if (op == "Slice" || op == "Range" || op == "Where" || op == "InstanceNormalization" || op == "RNN" ||
-             op == "GRU" || op == "LSTM") {
+  } else if (op == "Slice" || op == "Range" || op == "Where" || op == "InstanceNormalization" ||
+             op == "RNN" || op == "GRU" || op == "LSTM") {
     required = 3;
   } else if (op == "BatchNormalization") {
     required = 5;

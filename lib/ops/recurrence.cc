@@ -27,8 +27,8 @@ int64_t directionsOf(RecurrenceDirection direction) {
 
 // The geometry from x [S, B, I], the weights [D, G*H, L] and the states'
 // hidden size; refuses weights that do not fit.
-Geometry geometryOf(const OpChecker& c, OpKind cell, const OpAttributes& a, const Shape& x, std::size_t xIndex,
-                    const Shape& weights, std::size_t weightIndex, int64_t hidden) {
+Geometry geometryOf(const OpChecker& c, OpKind cell, const OpAttributes& a, const Shape& x,
+                    std::size_t xIndex, const Shape& weights, std::size_t weightIndex, int64_t hidden) {
   Geometry g;
   g.cell = cell;
   g.direction = a.direction;
@@ -43,10 +43,11 @@ Geometry geometryOf(const OpChecker& c, OpKind cell, const OpAttributes& a, cons
   g.dirs = directionsOf(a.direction);
   const Shape expected{g.dirs, g.gateRows(), g.row()};
   if (hidden < 1 || weights != expected) {
-    refuse(c, fmt::format("the packed weights {} must be [D, G*H, I+H+2] = {} for {} {} with hidden size {} and {} "
-                          "input features (G = {} gates; D = {} for {})",
-                          c.desc(weightIndex), shapeStr(expected), a.direction, cell, hidden, g.input, g.gates(),
-                          g.dirs, a.direction));
+    refuse(c, fmt::format(
+                  "the packed weights {} must be [D, G*H, I+H+2] = {} for {} {} with hidden size {} and {} "
+                  "input features (G = {} gates; D = {} for {})",
+                  c.desc(weightIndex), shapeStr(expected), a.direction, cell, hidden, g.input, g.gates(),
+                  g.dirs, a.direction));
   }
   return g;
 }
@@ -57,8 +58,9 @@ Geometry cellGeometry(const OpChecker& c, const OpAttributes& a) {
   const Shape& initial = c.shape(2);
   if (c.rank(2) != 3 || initial[2] % sc != 0 || c.rank(0) != 3 || initial[1] != c.shape(0)[1] ||
       initial[0] != directionsOf(a.direction)) {
-    refuse(c, fmt::format("the initial state {} must be [D, B, {}H] with D = {} for {} and B the batch of x {}",
-                          c.desc(2), sc == 2 ? "2" : "", directionsOf(a.direction), a.direction, c.desc(0)));
+    refuse(c,
+           fmt::format("the initial state {} must be [D, B, {}H] with D = {} for {} and B the batch of x {}",
+                       c.desc(2), sc == 2 ? "2" : "", directionsOf(a.direction), a.direction, c.desc(0)));
   }
   return geometryOf(c, c.kind(), a, c.shape(0), 0, c.shape(1), 1, initial[2] / sc);
 }
@@ -124,10 +126,12 @@ std::vector<Tensor> recurrenceGradient(const GradientContext& c) {
   const Tensor pre = c.make(OpKind::RecurrenceGrad, {c.dy.id(), c.out(0).id(), c.in(1).id()}, a);
   std::vector<Tensor> grads(3);
   if (c.isWanted(0)) grads[0] = c.make(OpKind::RecurrenceInputGrad, {pre.id(), c.in(1).id()}, a);
-  if (c.isWanted(1)) grads[1] = c.make(OpKind::RecurrenceWeightGrad, {pre.id(), c.out(0).id(), c.in(0).id()}, a);
+  if (c.isWanted(1))
+    grads[1] = c.make(OpKind::RecurrenceWeightGrad, {pre.id(), c.out(0).id(), c.in(0).id()}, a);
   if (c.isWanted(2)) {
     const Shape initial = c.in(2).shape();
-    grads[2] = ops::reshape(ops::slice(pre, {g.seq, 0, 0, 0}, {g.seq + 1, g.dirs, g.batch, initial[2]}), initial);
+    grads[2] =
+        ops::reshape(ops::slice(pre, {g.seq, 0, 0, 0}, {g.seq + 1, g.dirs, g.batch, initial[2]}), initial);
   }
   return grads;
 }
@@ -150,10 +154,11 @@ OpDef cellDef(OpKind kind) {
                     recurrence::forwardLane(g, d, b, r.in(0, replica).data(), r.in(1, replica).data(),
                                             r.in(2, replica).data(), out.data(), pre.data());
               },
-          .cost = [](const Graph& graph, const OpNode& op) {
-            const Geometry g = geometryIn(graph, op);
-            return OpCost{.flops = flopsOf(g, 2.0 * static_cast<double>(g.input + g.hidden) + 12.0)};
-          }};
+          .cost =
+              [](const Graph& graph, const OpNode& op) {
+                const Geometry g = geometryIn(graph, op);
+                return OpCost{.flops = flopsOf(g, 2.0 * static_cast<double>(g.input + g.hidden) + 12.0)};
+              }};
 }
 
 }  // namespace
@@ -171,7 +176,8 @@ void addRecurrenceOps(OpTable& table) {
                c.sameShape(0, 1);
                const int64_t hidden = hiddenOfStates(c, attributes, 1);
                const Shape& states = c.shape(1);
-               if (c.rank(2) != 3) refuse(c, fmt::format("the packed weights {} must be [D, G*H, L]", c.desc(2)));
+               if (c.rank(2) != 3)
+                 refuse(c, fmt::format("the packed weights {} must be [D, G*H, L]", c.desc(2)));
                const Shape x{states[0] - 1, states[2], c.shape(2)[2] - hidden - 2};
                const Geometry g = geometryOf(c, attributes.cell, attributes, x, 1, c.shape(2), 2, hidden);
                if (states != statesShape(g))
@@ -188,43 +194,46 @@ void addRecurrenceOps(OpTable& table) {
                        recurrence::backwardLane(g, d, b, r.in(0, replica).data(), r.in(1, replica).data(),
                                                 r.in(2, replica).data(), out.data(), work.data());
                  },
-             .cost = [](const Graph& graph, const OpNode& op) {
-               const Geometry g = geometryIn(graph, op);
-               return OpCost{.flops = flopsOf(g, 4.0 * static_cast<double>(g.hidden) + 20.0)};
-             }});
-  table.add({.kind = OpKind::RecurrenceWeightGrad,
-             .family = OpFamily::Recurrence,
-             .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
-               c.arity(3);
-               const DType dtype = c.floating({0, 1, 2});
-               checkCell(c, attributes);
-               const int64_t hidden = hiddenOfStates(c, attributes, 1);
-               const Shape& states = c.shape(1);
-               const Geometry g = geometryOf(
-                   c, attributes.cell, attributes, c.shape(2), 2,
-                   {directionsOf(attributes.direction), recurrence::gatesOf(attributes.cell) * hidden,
-                    c.rank(2) == 3 ? c.shape(2)[2] + hidden + 2 : 0},
-                   2, hidden);
-               if (states != statesShape(g) || c.shape(0) != preShape(g)) {
-                 refuse(c, fmt::format("the states {} and dpre {} must be {} and {} for x {}", c.desc(1), c.desc(0),
-                                       shapeStr(statesShape(g)), shapeStr(preShape(g)), c.desc(2)));
-               }
-               return {{Shape{g.dirs, g.gateRows(), g.row()}, dtype, {}}};
-             },
-             .reference =
-                 [](ReferenceOp& r, int64_t replica) {
-                   const Geometry g = geometryIn(r.graph(), r.op());
-                   std::vector<double>& out = r.out(replica);
-                   for (int64_t d = 0; d < g.dirs; ++d)
-                     for (int64_t j = 0; j < g.gateRows(); ++j)
-                       recurrence::weightGradRow(g, d, j, r.in(0, replica).data(), r.in(1, replica).data(),
-                                                 r.in(2, replica).data(),
-                                                 out.data() + (d * g.gateRows() + j) * g.row());
-                 },
-             .cost = [](const Graph& graph, const OpNode& op) {
-               const Geometry g = geometryIn(graph, op);
-               return OpCost{.flops = flopsOf(g, 2.0 * static_cast<double>(g.row()))};
-             }});
+             .cost =
+                 [](const Graph& graph, const OpNode& op) {
+                   const Geometry g = geometryIn(graph, op);
+                   return OpCost{.flops = flopsOf(g, 4.0 * static_cast<double>(g.hidden) + 20.0)};
+                 }});
+  table.add(
+      {.kind = OpKind::RecurrenceWeightGrad,
+       .family = OpFamily::Recurrence,
+       .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
+         c.arity(3);
+         const DType dtype = c.floating({0, 1, 2});
+         checkCell(c, attributes);
+         const int64_t hidden = hiddenOfStates(c, attributes, 1);
+         const Shape& states = c.shape(1);
+         const Geometry g =
+             geometryOf(c, attributes.cell, attributes, c.shape(2), 2,
+                        {directionsOf(attributes.direction), recurrence::gatesOf(attributes.cell) * hidden,
+                         c.rank(2) == 3 ? c.shape(2)[2] + hidden + 2 : 0},
+                        2, hidden);
+         if (states != statesShape(g) || c.shape(0) != preShape(g)) {
+           refuse(c, fmt::format("the states {} and dpre {} must be {} and {} for x {}", c.desc(1), c.desc(0),
+                                 shapeStr(statesShape(g)), shapeStr(preShape(g)), c.desc(2)));
+         }
+         return {{Shape{g.dirs, g.gateRows(), g.row()}, dtype, {}}};
+       },
+       .reference =
+           [](ReferenceOp& r, int64_t replica) {
+             const Geometry g = geometryIn(r.graph(), r.op());
+             std::vector<double>& out = r.out(replica);
+             for (int64_t d = 0; d < g.dirs; ++d)
+               for (int64_t j = 0; j < g.gateRows(); ++j)
+                 recurrence::weightGradRow(g, d, j, r.in(0, replica).data(), r.in(1, replica).data(),
+                                           r.in(2, replica).data(),
+                                           out.data() + (d * g.gateRows() + j) * g.row());
+           },
+       .cost =
+           [](const Graph& graph, const OpNode& op) {
+             const Geometry g = geometryIn(graph, op);
+             return OpCost{.flops = flopsOf(g, 2.0 * static_cast<double>(g.row()))};
+           }});
   table.add({.kind = OpKind::RecurrenceInputGrad,
              .family = OpFamily::Recurrence,
              .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
@@ -233,8 +242,8 @@ void addRecurrenceOps(OpTable& table) {
                checkCell(c, attributes);
                const int64_t g2 = 2 * recurrence::gatesOf(attributes.cell);
                if (c.rank(0) != 4 || c.shape(0)[3] % g2 != 0 || c.shape(0)[0] < 2 || c.rank(1) != 3)
-                 refuse(c, fmt::format("dpre {} must be [S+1, D, B, {}H] and the weights {} [D, G*H, L]", c.desc(0),
-                                       g2, c.desc(1)));
+                 refuse(c, fmt::format("dpre {} must be [S+1, D, B, {}H] and the weights {} [D, G*H, L]",
+                                       c.desc(0), g2, c.desc(1)));
                const int64_t hidden = c.shape(0)[3] / g2;
                const Shape x{c.shape(0)[0] - 1, c.shape(0)[2], c.shape(1)[2] - hidden - 2};
                const Geometry g = geometryOf(c, attributes.cell, attributes, x, 0, c.shape(1), 1, hidden);
@@ -251,10 +260,11 @@ void addRecurrenceOps(OpTable& table) {
                        recurrence::inputGradRow(g, t, b, r.in(0, replica).data(), r.in(1, replica).data(),
                                                 out.data() + (t * g.batch + b) * g.input);
                  },
-             .cost = [](const Graph& graph, const OpNode& op) {
-               const Geometry g = geometryIn(graph, op);
-               return OpCost{.flops = flopsOf(g, 2.0 * static_cast<double>(g.input))};
-             }});
+             .cost =
+                 [](const Graph& graph, const OpNode& op) {
+                   const Geometry g = geometryIn(graph, op);
+                   return OpCost{.flops = flopsOf(g, 2.0 * static_cast<double>(g.input))};
+                 }});
 }
 
 }  // namespace tessera

@@ -32,7 +32,9 @@ namespace tessera::recurrence {
 constexpr int64_t gatesOf(OpKind cell) { return cell == OpKind::Gru ? 3 : cell == OpKind::Lstm ? 4 : 1; }
 constexpr int64_t channelsOf(OpKind cell) { return cell == OpKind::Gru ? 5 : cell == OpKind::Lstm ? 6 : 1; }
 constexpr int64_t stateChannelsOf(OpKind cell) { return cell == OpKind::Lstm ? 2 : 1; }
-constexpr bool isCell(OpKind kind) { return kind == OpKind::Rnn || kind == OpKind::Gru || kind == OpKind::Lstm; }
+constexpr bool isCell(OpKind kind) {
+  return kind == OpKind::Rnn || kind == OpKind::Gru || kind == OpKind::Lstm;
+}
 
 struct Geometry {
   OpKind cell = OpKind::Rnn;
@@ -52,7 +54,8 @@ struct Geometry {
   int64_t preWidth() const { return 2 * gateRows(); }
   int64_t lanes() const { return dirs * batch; }
   bool reversed(int64_t d) const {
-    return direction == RecurrenceDirection::Reverse || (direction == RecurrenceDirection::Bidirectional && d == 1);
+    return direction == RecurrenceDirection::Reverse ||
+           (direction == RecurrenceDirection::Bidirectional && d == 1);
   }
   // The time of step k of direction d, and the slot of the state before the step at time t.
   int64_t timeOf(int64_t d, int64_t k) const { return reversed(d) ? seq - 1 - k : k; }
@@ -60,7 +63,9 @@ struct Geometry {
     if (reversed(d)) return t == seq - 1 ? seq : t + 1;
     return t == 0 ? seq : t - 1;
   }
-  int64_t stateAt(int64_t t, int64_t d, int64_t b) const { return ((t * dirs + d) * batch + b) * stateWidth(); }
+  int64_t stateAt(int64_t t, int64_t d, int64_t b) const {
+    return ((t * dirs + d) * batch + b) * stateWidth();
+  }
   int64_t preAt(int64_t t, int64_t d, int64_t b) const { return ((t * dirs + d) * batch + b) * preWidth(); }
 };
 
@@ -149,8 +154,8 @@ void forwardLane(const Geometry& g, int64_t d, int64_t b, const T* x, const T* w
 // Lane (d, b) back through time: fills its dpre from the states' gradient.
 // `work` holds 4*H values.
 template <class T>
-void backwardLane(const Geometry& g, int64_t d, int64_t b, const T* dstates, const T* states, const T* w, T* dpre,
-                  T* work) {
+void backwardLane(const Geometry& g, int64_t d, int64_t b, const T* dstates, const T* states, const T* w,
+                  T* dpre, T* work) {
   const int64_t H = g.hidden, I = g.input, L = g.row(), GH = g.gateRows();
   const T* wd = w + d * GH * L;
   T* dh = work;            // the gradient of the state before the step, carried back
@@ -217,7 +222,8 @@ void backwardLane(const Geometry& g, int64_t d, int64_t b, const T* dstates, con
     } else {
       const T* dcurC = dcur + H;
       for (int64_t h = 0; h < H; ++h) {
-        const T c = cur[H + h], i = cur[2 * H + h], o = cur[3 * H + h], f = cur[4 * H + h], gg = cur[5 * H + h];
+        const T c = cur[H + h], i = cur[2 * H + h], o = cur[3 * H + h], f = cur[4 * H + h],
+                gg = cur[5 * H + h];
         const T tc = std::tanh(c);
         const T dct = dc[h] + dcurC[h] + dh[h] * o * (T(1) - tc * tc);
         dA[h] = dct * gg * i * (T(1) - i);
@@ -244,7 +250,8 @@ void backwardLane(const Geometry& g, int64_t d, int64_t b, const T* dstates, con
 // Row j of direction d of the packed weights' gradient (L values): summed
 // over the steps t = 0..S-1 and the batch rows in that order.
 template <class T>
-void weightGradRow(const Geometry& g, int64_t d, int64_t j, const T* dpre, const T* states, const T* x, T* out) {
+void weightGradRow(const Geometry& g, int64_t d, int64_t j, const T* dpre, const T* states, const T* x,
+                   T* out) {
   const int64_t H = g.hidden, I = g.input, GH = g.gateRows();
   for (int64_t k = 0; k < g.row(); ++k) out[k] = T(0);
   // Gru's candidate rows without linearBeforeReset multiply r h_prev.

@@ -65,7 +65,8 @@ void cellKernel(const Step& s) {
   const Geometry g = geometryOf(s);
   forGroups(s, [&](const std::array<const float*, 3>& in, float* out) {
     forPieces(s, g.lanes(), [&](int64_t lane, int thread) {
-      recurrence::forwardLane(g, lane / g.batch, lane % g.batch, in[0], in[1], in[2], out, workspace(s, thread));
+      recurrence::forwardLane(g, lane / g.batch, lane % g.batch, in[0], in[1], in[2], out,
+                              workspace(s, thread));
     });
   });
 }
@@ -74,7 +75,8 @@ void gradKernel(const Step& s) {
   const Geometry g = geometryOf(s);
   forGroups(s, [&](const std::array<const float*, 3>& in, float* out) {
     forPieces(s, g.lanes(), [&](int64_t lane, int thread) {
-      recurrence::backwardLane(g, lane / g.batch, lane % g.batch, in[0], in[1], in[2], out, workspace(s, thread));
+      recurrence::backwardLane(g, lane / g.batch, lane % g.batch, in[0], in[1], in[2], out,
+                               workspace(s, thread));
     });
   });
 }
@@ -83,7 +85,8 @@ void weightGradKernel(const Step& s) {
   const Geometry g = geometryOf(s);
   forGroups(s, [&](const std::array<const float*, 3>& in, float* out) {
     forPieces(s, g.dirs * g.gateRows(), [&](int64_t row, int) {
-      recurrence::weightGradRow(g, row / g.gateRows(), row % g.gateRows(), in[0], in[1], in[2], out + row * g.row());
+      recurrence::weightGradRow(g, row / g.gateRows(), row % g.gateRows(), in[0], in[1], in[2],
+                                out + row * g.row());
     });
   });
 }

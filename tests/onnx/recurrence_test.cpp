@@ -39,16 +39,17 @@ RunConfig recurrentConfig(const std::string& model, int64_t replicas) {
   const json& r = reference();
   const int64_t globalBatch = r.at("globalBatch").get<int64_t>();
   const int64_t epochs = r.at("steps").get<int64_t>() * globalBatch / r.at("trainSamples").get<int64_t>();
-  const json document = {
-      {"model",
-       {{"type", "onnx"}, {"path", test::sourcePath("tests/data/onnx/" + model + ".onnx")}, {"loss", "loss"}}},
-      {"optimizer", r.at("optimizer")},
-      {"data",
-       {{"dataset", "tensors"},
-        {"path", test::sourcePath("tests/data/onnx/recurrent_train.safetensors")},
-        {"batchSize", globalBatch / replicas},
-        {"epochs", epochs},
-        {"shuffle", false}}}};
+  const json document = {{"model",
+                          {{"type", "onnx"},
+                           {"path", test::sourcePath("tests/data/onnx/" + model + ".onnx")},
+                           {"loss", "loss"}}},
+                         {"optimizer", r.at("optimizer")},
+                         {"data",
+                          {{"dataset", "tensors"},
+                           {"path", test::sourcePath("tests/data/onnx/recurrent_train.safetensors")},
+                           {"batchSize", globalBatch / replicas},
+                           {"epochs", epochs},
+                           {"shuffle", false}}}};
   const std::vector<std::string> overrides = {
       "/sessionOptions/enableReplicatedGraphs=" + std::string(replicas > 1 ? "true" : "false"),
       fmt::format("/sessionOptions/replicatedGraphCount={}", replicas),
@@ -72,9 +73,10 @@ TEST_CASE("GRU, bidirectional LSTM and RNN classifiers train with PyTorch's per-
       worst64 = std::max(worst64, std::fabs(one.losses[i] - float64[i]));
       torch64 = std::max(torch64, std::fabs(float32[i] - float64[i]));
     }
-    INFO(fmt::format("{}: largest |loss - PyTorch float32| {:.3g}, |loss - PyTorch float64| {:.3g} (PyTorch "
-                        "float32's: {:.3g})",
-                        model, worst, worst64, torch64));
+    INFO(
+        fmt::format("{}: largest |loss - PyTorch float32| {:.3g}, |loss - PyTorch float64| {:.3g} (PyTorch "
+                    "float32's: {:.3g})",
+                    model, worst, worst64, torch64));
     CHECK(worst <= 1e-5);
     CHECK(worst64 <= 1e-5);
     // The losses fall: the model learns.
@@ -123,16 +125,17 @@ TEST_CASE("what the recurrences do not compute is refused with the node and what
        "attribute clip (3) is not supported; allowed: no clip (the cell state and gates unclipped)"},
       {"batch-first layout",
        [](onnx::NodeProto& node) { addAttribute(node, "layout", onnx::AttributeProto::INT).set_i(1); },
-       "attribute layout is 1; allowed: 0 ([seq, batch, ...], as PyTorch exports; transpose a batch-first input "
+       "attribute layout is 1; allowed: 0 ([seq, batch, ...], as PyTorch exports; transpose a batch-first "
+       "input "
        "around the node instead)"},
       {"an unknown direction",
        [](onnx::NodeProto& node) {
          addAttribute(node, "direction", onnx::AttributeProto::STRING).set_s("sideways");
        },
        "attribute direction is \"sideways\"; allowed: \"forward\", \"reverse\", \"bidirectional\""},
-      {"sequence lengths computed by the model",
-       [](onnx::NodeProto& node) { node.set_input(4, "x"); },
-       "input 4 (sequence_lens, \"x\") must be known at import and equal to the 6 steps of X for every sequence; "
+      {"sequence lengths computed by the model", [](onnx::NodeProto& node) { node.set_input(4, "x"); },
+       "input 4 (sequence_lens, \"x\") must be known at import and equal to the 6 steps of X for every "
+       "sequence; "
        "allowed: absent, or all 6 (pad the sequences to one length)"},
   };
   for (const Case& c : cases) {
