@@ -146,7 +146,11 @@ void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& s
   for (int k = 0; k < required; ++k)
     if (node.input(k).empty())
       throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("input {} is required but empty", k));
-  if (node.output_size() < 1 || node.output(0).empty())
+  // A recurrence's outputs are all optional (Y_h alone is common); the others need output 0.
+  const bool recurrence = op == "RNN" || op == "GRU" || op == "LSTM";
+  const bool anyOutput =
+      std::any_of(node.output().begin(), node.output().end(), [](const std::string& o) { return !o.empty(); });
+  if (recurrence ? !anyOutput : node.output_size() < 1 || node.output(0).empty())
     throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("{} needs an output", op));
 }
 
