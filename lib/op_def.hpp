@@ -37,6 +37,7 @@ enum class OpFamily {
   Gather,
   Conv,
   Pooling,
+  Recurrence,
   Mask,
   Collective,
   Remote,
@@ -249,6 +250,7 @@ void addSoftmaxOps(OpTable& table);
 void addGatherOps(OpTable& table);
 void addConvOps(OpTable& table);
 void addPoolingOps(OpTable& table);
+void addRecurrenceOps(OpTable& table);
 void addMaskOps(OpTable& table);
 void addCollectiveOps(OpTable& table);
 void addRemoteOps(OpTable& table);

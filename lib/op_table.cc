@@ -27,6 +27,7 @@ OpTable& opTable() {
     addGatherOps(t);
     addConvOps(t);
     addPoolingOps(t);
+    addRecurrenceOps(t);
     addMaskOps(t);
     addCollectiveOps(t);
     addRemoteOps(t);

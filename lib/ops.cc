@@ -260,6 +260,75 @@ Tensor globalMaxPool(Tensor x) {
   return maxPool(x, params);
 }
 
+RecurrenceOutputs recurrence(OpKind cell, Tensor x, Tensor w, Tensor r, Tensor b, Tensor h0, Tensor c0,
+                             const RecurrenceParams& params) {
+  const std::string_view who = opName(cell);
+  Graph& graph = graphOf(who, {x, w, r});
+  const bool lstm = cell == OpKind::Lstm;
+  if (cell != OpKind::Rnn && cell != OpKind::Gru && !lstm)
+    throw GraphError(ErrorCode::InvalidRecurrence, std::string(who),
+                     fmt::format("{} is not a recurrence; the cell is Rnn, Gru or Lstm", cell));
+  const int64_t dirs = params.direction == RecurrenceDirection::Bidirectional ? 2 : 1;
+  const int64_t gates = cell == OpKind::Gru ? 3 : lstm ? 4 : 1;
+  const Shape xs = x.shape();
+  const Shape rs = r.shape();
+  const auto refuse = [&](const std::string& what) {
+    throw GraphError(ErrorCode::InvalidRecurrence, std::string(who),
+                     fmt::format("{} {} over x {}: {}", params.direction, cell, shapeStr(xs), what));
+  };
+  if (xs.size() != 3) refuse("x must be [S, B, I]");
+  if (rs.size() != 3 || rs[2] < 1 || rs[1] != gates * rs[2] || rs[0] != dirs) {
+    refuse(fmt::format("R {} must be [D, G*H, H] with D = {} directions and G = {} gates", shapeStr(rs), dirs,
+                       gates));
+  }
+  const int64_t hidden = rs[2];
+  const int64_t gateRows = rs[1];
+  const Shape state{dirs, xs[1], hidden};
+  const auto check = [&](const Tensor& t, std::string_view name, const Shape& expected) {
+    if (t.valid() && t.shape() != expected)
+      refuse(fmt::format("{} {} must be {} (hidden size {} from R)", name, shapeStr(t.shape()),
+                         shapeStr(expected), hidden));
+  };
+  check(w, "W", {dirs, gateRows, xs[2]});
+  check(b, "B", {dirs, 2 * gateRows});
+  check(h0, "h0", state);
+  check(c0, "c0", state);
+  if (!lstm && c0.valid()) refuse("only Lstm has a cell state c0");
+  const DType dtype = x.dtype();
+  const auto zeros = [&](Shape shape) {
+    return ops::broadcastTo(ops::scalar(graph, 0.0, dtype), std::move(shape));
+  };
+  if (!b.valid()) b = zeros({dirs, 2 * gateRows});
+  if (!h0.valid()) h0 = zeros(state);
+  if (lstm && !c0.valid()) c0 = zeros(state);
+  // Each gate row: its input weights, recurrent weights, input bias, recurrent bias.
+  const Tensor biases = ops::transpose(ops::reshape(b, {dirs, 2, gateRows}), {0, 2, 1});
+  const Tensor weights = ops::concat({w, r, biases}, 2);
+  const Tensor initial = lstm ? ops::concat({h0, c0}, 2) : h0;
+  OpAttributes attributes;
+  attributes.direction = params.direction;
+  attributes.linearBeforeReset = params.linearBeforeReset;
+  RecurrenceOutputs out;
+  out.states = single(graph, graph.addOp(cell, {x.id(), weights.id(), initial.id()}, std::move(attributes)));
+  const int64_t steps = xs[0];
+  const int64_t batch = xs[1];
+  out.y = ops::slice(out.states, {0, 0, 0, 0}, {steps, dirs, batch, hidden});
+  // Each direction's last state: step S-1 forward, step 0 in reverse.
+  const auto last = [&](int64_t channel) {
+    std::vector<Tensor> parts;
+    for (int64_t d = 0; d < dirs; ++d) {
+      const bool reversed = params.direction == RecurrenceDirection::Reverse || d == 1;
+      const int64_t t = reversed ? 0 : steps - 1;
+      parts.push_back(
+          ops::slice(out.states, {t, d, 0, channel * hidden}, {t + 1, d + 1, batch, (channel + 1) * hidden}));
+    }
+    return ops::reshape(parts.size() == 1 ? parts.front() : ops::concat(parts, 1), state);
+  };
+  out.yH = last(0);
+  if (lstm) out.yC = last(1);
+  return out;
+}
+
 Tensor softmax(Tensor x) { return unary(OpKind::Softmax, x); }
 Tensor equal(Tensor a, Tensor b) { return binary(OpKind::Equal, a, b); }
 Tensor less(Tensor a, Tensor b) { return binary(OpKind::Less, a, b); }

@@ -53,6 +53,8 @@ class Importer {
   void mapNode(const onnx::NodeProto& node, const std::string& subject);
   // Conv, ConvTranspose, MaxPool, AveragePool: the op with its window and bias.
   Tensor mapWindowOp(const onnx::NodeProto& node, const std::string& subject);
+  // recurrence_mapping.cc: RNN, GRU, LSTM as ops::recurrence, with Y, Y_h and Y_c.
+  void mapRecurrence(const onnx::NodeProto& node, const std::string& subject);
 
   // Helpers of mapNode.
   Tensor operand(const onnx::NodeProto& node, int k, const std::string& subject);

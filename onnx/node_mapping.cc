@@ -41,12 +41,14 @@ const std::vector<std::string> kMappedOps = {
     "Gemm",
     "GlobalAveragePool",
     "GlobalMaxPool",
+    "GRU",
     "Greater",
     "GreaterOrEqual",
     "Identity",
     "InstanceNormalization",
     "LayerNormalization",
     "LeakyRelu",
+    "LSTM",
     "Less",
     "LessOrEqual",
     "Log",
@@ -64,6 +66,7 @@ const std::vector<std::string> kMappedOps = {
     "PRelu",
     "Pad",
     "Pow",
+    "RNN",
     "Reciprocal",
     "ReduceMean",
     "ReduceSum",
@@ -126,7 +129,8 @@ void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& s
     required = 2;
   } else if (op == "Unsqueeze") {
     required = opset >= 13 ? 2 : 1;
-  } else if (op == "Slice" || op == "Range" || op == "Where" || op == "InstanceNormalization") {
+  } else if (op == "Slice" || op == "Range" || op == "Where" || op == "InstanceNormalization" ||
+             op == "RNN" || op == "GRU" || op == "LSTM") {
     required = 3;
   } else if (op == "BatchNormalization") {
     required = 5;
@@ -142,7 +146,11 @@ void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& s
   for (int k = 0; k < required; ++k)
     if (node.input(k).empty())
       throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("input {} is required but empty", k));
-  if (node.output_size() < 1 || node.output(0).empty())
+  // A recurrence's outputs are all optional (Y_h alone is common); the others need output 0.
+  const bool recurrence = op == "RNN" || op == "GRU" || op == "LSTM";
+  const bool anyOutput =
+      std::any_of(node.output().begin(), node.output().end(), [](const std::string& o) { return !o.empty(); });
+  if (recurrence ? !anyOutput : node.output_size() < 1 || node.output(0).empty())
     throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("{} needs an output", op));
 }
 
@@ -164,6 +172,7 @@ std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
   }
   if (isOneOf(op, kElementwiseOps) || op == "Clip" || op == "Gather") return {0};
   if (op == "LayerNormalization" || op == "Conv" || op == "ConvTranspose") return {0, 1, 2};
+  if (op == "RNN" || op == "GRU" || op == "LSTM") return {0, 1, 2, 3, 5, 6};
   if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool")
     return {0};
   if (op == "Split" || op == "Tile") return {0};
@@ -1180,6 +1189,10 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
   }
   if (op == "Conv" || op == "ConvTranspose" || op == "MaxPool" || op == "AveragePool") {
     setOutput(node, 0, mapWindowOp(node, subject));
+    return;
+  }
+  if (op == "RNN" || op == "GRU" || op == "LSTM") {
+    mapRecurrence(node, subject);
     return;
   }
   if (op == "GlobalAveragePool" || op == "GlobalMaxPool") {

@@ -123,6 +123,9 @@ nlohmann::json graphFingerprint(const Graph& graph) {
     structure.add(a.group);
     structure.add(a.ceilMode);
     structure.add(a.countIncludePad);
+    structure.add(a.direction);
+    structure.add(a.linearBeforeReset);
+    structure.add(a.cell);
   }
   return nlohmann::json{{"structure", fmt::format("{} ops, {} tensors, hash {}", graph.ops().size(),
                                                   graph.tensors().size(), structure.hex())},

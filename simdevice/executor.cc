@@ -150,6 +150,12 @@ bool runsBeside(const Step& step, int threads) {
     case OpKind::MaxPoolGrad:
     case OpKind::AveragePool:
     case OpKind::AveragePoolGrad: return false;  // split by samples, planes or blocks of work
+    case OpKind::Rnn:
+    case OpKind::Gru:
+    case OpKind::Lstm:
+    case OpKind::RecurrenceGrad:
+    case OpKind::RecurrenceWeightGrad:
+    case OpKind::RecurrenceInputGrad: return false;  // split by lanes or rows (simdevice/ops/recurrence.cc)
     case OpKind::Softmax:
     case OpKind::LogSoftmax:
       // Split by rows when there are enough (softmaxKernel).

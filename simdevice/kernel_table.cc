@@ -23,6 +23,7 @@ KernelTable& kernelTable() {
     addGatherKernels(t);
     addConvKernels(t);
     addPoolingKernels(t);
+    addRecurrenceKernels(t);
     addMaskKernels(t);
     addCollectiveKernels(t);
     addRemoteKernels(t);

@@ -116,6 +116,7 @@ void addSoftmaxKernels(KernelTable& table);
 void addGatherKernels(KernelTable& table);
 void addConvKernels(KernelTable& table);
 void addPoolingKernels(KernelTable& table);
+void addRecurrenceKernels(KernelTable& table);
 void addMaskKernels(KernelTable& table);
 void addCollectiveKernels(KernelTable& table);
 void addRemoteKernels(KernelTable& table);

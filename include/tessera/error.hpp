@@ -95,6 +95,7 @@ enum class ErrorCode : int {
   UnknownStream = 211,              // a step input or output name the program does not have
   DTypeMismatch = 212,              // float16 and float32 operands of one op (cast one of them)
   InvalidRecompute = 220,           // a recompute annotation on an op that cannot be recomputed
+  InvalidRecurrence = 221,          // a recurrence's weights or states that do not fit its cell and direction
   // --- Autodiff (3xx) ---
   NoGradient = 301,
   LossNotScalar = 302,
@@ -131,6 +132,7 @@ enum class ErrorCode : int {
   OnnxTooLarge = 709,            // a value computed at import over the size limit
   OnnxExportMismatch = 710,      // values to write that do not fit the model's initializers
   OnnxInvalidRecompute = 720,    // a __recompute_output_in_backward_pass value that is no RecomputeType
+  OnnxUnsupportedRecurrence = 721,  // an RNN, GRU or LSTM attribute or input the recurrences do not take
   OnnxBuilderUnknown = 735,      // OnnxBuilder: an op type, attribute or tensor name it does not know
   OnnxBuilderInvalid = 736,      // OnnxBuilder: an element type, count, attribute value or model it refuses
   // --- Internal (9xx) ---

@@ -157,6 +157,14 @@ enum class OpKind : uint16_t {
   ConvTranspose,  // (x [N, C, D..], w [C, M/group, K..]) -> [N, M, O..], `outputPadding`
   MaxPool,        // x [N, C, D..] -> [N, C, O..], `ceilMode`
   AveragePool,    // x [N, C, D..] -> [N, C, O..], `ceilMode`, `countIncludePad`
+  // Recurrences (ONNX RNN, GRU, LSTM with the default activations) over x [S, B, I], the packed
+  // weights [D, G*H, I+H+2] (each gate row's input weights, recurrent weights, input bias and
+  // recurrent bias; ONNX's gate order) and the initial state [D, B, H] ([D, B, 2H] for Lstm: h, c):
+  // the states [S+1, D, B, K*H] (per step h, c and the gates the gradient reads; the initial state
+  // at step S), `direction`; Gru also `linearBeforeReset`. ops::recurrence builds them.
+  Rnn,   // tanh cell, G = 1, K = 1: h
+  Gru,   // gates z, r, h: G = 3, K = 5: h, z, r, n, the reset input r multiplies
+  Lstm,  // gates i, o, f, c: G = 4, K = 6: h, c, i, o, f, g
   // Masks: float32 tensors of 0 and 1 (1 = true); every input non-zero counts
   // as true. Comparisons and logic broadcast (numpy rules) and have no gradient.
   Equal,    // (a, b) -> a == b, of two float32 or two int32 values
@@ -185,6 +193,11 @@ enum class OpKind : uint16_t {
   ConvGradWeight,           // (dy [N, M, O..], x [N, C, D..]) -> the gradient of Conv's weight, `shape`
   MaxPoolGrad,              // (dy, x) -> dy routed to the first maximum of each window
   AveragePoolGrad,          // dy -> dx of `shape`: each window's dy spread over the window
+  // A recurrence's gradient (`cell` names Rnn, Gru or Lstm): back through time, then the inputs'.
+  RecurrenceGrad,        // (dstates, states, weights) -> [S+1, D, B, 2*G*H]: per step the gradients of
+                         // the gates' input and recurrent pre-activations; the initial state's at step S
+  RecurrenceWeightGrad,  // (dpre, states, x) -> the packed weights' gradient [D, G*H, I+H+2]
+  RecurrenceInputGrad,   // (dpre, weights) -> x's gradient [S, B, I]
   // Collectives over a ReplicaGrouping of the replicas (`grouping`; nullopt =
   // all replicas). Sharded values use ShardLayout(n, groupSize).
   ReplicatedAllReduce,      // Sum or Mean over each group; same shape
@@ -248,6 +261,9 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::ConvTranspose, std::string_view{"ConvTranspose"}},
       std::pair{OpKind::MaxPool, std::string_view{"MaxPool"}},
       std::pair{OpKind::AveragePool, std::string_view{"AveragePool"}},
+      std::pair{OpKind::Rnn, std::string_view{"Rnn"}},
+      std::pair{OpKind::Gru, std::string_view{"Gru"}},
+      std::pair{OpKind::Lstm, std::string_view{"Lstm"}},
       std::pair{OpKind::Equal, std::string_view{"Equal"}},
       std::pair{OpKind::Less, std::string_view{"Less"}},
       std::pair{OpKind::Greater, std::string_view{"Greater"}},
@@ -273,6 +289,9 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::ConvGradWeight, std::string_view{"ConvGradWeight"}},
       std::pair{OpKind::MaxPoolGrad, std::string_view{"MaxPoolGrad"}},
       std::pair{OpKind::AveragePoolGrad, std::string_view{"AveragePoolGrad"}},
+      std::pair{OpKind::RecurrenceGrad, std::string_view{"RecurrenceGrad"}},
+      std::pair{OpKind::RecurrenceWeightGrad, std::string_view{"RecurrenceWeightGrad"}},
+      std::pair{OpKind::RecurrenceInputGrad, std::string_view{"RecurrenceInputGrad"}},
       std::pair{OpKind::ReplicatedAllReduce, std::string_view{"ReplicatedAllReduce"}},
       std::pair{OpKind::ReplicatedReduceScatter, std::string_view{"ReplicatedReduceScatter"}},
       std::pair{OpKind::ReplicatedAllGather, std::string_view{"ReplicatedAllGather"}},
@@ -284,6 +303,20 @@ struct EnumNames<OpKind> {
 };
 
 inline constexpr uint16_t kFirstExtensionOpKind = 1024;
+
+// Which way a recurrence runs over the sequence (ONNX's `direction`):
+// Forward from step 0, Reverse from the last step, Bidirectional both (D = 2:
+// direction 0 forward, 1 reverse).
+enum class RecurrenceDirection { Forward, Reverse, Bidirectional };
+
+template <>
+struct EnumNames<RecurrenceDirection> {
+  static constexpr std::string_view kTypeName = "RecurrenceDirection";
+  static constexpr std::array kNames = {
+      std::pair{RecurrenceDirection::Forward, std::string_view{"Forward"}},
+      std::pair{RecurrenceDirection::Reverse, std::string_view{"Reverse"}},
+      std::pair{RecurrenceDirection::Bidirectional, std::string_view{"Bidirectional"}}};
+};
 
 // The traits of a kind, from the op table (lib/op_def.hpp).
 // True for the kinds whose output aliases (modifies) their first input.
@@ -321,6 +354,10 @@ struct OpAttributes {
   int64_t group = 1;                     // Conv, ConvTranspose, ConvGradWeight: channel groups
   bool ceilMode = false;                 // pools: the last partial window counts
   bool countIncludePad = false;          // AveragePool: pads count in the divisor
+  // Recurrences and their gradients.
+  RecurrenceDirection direction = RecurrenceDirection::Forward;
+  bool linearBeforeReset = false;  // Gru: r multiplies (R_h h + Rb_h) instead of h (PyTorch's GRU)
+  OpKind cell = OpKind::Rnn;       // the gradients: the recurrence's kind (Rnn, Gru or Lstm)
   bool operator==(const OpAttributes&) const = default;
 };
 

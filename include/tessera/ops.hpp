@@ -178,6 +178,25 @@ Tensor averagePool(Tensor x, const PoolParams& params);
 // Over all spatial axes, keeping them as 1s: [N, C, D..] -> [N, C, 1..] (a ReduceMean, a MaxPool).
 Tensor globalAveragePool(Tensor x);
 Tensor globalMaxPool(Tensor x);
+// --- Recurrences: ONNX's RNN, GRU and LSTM (layout 0, the default activations) ---
+struct RecurrenceParams {
+  RecurrenceDirection direction = RecurrenceDirection::Forward;  // Bidirectional: D = 2
+  bool linearBeforeReset = false;  // gru: r multiplies (R_h h + Rb_h), as PyTorch's GRU (and its export) does
+};
+// Y [S, D, B, H], Y_h [D, B, H] (each direction's last state) and, for Lstm, Y_c [D, B, H]; `states`
+// is the recurrence op's output [S+1, D, B, K*H] they are sliced from (ops Rnn, Gru, Lstm in graph.hpp).
+struct RecurrenceOutputs {
+  Tensor y;
+  Tensor yH;
+  Tensor yC;  // Lstm only
+  Tensor states;
+};
+// `cell` Rnn, Gru or Lstm over x [S, B, I] with ONNX's W [D, G*H, I], R [D, G*H, H], B [D, 2*G*H]
+// (input biases, then recurrent ones) in ONNX's gate orders (Gru z, r, h; Lstm i, o, f, c; G = 1, 3,
+// 4), the initial state h0 [D, B, H] and, for Lstm, c0 [D, B, H]; an empty b, h0 or c0 is zeros.
+// InvalidRecurrence when the weights or states do not fit the cell, the direction and x.
+RecurrenceOutputs recurrence(OpKind cell, Tensor x, Tensor w, Tensor r, Tensor b = {}, Tensor h0 = {},
+                             Tensor c0 = {}, const RecurrenceParams& params = {});
 // Masks are float32 0/1 tensors (1 = true; any non-zero input counts as
 // true). Comparisons take two float32 or two int32 values; all broadcast
 // (numpy rules) and have no gradient.

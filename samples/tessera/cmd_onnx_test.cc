@@ -210,7 +210,8 @@ Result runSets(const fs::path& model, const std::vector<fs::path>& sets, bool do
     // read but cannot is a failure.
     const bool unsupported =
         e.code() == ErrorCode::OnnxUnsupportedOpset || e.code() == ErrorCode::OnnxUnsupportedOp ||
-        e.code() == ErrorCode::OnnxUnsupportedFeature || e.code() == ErrorCode::OnnxTooLarge;
+        e.code() == ErrorCode::OnnxUnsupportedFeature || e.code() == ErrorCode::OnnxTooLarge ||
+        e.code() == ErrorCode::OnnxUnsupportedRecurrence;
     return {unsupported ? Outcome::Unsupported : Outcome::Fail, e.what()};
   } catch (const Error& e) {
     return {Outcome::Fail, e.what()};

@@ -438,6 +438,51 @@ TEST_CASE("gradient check of pools: max (first maximum wins), average with and w
   }
 }
 
+TEST_CASE("gradient check of the recurrences: Rnn, Gru (both resets), Lstm, each direction, every output") {
+  struct Case {
+    const char* name;
+    OpKind cell;
+    RecurrenceDirection direction;
+    bool linearBeforeReset;
+  };
+  const Case cases[] = {
+      {"Rnn forward", OpKind::Rnn, RecurrenceDirection::Forward, false},
+      {"Rnn bidirectional", OpKind::Rnn, RecurrenceDirection::Bidirectional, false},
+      {"Gru forward, linear before reset (PyTorch's)", OpKind::Gru, RecurrenceDirection::Forward, true},
+      {"Gru reverse, reset before the product (ONNX's default)", OpKind::Gru, RecurrenceDirection::Reverse,
+       false},
+      {"Gru bidirectional, reset before the product", OpKind::Gru, RecurrenceDirection::Bidirectional, false},
+      {"Lstm forward", OpKind::Lstm, RecurrenceDirection::Forward, false},
+      {"Lstm bidirectional", OpKind::Lstm, RecurrenceDirection::Bidirectional, false},
+  };
+  for (const Case& c : cases) {
+    SUBCASE(c.name) {
+      Graph g(2);
+      const int64_t steps = 3, batch = 2, features = 3, hidden = 2;
+      const int64_t dirs = c.direction == RecurrenceDirection::Bidirectional ? 2 : 1;
+      const int64_t gates = c.cell == OpKind::Gru ? 3 : c.cell == OpKind::Lstm ? 4 : 1;
+      const bool lstm = c.cell == OpKind::Lstm;
+      const Tensor x = ops::input(g, "x", {steps, batch, features});
+      const Tensor w = ops::input(g, "w", {dirs, gates * hidden, features});
+      const Tensor r = ops::input(g, "rec", {dirs, gates * hidden, hidden});
+      const Tensor b = ops::input(g, "b", {dirs, 2 * gates * hidden});
+      const Tensor h0 = ops::input(g, "h0", {dirs, batch, hidden});
+      const Tensor c0 = lstm ? ops::input(g, "c0", {dirs, batch, hidden}) : Tensor{};
+      const ops::RecurrenceOutputs out =
+          ops::recurrence(c.cell, x, w, r, b, h0, c0, {c.direction, c.linearBeforeReset});
+      CHECK(out.y.shape() == Shape{steps, dirs, batch, hidden});
+      CHECK(out.yH.shape() == Shape{dirs, batch, hidden});
+      std::vector<Tensor> parts{ops::reshape(out.y, {-1}), ops::reshape(out.yH, {-1})};
+      std::vector<Tensor> wrt{x, w, r, b, h0};
+      if (lstm) {
+        parts.push_back(ops::reshape(out.yC, {-1}));
+        wrt.push_back(c0);
+      }
+      checkGradients(g, wrt, ops::concat(parts, 0), -1, 1);
+    }
+  }
+}
+
 TEST_CASE("MaxPoolGrad routes each window's gradient to its first maximum in scan order") {
   Graph g;
   const Tensor x = ops::input(g, "x", {1, 1, 4});

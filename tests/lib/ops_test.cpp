@@ -467,6 +467,49 @@ TEST_CASE("convolution and pooling errors name the op, the tensors and the allow
         "(dilations [1, 1]) on every axis");
 }
 
+TEST_CASE(
+    "recurrence weights and states that do not fit the cell are InvalidRecurrence with the shapes allowed") {
+  Graph g;
+  const Tensor x = ops::input(g, "x", {6, 2, 5});
+  struct Case {
+    std::function<void()> build;
+    const char* message;
+  };
+  const Case cases[] = {
+      {[&] {
+         ops::recurrence(OpKind::Gru, x, ops::input(g, "w1", {1, 12, 4}), ops::input(g, "r1", {1, 12, 4}));
+       },
+       "[tessera.graph.221] Gru: Forward Gru over x [6, 2, 5]: W [1, 12, 4] must be [1, 12, 5] (hidden size "
+       "4 from "
+       "R)"},
+      {[&] {
+         ops::recurrence(OpKind::Lstm, x, ops::input(g, "w2", {2, 32, 5}), ops::input(g, "r2", {1, 32, 8}),
+                         {}, {}, {}, {RecurrenceDirection::Bidirectional, false});
+       },
+       "[tessera.graph.221] Lstm: Bidirectional Lstm over x [6, 2, 5]: R [1, 32, 8] must be [D, G*H, H] with "
+       "D = 2 "
+       "directions and G = 4 gates"},
+      {[&] {
+         ops::recurrence(OpKind::Rnn, x, ops::input(g, "w3", {1, 8, 5}), ops::input(g, "r3", {1, 8, 8}), {},
+                         ops::input(g, "h3", {1, 3, 8}));
+       },
+       "[tessera.graph.221] Rnn: Forward Rnn over x [6, 2, 5]: h0 [1, 3, 8] must be [1, 2, 8] (hidden size 8 "
+       "from "
+       "R)"},
+      {[&] {
+         ops::recurrence(OpKind::Rnn, x, ops::input(g, "w4", {1, 8, 5}), ops::input(g, "r4", {1, 8, 8}), {},
+                         {}, ops::input(g, "c4", {1, 2, 8}));
+       },
+       "[tessera.graph.221] Rnn: Forward Rnn over x [6, 2, 5]: only Lstm has a cell state c0"},
+  };
+  for (const Case& c : cases) {
+    auto e = test::catchError<GraphError>(c.build);
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::InvalidRecurrence);
+    CHECK(std::string(e->what()) == c.message);
+  }
+}
+
 TEST_CASE("variable host data has the group dimension when there is more than one group") {
   struct Case {
     std::optional<ReplicaGrouping> grouping;

@@ -1,7 +1,9 @@
 // The models exported from PyTorch train to the same bits at any thread
 // count of the device: the LeNet CNN (convolutions split by samples, their
 // weight gradients by blocks of the product, pools by planes) and the GPT
-// block (batched products, softmax, LayerNorm, gathers), at R = 1 and 2.
+// block (batched products, softmax, LayerNorm, gathers) and the recurrent
+// classifiers (recurrences split by lanes, their weight gradients by rows),
+// at R = 1 and 2.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -108,6 +110,13 @@ TEST_CASE("LeNet trains to the same bits at 1, 2 and 3 threads, at R = 1 and 2")
 
 TEST_CASE("the GPT block trains to the same bits at 1, 2 and 3 threads, at R = 1 and 2") {
   checkSameBits("gpt_block.onnx", 32, 32);
+}
+
+TEST_CASE("the GRU, bidirectional LSTM and RNN classifiers train to the same bits at 1, 2 and 3 threads") {
+  for (const char* file : {"gru_classifier.onnx", "bilstm_classifier.onnx", "rnn_classifier.onnx"}) {
+    CAPTURE(file);
+    checkSameBits(file, 8, 3);
+  }
 }
 
 }  // namespace

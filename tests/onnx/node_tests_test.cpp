@@ -178,7 +178,15 @@ const std::vector<std::string> kClaimed = {"test_add",
                                            "test_mean_example",
                                            "test_constant_pad",
                                            "test_edge_pad",
-                                           "test_reflect_pad"};
+                                           "test_reflect_pad",
+                                           "test_gru_defaults",
+                                           "test_gru_seq_length",
+                                           "test_gru_with_initial_bias",
+                                           "test_lstm_defaults",
+                                           "test_lstm_with_initial_bias",
+                                           "test_rnn_seq_length",
+                                           "test_simple_rnn_defaults",
+                                           "test_simple_rnn_with_initial_bias"};
 
 TEST_CASE("every node test of a claimed op passes") {
   REQUIRE_MESSAGE(fs::is_directory(kNodeTests), "install libonnx-testdata (scripts/setup.sh does)");
@@ -223,10 +231,15 @@ TEST_CASE("the whole node suite runs without a failure; unsupported tests say wh
       CHECK(line.find("[tessera.onnx.705]") != std::string::npos);
       CHECK(line.find("the Indices output \"z\" is not supported") != std::string::npos);
     }
+    // A batch-first recurrence (layout 1) is refused as a recurrence the ops do not compute.
+    if (line.rfind("UNSUPPORTED test_gru_batchwise:", 0) == 0) {
+      CHECK(line.find("[tessera.onnx.721]") != std::string::npos);
+      CHECK(line.find("attribute layout is 1") != std::string::npos);
+    }
   });
   CHECK(passed >= static_cast<int>(kClaimed.size()));
   // Today's count (float16 tests included); it only goes up.
-  CHECK(passed >= 434);
+  CHECK(passed >= 444);
 }
 
 TEST_CASE("PyTorch's conformance folders run without a failure, old opsets upgraded on import") {

@@ -219,6 +219,36 @@ const std::vector<Case>& cases() {
          middleTable.axis = 1;
          make(g, OpKind::GatherGrad, {middle, ops::constant(g, "mid2", {1, 1, -1}, {3}, DType::Int32)}, middleTable);
        }},
+      {"recurrences (Rnn, Gru, Lstm) in every direction and their gradients",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const Tensor x = ops::input(g, "xs", {4, 2, 3}, s.dtype);
+         const auto g1 = groupingOrAll(s.replicas, 1, 2);
+         const auto weights = [&](const std::string& name, Shape shape, uint64_t seed,
+                                  std::optional<ReplicaGrouping> grouping = std::nullopt) {
+           const auto n = static_cast<std::size_t>(numElements(shape));
+           return floatVariable(s, name, hostData(grouping, n, seed), std::move(shape), grouping);
+         };
+         const Tensor gw = weights("gw", {2, 6, 3}, 41, g1);
+         const Tensor h0 = ops::input(g, "gh0", {2, 2, 2}, s.dtype);
+         const ops::RecurrenceOutputs gru =
+             ops::recurrence(OpKind::Gru, x, gw, weights("gr", {2, 6, 2}, 42), weights("gb", {2, 12}, 43), h0,
+                             {}, {RecurrenceDirection::Bidirectional, true});
+         const Tensor g0r = weights("g0r", {1, 6, 2}, 45);
+         const ops::RecurrenceOutputs gru0 =
+             ops::recurrence(OpKind::Gru, x, weights("g0w", {1, 6, 3}, 44), g0r);
+         const Tensor lr = weights("lr", {1, 8, 2}, 47, g1);
+         const ops::RecurrenceOutputs lstm = ops::recurrence(
+             OpKind::Lstm, x, weights("lw", {1, 8, 3}, 46), lr, weights("lb", {1, 16}, 48), {},
+             ops::input(g, "lc0", {1, 2, 2}, s.dtype), {RecurrenceDirection::Reverse, false});
+         const Tensor rw = weights("rw", {1, 2, 3}, 49);
+         const ops::RecurrenceOutputs rnn =
+             ops::recurrence(OpKind::Rnn, ops::tanh(x), rw, weights("rr", {1, 2, 2}, 50));
+         const Tensor loss = ops::add(
+             ops::add(ops::reduceSum(ops::mul(gru.y, gru.y)), ops::reduceSum(ops::mul(gru0.yH, lstm.yC))),
+             ops::add(ops::reduceSum(lstm.y), ops::reduceSum(ops::mul(rnn.y, rnn.yH))));
+         autodiff(g, loss, {x, gw, h0, g0r, lr, rw});
+       }},
       {"convolutions in 1, 2 and 3 dimensions and their gradients",
        [](Sources& s) {
          Graph& g = *s.graph;
