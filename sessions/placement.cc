@@ -187,7 +187,7 @@ RunPlan planTraining(Graph graph, TensorId loss, const Optimizer& optimizer, con
   validate(options, spec);
   const std::unique_ptr<Optimizer> clone = optimizer.clone();
   TrainingGraph training{std::move(graph), TrainingTensors{loss, {}, {}}};
-  runTrainingPipeline(training, options, *clone);
+  runTrainingPipeline(training, options, *clone, spec.ipusPerReplica);
   RunPlan plan;
   plan.tensors = placements(training.graph, options, plan.notApplied);
   plan.program = programOf(std::move(training.graph), options);
