@@ -119,7 +119,7 @@ Program programOf(Graph graph, const SessionOptions& options) {
 
 int64_t peakOf(const MemoryReport& report, const MemoryShortfall& shortfall) {
   for (const ReplicaMemory& replica : report.perReplica) {
-    if (replica.replica != shortfall.replica) continue;
+    if (replica.replica != shortfall.replica || replica.ipu != shortfall.ipu) continue;
     switch (shortfall.space) {
       case MemorySpace::ComputeTiles: return replica.computeTilesBytes;
       case MemorySpace::IOTiles: return replica.ioTilesBytes;
