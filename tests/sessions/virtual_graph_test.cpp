@@ -13,6 +13,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,16 @@ const Fixture kLeNet{"LeNet", "lenet", "lenet.onnx"};
 const Fixture kGpt{"GPT block", "gpt", "gpt_block.onnx"};
 
 std::string dataPath(const std::string& file) { return test::sourcePath("tests/data/onnx/" + file); }
+
+// The annotated models written by this test, removed when it ends.
+struct WrittenModels {
+  std::set<std::string> paths;
+  ~WrittenModels() {
+    std::error_code ignored;
+    for (const std::string& path : paths) fs::remove(path, ignored);
+  }
+};
+WrittenModels written;
 
 // The model of `fixture` with __ipu_number on every node: the nodes that
 // compute on the data (those the importer does not fold: they read a graph
@@ -94,6 +105,7 @@ std::string annotated(const Fixture& fixture, int64_t ipus, int64_t shift = 0, b
                         fmt::format("tessera_vgraph_{}_{}_{}_{}_{}.onnx", ::getpid(), fixture.prefix, ipus, shift,
                                     skipRelu);
   std::ofstream(path, std::ios::binary) << model.SerializeAsString();
+  written.paths.insert(path.string());
   return path.string();
 }
 
