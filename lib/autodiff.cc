@@ -141,6 +141,8 @@ std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor
                       "a differentiated tensor to the loss; remove the op from that path",
                       op.name, op.kind, graph.tensor(*onPath).name));
     }
+    // The backward ops of a forward op run on its IPU (OpNode::virtualGraph).
+    const auto firstBackward = static_cast<OpId>(graph.ops().size());
     std::vector<TensorId> outputGradients;
     const std::vector<TensorId> outputs = op.outputs;
     for (TensorId t : outputs) outputGradients.push_back(backward.finalize(t, false));
@@ -151,6 +153,9 @@ std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor
     for (std::size_t i = 0; i < inputs.size() && i < inputGradients.size(); ++i) {
       if (inputGradients[i] != kNoTensor && needsGradient(inputs[i]))
         backward.contribute(inputs[i], inputGradients[i]);
+    }
+    if (const int64_t ipu = graph.op(o).virtualGraph; ipu != kNoVirtualGraph) {
+      for (auto b = firstBackward; b < static_cast<OpId>(graph.ops().size()); ++b) graph.setVirtualGraph(b, ipu);
     }
   }
 

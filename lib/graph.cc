@@ -298,6 +298,17 @@ void Graph::copyRecomputeMarks(OpId to, const OpNode& from) {
   op(to);
   ops_[static_cast<std::size_t>(to)].recompute = from.recompute;
   ops_[static_cast<std::size_t>(to)].normalisation = from.normalisation;
+  ops_[static_cast<std::size_t>(to)].virtualGraph = from.virtualGraph;
+}
+
+void Graph::setVirtualGraph(OpId id, int64_t ipu) {
+  const OpNode& node = op(id);
+  if (ipu < 0 && ipu != kNoVirtualGraph) {
+    throw GraphError(ErrorCode::InvalidVirtualGraph, node.name,
+                     fmt::format("op {} ({}) cannot run on IPU {}: an IPU is numbered from 0 (or {} for none)",
+                                 node.name, node.kind, ipu, kNoVirtualGraph));
+  }
+  ops_[static_cast<std::size_t>(id)].virtualGraph = ipu;
 }
 
 void Graph::markNormalisation(OpId first) {

@@ -140,6 +140,10 @@ void visitFields(V& v, SessionOptions& value) {
           {.doc = "Which forward ops are recomputed in the backward pass instead of keeping their outputs: "
                   "None, Standard (checkpoints where few activations are live), NormOnly, Pipeline (needs "
                   "pipelining) or RecomputeAll."});
+  v.field("virtualGraphMode", value.virtualGraphMode,
+          {.doc = "How ops are placed on the IPUs of a replica (/device/ipusPerReplica): Off (one IPU), Manual "
+                  "(each op names its IPU: __ipu_number), Auto (the forward pass split by memory) or "
+                  "ExecutionPhases (not supported yet)."});
   v.field(
       "numIOTiles", value.numIOTiles,
       {.min = 0,
@@ -209,6 +213,7 @@ TESSERA_ENUM_JSON(TensorCategory)
 TESSERA_ENUM_JSON(ReductionType)
 TESSERA_ENUM_JSON(MeanReductionStrategy)
 TESSERA_ENUM_JSON(RecomputationType)
+TESSERA_ENUM_JSON(VirtualGraphMode)
 #undef TESSERA_ENUM_JSON
 
 #define TESSERA_STRUCT_JSON(Type)                                                       \

@@ -50,6 +50,7 @@ enum class OpWork {
   Compute,     // arithmetic on the tiles (OpCost::flops)
   Collective,  // data between replicas over the links (OpCost::linkBytes)
   Streaming,   // data between the tiles and streaming memory (OpCost::streamedBytes)
+  InterIpu,    // data between the IPUs of one replica over the IPU-Links (OpCost::ipuLinkBytes)
 };
 
 struct OutputSpec {
@@ -156,6 +157,7 @@ struct OpCost {
   double flops = 0.0;          // per replica
   double linkBytes = 0.0;      // sent or received per replica (collectives)
   double streamedBytes = 0.0;  // moved to or from streaming memory per replica
+  double ipuLinkBytes = 0.0;   // moved between two IPUs of a replica, per replica
 };
 
 struct OpDef {

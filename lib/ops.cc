@@ -574,4 +574,6 @@ void recomputeOutputInBackwardPass(Tensor t, RecomputeType type) {
   t.graph().setRecompute(t.node().producer, type);
 }
 
+void virtualGraph(Tensor t, int64_t ipu) { t.graph().setVirtualGraph(t.node().producer, ipu); }
+
 }  // namespace tessera::ops

@@ -77,6 +77,11 @@ void checkSwitches(const SessionOptions& o) {
          "autoRecomputation is Pipeline, which recomputes each forward pipeline stage, but pipelining is "
          "not enabled; use Standard, NormOnly, RecomputeAll or None");
   }
+  if (o.virtualGraphMode == VirtualGraphMode::ExecutionPhases) {
+    fail(ErrorCode::VirtualGraphModeUnsupported, fieldPath("virtualGraphMode"),
+         "virtualGraphMode is ExecutionPhases, which places ops by execution phase, but tessera has no phased "
+         "execution yet; use Manual or Auto to place ops on the IPUs of a replica, or Off");
+  }
 }
 
 void checkDistribution(const SessionOptions& o) {

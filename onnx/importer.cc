@@ -611,8 +611,13 @@ void Importer::bindOutput(const std::string& name) {
     boundAlready = boundAlready || graph_.tensor(id).name == earlier.name();
   }
   if (producerKind == OpKind::Input || producerKind == OpKind::Variable || producerKind == OpKind::Constant ||
-      boundAlready)
-    id = graph_.op(graph_.addOp(OpKind::Copy, {id}, {}, name)).outputs.at(0);
+      boundAlready) {
+    const OpId copy = graph_.addOp(OpKind::Copy, {id}, {}, name);
+    // The copy has no node of its own: with __ipu_number annotations it runs
+    // on the last annotated node's IPU, so that Manual placement covers it.
+    graph_.setVirtualGraph(copy, lastIpuNumber_);
+    id = graph_.op(copy).outputs.at(0);
+  }
   if (graph_.tensor(id).name != name) {
     if (const auto taken = graph_.tryFind(name)) graph_.rename(*taken, graph_.uniqueName(name + ".value"));
     graph_.rename(id, name);
@@ -641,6 +646,21 @@ void Importer::markRecompute(const onnx::NodeProto& node, OpId first, const std:
   const auto type = static_cast<RecomputeType>(value);
   for (auto id = first; id < static_cast<OpId>(graph_.ops().size()); ++id)
     if (type != RecomputeType::Recompute || graph_.canRecompute(id)) graph_.setRecompute(id, type);
+}
+
+void Importer::markVirtualGraph(const onnx::NodeProto& node, OpId first, const std::string& subject) {
+  const onnx::AttributeProto* attribute = findAttribute(node, kIpuNumberAttribute);
+  if (attribute == nullptr) return;
+  if (attribute->type() != onnx::AttributeProto::INT)
+    throwOnnx(ErrorCode::OnnxInvalidIpuNumber, subject,
+              fmt::format("attribute {} must be an int, the IPU of the replica the node runs on (from 0)",
+                          kIpuNumberAttribute));
+  const int64_t ipu = attribute->i();
+  if (ipu < 0)
+    throwOnnx(ErrorCode::OnnxInvalidIpuNumber, subject,
+              fmt::format("attribute {} is {}; an IPU is numbered from 0", kIpuNumberAttribute, ipu));
+  for (auto id = first; id < static_cast<OpId>(graph_.ops().size()); ++id) graph_.setVirtualGraph(id, ipu);
+  lastIpuNumber_ = ipu;
 }
 
 void Importer::importNode(const onnx::NodeProto& node) {
@@ -689,6 +709,7 @@ void Importer::importNode(const onnx::NodeProto& node) {
     throwOnnx(ErrorCode::OnnxNodeShape, subject, e.what());
   }
   markRecompute(node, first, subject);
+  markVirtualGraph(node, first, subject);
   for (const auto& out : node.output())
     if (!out.empty() && !values_.count(out))
       throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,

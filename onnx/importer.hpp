@@ -79,12 +79,18 @@ class Importer {
   // PopART's __recompute_output_in_backward_pass (OnnxInvalidRecompute for a
   // value that is not 0, 1 or 2).
   void markRecompute(const onnx::NodeProto& node, OpId first, const std::string& subject);
+  // Places the ops created for `node` from op `first` on PopART's
+  // __ipu_number (OnnxInvalidIpuNumber for a value that is not a
+  // non-negative int); remembers it for the copies of graph outputs.
+  void markVirtualGraph(const onnx::NodeProto& node, OpId first, const std::string& subject);
   // Input k, an initializer, made a Variable of category OptimizerState that
   // the node updates in place (OnnxModel::state).
   Tensor stateVariable(const onnx::NodeProto& node, int k, const std::string& subject);
 
   const onnx::ModelProto& model_;
   const OnnxImportOptions& options_;
+  // The __ipu_number of the last node that had one (kNoVirtualGraph: none).
+  int64_t lastIpuNumber_ = kNoVirtualGraph;
   std::string source_;
   Graph graph_;
   int64_t opset_ = 0;

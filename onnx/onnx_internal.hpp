@@ -43,6 +43,8 @@ inline constexpr int64_t kMaxFoldedElements = int64_t{1} << 24;
 // PopART's node attribute for Builder::recomputeOutputInBackwardPass: an int
 // holding a RecomputeType (0 Undefined, 1 Checkpoint, 2 Recompute).
 inline constexpr std::string_view kRecomputeAttribute = "__recompute_output_in_backward_pass";
+// PopART's Builder::virtualGraph: the IPU of the replica a node runs on.
+inline constexpr std::string_view kIpuNumberAttribute = "__ipu_number";
 
 bool isFloatType(int32_t type) noexcept;
 // ONNX's lower-case name of an element type ("float", "int64", ...).

@@ -76,6 +76,9 @@ void bindOptions(py::module_& module) {
                               "keyword: reach it as RecomputationType.NoRecompute (PopART's Python name) or "
                               "getattr(RecomputationType, 'None').")
       .value("NoRecompute", RecomputationType::None);
+  bindEnum<VirtualGraphMode>(module,
+                             "How the ops of a replica are placed on its IPUs: Off, Manual (__ipu_number), Auto or "
+                             "ExecutionPhases (not supported yet).");
 
   py::class_<CommGroup>(module, "CommGroup",
                         "A grouping of replicas by type and group size (PopART's CommGroup).")
@@ -180,6 +183,8 @@ void bindOptions(py::module_& module) {
                      fieldDoc(sessionOptions, "meanAccumulationAndReplicationReductionStrategy"))
       .def_readwrite("autoRecomputation", &SessionOptions::autoRecomputation,
                      fieldDoc(sessionOptions, "autoRecomputation"))
+      .def_readwrite("virtualGraphMode", &SessionOptions::virtualGraphMode,
+                     fieldDoc(sessionOptions, "virtualGraphMode"))
       .def_readwrite("numIOTiles", &SessionOptions::numIOTiles, fieldDoc(sessionOptions, "numIOTiles"))
       .def_readwrite("activationTensorLocationSettings", &SessionOptions::activationTensorLocationSettings,
                      fieldDoc(sessionOptions, "activationTensorLocationSettings"))

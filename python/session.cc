@@ -280,14 +280,21 @@ class PySession {
             std::optional<DeviceInfo> deviceInfo, std::optional<InputShapeInfo> inputShapeInfo)
       : loss_(std::move(loss)), optimizer_(std::move(optimizer)), dataFlow_(std::move(dataFlow)),
         options_(userOptions.value_or(SessionOptions{})), device_(deviceInfo.value_or(DeviceInfo{})) {
-    validate(options_, device_.spec);
-    if (device_.numIpus && *device_.numIpus != options_.getLocalReplicationFactor()) {
-      throw ConfigError(
-          ErrorCode::InvalidDeviceSpec, "/deviceInfo/numIPUs",
-          fmt::format("numIPUs is {} but the options run {} local replica(s); tessera simulates "
-                      "one processor per replica",
-                      *device_.numIpus, options_.getLocalReplicationFactor()));
+    // PopART's device has replicas x IPUs per replica processors.
+    if (device_.numIpus) {
+      const int64_t local = options_.getLocalReplicationFactor();
+      const int64_t perReplica = *device_.numIpus / local;
+      if (*device_.numIpus % local != 0 ||
+          (device_.spec.ipusPerReplica != 1 && device_.spec.ipusPerReplica != perReplica)) {
+        throw ConfigError(
+            ErrorCode::InvalidDeviceSpec, "/deviceInfo/numIPUs",
+            fmt::format("numIPUs is {} but the options run {} local replica(s) of {} IPU(s) each "
+                        "(ipusPerReplica); numIPUs must be replicas x IPUs per replica",
+                        *device_.numIpus, local, device_.spec.ipusPerReplica));
+      }
+      device_.spec.ipusPerReplica = perReplica;
     }
+    validate(options_, device_.spec);
     model_ = importModel(fnModel, inputShapeInfo.value_or(InputShapeInfo{}),
                          options_.getGlobalReplicationFactor());
     source_ = modelSource(fnModel);

@@ -62,6 +62,13 @@ std::vector<ConfigNote> configNotes(const RunConfig& config) {
                      automatic ? "automaticLossScalingSettings/enabled to false and lossScaling to 1"
                                : "lossScaling to 1")});
   }
+  if (config.sessionOptions.virtualGraphMode == VirtualGraphMode::Auto && config.device.ipusPerReplica == 1) {
+    // PopART warns the same: Auto with one IPU creates no virtual graphs.
+    notes.push_back({NoteCode::AutoVirtualGraphsOnOneIpu, "/sessionOptions/virtualGraphMode",
+                     "virtualGraphMode is Auto but /device/ipusPerReplica is 1, so every op runs on IPU 0 as with "
+                     "virtualGraphMode Off; set ipusPerReplica to the IPUs a replica should span (tessera launch "
+                     "--ipus-per-replica sets it too), or virtualGraphMode to Off"});
+  }
   return notes;
 }
 

@@ -119,7 +119,7 @@ Program programOf(Graph graph, const SessionOptions& options) {
 
 int64_t peakOf(const MemoryReport& report, const MemoryShortfall& shortfall) {
   for (const ReplicaMemory& replica : report.perReplica) {
-    if (replica.replica != shortfall.replica) continue;
+    if (replica.replica != shortfall.replica || replica.ipu != shortfall.ipu) continue;
     switch (shortfall.space) {
       case MemorySpace::ComputeTiles: return replica.computeTilesBytes;
       case MemorySpace::IOTiles: return replica.ioTilesBytes;
@@ -187,7 +187,7 @@ RunPlan planTraining(Graph graph, TensorId loss, const Optimizer& optimizer, con
   validate(options, spec);
   const std::unique_ptr<Optimizer> clone = optimizer.clone();
   TrainingGraph training{std::move(graph), TrainingTensors{loss, {}, {}}};
-  runTrainingPipeline(training, options, *clone);
+  runTrainingPipeline(training, options, *clone, spec.ipusPerReplica);
   RunPlan plan;
   plan.tensors = placements(training.graph, options, plan.notApplied);
   plan.program = programOf(std::move(training.graph), options);

@@ -54,6 +54,7 @@ json memoryJson(const MemoryReport& memory) {
                                       {"streaming", c.streamingBytes}};
     }
     replicas.push_back({{"replica", m.replica},
+                        {"ipu", m.ipu},
                         {"computeTiles", peakJson(m.computeTilesPeak)},
                         {"ioTiles", peakJson(m.ioTilesPeak)},
                         {"streaming", peakJson(m.streamingPeak)},
@@ -70,6 +71,7 @@ json memoryJson(const MemoryReport& memory) {
             {"ioTiles", memory.ioTilesCapacity},
             {"streaming", memory.streamingCapacity}}},
           {"paddingBytes", memory.paddingBytes},
+          {"ipusPerReplica", memory.ipusPerReplica},
           {"perReplica", std::move(replicas)},
           {"tensors", std::move(tensors)}};
 }
@@ -81,6 +83,9 @@ struct TraceThreads {
   static constexpr int kComputeTiles = 0;
   static constexpr int kIOTiles = 1;
   static constexpr int kStreaming = 2;
+  // The copies between the IPUs of a replica: a thread after the links met
+  // before them, as a link group of its own.
+  static constexpr std::string_view kIpuLinks = "IPU links";
   std::map<std::string, int> links;
   std::vector<std::string> linkOrder;
 
@@ -89,10 +94,12 @@ struct TraceThreads {
       case TimeLane::ComputeTiles: return kComputeTiles;
       case TimeLane::IOTiles: return kIOTiles;
       case TimeLane::Streaming: return kStreaming;
+      case TimeLane::IpuLink:
       case TimeLane::Link: break;
     }
-    const auto [it, added] = links.try_emplace(op.group, kStreaming + 1 + static_cast<int>(links.size()));
-    if (added) linkOrder.push_back(op.group);
+    const std::string group = op.lane == TimeLane::IpuLink ? std::string(kIpuLinks) : "link " + op.group;
+    const auto [it, added] = links.try_emplace(group, kStreaming + 1 + static_cast<int>(links.size()));
+    if (added) linkOrder.push_back(group);
     return it->second;
   }
 };
@@ -121,7 +128,8 @@ json profileJson(const MemoryReport& memory, const TimeReport& time, int64_t ste
                    {"startSeconds", op.start},
                    {"durationSeconds", op.duration},
                    {"flops", op.flops},
-                   {"bytes", op.bytes}});
+                   {"bytes", op.bytes},
+                   {"ipu", op.ipu}});
   }
   return {{"steps", steps},
           {"time",
@@ -131,6 +139,7 @@ json profileJson(const MemoryReport& memory, const TimeReport& time, int64_t ste
             {"collectiveSeconds", time.collectiveSeconds},
             {"streamingSeconds", time.streamingSeconds},
             {"overlappedStreamingSeconds", time.overlappedStreamingSeconds},
+            {"ipuCopySeconds", time.ipuCopySeconds},
             {"flops", time.flops}}},
           {"traffic", std::move(traffic)},
           {"ops", std::move(ops)},
@@ -159,7 +168,7 @@ json chromeTraceJson(const TimeReport& time) {
   thread(TraceThreads::kComputeTiles, "compute tiles");
   thread(TraceThreads::kIOTiles, "IO tiles");
   thread(TraceThreads::kStreaming, "streaming");
-  for (const std::string& group : threads.linkOrder) thread(threads.links.at(group), "link " + group);
+  for (const std::string& group : threads.linkOrder) thread(threads.links.at(group), group);
   for (json& e : events) named.push_back(std::move(e));
   return {{"traceEvents", std::move(named)}, {"displayTimeUnit", "ns"}};
 }

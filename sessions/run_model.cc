@@ -168,7 +168,12 @@ void addPredictions(const RunConfig& config, const std::vector<std::string>& out
             model.logits, model.path, toString(node.dtype), fmt::join(node.shape, ", "),
             toString(model.dtype), run.labels, fmt::join(labels, ", ")));
   }
-  run.predictions = graph.tensor(ops::argmax(Tensor{&graph, logits}).id()).name;
+  const Tensor predictions = ops::argmax(Tensor{&graph, logits});
+  // With the model's ops placed on IPUs (__ipu_number), the predictions are
+  // made where the logits are.
+  if (const OpId producer = graph.tensor(logits).producer; producer != kNoOp)
+    ops::virtualGraph(predictions, graph.op(producer).virtualGraph);
+  run.predictions = predictions.node().name;
 }
 
 RunModel importModel(const RunConfig& config, int64_t batchSize, int64_t replicationFactor) {

@@ -350,7 +350,7 @@ void TrainingSession::Impl::construct(Graph graph, TensorId loss, std::unique_pt
   // Kept to plan alternatives when the program does not fit the device.
   const Graph original = graph;
   TrainingGraph training{std::move(graph), TrainingTensors{loss, {}, {}}};
-  runTrainingPipeline(training, impl.options, *impl.optimizer);
+  runTrainingPipeline(training, impl.options, *impl.optimizer, device->spec().ipusPerReplica);
   impl.weights = training.tensors.weights;
 
   std::vector<TensorId> outputIds{training.tensors.loss};
@@ -514,7 +514,7 @@ InferenceSession::InferenceSession(Graph graph, std::vector<std::string> outputs
         "gradient accumulation only exists for training; set it to false for an inference session");
   }
   impl_->outputNames = std::move(outputs);
-  runInferencePipeline(graph, options);
+  runInferencePipeline(graph, options, device->spec().ipusPerReplica);
   const std::vector<TensorId> ids = findOutputs(graph, impl_->outputNames);
   impl_->runtime =
       std::make_unique<detail::SessionRuntime>(std::move(graph), options, std::move(device), 1, ids);

@@ -385,17 +385,39 @@ class Instances {
                       "instance on {} instance(s) (the config asks for {})",
                       env_.numTotalReplicas, env_.numLocalReplicas, env_.numInstances, asked));
     }
+    // PopRun's --ipus-per-replica: the launcher's IPUs per replica make the
+    // device's, unless the config asks for other ones.
+    spec_ = config.device;
+    if (env_.set && env_.numIpusPerReplica != spec_.ipusPerReplica) {
+      if (spec_.ipusPerReplica != 1 || env_.numIpusPerReplica > kMaxIpusPerReplica) {
+        throw DistError(
+            ErrorCode::InconsistentIpusPerReplica, std::string(dist::kNumIpusPerReplicaVar),
+            fmt::format("the launcher asks for {} IPUs per replica (tessera launch --ipus-per-replica), but {}; "
+                        "launch with --ipus-per-replica {} or leave /device/ipusPerReplica at 1",
+                        env_.numIpusPerReplica,
+                        spec_.ipusPerReplica != 1
+                            ? fmt::format("/device/ipusPerReplica is {}", spec_.ipusPerReplica)
+                            : fmt::format("a replica spans at most {}", kMaxIpusPerReplica),
+                        spec_.ipusPerReplica != 1 ? spec_.ipusPerReplica : 1));
+      }
+      spec_.ipusPerReplica = env_.numIpusPerReplica;
+      notes.push_back(fmt::format("the launcher sets {} IPUs per replica, {} IPUs in all", spec_.ipusPerReplica,
+                                  spec_.ipusPerReplica * env_.numTotalReplicas));
+    }
     if (env_.numInstances > 1) communicator_ = dist::instanceCommunicator();
   }
+
+  // The device of the run: the config's, with the launcher's IPUs per replica.
+  const DeviceSpec& spec() const noexcept { return spec_; }
 
   int64_t count() const noexcept { return env_.numInstances; }
   int64_t index() const noexcept { return env_.instanceIndex; }
   // Files are written by instance 0 only; every instance computes them.
   bool writesOutput() const noexcept { return env_.instanceIndex == 0; }
 
-  std::unique_ptr<Device> device(const DeviceSpec& spec) const {
-    if (!communicator_) return makeSimDevice(spec);
-    return makeSimDevice(spec, ExecutionMode::Vectorized, communicator_);
+  std::unique_ptr<Device> device() const {
+    if (!communicator_) return makeSimDevice(spec_);
+    return makeSimDevice(spec_, ExecutionMode::Vectorized, communicator_);
   }
 
   // Fails on every instance when they were started with different configs
@@ -473,6 +495,7 @@ class Instances {
 
  private:
   dist::DistEnv env_;
+  DeviceSpec spec_;
   std::shared_ptr<Communicator> communicator_;
   std::vector<float> mine_;      // this instance's losses of a step and its stop flag
   std::vector<float> gathered_;  // every instance's
@@ -521,7 +544,7 @@ TestResult evaluate(const RunConfig& config, const SessionOptions& trainingOptio
   if (withLoss) outputs.push_back(lossName);
   const std::vector<std::string> inputs = model.inputs;
   const std::string labelInput = model.labels;
-  InferenceSession inference(std::move(model.graph), outputs, options, instances.device(config.device));
+  InferenceSession inference(std::move(model.graph), outputs, options, instances.device());
   inference.writeWeights(training.readWeights());
 
   const int64_t perStep = batch * replicas;
@@ -657,7 +680,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   RunModel model = buildRunModel(config, batch, options.getGlobalReplicationFactor());
   // Planning makes no values: a model too large for the device is refused
   // here, at once, before the dataset is read or any weight is made.
-  requireTrainingFits(model.graph, model.loss, *makeOptimizer(config.optimizer), options, config.device);
+  requireTrainingFits(model.graph, model.loss, *makeOptimizer(config.optimizer), options, instances.spec());
   std::string dataNotice;
   const TensorDataset data = loadRunData(config, model, dataNotice);
   instances.checkAgree(config, data);
@@ -695,7 +718,7 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   // The run config has no anchors: the loss comes back for every batch
   // ("All"), which the summary reports batch by batch.
   TrainingSession session(std::move(model.graph), model.loss, makeOptimizer(config.optimizer), options,
-                          instances.device(config.device),
+                          instances.device(),
                           DataFlow{batchesPerStep, {}});
   int64_t totalSteps = 0;
   if (__builtin_mul_overflow(stepsPerEpoch, config.data.epochs, &totalSteps)) {

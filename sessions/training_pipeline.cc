@@ -6,13 +6,15 @@
 #include "transforms/optimizer_update.hpp"
 #include "transforms/recompute.hpp"
 #include "transforms/replication.hpp"
+#include "transforms/virtual_graph.hpp"
 
 namespace tessera {
 
 std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptions& options,
-                                                              Optimizer& optimizer,
-                                                              TrainingTensors& tensors) {
+                                                              Optimizer& optimizer, TrainingTensors& tensors,
+                                                              int64_t ipusPerReplica) {
   std::vector<std::unique_ptr<Transform>> pipeline;
+  pipeline.push_back(std::make_unique<VirtualGraphTransform>(options.virtualGraphMode, ipusPerReplica));
   pipeline.push_back(std::make_unique<WeightShardingTransform>(options, &tensors));
   pipeline.push_back(std::make_unique<AutodiffTransform>(tensors, optimizer.lossScaling(),
                                                          options.automaticLossScalingSettings.enabled));
@@ -23,23 +25,28 @@ std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptio
   pipeline.push_back(
       std::make_unique<OptimizerUpdateTransform>(optimizer, tensors, options.automaticLossScalingSettings));
   pipeline.push_back(std::make_unique<LocationTransform>(options, &tensors));
+  pipeline.push_back(std::make_unique<IpuCopyTransform>(options.virtualGraphMode, &tensors));
   return pipeline;
 }
 
-std::vector<std::unique_ptr<Transform>> buildInferencePipeline(const SessionOptions& options) {
+std::vector<std::unique_ptr<Transform>> buildInferencePipeline(const SessionOptions& options,
+                                                               int64_t ipusPerReplica) {
   std::vector<std::unique_ptr<Transform>> pipeline;
+  pipeline.push_back(std::make_unique<VirtualGraphTransform>(options.virtualGraphMode, ipusPerReplica));
   pipeline.push_back(std::make_unique<WeightShardingTransform>(options, nullptr));
   pipeline.push_back(std::make_unique<LocationTransform>(options, nullptr));
+  pipeline.push_back(std::make_unique<IpuCopyTransform>(options.virtualGraphMode, nullptr));
   return pipeline;
 }
 
-void runInferencePipeline(Graph& graph, const SessionOptions& options) {
-  for (const auto& transform : buildInferencePipeline(options)) runTransform(*transform, graph);
+void runInferencePipeline(Graph& graph, const SessionOptions& options, int64_t ipusPerReplica) {
+  for (const auto& transform : buildInferencePipeline(options, ipusPerReplica)) runTransform(*transform, graph);
 }
 
-void runTrainingPipeline(TrainingGraph& training, const SessionOptions& options, Optimizer& optimizer) {
+void runTrainingPipeline(TrainingGraph& training, const SessionOptions& options, Optimizer& optimizer,
+                         int64_t ipusPerReplica) {
   checkLossScaling(optimizer.lossScaling(), options.automaticLossScalingSettings);
-  for (const auto& transform : buildTrainingPipeline(options, optimizer, training.tensors)) {
+  for (const auto& transform : buildTrainingPipeline(options, optimizer, training.tensors, ipusPerReplica)) {
     runTransform(*transform, training.graph);
   }
   optimizer.rebindHyperParameters(training.graph);

@@ -1,10 +1,12 @@
 // The training compile pipeline: the one place that lists the transforms a
 // training graph goes through, in order.
 //
-//   weightSharding → autodiff → gradientAccumulation → replication →
-//   optimizerUpdate → locations
+//   virtualGraph → weightSharding → autodiff → recompute →
+//   gradientAccumulation → replication → optimizerUpdate → locations →
+//   ipuCopy
 //
-// and the inference one: weightSharding → locations.
+// and the inference one: virtualGraph → weightSharding → locations →
+// ipuCopy. `ipusPerReplica` is DeviceSpec::ipusPerReplica.
 //
 // Gradients are accumulated before they are reduced over replicas, so each
 // step all-reduces every gradient once rather than once per micro-batch,
@@ -25,13 +27,16 @@ namespace tessera {
 // `tensors`, which must outlive them; `tensors` describes the graph they are
 // applied to.
 std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptions& options,
-                                                              Optimizer& optimizer, TrainingTensors& tensors);
+                                                              Optimizer& optimizer, TrainingTensors& tensors,
+                                                              int64_t ipusPerReplica = 1);
 
-std::vector<std::unique_ptr<Transform>> buildInferencePipeline(const SessionOptions& options);
-void runInferencePipeline(Graph& graph, const SessionOptions& options);
+std::vector<std::unique_ptr<Transform>> buildInferencePipeline(const SessionOptions& options,
+                                                               int64_t ipusPerReplica = 1);
+void runInferencePipeline(Graph& graph, const SessionOptions& options, int64_t ipusPerReplica = 1);
 
 // Builds the pipeline for training.tensors and runs it on training.graph
 // with runTransform (errors name the transform).
-void runTrainingPipeline(TrainingGraph& training, const SessionOptions& options, Optimizer& optimizer);
+void runTrainingPipeline(TrainingGraph& training, const SessionOptions& options, Optimizer& optimizer,
+                         int64_t ipusPerReplica = 1);
 
 }  // namespace tessera

@@ -51,6 +51,18 @@ void visitFields(V& v, DeviceSpec& value) {
       "transferLatencySeconds", value.transferLatencySeconds,
       {.min = 0,
        .doc = "Fixed cost of starting one collective or one streaming transfer, in seconds. Must be >= 0."});
+  v.field("ipusPerReplica", value.ipusPerReplica,
+          {.min = 1,
+           .max = kMaxIpusPerReplica,
+           .doc = "IPUs per replica (PopRun's --ipus-per-replica); a run takes replicas x ipusPerReplica IPUs, "
+                  "each with its own memory plan. More than 1 needs /sessionOptions/virtualGraphMode Manual or "
+                  "Auto. In [1, 64]."});
+  v.field("interIpuBandwidthBytesPerSecond", value.interIpuBandwidthBytesPerSecond,
+          {.exclusiveMin = 0,
+           .doc = "Bandwidth of the IPU-Links between the IPUs of one replica, bytes per second per direction; "
+                  "each IpuCopy moves its tensor at this rate. Must be > 0."});
+  v.field("interIpuLatencySeconds", value.interIpuLatencySeconds,
+          {.min = 0, .doc = "Fixed cost of starting one copy between IPUs, in seconds. Must be >= 0."});
   v.field(
       "numThreads", value.numThreads,
       {.min = 0,
@@ -87,6 +99,15 @@ TileMemory tileMemory(const DeviceSpec& device, int64_t numIOTiles) {
 
 void validate(const SessionOptions& options, const DeviceSpec& device) {
   detail::validateOptions(options, device.tilesPerIpu);
+  // PopART places a replica's ops on several IPUs only through virtual
+  // graphs; with them Off, tessera refuses the IPUs it would leave idle.
+  if (device.ipusPerReplica > 1 && options.virtualGraphMode == VirtualGraphMode::Off) {
+    throw ConfigError(ErrorCode::IpusPerReplicaWithoutVirtualGraphs, "/device/ipusPerReplica",
+                      fmt::format("ipusPerReplica is {} but {}/virtualGraphMode is Off, so every op would run on "
+                                  "IPU 0; set virtualGraphMode to Manual (ops name their IPU) or Auto, or "
+                                  "ipusPerReplica to 1",
+                                  device.ipusPerReplica, kSessionOptionsPath));
+  }
 }
 
 void to_json(nlohmann::json& j, const DeviceSpec& value) { j = jsonio::writeValue(value); }

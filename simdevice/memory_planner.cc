@@ -319,21 +319,10 @@ std::string humanBytes(int64_t bytes) {
   return fmt::format("{:.1f} {}", value, kUnits[unit]);
 }
 
-}  // namespace
-
-MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, const DeviceSpec& spec) {
-  checkProgram(program, spec);
-  const Graph& graph = program.graph;
-  const TileMemory tiles = tileMemory(spec, program.numIOTiles);
-  MemoryReport report;
-  report.computeTilesCapacity = tiles.computeTileBytes;
-  report.ioTilesCapacity = tiles.ioTileBytes;
-  report.streamingCapacity = spec.streamingMemoryBytes;
-
+// One IPU's plan from the tensors and buffers it holds: the same for every
+// replica but for the padding of its shards.
+ReplicaMemory planHeld(const Graph& graph, std::span<const OpId> schedule, const std::vector<Held>& held) {
   const auto steps = static_cast<int64_t>(schedule.size());
-  std::vector<Held> held = heldTensors(graph, schedule, traceShards(graph, schedule));
-
-  // Liveness does not depend on the replica: plan one, copy it to each.
   ReplicaMemory common;
   for (const auto& [category, name] : EnumNames<TensorCategory>::kNames)
     common.byCategory.push_back({category});
@@ -377,20 +366,86 @@ MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, 
   common.ioTilesBytes = common.ioTilesPeak.bytes;
   common.streamingBytes = streaming;
   common.remoteBufferBytes = streaming;
+  return common;
+}
 
+// The IPU of every tensor that owns storage and every remote buffer: the
+// IPU of the op that produces the tensor, of the first op that loads or
+// stores into the buffer.
+void placeOnIpus(const Graph& graph, std::span<const OpId> schedule, std::vector<Held>& held, int64_t ipus) {
+  if (ipus == 1) return;
+  std::vector<int64_t> bufferIpu(graph.remoteBuffers().size(), -1);
+  for (OpId id : schedule) {
+    const OpNode& op = graph.op(id);
+    if (op.kind != OpKind::RemoteLoad && op.kind != OpKind::RemoteStore) continue;
+    const auto buffer = at(op.attributes.remoteBuffer);
+    if (buffer < bufferIpu.size() && bufferIpu[buffer] < 0) bufferIpu[buffer] = std::max<int64_t>(0, op.virtualGraph);
+  }
+  for (Held& h : held) {
+    TensorMemory& m = h.memory;
+    if (m.remoteBuffer >= 0) {
+      m.ipu = std::max<int64_t>(0, bufferIpu[at(m.remoteBuffer)]);
+    } else {
+      const OpId producer = graph.tensor(graph.find(m.name)).producer;
+      m.ipu = producer == kNoOp ? 0 : std::max<int64_t>(0, graph.op(producer).virtualGraph);
+    }
+  }
+}
+
+void checkVirtualGraphs(const Graph& graph, const DeviceSpec& spec) {
+  for (const OpNode& op : graph.ops()) {
+    if (op.virtualGraph < spec.ipusPerReplica) continue;
+    throw DeviceError(ErrorCode::InvalidProgram, op.name,
+                      fmt::format("op {} ({}) runs on IPU {}, but a replica of this device has {} IPU{} "
+                                  "(DeviceSpec ipusPerReplica)",
+                                  op.name, op.kind, op.virtualGraph, spec.ipusPerReplica,
+                                  spec.ipusPerReplica == 1 ? "" : "s"));
+  }
+}
+
+}  // namespace
+
+MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, const DeviceSpec& spec) {
+  checkProgram(program, spec);
+  const Graph& graph = program.graph;
+  checkVirtualGraphs(graph, spec);
+  const TileMemory tiles = tileMemory(spec, program.numIOTiles);
+  MemoryReport report;
+  report.ipusPerReplica = spec.ipusPerReplica;
+  report.computeTilesCapacity = tiles.computeTileBytes;
+  report.ioTilesCapacity = tiles.ioTileBytes;
+  report.streamingCapacity = spec.streamingMemoryBytes;
+  std::vector<Held> held = heldTensors(graph, schedule, traceShards(graph, schedule));
+  placeOnIpus(graph, schedule, held, spec.ipusPerReplica);
+  // Liveness does not depend on the replica: plan each IPU once, copy it to
+  // each replica.
+  std::vector<ReplicaMemory> perIpu;
+  std::vector<std::vector<const Held*>> paddedOn(at(spec.ipusPerReplica));
+  for (int64_t ipu = 0; ipu < spec.ipusPerReplica; ++ipu) {
+    if (spec.ipusPerReplica == 1) {
+      perIpu.push_back(planHeld(graph, schedule, held));
+    } else {
+      std::vector<Held> mine;
+      for (const Held& h : held)
+        if (h.memory.ipu == ipu) mine.push_back(h);
+      perIpu.push_back(planHeld(graph, schedule, mine));
+    }
+    perIpu.back().ipu = ipu;
+  }
   // Only shards of a full copy with padding pad some replica; the rest
   // (n a multiple of k) hold no padding anywhere, and looking them up per
   // replica would make the plan's cost grow as tensors x replicas.
-  std::vector<const Held*> padded;
   for (const Held& h : held)
-    if (h.memory.sharded && h.memory.paddingBytes > 0) padded.push_back(&h);
+    if (h.memory.sharded && h.memory.paddingBytes > 0) paddedOn[at(h.memory.ipu)].push_back(&h);
   const int64_t replicationFactor = graph.replicationFactor();
   for (int64_t r = 0; r < program.localReplicas; ++r) {
-    ReplicaMemory m = common;
-    m.replica = program.replicaOffset + r;
-    for (const Held* h : padded) m.paddingBytes += replicaPadding(*h, replicationFactor, m.replica);
-    report.paddingBytes += m.paddingBytes;
-    report.perReplica.push_back(std::move(m));
+    for (int64_t ipu = 0; ipu < spec.ipusPerReplica; ++ipu) {
+      ReplicaMemory m = perIpu[at(ipu)];
+      m.replica = program.replicaOffset + r;
+      for (const Held* h : paddedOn[at(ipu)]) m.paddingBytes += replicaPadding(*h, replicationFactor, m.replica);
+      report.paddingBytes += m.paddingBytes;
+      report.perReplica.push_back(std::move(m));
+    }
   }
   report.tensors.reserve(held.size());
   for (Held& h : held) report.tensors.push_back(std::move(h.memory));
@@ -400,14 +455,19 @@ MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, 
 void requireFits(const MemoryReport& report) {
   const std::optional<MemoryShortfall> shortfall = findShortfall(report);
   if (!shortfall) return;
-  const auto replica = std::find_if(report.perReplica.begin(), report.perReplica.end(),
-                                    [&](const ReplicaMemory& m) { return m.replica == shortfall->replica; });
+  const auto replica = std::find_if(report.perReplica.begin(), report.perReplica.end(), [&](const ReplicaMemory& m) {
+    return m.replica == shortfall->replica && m.ipu == shortfall->ipu;
+  });
   const MemoryPeak& peak = replica->peak(shortfall->space);
+  const std::string where = report.ipusPerReplica > 1
+                                ? fmt::format("replica {}, IPU {}, {}", shortfall->replica, shortfall->ipu,
+                                              spaceLabel(shortfall->space))
+                                : fmt::format("replica {}, {}", shortfall->replica, spaceLabel(shortfall->space));
   std::vector<std::string> largest;
   for (const TensorMemory& t : peak.largest)
     largest.push_back(fmt::format("{} ({}, {} bytes)", t.name, t.category, t.bytes));
   throw DeviceError(
-      ErrorCode::OutOfMemory, fmt::format("replica {}, {}", shortfall->replica, spaceLabel(shortfall->space)),
+      ErrorCode::OutOfMemory, where,
       fmt::format("needs {} bytes ({}){} but has {} bytes ({}); largest tensors at the peak: {}",
                   shortfall->neededBytes, humanBytes(shortfall->neededBytes),
                   peak.op.empty() ? std::string() : fmt::format(" while op \"{}\" runs", peak.op),
@@ -451,10 +511,10 @@ MemoryReport planMemory(const Program& program, const DeviceSpec& spec) {
 std::optional<MemoryShortfall> findShortfall(const MemoryReport& report) {
   for (const ReplicaMemory& m : report.perReplica) {
     const std::array<MemoryShortfall, 3> spaces = {
-        MemoryShortfall{m.replica, MemorySpace::ComputeTiles, m.computeTilesBytes,
+        MemoryShortfall{m.replica, m.ipu, MemorySpace::ComputeTiles, m.computeTilesBytes,
                         report.computeTilesCapacity},
-        MemoryShortfall{m.replica, MemorySpace::IOTiles, m.ioTilesBytes, report.ioTilesCapacity},
-        MemoryShortfall{m.replica, MemorySpace::Streaming, m.streamingBytes, report.streamingCapacity}};
+        MemoryShortfall{m.replica, m.ipu, MemorySpace::IOTiles, m.ioTilesBytes, report.ioTilesCapacity},
+        MemoryShortfall{m.replica, m.ipu, MemorySpace::Streaming, m.streamingBytes, report.streamingCapacity}};
     for (const MemoryShortfall& s : spaces)
       if (s.neededBytes > s.availableBytes) return s;
   }

@@ -67,6 +67,12 @@ Work collectiveWork(const Graph& graph, const OpNode& op, const OpCost& cost, co
   return w;
 }
 
+// The IPU an op runs on: IPU 0 when it names none. The device refuses a
+// program naming an IPU the replica does not have (checkVirtualGraphs).
+int64_t ipuOf(const OpNode& op, int64_t ipus) {
+  return op.virtualGraph >= 0 && op.virtualGraph < ipus ? op.virtualGraph : 0;
+}
+
 Work opWork(const Graph& graph, const OpNode& op, const OpDef& def, const LocalTopology& topology,
             const DeviceSpec& spec) {
   const OpCost cost = def.cost != nullptr ? def.cost(graph, op) : OpCost{};
@@ -81,6 +87,11 @@ Work opWork(const Graph& graph, const OpNode& op, const OpDef& def, const LocalT
       w.seconds = spec.transferLatencySeconds + w.bytes / spec.streamingBandwidthBytesPerSecond;
       return w;
     }
+    case OpWork::InterIpu:
+      w.lane = TimeLane::IpuLink;
+      w.bytes = cost.ipuLinkBytes;
+      w.seconds = spec.interIpuLatencySeconds + w.bytes / spec.interIpuBandwidthBytesPerSecond;
+      return w;
     case OpWork::None:
     case OpWork::Compute: break;
   }
@@ -97,10 +108,13 @@ TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::spa
     throw DeviceError(ErrorCode::InvalidProgram, "Program.localReplicas",
                       fmt::format("localReplicas is {}; it must be at least 1", topology.localReplicas));
   }
-  // When each resource is next free, in seconds from the start of the step.
-  double computeTiles = 0.0;
-  double ioTiles = 0.0;
+  // When each resource is next free, in seconds from the start of the step;
+  // tiles per IPU of the replica.
+  const int64_t ipus = std::max<int64_t>(1, spec.ipusPerReplica);
+  std::vector<double> computeTiles(at(ipus), 0.0);
+  std::vector<double> ioTiles(at(ipus), 0.0);
   double streamingLink = 0.0;
+  double ipuLinks = 0.0;
   std::map<std::string, double> links;
   std::vector<double> ready(graph.tensors().size(), 0.0);
   std::vector<double> done(graph.ops().size(), 0.0);
@@ -111,13 +125,22 @@ TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::spa
     const OpDef& def = opDef(op.kind);
     if (def.family == OpFamily::Source) continue;
     Work w = opWork(graph, op, def, topology, spec);
+    const int64_t ipu = ipuOf(op, ipus);
     // The tiles it occupies and the link it uses, if any.
-    std::array<double*, 2> resources{&computeTiles, nullptr};
+    std::array<double*, 3> resources{&computeTiles[at(ipu)], nullptr, nullptr};
     switch (w.lane) {
       case TimeLane::ComputeTiles: break;
       case TimeLane::Streaming: resources[1] = &streamingLink; break;
-      case TimeLane::IOTiles: resources = {&ioTiles, &streamingLink}; break;
-      case TimeLane::Link: resources = {w.throughIOTiles ? &ioTiles : &computeTiles, &links[w.group]}; break;
+      case TimeLane::IOTiles: resources = {&ioTiles[at(ipu)], &streamingLink, nullptr}; break;
+      case TimeLane::Link:
+        resources = {w.throughIOTiles ? &ioTiles[at(ipu)] : &computeTiles[at(ipu)], &links[w.group], nullptr};
+        break;
+      case TimeLane::IpuLink: {
+        const int64_t from = ipuOf(graph.op(graph.tensor(op.inputs[0]).producer), ipus);
+        resources = {&computeTiles[at(ipu)], &computeTiles[at(from)], &ipuLinks};
+        if (from == ipu) resources[1] = nullptr;
+        break;
+      }
     }
     double start = 0.0;
     for (TensorId t : op.inputs) start = std::max(start, ready[at(t)]);
@@ -136,11 +159,20 @@ TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::spa
       case TimeLane::IOTiles: report.overlappedStreamingSeconds += w.seconds; break;
       case TimeLane::Link: report.collectiveSeconds += w.seconds; break;
       case TimeLane::Streaming: report.streamingSeconds += w.seconds; break;
+      case TimeLane::IpuLink:
+        report.ipuCopySeconds += w.seconds;
+        report.ipuCopyBytes += w.bytes;
+        ++report.ipuCopies;
+        break;
     }
     report.flops += w.flops;
-    (w.lane == TimeLane::Link ? report.linkBytes : report.streamingBytes) += w.bytes;
-    report.ops.push_back(
-        {op.name, op.kind, w.lane, std::move(w.group), w.interInstance, start, w.seconds, w.flops, w.bytes});
+    if (w.lane == TimeLane::Link) {
+      report.linkBytes += w.bytes;
+    } else if (w.lane != TimeLane::IpuLink) {
+      report.streamingBytes += w.bytes;
+    }
+    report.ops.push_back({op.name, op.kind, w.lane, std::move(w.group), w.interInstance, start, w.seconds,
+                          w.flops, w.bytes, ipu});
   }
   return report;
 }

@@ -22,6 +22,9 @@ enum class NoteCode : int {
   // scaling enabled: it runs as asked, as PopART allows, but a float32
   // gradient does not underflow where a half would.
   LossScalingWithoutFloat16 = 802,
+  // virtualGraphMode Auto with /device/ipusPerReplica 1: every op runs on
+  // IPU 0, as PopART warns (no virtual graphs are created).
+  AutoVirtualGraphsOnOneIpu = 803,
 };
 
 // "tessera.note.801"

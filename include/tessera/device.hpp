@@ -95,6 +95,7 @@ struct TensorMemory {
   int64_t firstUse = 0;      // live over schedule positions [firstUse, lastUse]
   int64_t lastUse = 0;
   int64_t remoteBuffer = -1;  // the buffer's id when space is Streaming
+  int64_t ipu = 0;            // the IPU of the replica that holds it (DeviceSpec::ipusPerReplica)
 };
 
 // The most bytes one memory space of one replica holds at any time.
@@ -117,9 +118,11 @@ struct CategoryMemory {
   int64_t bytesIn(MemorySpace space) const;
 };
 
-// Bytes one replica holds, as the hardware would.
+// Bytes one IPU of one replica holds, as the hardware would. With one IPU
+// per replica (DeviceSpec::ipusPerReplica 1) that is the replica's memory.
 struct ReplicaMemory {
   int64_t replica = 0;              // global replica index
+  int64_t ipu = 0;                  // the IPU of the replica, from 0
   int64_t variableBytes = 0;        // variables and shards resident on chip (both tile sets)
   int64_t peakActivationBytes = 0;  // largest set of live non-variable tensors on chip
   int64_t remoteBufferBytes = 0;    // streaming memory (= streamingBytes)
@@ -145,8 +148,11 @@ struct ReplicaMemory {
 };
 
 struct MemoryReport {
-  std::vector<ReplicaMemory> perReplica;  // local replicas, in order
-  int64_t computeTilesCapacity = 0;       // bytes per replica
+  // Local replicas in order, each replica's IPUs in order: one entry per
+  // IPU, ipusPerReplica entries per replica.
+  std::vector<ReplicaMemory> perReplica;
+  int64_t ipusPerReplica = 1;
+  int64_t computeTilesCapacity = 0;  // bytes per IPU
   int64_t ioTilesCapacity = 0;
   int64_t streamingCapacity = 0;
   // Every tensor that owns storage and every remote buffer, on-chip tensors
@@ -155,8 +161,10 @@ struct MemoryReport {
   int64_t paddingBytes = 0;  // padding held over every local replica
 };
 
-// Memory per replica of `program` on the hardware `spec` describes, planned
-// from its schedule and liveness without loading it:
+// Memory per IPU of each replica of `program` on the hardware `spec`
+// describes, planned from its schedule and liveness without loading it
+// (each IPU of a replica holds the tensors its ops produce, a remote buffer
+// is the IPU's that loads or stores it, a variable its own op's):
 //  - on-chip variables are resident all step, on their tensor's tile set;
 //  - every other tensor that owns storage (inputs, constants, op outputs;
 //    in-place outputs share their input's bytes) is live from its producer
@@ -166,13 +174,16 @@ struct MemoryReport {
 //    are 4 bytes, float16 elements 2 (dtypeBytes).
 // Throws GraphError(InvalidProgramOrder) for a cyclic graph and
 // DeviceError(InvalidProgram) for a numIOTiles outside [0, tilesPerIpu) or
-// localReplicas below 1.
+// localReplicas below 1 or an op naming an IPU at or above
+// spec.ipusPerReplica.
 MemoryReport planMemory(const Program& program, const DeviceSpec& spec);
 
-// The first replica and space (compute tiles, then IO tiles, then streaming
-// memory) whose peak exceeds its capacity; nullopt when the program fits.
+// The first replica and IPU and space (compute tiles, then IO tiles, then
+// streaming memory) whose peak exceeds its capacity; nullopt when the
+// program fits (every IPU of every replica fits).
 struct MemoryShortfall {
   int64_t replica = 0;  // global index
+  int64_t ipu = 0;
   MemorySpace space = MemorySpace::ComputeTiles;
   int64_t neededBytes = 0;
   int64_t availableBytes = 0;

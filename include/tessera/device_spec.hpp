@@ -1,6 +1,6 @@
-// DeviceSpec: the simulated hardware. One IPU-like processor per replica;
-// defaults describe a Mk2-class IPU. Rates feed the time model, capacities
-// the memory planner. All values are per processor (i.e. per replica).
+// DeviceSpec: the simulated hardware. ipusPerReplica IPU-like processors per
+// replica (1 by default); defaults describe a Mk2-class IPU. Rates feed the
+// time model, capacities the memory planner. All values are per processor.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,8 @@ namespace tessera {
 
 // The most host threads a device runs on.
 inline constexpr int kMaxDeviceThreads = 1024;
+// The most IPUs one replica spans.
+inline constexpr int kMaxIpusPerReplica = 64;
 
 struct SessionOptions;
 
@@ -40,6 +42,17 @@ struct DeviceSpec {
 
   // Fixed cost of starting one collective or one streaming transfer.
   double transferLatencySeconds = 2e-6;
+  // IPUs per replica (PopRun's --ipus-per-replica): a replica's ops are
+  // placed on them by SessionOptions::virtualGraphMode, each IPU has the
+  // tiles, SRAM and rates above and its own memory plan, so a run takes
+  // replicas x ipusPerReplica IPUs. More than 1 needs a virtual graph mode.
+  // In [1, 64].
+  int64_t ipusPerReplica = 1;
+  // Bandwidth of the IPU-Links between the IPUs of one replica, in bytes
+  // per second per direction: an IpuCopy moves its tensor at this rate.
+  double interIpuBandwidthBytesPerSecond = 64e9;
+  // Fixed cost of starting one copy between IPUs, in seconds.
+  double interIpuLatencySeconds = 1e-6;
 
   // Host threads that run the simulation (not a property of the simulated
   // hardware): products, elementwise chains and the other large steps are

@@ -81,6 +81,13 @@ enum class ErrorCode : int {
   InvalidBatchesPerStep = 170,    // batchesPerStep < 1, or more batches than the run has
   InvalidAnchorReturnType = 171,  // an unknown return type, or EveryN's period not dividing batchesPerStep
   InvalidAnchor = 172,            // an anchor naming no output, or named twice
+  // --- Virtual graphs: several IPUs per replica (173-181) ---
+  VirtualGraphModeUnsupported = 173,       // virtualGraphMode ExecutionPhases (no phased execution yet)
+  IpusPerReplicaWithoutVirtualGraphs = 174,  // ipusPerReplica > 1 with virtualGraphMode Off
+  VirtualGraphWithModeOff = 175,           // an op names an IPU but virtualGraphMode is Off
+  ManualWithoutVirtualGraphs = 176,        // virtualGraphMode Manual but no op names an IPU
+  PartialVirtualGraphs = 177,              // some ops name an IPU, others do not
+  VirtualGraphOutOfRange = 178,            // an op's IPU at or above ipusPerReplica
   // --- Graph construction (2xx) ---
   ShapeMismatch = 201,
   InvalidOperand = 202,
@@ -96,6 +103,7 @@ enum class ErrorCode : int {
   DTypeMismatch = 212,              // float16 and float32 operands of one op (cast one of them)
   InvalidRecompute = 220,           // a recompute annotation on an op that cannot be recomputed
   InvalidRecurrence = 221,          // a recurrence's weights or states that do not fit its cell and direction
+  InvalidVirtualGraph = 230,        // a negative IPU given to Graph::setVirtualGraph
   // --- Autodiff (3xx) ---
   NoGradient = 301,
   LossNotScalar = 302,
@@ -108,6 +116,7 @@ enum class ErrorCode : int {
   InstanceMismatch = 502,
   InstanceLost = 503,
   MpiUnavailable = 504,
+  InconsistentIpusPerReplica = 505,  // tessera launch --ipus-per-replica against /device/ipusPerReplica
   // --- Files (6xx) ---
   FileUnreadable = 601,
   FileUnwritable = 602,
@@ -133,6 +142,7 @@ enum class ErrorCode : int {
   OnnxExportMismatch = 710,      // values to write that do not fit the model's initializers
   OnnxInvalidRecompute = 720,    // a __recompute_output_in_backward_pass value that is no RecomputeType
   OnnxUnsupportedRecurrence = 721,  // an RNN, GRU or LSTM attribute or input the recurrences do not take
+  OnnxInvalidIpuNumber = 730,    // an __ipu_number that is not a non-negative integer
   OnnxBuilderUnknown = 735,      // OnnxBuilder: an op type, attribute or tensor name it does not know
   OnnxBuilderInvalid = 736,      // OnnxBuilder: an element type, count, attribute value or model it refuses
   // --- Internal (9xx) ---

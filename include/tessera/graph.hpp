@@ -209,6 +209,8 @@ enum class OpKind : uint16_t {
   // Streaming memory: `remoteBuffer`, `entry`. Every replica has its own copy of a buffer.
   RemoteLoad,   // buffer[entry] -> tensor
   RemoteStore,  // tensor -> buffer[entry]; no output
+  // Between the IPUs of one replica (virtual graphs).
+  IpuCopy,  // y = x, moved from the IPU of x's producer to this op's (OpNode::virtualGraph)
 };
 
 template <>
@@ -299,6 +301,7 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::ReplicaShardedPad, std::string_view{"ReplicaShardedPad"}},
       std::pair{OpKind::RemoteLoad, std::string_view{"RemoteLoad"}},
       std::pair{OpKind::RemoteStore, std::string_view{"RemoteStore"}},
+      std::pair{OpKind::IpuCopy, std::string_view{"IpuCopy"}},
   };
 };
 
@@ -463,6 +466,9 @@ struct EnumNames<RecomputeType> {
                                         std::pair{RecomputeType::Recomputed, std::string_view{"Recomputed"}}};
 };
 
+// OpNode::virtualGraph of an op that names no IPU.
+inline constexpr int64_t kNoVirtualGraph = -1;
+
 struct OpNode {
   OpKind kind = OpKind::Input;
   std::vector<TensorId> inputs;
@@ -476,6 +482,11 @@ struct OpNode {
   // RecomputationType::NormOnly recomputes. Set by the builders that expand
   // a normalisation into ops (markNormalisation).
   bool normalisation = false;
+  // The IPU of the replica this op runs on (PopART's virtual graph id):
+  // kNoVirtualGraph until ops::virtualGraph, an ONNX node's __ipu_number or
+  // the virtual graph transform sets it. Read only when the session's
+  // virtualGraphMode is not Off; a program without it runs on IPU 0.
+  int64_t virtualGraph = kNoVirtualGraph;
   // Ops that must run before this one although no data may flow between
   // them (see the program order rules at the top of this file).
   std::vector<OpId> after;
@@ -538,12 +549,17 @@ class Graph {
   // GraphError(InvalidRecompute) naming the op. Recomputed is the
   // transform's own mark and is refused too.
   void setRecompute(OpId op, RecomputeType type);
+  // Places an op on IPU `ipu` of its replica (OpNode::virtualGraph);
+  // kNoVirtualGraph clears it. Throws GraphError(InvalidVirtualGraph) for
+  // any other negative value, naming the op.
+  void setVirtualGraph(OpId op, int64_t ipu);
   // Marks the ops from `first` to the last op created as a normalisation.
   void markNormalisation(OpId first);
   // True for the ops the recomputation transform may clone.
   bool canRecompute(OpId op) const;
-  // Gives op `to` the recompute and normalisation marks of `from` (an op of
-  // another graph that `to` copies), unchecked: transforms that copy ops.
+  // Gives op `to` the recompute and normalisation marks and the virtual
+  // graph of `from` (an op of another graph that `to` copies), unchecked:
+  // transforms that copy ops.
   void copyRecomputeMarks(OpId to, const OpNode& from);
 
   // `op` runs after `before`. Throws GraphError(InvalidOperand) on bad ids;

@@ -59,6 +59,8 @@ void to_json(nlohmann::json& j, MeanReductionStrategy value);
 void from_json(const nlohmann::json& j, MeanReductionStrategy& value);
 void to_json(nlohmann::json& j, RecomputationType value);
 void from_json(const nlohmann::json& j, RecomputationType& value);
+void to_json(nlohmann::json& j, VirtualGraphMode value);
+void from_json(const nlohmann::json& j, VirtualGraphMode& value);
 
 // Option structs.
 void to_json(nlohmann::json& j, const CommGroup& value);

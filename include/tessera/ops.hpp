@@ -301,5 +301,13 @@ Tensor remoteReplicaShardedVariable(Graph& graph, std::string name, InitialValue
 // be recomputed (Graph::setRecompute).
 void recomputeOutputInBackwardPass(Tensor t, RecomputeType type = RecomputeType::Recompute);
 
+// --- Virtual graphs (PopART's Builder::virtualGraph) ---
+// Places the op that produces `t` on IPU `ipu` of its replica
+// (OpNode::virtualGraph), read when SessionOptions::virtualGraphMode is
+// Manual. Throws GraphError(InvalidVirtualGraph) for a negative `ipu`; an
+// IPU at or above DeviceSpec::ipusPerReplica is refused by the session
+// (ConfigError(VirtualGraphOutOfRange)).
+void virtualGraph(Tensor t, int64_t ipu);
+
 }  // namespace ops
 }  // namespace tessera

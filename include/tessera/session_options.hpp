@@ -69,6 +69,25 @@ struct EnumNames<RecomputationType> {
       std::pair{RecomputationType::RecomputeAll, std::string_view{"RecomputeAll"}}};
 };
 
+// How the ops of a replica are placed on its IPUs (PopART's
+// VirtualGraphMode; DeviceSpec::ipusPerReplica IPUs per replica).
+enum class VirtualGraphMode {
+  Off,              // one IPU per replica; no op may name an IPU
+  Manual,           // every op names its IPU (ops::virtualGraph, an ONNX node's __ipu_number)
+  Auto,             // the forward pass is split over the IPUs by memory; the rest follows
+  ExecutionPhases,  // phased execution; refused until phases exist (config error 173)
+};
+
+template <>
+struct EnumNames<VirtualGraphMode> {
+  static constexpr std::string_view kTypeName = "VirtualGraphMode";
+  static constexpr std::array kNames = {
+      std::pair{VirtualGraphMode::Off, std::string_view{"Off"}},
+      std::pair{VirtualGraphMode::Manual, std::string_view{"Manual"}},
+      std::pair{VirtualGraphMode::Auto, std::string_view{"Auto"}},
+      std::pair{VirtualGraphMode::ExecutionPhases, std::string_view{"ExecutionPhases"}}};
+};
+
 // JSON path of the SessionOptions object inside a run config; every path in
 // a validation error or a location reason starts with it.
 inline constexpr std::string_view kSessionOptionsPath = "/sessionOptions";
@@ -128,6 +147,21 @@ struct SessionOptions {
   // tessera does not pipeline (config error 160, as PopART refuses it
   // without pipelining).
   RecomputationType autoRecomputation = RecomputationType::None;
+
+  // ---------------------------------------------------------------------
+  // Virtual graphs: several IPUs per replica
+  // ---------------------------------------------------------------------
+
+  // How ops are placed on the DeviceSpec::ipusPerReplica IPUs of a replica
+  // (the virtual graph transform, sessions/transforms/virtual_graph.cc).
+  // Off needs ipusPerReplica 1 and no op naming an IPU; Manual needs every
+  // forward op to name one (or none to: then all run on IPU 0), each below
+  // ipusPerReplica; Auto splits the forward schedule into ipusPerReplica
+  // contiguous parts of about equal memory. Backward, accumulation and
+  // optimizer ops run on the IPU of their forward op or their weight; values
+  // crossing IPUs go through IpuCopy ops. ExecutionPhases is refused (config
+  // error 173): tessera has no phased execution yet.
+  VirtualGraphMode virtualGraphMode = VirtualGraphMode::Off;
 
   // ---------------------------------------------------------------------
   // Tiles

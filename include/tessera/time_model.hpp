@@ -29,6 +29,14 @@
 //    streamingBandwidthBytesPerSecond, plus transferLatencySeconds. A
 //    transfer whose tensor lives on the IO tiles (TensorNode::tileSet IO) runs
 //    on the IOTiles lane; any other runs on the Streaming lane.
+//  - IpuLink: an IpuCopy moves its tensor's bytes between two IPUs of a
+//    replica at DeviceSpec::interIpuBandwidthBytesPerSecond, plus
+//    interIpuLatencySeconds.
+//
+// Each IPU of a replica (DeviceSpec::ipusPerReplica; an op runs on
+// OpNode::virtualGraph, IPU 0 when it names none) has its own compute and IO
+// tiles: ops on different IPUs occupy different tiles. An IpuCopy occupies
+// the compute tiles of both IPUs and the IPU-Links of the replica.
 //
 // Scheduling: ops are taken in schedule order; an op starts when its inputs
 // and the ops it must run after are done and the resources it occupies are
@@ -60,6 +68,7 @@ enum class TimeLane {
   IOTiles,       // streaming transfers through the IO tiles, overlapped with compute
   Link,          // collectives between replicas
   Streaming,     // streaming transfers through the compute tiles (they block compute)
+  IpuLink,       // copies between the IPUs of one replica
 };
 
 template <>
@@ -68,7 +77,8 @@ struct EnumNames<TimeLane> {
   static constexpr std::array kNames = {std::pair{TimeLane::ComputeTiles, std::string_view{"ComputeTiles"}},
                                         std::pair{TimeLane::IOTiles, std::string_view{"IOTiles"}},
                                         std::pair{TimeLane::Link, std::string_view{"Link"}},
-                                        std::pair{TimeLane::Streaming, std::string_view{"Streaming"}}};
+                                        std::pair{TimeLane::Streaming, std::string_view{"Streaming"}},
+                                        std::pair{TimeLane::IpuLink, std::string_view{"IpuLink"}}};
 };
 
 // One op of the step.
@@ -84,6 +94,7 @@ struct OpTime {
   double duration = 0.0;  // seconds
   double flops = 0.0;     // ComputeTiles: arithmetic of one replica
   double bytes = 0.0;     // bytes one replica moves over the link or to or from streaming memory
+  int64_t ipu = 0;        // the IPU of the replica it runs on (an IpuCopy: the IPU it copies to)
 };
 
 struct TimeReport {
@@ -99,6 +110,9 @@ struct TimeReport {
   double flops = 0.0;                       // every op's flops
   double linkBytes = 0.0;                   // every collective's bytes
   double streamingBytes = 0.0;              // every transfer's bytes, both lanes
+  double ipuCopySeconds = 0.0;              // IpuLink
+  double ipuCopyBytes = 0.0;                // every IpuCopy's bytes
+  int64_t ipuCopies = 0;                    // IpuCopy ops
 };
 
 // The modelled time of one run of `program` on the hardware `spec` describes,

@@ -362,10 +362,25 @@ void addElementwiseOps(OpTable& table) {
              },
              .reference = [](ReferenceOp& r, int64_t replica) { r.out(replica) = r.in(1, replica); },
              .cost = perElement<1>});
-  table.keepsHalves({OpKind::Neg, OpKind::Relu, OpKind::Abs, OpKind::Sign, OpKind::ReluGrad, OpKind::Copy, OpKind::CopyInplace});
+  // y = x on another IPU of the replica: the copy transform inserts it
+  // after autodiff; numerically the identity.
+  table.add({.kind = OpKind::IpuCopy,
+             .family = OpFamily::Elementwise,
+             .work = OpWork::InterIpu,
+             .shape = [](const OpChecker& c, OpAttributes& /*attributes*/) -> std::vector<OutputSpec> {
+               c.arity(1);
+               return {{c.shape(0), c.in(0).dtype, c.in(0).metaShape}};
+             },
+             .gradient = [](const GradientContext& g) -> R { return {g.dy}; },
+             .reference = [](ReferenceOp& r, int64_t replica) { r.out(replica) = r.in(0, replica); },
+             .cost = [](const Graph& graph, const OpNode& op) {
+               return OpCost{.ipuLinkBytes = bytesOf(graph, op.inputs[0])};
+             }});
+  table.keepsHalves({OpKind::Neg, OpKind::Relu, OpKind::Abs, OpKind::Sign, OpKind::ReluGrad, OpKind::Copy,
+                     OpKind::CopyInplace, OpKind::IpuCopy});
   table.float64({OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Pow, OpKind::Neg, OpKind::Abs, OpKind::Sign,
                  OpKind::Relu, OpKind::Sqrt, OpKind::Exp, OpKind::Log, OpKind::Reciprocal, OpKind::Tanh,
-                 OpKind::Sigmoid, OpKind::Copy});
+                 OpKind::Sigmoid, OpKind::Copy, OpKind::IpuCopy});
 }
 
 }  // namespace tessera

@@ -63,11 +63,16 @@ int reportDoesNotFit(const MemoryShortfall& shortfall, const MemoryReport& memor
                                                                       : m.streamingBytes;
     if (peak > shortfall.availableBytes) ++shortReplicas;
   }
+  // With several IPUs per replica each entry is one IPU of a replica.
+  const bool ipus = memory.ipusPerReplica > 1;
   const DeviceError error(
-      ErrorCode::OutOfMemory, fmt::format("replica {}, {}", shortfall.replica, space),
-      fmt::format("needs {} bytes but has {} bytes ({} of {} replicas short); the program does not fit the "
+      ErrorCode::OutOfMemory,
+      ipus ? fmt::format("replica {}, IPU {}, {}", shortfall.replica, shortfall.ipu, space)
+           : fmt::format("replica {}, {}", shortfall.replica, space),
+      fmt::format("needs {} bytes but has {} bytes ({} of {} {} short); the program does not fit the "
                   "device, so train would refuse it: `tessera explain` lists the settings that lower the peak",
-                  shortfall.neededBytes, shortfall.availableBytes, shortReplicas, memory.perReplica.size()));
+                  shortfall.neededBytes, shortfall.availableBytes, shortReplicas, memory.perReplica.size(),
+                  ipus ? "IPUs" : "replicas"));
   fmt::print(stderr, "error: {}\n", error.what());
   return kExitDoesNotFit;
 }

@@ -264,7 +264,7 @@ std::vector<ReplicaClass> replicaClasses(const MemoryReport& memory) {
   std::vector<ReplicaClass> classes;
   for (const ReplicaMemory& m : memory.perReplica) {
     auto it = std::find_if(classes.begin(), classes.end(),
-                           [&](const ReplicaClass& c) { return alike(*c.memory, m); });
+                           [&](const ReplicaClass& c) { return c.memory->ipu == m.ipu && alike(*c.memory, m); });
     if (it == classes.end()) {
       classes.push_back({&m, {}, 0, m.paddingBytes, m.paddingBytes});
       it = std::prev(classes.end());
@@ -314,6 +314,7 @@ nlohmann::json memoryJson(const MemoryReport& memory, bool perReplica) {
   nlohmann::json classes = nlohmann::json::array();
   for (const ReplicaClass& c : replicaClasses(memory)) {
     nlohmann::json entry = {{"replicas", rangesJson(c.ranges)},
+                            {"ipu", c.memory->ipu},
                             {"count", c.count},
                             {"paddingBytes", {{"min", c.minPaddingBytes}, {"max", c.maxPaddingBytes}}}};
     entry.update(replicaMemoryJson(*c.memory));
@@ -322,6 +323,7 @@ nlohmann::json memoryJson(const MemoryReport& memory, bool perReplica) {
   nlohmann::json shortfall = nullptr;
   if (const std::optional<MemoryShortfall> s = findShortfall(memory)) {
     shortfall = {{"replica", s->replica},
+                 {"ipu", s->ipu},
                  {"space", toString(s->space)},
                  {"neededBytes", s->neededBytes},
                  {"availableBytes", s->availableBytes}};
@@ -330,13 +332,14 @@ nlohmann::json memoryJson(const MemoryReport& memory, bool perReplica) {
                         {"fits", shortfall.is_null()},
                         {"shortfall", std::move(shortfall)},
                         {"paddingBytes", memory.paddingBytes},
+                        {"ipusPerReplica", memory.ipusPerReplica},
                         {"computeTilesCapacity", memory.computeTilesCapacity},
                         {"ioTilesCapacity", memory.ioTilesCapacity},
                         {"streamingCapacity", memory.streamingCapacity}};
   if (perReplica) {
     nlohmann::json replicas = nlohmann::json::array();
     for (const ReplicaMemory& m : memory.perReplica) {
-      nlohmann::json entry = {{"replica", m.replica}, {"paddingBytes", m.paddingBytes}};
+      nlohmann::json entry = {{"replica", m.replica}, {"ipu", m.ipu}, {"paddingBytes", m.paddingBytes}};
       entry.update(replicaMemoryJson(m));
       replicas.push_back(std::move(entry));
     }
@@ -387,7 +390,9 @@ nlohmann::json planJson(const RunPlan& plan, bool perReplica, const std::vector<
             {"computeSeconds", time.computeSeconds},
             {"collectiveSeconds", time.collectiveSeconds},
             {"streamingSeconds", time.streamingSeconds},
-            {"overlappedStreamingSeconds", time.overlappedStreamingSeconds}}}};
+            {"overlappedStreamingSeconds", time.overlappedStreamingSeconds},
+            {"ipuCopySeconds", time.ipuCopySeconds}}},
+          {"ipuCopies", {{"count", time.ipuCopies}, {"bytes", time.ipuCopyBytes}}}};
 }
 
 // The config, where its values came from, its notes and sharding domains.
@@ -449,22 +454,26 @@ void printAnswer(const std::string& source, const RunPlan& plan,
   const std::vector<ReplicaClass> classes = replicaClasses(memory);
   const std::optional<MemoryShortfall> shortfall = findShortfall(memory);
   const auto replicaCount = static_cast<int64_t>(memory.perReplica.size());
+  // With several IPUs per replica every row is one IPU of the replicas in
+  // its ranges.
+  const bool ipus = memory.ipusPerReplica > 1;
+  const std::string unit = ipus ? "IPU" : "replica";
   const std::string alikeText =
-      classes.size() == 1 ? fmt::format("all {} replicas alike", replicaCount)
-                          : fmt::format("{} kinds of replica over {}", classes.size(), replicaCount);
+      classes.size() == 1 ? fmt::format("all {} {}s alike", replicaCount, unit)
+                          : fmt::format("{} kinds of {} over {}", classes.size(), unit, replicaCount);
   if (shortfall) {
-    fmt::print(
-        "{}: valid; does not fit: {} need {} per replica, {} available ({}; first short: replica {})\n",
-        source, spaceLabel(shortfall->space), bytes(shortfall->neededBytes), bytes(shortfall->availableBytes),
-        alikeText, shortfall->replica);
+    fmt::print("{}: valid; does not fit: {} need {} per {}, {} available ({}; first short: replica {}{})\n",
+               source, spaceLabel(shortfall->space), bytes(shortfall->neededBytes), unit,
+               bytes(shortfall->availableBytes), alikeText, shortfall->replica,
+               ipus ? fmt::format(", IPU {}", shortfall->ipu) : std::string());
   } else {
-    fmt::print("{}: valid; fits: every replica's peaks are within the capacities ({})\n", source, alikeText);
+    fmt::print("{}: valid; fits: every {}'s peaks are within the capacities ({})\n", source, unit, alikeText);
   }
   std::vector<std::vector<std::string>> rows;
   for (const ReplicaClass& c : classes) {
     const ReplicaMemory& m = *c.memory;
     rows.push_back(
-        {rangesText(c.ranges), std::to_string(c.count),
+        {rangesText(c.ranges), std::to_string(m.ipu), std::to_string(c.count),
          fmt::format("{} ({})", bytes(m.computeTilesBytes),
                      percentOf(m.computeTilesBytes, memory.computeTilesCapacity)),
          fmt::format("{} ({})", bytes(m.ioTilesBytes), percentOf(m.ioTilesBytes, memory.ioTilesCapacity)),
@@ -474,14 +483,16 @@ void printAnswer(const std::string& source, const RunPlan& plan,
              ? bytes(c.minPaddingBytes)
              : fmt::format("{} to {}", bytes(c.minPaddingBytes), bytes(c.maxPaddingBytes))});
   }
-  rows.push_back({"capacity", "", bytes(memory.computeTilesCapacity), bytes(memory.ioTilesCapacity),
+  rows.push_back({"capacity", "", "", bytes(memory.computeTilesCapacity), bytes(memory.ioTilesCapacity),
                   bytes(memory.streamingCapacity), ""});
-  fmt::print("Peak per replica:\n");
-  fmt::print(
-      "{}",
-      indent(
-          formatTable({"replicas", "count", "compute tiles", "IO tiles", "streaming", "shard padding"}, rows),
-          "  "));
+  std::vector<std::string> header = {"replicas", "IPU", "count", "compute tiles", "IO tiles", "streaming",
+                                     "shard padding"};
+  if (!ipus) {
+    header.erase(header.begin() + 1);
+    for (std::vector<std::string>& row : rows) row.erase(row.begin() + 1);
+  }
+  fmt::print("Peak per {}:\n", unit);
+  fmt::print("{}", indent(formatTable(header, rows), "  "));
   if (memory.perReplica.empty()) return;
   // The space that decides: the short one, else the fullest on chip.
   const ReplicaMemory* replica = &memory.perReplica.front();
@@ -489,7 +500,7 @@ void printAnswer(const std::string& source, const RunPlan& plan,
   if (shortfall) {
     space = shortfall->space;
     for (const ReplicaMemory& m : memory.perReplica)
-      if (m.replica == shortfall->replica) replica = &m;
+      if (m.replica == shortfall->replica && m.ipu == shortfall->ipu) replica = &m;
   } else if (memory.ioTilesCapacity > 0 && memory.computeTilesCapacity > 0 &&
              static_cast<double>(replica->ioTilesBytes) / static_cast<double>(memory.ioTilesCapacity) >
                  static_cast<double>(replica->computeTilesBytes) /
@@ -505,7 +516,8 @@ void printAnswer(const std::string& source, const RunPlan& plan,
   for (const auto& [n, category] : categories)
     parts.push_back(fmt::format("{} {}", categoryLabel(category), bytes(n)));
   const MemoryPeak& peak = replica->peak(space);
-  fmt::print("Largest at the {} peak of replica {}{}: {}\n", spaceLabel(space), replica->replica,
+  fmt::print("Largest at the {} peak of replica {}{}{}: {}\n", spaceLabel(space), replica->replica,
+             ipus ? fmt::format(", IPU {}", replica->ipu) : std::string(),
              peak.op.empty() ? std::string() : fmt::format(" (during op \"{}\")", peak.op),
              parts.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(parts, ", ")));
   parts.clear();
@@ -623,8 +635,10 @@ void printPlan(const RunPlan& plan, bool perReplica) {
   if (perReplica) {
     std::vector<std::vector<std::string>> rows;
     for (const ReplicaMemory& m : plan.memory.perReplica) {
-      rows.push_back({std::to_string(m.replica), bytes(m.computeTilesBytes), bytes(m.ioTilesBytes),
-                      bytes(m.streamingBytes), bytes(m.paddingBytes)});
+      rows.push_back({plan.memory.ipusPerReplica > 1 ? fmt::format("{} IPU {}", m.replica, m.ipu)
+                                                     : std::to_string(m.replica),
+                      bytes(m.computeTilesBytes), bytes(m.ioTilesBytes), bytes(m.streamingBytes),
+                      bytes(m.paddingBytes)});
     }
     fmt::print("\nMemory per replica (peak; capacity: compute tiles {}, IO tiles {}, streaming {}):\n",
                bytes(plan.memory.computeTilesCapacity), bytes(plan.memory.ioTilesCapacity),
@@ -642,6 +656,8 @@ void printPlan(const RunPlan& plan, bool perReplica) {
   }
   std::vector<std::vector<std::string>> rows;
   for (const auto& [lane, traffic] : trafficOf(plan.time)) {
+    // The IPU links appear with several IPUs per replica.
+    if (lane == TimeLane::IpuLink && traffic.ops == 0) continue;
     rows.push_back({std::string(toString(lane)), std::to_string(traffic.ops),
                     bytes(static_cast<int64_t>(traffic.bytes)), fmt::format("{:.3g}", traffic.flops),
                     seconds(traffic.seconds)});
@@ -649,9 +665,12 @@ void printPlan(const RunPlan& plan, bool perReplica) {
   fmt::print("\nTraffic per step (one replica; bytes over the links and to or from streaming memory):\n");
   fmt::print("{}", formatTable({"lane", "ops", "bytes", "flops", "busy"}, rows));
   const TimeReport& t = plan.time;
-  fmt::print("\nModelled step time: {} (compute {}, collectives {}, streaming {}, overlapped streaming {})\n",
+  fmt::print("\nModelled step time: {} (compute {}, collectives {}, streaming {}, overlapped streaming {}{})\n",
              seconds(t.stepSeconds), seconds(t.computeSeconds), seconds(t.collectiveSeconds),
-             seconds(t.streamingSeconds), seconds(t.overlappedStreamingSeconds));
+             seconds(t.streamingSeconds), seconds(t.overlappedStreamingSeconds),
+             t.ipuCopies > 0 ? fmt::format(", {} copies between IPUs {}: {}", t.ipuCopies,
+                                           bytes(static_cast<int64_t>(t.ipuCopyBytes)), seconds(t.ipuCopySeconds))
+                             : std::string());
 }
 
 void printWhatIf(const std::vector<std::string>& settings, const RunPlan& before, const RunPlan& after) {

@@ -208,7 +208,9 @@ Action attachLaunch(CLI::App& command) {
   command.add_option(
       "--num-instances", args->instances,
       "Instances (processes) to start; each runs num-replicas / num-instances replicas (default 1)");
-  command.add_option("--ipus-per-replica", args->ipusPerReplica, "Processors per replica (default 1)");
+  command.add_option("--ipus-per-replica", args->ipusPerReplica,
+                     "IPUs per replica (default 1): the run takes replicas x this many IPUs; more than 1 "
+                     "needs /sessionOptions/virtualGraphMode Manual or Auto");
   command.add_option("--timeout", args->timeoutSeconds,
                      "Seconds an instance waits for the others in one exchange before it reports them lost "
                      "(TESSERA_DIST_TIMEOUT; default 60)");

@@ -217,6 +217,7 @@ void RecomputeTransform::apply(Graph& graph) {
       OpNode marks;
       marks.recompute = RecomputeType::Recomputed;
       marks.normalisation = op.normalisation;
+      marks.virtualGraph = op.virtualGraph;
       out.copyRecomputeMarks(clone, marks);
     }
     return clones[index(t)];

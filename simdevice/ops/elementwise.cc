@@ -557,6 +557,7 @@ void addElementwiseKernels(KernelTable& table) {
                  },
              .tile = scaledAddTile});
   table.add({.kind = OpKind::Copy, .plan = planCopy, .tile = copyTile, .planFloat64 = planCopy});
+  table.add({.kind = OpKind::IpuCopy, .plan = planCopy, .tile = copyTile, .planFloat64 = planCopy});
   // (dst, src): the source is copied into the destination's storage.
   table.add(
       {.kind = OpKind::CopyInplace,

@@ -84,6 +84,10 @@ def test_enums_have_popart_names():
     assert opts.autoRecomputation == tessera.RecomputationType.NoRecompute
     opts.autoRecomputation = tessera.RecomputationType.Standard
     assert json.loads(opts.toJson())["autoRecomputation"] == "Standard"
+    assert list(tessera.VirtualGraphMode.__members__) == ["Off", "Manual", "Auto", "ExecutionPhases"]
+    assert opts.virtualGraphMode == tessera.VirtualGraphMode.Off
+    opts.virtualGraphMode = tessera.VirtualGraphMode.Auto
+    assert json.loads(opts.toJson())["virtualGraphMode"] == "Auto"
 
 
 @pytest.mark.parametrize("change, json_change, error_id, path", [
@@ -95,6 +99,8 @@ def test_enums_have_popart_names():
      "tessera.config.119", "/sessionOptions/numIOTiles"),
     (lambda o: setattr(o, "autoRecomputation", tessera.RecomputationType.Pipeline),
      {"autoRecomputation": "Pipeline"}, "tessera.config.160", "/sessionOptions/autoRecomputation"),
+    (lambda o: setattr(o, "virtualGraphMode", tessera.VirtualGraphMode.ExecutionPhases),
+     {"virtualGraphMode": "ExecutionPhases"}, "tessera.config.173", "/sessionOptions/virtualGraphMode"),
 ])
 def test_validation_raises_the_json_paths_error(change, json_change, error_id, path):
     opts = tessera.SessionOptions()

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -166,6 +167,38 @@ TEST_CASE("explain on an ONNX config lists every initializer with its category, 
   const CliResult text = runCli({"explain", path});
   CHECK(text.exitCode == 0);
   CHECK(text.out.find("fc2.weight") != std::string::npos);
+}
+
+TEST_CASE("explain over 2 IPUs per replica: a row per IPU, the copies between them as traffic") {
+  if (!tessera::onnxSupported()) return;
+  const std::string path = tessera::test::sourcePath("samples/configs/mlp_onnx.json");
+  const std::vector<std::string> ipus = {"--set", "/sessionOptions/virtualGraphMode=Auto", "--set",
+                                         "/device/ipusPerReplica=2"};
+  std::vector<std::string> args = {"explain", path, "--json"};
+  args.insert(args.end(), ipus.begin(), ipus.end());
+  const CliResult explained = runCli(args);
+  INFO("explain stderr: ", explained.err);
+  REQUIRE(explained.exitCode == 0);
+  const json report = parseJson(explained);
+  const json& memory = report.at("memory");
+  CHECK(memory.at("ipusPerReplica") == 2);
+  CHECK(memory.at("fits") == true);
+  std::set<int64_t> seen;
+  for (const json& c : memory.at("replicaClasses")) seen.insert(c.at("ipu").get<int64_t>());
+  CHECK(seen == std::set<int64_t>{0, 1});
+  CHECK(report.at("ipuCopies").at("count").get<int64_t>() > 0);
+  CHECK(report.at("traffic").at("IpuLink").at("bytes") == report.at("ipuCopies").at("bytes"));
+  args.erase(args.begin() + 2);
+  const CliResult text = runCli(args);
+  CHECK(text.exitCode == 0);
+  CHECK(text.out.find("fits: every IPU's peaks are within the capacities") != std::string::npos);
+  CHECK(text.out.find("Peak per IPU:") != std::string::npos);
+  CHECK(text.out.find("IpuLink") != std::string::npos);
+  CHECK(text.out.find("copies between IPUs") != std::string::npos);
+  // Off with 2 IPUs names the rule.
+  const CliResult off = runCli({"validate", path, "--set", "/device/ipusPerReplica=2"});
+  CHECK(off.exitCode == 1);
+  CHECK(off.err.find("tessera.config.174") != std::string::npos);
 }
 
 TEST_CASE("the LeNet and tiny GPT sample configs validate, and explain lists their initializers") {

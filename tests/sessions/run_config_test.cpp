@@ -768,6 +768,7 @@ TEST_CASE("the run config schema is generated from the field tables") {
       names<TensorStorage>(), names<TileSet>(),       names<ReplicatedTensorSharding>(),
       names<CommGroupType>(), names<ReductionType>(), names<MeanReductionStrategy>(),
       names<Activation>(),    names<DatasetKind>(),   names<ScheduleType>(), names<RecomputationType>(),
+      names<VirtualGraphMode>(),
       {"float32", "float16"},  // /model/dtype: the floating DTypes
       names<DType>(),          // optimizer state dtypes
   };
@@ -1013,13 +1014,53 @@ TEST_CASE("configNotes warns of float16 weights without master weights and of lo
   // A note is not an error: the configs validate.
   CHECK_NOTHROW(validate(parse(R"({"optimizer": {"lossScaling": 128}})").config));
   CHECK_NOTHROW(validate(parse(R"({"model": {"dtype": "float16"}, "optimizer": {"masterWeights": false}})").config));
+
+  // Auto virtual graphs on one IPU place every op on IPU 0 (PopART warns).
+  const std::vector<ConfigNote> oneIpu =
+      configNotes(parse(R"({"sessionOptions": {"virtualGraphMode": "Auto"}})").config);
+  REQUIRE(oneIpu.size() == 1);
+  CHECK(oneIpu[0].code == NoteCode::AutoVirtualGraphsOnOneIpu);
+  CHECK(oneIpu[0].text().starts_with("[tessera.note.803] /sessionOptions/virtualGraphMode: virtualGraphMode is "
+                                     "Auto but /device/ipusPerReplica is 1"));
+  CHECK(configNotes(parse(R"({"sessionOptions": {"virtualGraphMode": "Auto"}, "device": {"ipusPerReplica": 2}})")
+                        .config)
+            .empty());
+}
+
+TEST_CASE("virtualGraphMode and ipusPerReplica are read strictly and checked together") {
+  const RunConfig config =
+      parse(R"({"sessionOptions": {"virtualGraphMode": "Manual"}, "device": {"ipusPerReplica": 4}})").config;
+  CHECK(config.sessionOptions.virtualGraphMode == VirtualGraphMode::Manual);
+  CHECK(config.device.ipusPerReplica == 4);
+  CHECK(json(config)["device"]["interIpuBandwidthBytesPerSecond"] == 64e9);
+  CHECK(json(config)["device"]["interIpuLatencySeconds"] == 1e-6);
+  const auto misspelt =
+      test::catchError<ConfigError>([] { (void)parse(R"({"sessionOptions": {"virtualGraphMode": "Automatic"}})"); });
+  REQUIRE(misspelt);
+  CHECK(misspelt->id() == "tessera.config.102");
+  CHECK(std::string(misspelt->what()).find("Auto") != std::string::npos);
+  const auto unknown = test::catchError<ConfigError>([] { (void)parse(R"({"device": {"ipusPerReplicas": 2}})"); });
+  REQUIRE(unknown);
+  CHECK(unknown->id() == "tessera.config.104");
+  CHECK(std::string(unknown->what()).find("ipusPerReplica") != std::string::npos);
+  const auto tooMany = test::catchError<ConfigError>([] { (void)parse(R"({"device": {"ipusPerReplica": 65}})"); });
+  REQUIRE(tooMany);
+  CHECK(tooMany->id() == "tessera.config.106");
+  const auto off = test::catchError<ConfigError>([] { validate(parse(R"({"device": {"ipusPerReplica": 2}})").config); });
+  REQUIRE(off);
+  CHECK(off->id() == "tessera.config.174");
+  const auto phases = test::catchError<ConfigError>(
+      [] { validate(parse(R"({"sessionOptions": {"virtualGraphMode": "ExecutionPhases"}})").config); });
+  REQUIRE(phases);
+  CHECK(phases->id() == "tessera.config.173");
 }
 
 TEST_CASE("docs/errors.md documents every note id with an example") {
   std::ifstream in(test::sourcePath("docs/errors.md"));
   REQUIRE(in.good());
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (const NoteCode code : {NoteCode::Float16WeightsWithoutMasterWeights, NoteCode::LossScalingWithoutFloat16}) {
+  for (const NoteCode code : {NoteCode::Float16WeightsWithoutMasterWeights, NoteCode::LossScalingWithoutFloat16,
+                              NoteCode::AutoVirtualGraphsOnOneIpu}) {
     const std::string id = noteId(code);
     INFO(id);
     const auto at = text.find("`" + id + "`");

@@ -44,6 +44,9 @@ TEST_CASE("the DeviceSpec dump has the header's keys and defaults") {
                   {"streamingBandwidthBytesPerSecond", 20e9},
                   {"computeFlopsPerSecond", 62.5e12},
                   {"transferLatencySeconds", 2e-6},
+                  {"ipusPerReplica", 1},
+                  {"interIpuBandwidthBytesPerSecond", 64e9},
+                  {"interIpuLatencySeconds", 1e-6},
                   {"numThreads", 0}});
   CHECK(j["tilesPerIpu"].is_number_integer());
   CHECK(j["linkBandwidthBytesPerSecond"].is_number_float());
@@ -77,6 +80,10 @@ TEST_CASE("DeviceSpec values outside their ranges are rejected at their JSON poi
        "numThreads is -1; it must be in [0, 1024]"},
       {"too many threads", R"({"numThreads": 1025})", ErrorCode::OutOfRange, "/numThreads",
        "numThreads is 1025; it must be in [0, 1024]"},
+      {"no IPU per replica", R"({"ipusPerReplica": 0})", ErrorCode::OutOfRange, "/ipusPerReplica",
+       "ipusPerReplica is 0; it must be in [1, 64]"},
+      {"zero IPU-Link bandwidth", R"({"interIpuBandwidthBytesPerSecond": 0})", ErrorCode::OutOfRange,
+       "/interIpuBandwidthBytesPerSecond", "> 0"},
       {"float tile count", R"({"tilesPerIpu": 1472.5})", ErrorCode::WrongType, "/tilesPerIpu",
        "expected an integer"},
       {"string bandwidth", R"({"linkBandwidthBytesPerSecond": "fast"})", ErrorCode::WrongType,

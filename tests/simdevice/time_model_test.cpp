@@ -279,3 +279,55 @@ TEST_CASE("modelling time needs at least one local replica") {
   CHECK(error->code() == ErrorCode::InvalidProgram);
   CHECK(error->subject() == "Program.localReplicas");
 }
+
+// Two IPUs per replica: a matmul on each, the product of IPU 0 copied to
+// IPU 1. Each IPU has its own tiles and memory plan; the copy costs the
+// IPU-Link latency plus its bytes at the link bandwidth.
+TEST_CASE("several IPUs per replica: per-IPU tiles and memory, copies on the IPU links") {
+  DeviceSpec spec = roundSpec();
+  spec.ipusPerReplica = 2;
+  spec.interIpuBandwidthBytesPerSecond = 1e9;
+  spec.interIpuLatencySeconds = 1e-6;
+  Graph g;
+  const Tensor a = ops::input(g, "a", {4, 8});
+  const Tensor w0 = ops::variable(g, "w0", std::vector<float>(8 * 16, 0.5f), {8, 16});
+  const Tensor w1 = ops::variable(g, "w1", std::vector<float>(16 * 2, 0.5f), {16, 2});
+  const Tensor h = ops::matmul(a, w0);
+  const OpId copy = g.addOp(OpKind::IpuCopy, {h.id()}, {}, "copy");
+  const Tensor moved{&g, g.op(copy).outputs[0]};
+  const Tensor y = ops::matmul(moved, w1);
+  for (const Tensor& t : {a, w0, h}) g.setVirtualGraph(t.node().producer, 0);
+  for (const Tensor& t : {w1, y}) g.setVirtualGraph(t.node().producer, 1);
+  g.setVirtualGraph(copy, 1);
+
+  const TimeReport time = modelTime(programOf(g, 1), spec);
+  const OpTime& moving = opNamed(time, "copy");
+  CHECK(moving.lane == TimeLane::IpuLink);
+  CHECK(moving.ipu == 1);
+  CHECK(moving.bytes == 4 * 16 * 4.0);
+  CHECK(moving.duration == doctest::Approx(1e-6 + 4 * 16 * 4 / 1e9));
+  CHECK(time.ipuCopies == 1);
+  CHECK(time.ipuCopyBytes == 4 * 16 * 4.0);
+  CHECK(opNamed(time, "MatMul").ipu == 0);
+  CHECK(opNamed(time, "MatMul.1").ipu == 1);
+  // The second product waits for the copy, which waits for the first.
+  CHECK(opNamed(time, "MatMul.1").start == doctest::Approx(moving.start + moving.duration));
+
+  const MemoryReport memory = planMemory(programOf(g, 1), spec);
+  REQUIRE(memory.perReplica.size() == 2);
+  CHECK(memory.ipusPerReplica == 2);
+  CHECK(memory.perReplica[0].ipu == 0);
+  CHECK(memory.perReplica[1].ipu == 1);
+  CHECK(memory.perReplica[0].variableBytes == 8 * 16 * 4);
+  CHECK(memory.perReplica[1].variableBytes == 16 * 2 * 4);
+  // IPU 1 holds the copy and the product, never the input.
+  CHECK(memory.perReplica[1].computeTilesBytes == 16 * 2 * 4 + 4 * 16 * 4 + 4 * 2 * 4);
+
+  // A program naming an IPU the device does not have is refused.
+  g.setVirtualGraph(copy, 2);
+  const auto error = test::catchError<DeviceError>([&] { (void)planMemory(programOf(g, 1), spec); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::InvalidProgram);
+  CHECK(std::string(error->what()).find("runs on IPU 2, but a replica of this device has 2 IPUs") !=
+        std::string::npos);
+}
