@@ -81,6 +81,7 @@ enum class ErrorCode : int {
   InvalidBatchesPerStep = 170,    // batchesPerStep < 1, or more batches than the run has
   InvalidAnchorReturnType = 171,  // an unknown return type, or EveryN's period not dividing batchesPerStep
   InvalidAnchor = 172,            // an anchor naming no output, or named twice
+  InvalidOption = 190,            // a command-line option's value outside its range (a usage error, exit 2)
   // --- Graph construction (2xx) ---
   ShapeMismatch = 201,
   InvalidOperand = 202,
@@ -107,6 +108,8 @@ enum class ErrorCode : int {
   InstanceMismatch = 502,
   InstanceLost = 503,
   MpiUnavailable = 504,
+  InstancesNotJoined = 507,  // not every instance started MPI within the launcher's timeout
+  TooManyInstances = 508,    // more instances than the machine's limits let mpirun start
   // --- Files (6xx) ---
   FileUnreadable = 601,
   FileUnwritable = 602,
