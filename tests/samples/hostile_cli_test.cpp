@@ -4,7 +4,9 @@
 // once with an id and exit code 1 or 2.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -293,4 +295,55 @@ TEST_CASE("an override naming a tensor the model does not have fails explain and
   }
   run["sessionOptions"]["tensorLocationSettingsOverride"] = {{"W1", {{"storage", "OffChip"}}}};
   CHECK(runQuickly({"explain", dir.write("known.json", run.dump())}).exitCode == 0);
+}
+
+TEST_CASE("checkpoint inspect reads only the header: a 6 GiB checkpoint is listed at once") {
+  // The small MLP's checkpoint with its first tensor made 6 GiB large: the
+  // header is rewritten with the new shape and offsets, and the file is
+  // extended (sparsely) to the size the header says.
+  const TempDir dir;
+  const std::string valid = readFile(tessera::test::sourcePath("tests/data/checkpoint/valid.safetensors"));
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | static_cast<unsigned char>(valid[static_cast<size_t>(i)]);
+  json header = json::parse(valid.substr(8, length));
+  std::vector<std::string> order;
+  for (const auto& item : header.items())
+    if (item.key() != "__metadata__") order.push_back(item.key());
+  std::sort(order.begin(), order.end(), [&](const std::string& a, const std::string& b) {
+    return header[a]["data_offsets"][0].get<uint64_t>() < header[b]["data_offsets"][0].get<uint64_t>();
+  });
+  const std::string big = order.front();
+  REQUIRE(header[big]["dtype"] == "F32");
+  header[big]["shape"] = {uint64_t{3} << 29};  // 1.5 G float32 values: 6 GiB
+  uint64_t offset = 0;
+  for (const std::string& name : order) {
+    uint64_t elements = 4;
+    for (const auto& dim : header[name]["shape"]) elements *= dim.get<uint64_t>();
+    header[name]["data_offsets"] = {offset, offset + elements};
+    offset += elements;
+  }
+  const std::string text = header.dump();
+  std::string bytes(8, '\0');
+  for (size_t i = 0; i < 8; ++i) bytes[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  const std::string path = dir.write("huge.safetensors", bytes + text);
+  fs::resize_file(path, 8 + text.size() + offset);
+  REQUIRE(fs::file_size(path) > (uint64_t{6} << 30));
+
+  const ProcessResult listed = runQuickly({"checkpoint", "inspect", path, "--json"});
+  INFO("stderr: ", listed.err);
+  REQUIRE(listed.exitCode == 0);
+  const json inspected = json::parse(listed.out);
+  CHECK(inspected["bytes"] == fs::file_size(path));
+  CHECK(inspected["tensors"][0]["name"] == big);
+  CHECK(inspected["tensors"][0]["bytes"] == uint64_t{6} << 30);
+  const ProcessResult table = runQuickly({"checkpoint", "inspect", path});
+  CHECK(table.exitCode == 0);
+  CHECK(contains(table.out, "6442450944"));
+
+  // A data section longer than the header's tensors is still found without reading it.
+  fs::resize_file(path, 8 + text.size() + offset + 4);
+  const ProcessResult longer = runQuickly({"checkpoint", "inspect", path});
+  CHECK(longer.exitCode == 1);
+  CHECK(longer.err.starts_with("error: [tessera.io.603] " + path + ": bytes "));
+  CHECK(contains(longer.err, "at the end of the data section belong to no tensor"));
 }
