@@ -212,7 +212,12 @@ Action attachTrain(CLI::App& command) {
     fmt::print("dataset: {}\n", summary.dataset);
     if (!args->resume.empty()) fmt::print("resumed: {} at step {}\n", args->resume, summary.firstStep);
     fmt::print("steps: {} (global batch {})\n", summary.steps, summary.globalBatch);
-    fmt::print("final loss: {:.4f}\n", summary.finalLoss);
+    if (summary.steps > 0) {
+      fmt::print("final loss: {:.4f}\n", summary.finalLoss);
+    } else {
+      // A run resumed at or after its last step: the checkpoint holds no loss to repeat.
+      fmt::print("final loss: none, no steps were run (step {} is the run's last)\n", summary.firstStep);
+    }
     const ModelConfig& model = loaded.config.model;
     const bool mlp = model.type == kMlpModel;
     const bool evaluated = !summary.interrupted && !summary.diverged;

@@ -347,3 +347,25 @@ TEST_CASE("checkpoint inspect reads only the header: a 6 GiB checkpoint is liste
   CHECK(longer.err.starts_with("error: [tessera.io.603] " + path + ": bytes "));
   CHECK(contains(longer.err, "at the end of the data section belong to no tensor"));
 }
+
+TEST_CASE("resuming a checkpoint of the run's last step runs no step and reports no final loss") {
+  const TempDir dir;
+  json run = smallRun();
+  const std::string checkpoint = (dir.path() / "model.safetensors").string();
+  run["output"]["checkpoint"] = checkpoint;
+  const std::string config = dir.write("run.json", run.dump());
+  const ProcessResult trained = runCli({"train", config, "--quiet"});
+  INFO("stderr: ", trained.err);
+  REQUIRE(trained.exitCode == 0);
+  CHECK(contains(trained.out, "final loss: "));
+  const std::string summary = (dir.path() / "summary.json").string();
+  const ProcessResult resumed = runCli({"train", config, "--quiet", "--resume", checkpoint, "--json-summary", summary});
+  INFO("stderr: ", resumed.err);
+  REQUIRE(resumed.exitCode == 0);
+  CHECK(contains(resumed.out, "steps: 0 "));
+  CHECK(contains(resumed.out, "final loss: none, no steps were run (step 10 is the run's last)\n"));
+  CHECK(!contains(resumed.out, "final loss: 0.0000"));
+  const json written = json::parse(readFile(summary));
+  CHECK(written["steps"] == 0);
+  CHECK(written["finalLoss"].is_null());
+}
