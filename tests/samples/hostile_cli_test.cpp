@@ -369,3 +369,53 @@ TEST_CASE("resuming a checkpoint of the run's last step runs no step and reports
   CHECK(written["steps"] == 0);
   CHECK(written["finalLoss"].is_null());
 }
+
+TEST_CASE("a per-tensor override that shards a weight and its momentum differently is config.123") {
+  // Four replicas: W0 over groups of 2 by its override while its momentum
+  // follows the optimizer state's category (all 4), and the other way round.
+  const json consecutive2 = {{"type", "Consecutive"}, {"replicaGroupSize", 2}};
+  const json rtsOn = {{"replicatedTensorSharding", "On"}};
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"tensorLocationSettingsOverride", {{"W0", {{"replicatedTensorSharding", "On"}, {"shardingDomain", consecutive2}}}}},
+        {"optimizerStateTensorLocationSettings", {{"location", rtsOn}}}},
+       "its weight W0 is sharded over "},
+      {{{"weightTensorLocationSettings", {{"location", rtsOn}}},
+        {"optimizerStateTensorLocationSettings", {{"location", rtsOn}}},
+        {"tensorLocationSettingsOverride",
+         {{"W0.momentum", {{"replicatedTensorSharding", "On"}, {"shardingDomain", consecutive2}}}}}},
+       "/sessionOptions/tensorLocationSettingsOverride/W0.momentum"},
+  };
+  const TempDir dir;
+  for (const auto& [overrides, expected] : cases) {
+    json run = smallRun();
+    run["optimizer"]["momentum"] = 0.9;
+    run["sessionOptions"] = {{"enableReplicatedGraphs", true}, {"replicatedGraphCount", 4}};
+    run["sessionOptions"].update(overrides);
+    const std::string config = dir.write("run.json", run.dump());
+    const std::string text = expected;
+    CAPTURE(text);
+    for (const char* command : {"validate", "explain", "train"}) {
+      CAPTURE(command);
+      std::vector<std::string> args{command, config};
+      if (std::string(command) == "train") args.push_back("--quiet");
+      const ProcessResult result = runQuickly(args);
+      INFO("stderr: ", result.err);
+      CHECK(result.exitCode == 1);
+      CHECK(result.err.starts_with("error: [tessera.config.123] "));
+      CHECK(contains(result.err, "W0.momentum: the optimizer state is sharded over "));
+      CHECK(contains(result.err, text));
+    }
+  }
+  // The same domains by override and category: accepted.
+  json run = smallRun();
+  run["optimizer"]["momentum"] = 0.9;
+  run["sessionOptions"] = {
+      {"enableReplicatedGraphs", true},
+      {"replicatedGraphCount", 4},
+      {"tensorLocationSettingsOverride",
+       {{"W0", {{"replicatedTensorSharding", "On"}, {"shardingDomain", consecutive2}}},
+        {"W0.momentum", {{"replicatedTensorSharding", "On"}, {"shardingDomain", consecutive2}}}}}};
+  const ProcessResult valid = runQuickly({"validate", dir.write("same.json", run.dump())});
+  INFO("stderr: ", valid.err);
+  CHECK(valid.exitCode == 0);
+}
