@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -418,4 +419,24 @@ TEST_CASE("a per-tensor override that shards a weight and its momentum different
   const ProcessResult valid = runQuickly({"validate", dir.write("same.json", run.dump())});
   INFO("stderr: ", valid.err);
   CHECK(valid.exitCode == 0);
+}
+
+TEST_CASE("explain's \"Not applied\" names every tensor a setting was not applied to") {
+  // One replica: replicated tensor sharding of the weights and their
+  // momentum is applied to none of them.
+  const ProcessResult result = runQuickly({"explain", tessera::test::sourcePath("samples/configs/mnist_rts.json"),
+                                           "--json", "--set", "/sessionOptions/enableReplicatedGraphs=false",
+                                           "--set", "/sessionOptions/replicatedGraphCount=1"});
+  INFO("stderr: ", result.err);
+  REQUIRE(result.exitCode == 0);
+  const json report = json::parse(result.out);
+  std::map<std::string, std::string> tensors;
+  for (const json& entry : report["notApplied"])
+    tensors[entry["setting"].get<std::string>() + " " + entry["why"].get<std::string>()] =
+        entry["tensor"].get<std::string>();
+  const std::string why = "/replicatedTensorSharding no local replication (enableReplicatedGraphs is false)";
+  CHECK(tensors["/sessionOptions/weightTensorLocationSettings/location" + why] ==
+        "these 6 tensors: W0, b0, W1, b1, W2, b2");
+  CHECK(tensors["/sessionOptions/optimizerStateTensorLocationSettings/location" + why] ==
+        "these 6 tensors: W0.momentum, b0.momentum, W1.momentum, b1.momentum, W2.momentum, b2.momentum");
 }
