@@ -22,6 +22,9 @@ enum class NoteCode : int {
   // scaling enabled: it runs as asked, as PopART allows, but a float32
   // gradient does not underflow where a half would.
   LossScalingWithoutFloat16 = 802,
+  // storageTileSet IO on a tensor that lives off chip: the setting only
+  // places on-chip tensors, so it changes nothing there.
+  StorageTileSetOffChip = 809,
 };
 
 // "tessera.note.801"
