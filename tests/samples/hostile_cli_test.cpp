@@ -440,3 +440,23 @@ TEST_CASE("explain's \"Not applied\" names every tensor a setting was not applie
   CHECK(tensors["/sessionOptions/optimizerStateTensorLocationSettings/location" + why] ==
         "these 6 tensors: W0.momentum, b0.momentum, W1.momentum, b1.momentum, W2.momentum, b2.momentum");
 }
+
+TEST_CASE("gradient accumulation holds one micro-batch of the input on the device, not all of them") {
+  // The input arrives one micro-batch at a time, as PopART's streams do:
+  // 512 micro-batches must not make the activations 512 inputs larger.
+  const auto activations = [](int factor) {
+    const ProcessResult result =
+        runQuickly({"explain", tessera::test::sourcePath("samples/configs/mnist.json"), "--json", "--set",
+                    "/data/dataset=\"synthetic\"", "--set", "/sessionOptions/enableGradientAccumulation=true",
+                    "--set", fmt::format("/sessionOptions/accumulationFactor={}", factor)});
+    INFO("stderr: ", result.err);
+    REQUIRE(result.exitCode == 0);
+    return json::parse(result.out)["memory"]["replicaClasses"][0]["activations"]["computeTiles"].get<int64_t>();
+  };
+  const int64_t one = activations(1);
+  const int64_t many = activations(512);
+  CAPTURE(one);
+  CAPTURE(many);
+  // Before, the whole input of 512 micro-batches (98 MiB) was counted live all step.
+  CHECK(many < 2 * one);
+}
