@@ -28,24 +28,16 @@ std::string pointerSegment(std::string_view key) {
   return segment;
 }
 
-// storageTileSet IO where the tensors live in streaming memory: the setting
-// places tensors that stay on chip, so it changes nothing for these.
+// storageTileSet IO on overridden tensors that live in streaming memory: the
+// setting places tensors that stay on chip, so it changes nothing for these.
+// (A category's setting is not noted: its tensors below minElementsForOffChip
+// stay on chip, where storageTileSet IO does place them.)
 void addOffChipIoNotes(const SessionOptions& options, std::vector<ConfigNote>& notes) {
   constexpr std::string_view kWhy =
       "storageTileSet IO places a tensor that stays on chip on the IO tiles, but {} in streaming memory "
       "(storage OffChip), loaded through loadTileSet for each use, so it changes nothing there; set "
       "storageTileSet to Compute, or storage to OnChip to keep {} on the IO tiles";
-  constexpr std::array kCategories = {TensorCategory::Activation, TensorCategory::Weight,
-                                      TensorCategory::OptimizerState, TensorCategory::Accumulator};
-  for (const TensorCategory category : kCategories) {
-    const TensorLocation& location = options.locationSettings(category).location;
-    if (location.storage != TensorStorage::OffChip || location.storageTileSet != TileSet::IO) continue;
-    const std::string key(SessionOptions::locationSettingsKey(category));
-    notes.push_back({NoteCode::StorageTileSetOffChip, "/sessionOptions/" + key + "/location/storageTileSet",
-                     fmt::format(fmt::runtime(kWhy), "the tensors this setting puts off chip live",
-                                 "them")});
-  }
-  // One note for the overrides, however many there are.
+  // One note for all the overrides, however many there are.
   std::vector<std::string> names;
   size_t count = 0;
   for (const auto& entry : options.tensorLocationSettingsOverride) {
