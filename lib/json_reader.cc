@@ -383,11 +383,9 @@ int64_t readInt(const json& value, const std::string& path, const SourceMap& sou
     constexpr double kTwoTo63 = 9223372036854775808.0;
     const bool integral = std::isfinite(d) && std::trunc(d) == d;
     if (integral && (d >= kTwoTo63 || d <= -kTwoTo63)) tooLarge();
-    if (integral) {
-      throw ConfigError(ErrorCode::WrongType, path,
-                        fmt::format("expected an integer, got {}; write {} without a fraction or exponent{}",
-                                    describeValue(value), static_cast<int64_t>(d), sources.origin(path)));
-    }
+    // A number with a zero fraction (2.0, 1e3) is an integer, as JSON
+    // Schema's "integer" (tessera schema) has it.
+    if (integral) return static_cast<int64_t>(d);
   }
   throwWrongType("an integer", value, path, sources);
 }

@@ -45,6 +45,10 @@ std::string describe(const json& value) {
 class Parser {
  public:
   Parser(std::span<const uint8_t> bytes, std::string_view source) : bytes_(bytes), source_(source) {}
+  // Only the length field and the header: the data section has `dataBytes`
+  // bytes, which are not given.
+  Parser(std::span<const uint8_t> bytes, uint64_t dataBytes, std::string_view source)
+      : bytes_(bytes), source_(source), dataBytes_(dataBytes) {}
 
   FileView parse() {
     if (bytes_.size() < 8) {
@@ -52,7 +56,7 @@ class Parser {
     }
     uint64_t length = 0;
     for (int i = 7; i >= 0; --i) length = (length << 8) | bytes_[static_cast<std::size_t>(i)];
-    const uint64_t available = bytes_.size() - 8;
+    const uint64_t available = dataBytes_ ? bytes_.size() - 8 + *dataBytes_ : bytes_.size() - 8;
     if (length > kMaxHeaderBytes) {
       fail(
           "the header length field says {} bytes, over the limit of {} (64 MiB); the file is not a "
@@ -73,13 +77,17 @@ class Parser {
     }
     if (!header.is_object()) fail("the header is {}, not a JSON object", describe(header));
 
+    if (dataBytes_ && bytes_.size() != 8 + length) {
+      fail("the header length field says {} bytes but {} were read", length, bytes_.size() - 8);
+    }
     FileView file;
     file.data = bytes_.subspan(static_cast<std::size_t>(8 + length));
+    const uint64_t dataBytes = dataBytes_ ? *dataBytes_ : file.data.size();
     for (const auto& [key, value] : header.items()) {
       if (key == kMetadataKey) {
         file.metadata = readMetadata(value);
       } else {
-        file.tensors.push_back(readTensor(key, value, file.data.size()));
+        file.tensors.push_back(readTensor(key, value, dataBytes));
       }
     }
     checkTiling(file);
@@ -189,13 +197,15 @@ class Parser {
       covered = tensor.end;
       previous = &tensor;
     }
-    if (covered != file.data.size()) {
-      fail("bytes {}..{} at the end of the data section belong to no tensor", covered, file.data.size());
+    const uint64_t dataBytes = dataBytes_ ? *dataBytes_ : file.data.size();
+    if (covered != dataBytes) {
+      fail("bytes {}..{} at the end of the data section belong to no tensor", covered, dataBytes);
     }
   }
 
   std::span<const uint8_t> bytes_;
   std::string_view source_;
+  std::optional<uint64_t> dataBytes_;
 };
 
 }  // namespace
@@ -208,6 +218,10 @@ std::optional<uint64_t> dtypeSize(std::string_view dtype) {
 
 FileView parse(std::span<const uint8_t> bytes, std::string_view source) {
   return Parser(bytes, source).parse();
+}
+
+FileView parseHeader(std::span<const uint8_t> header, uint64_t dataBytes, std::string_view source) {
+  return Parser(header, dataBytes, source).parse();
 }
 
 std::vector<uint8_t> encode(std::span<const TensorBytes> tensors,

@@ -56,6 +56,11 @@ struct FileView {
 // not matching shape x dtype size, or metadata values that are not strings.
 FileView parse(std::span<const uint8_t> bytes, std::string_view source);
 
+// The same checks of a file's first 8 + N bytes (the length field and the
+// header) alone, for a file whose data section has `dataBytes` bytes: the
+// returned view's `data` is empty. Reads no tensor data.
+FileView parseHeader(std::span<const uint8_t> header, uint64_t dataBytes, std::string_view source);
+
 struct TensorBytes {
   std::string name;
   std::string dtype;

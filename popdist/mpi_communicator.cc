@@ -13,9 +13,14 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -296,6 +301,51 @@ struct World {
   }
 };
 
+// MPI_Init waits until every instance has called it, so one instance that
+// never does (a command that fails before it, or is not tessera) would keep
+// the others waiting for ever. While MPI starts, a thread watches the clock:
+// after the timeout it reports tessera.dist.507 and ends the process with
+// exit code 1, after which mpirun stops the whole job.
+class StartWatchdog {
+ public:
+  explicit StartWatchdog(std::chrono::milliseconds timeout) {
+    const char* rank = std::getenv(std::string(kMpiWorldRankVar).c_str());
+    const double seconds = std::chrono::duration<double>(timeout).count();
+    const DistError error(
+        ErrorCode::InstancesNotJoined, fmt::format("instance {}", rank != nullptr ? rank : "?"),
+        fmt::format("not every instance started MPI within {:.1f} s: an instance failed or ran a command "
+                    "other than tessera before it started, or is slow to start (timeout {}={:g}); look at "
+                    "the other instances' output, or raise tessera launch --timeout",
+                    seconds, kTimeoutVar, seconds));
+    message_ = fmt::format("error: {}\n", error.what());
+    thread_ = std::thread([this, timeout] {
+      std::unique_lock lock(mutex_);
+      if (changed_.wait_for(lock, timeout, [this] { return started_; })) return;
+      // Only the message and the exit: MPI is half started and holds locks.
+      std::fputs(message_.c_str(), stderr);
+      std::fflush(stderr);
+      ::_exit(1);
+    });
+  }
+  ~StartWatchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      started_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  StartWatchdog(const StartWatchdog&) = delete;
+  StartWatchdog& operator=(const StartWatchdog&) = delete;
+
+ private:
+  std::string message_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool started_ = false;
+  std::thread thread_;
+};
+
 World& world() {
   static World instance;
   return instance;
@@ -314,7 +364,10 @@ std::shared_ptr<Communicator> instanceCommunicator() {
   MPI_Initialized(&initialised);
   if (initialised == 0) {
     int provided = 0;
-    const int status = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    const int status = [&] {
+      const StartWatchdog watchdog(timeout);
+      return MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    }();
     if (status != MPI_SUCCESS) {
       throw DistError(ErrorCode::MpiUnavailable, "MPI_Init",
                       fmt::format("MPI could not start: {}; launch the instances with `tessera launch`",

@@ -157,8 +157,16 @@ class Decoder {
  public:
   explicit Decoder(std::string_view source) : source_(source) {}
 
-  Checkpoint decode(std::span<const uint8_t> bytes) {
-    const safetensors::FileView file = safetensors::parse(bytes, source_);
+  Checkpoint decode(std::span<const uint8_t> bytes) { return decode(safetensors::parse(bytes, source_)); }
+
+  // A file's length field and header alone (the data section has
+  // `dataBytes` bytes): the tensors come without their values.
+  Checkpoint decodeHeader(std::span<const uint8_t> header, uint64_t dataBytes) {
+    withData_ = false;
+    return decode(safetensors::parseHeader(header, dataBytes, source_));
+  }
+
+  Checkpoint decode(const safetensors::FileView& file) {
     if (!file.metadata) {
       unsupported(
           "not a tessera checkpoint: the header has no \"__metadata__\" (a safetensors file of "
@@ -316,6 +324,7 @@ class Decoder {
     }
     tensor.shardLayoutVersion = static_cast<int>(layout->get<uint64_t>());
     for (const uint64_t dim : view.shape) tensor.value.shape.push_back(static_cast<int64_t>(dim));
+    if (!withData_) return tensor;
     const auto bytes =
         data.subspan(static_cast<std::size_t>(view.begin), static_cast<std::size_t>(view.end - view.begin));
     if (tensor.dtype == DType::Float16) {
@@ -340,6 +349,7 @@ class Decoder {
 
   std::string_view source_;
   const std::map<std::string, std::string>* metadata_ = nullptr;
+  bool withData_ = true;
 };
 
 // --- Files -------------------------------------------------------------------------
@@ -347,22 +357,29 @@ class Decoder {
 // The file's bytes, checked before anything is allocated: a regular file
 // (InputFile), at most `maxBytes`, and as long as its header says the header
 // is (the tensors' byte ranges are checked against the file by the parser).
+// The header length a file's first 8 bytes give, checked against the file's
+// size and the header limit; 0 for a file of fewer than 8 bytes (which the
+// parser reports).
+uint64_t headerLength(const detail::InputFile& file, const std::string& path) {
+  if (file.size() < 8) return 0;
+  std::array<char, 8> length{};
+  file.readAt(0, length);
+  uint64_t headerBytes = 0;
+  for (std::size_t i = 0; i < length.size(); ++i) {
+    headerBytes |= uint64_t{static_cast<unsigned char>(length[i])} << (8 * i);
+  }
+  if (headerBytes > safetensors::kMaxHeaderBytes || headerBytes > file.size() - 8) {
+    throw IoError(ErrorCode::CorruptCheckpoint, path,
+                  fmt::format("the header claims {} bytes but the file has {} bytes after the length field "
+                              "and headers are at most {} bytes; the file is truncated or not a checkpoint",
+                              headerBytes, file.size() - 8, safetensors::kMaxHeaderBytes));
+  }
+  return headerBytes;
+}
+
 std::vector<uint8_t> readBytes(const std::string& path, uint64_t maxBytes, std::string_view bound) {
   const detail::InputFile file(path);
-  if (file.size() >= 8) {
-    std::array<char, 8> length{};
-    file.readAt(0, length);
-    uint64_t headerBytes = 0;
-    for (std::size_t i = 0; i < length.size(); ++i) {
-      headerBytes |= uint64_t{static_cast<unsigned char>(length[i])} << (8 * i);
-    }
-    if (headerBytes > safetensors::kMaxHeaderBytes || headerBytes > file.size() - 8) {
-      throw IoError(ErrorCode::CorruptCheckpoint, path,
-                    fmt::format("the header claims {} bytes but the file has {} bytes after the length field "
-                                "and headers are at most {} bytes; the file is truncated or not a checkpoint",
-                                headerBytes, file.size() - 8, safetensors::kMaxHeaderBytes));
-    }
-  }
+  headerLength(file, path);
   return file.readAll<std::vector<uint8_t>>(maxBytes, [&](uint64_t size) {
     throw IoError(ErrorCode::UnsupportedCheckpoint, path,
                   fmt::format("the file has {} bytes, more than {} ({} bytes); nothing was read", size, bound,
@@ -476,6 +493,16 @@ Checkpoint decodeCheckpoint(std::span<const uint8_t> bytes, std::string_view sou
 Checkpoint readCheckpoint(const std::string& path, uint64_t maxBytes) {
   return decodeCheckpoint(readBytes(path, maxBytes, "the limit of checkpoint files read without a session"),
                           path);
+}
+
+Checkpoint readCheckpointHeader(const std::string& path) {
+  const detail::InputFile file(path);
+  const uint64_t length = headerLength(file, path);
+  // A file of fewer than 8 bytes: the parser names what is missing.
+  std::vector<uint8_t> header(static_cast<std::size_t>(std::min<uint64_t>(file.size(), 8 + length)));
+  file.readAt(0, std::span<char>(reinterpret_cast<char*>(header.data()), header.size()));
+  if (header.size() < 8) return decodeCheckpoint(header, path);
+  return Decoder(path).decodeHeader(header, file.size() - 8 - length);
 }
 
 Checkpoint readCheckpoint(const std::string& path, const TrainingSession& session) {

@@ -1,5 +1,6 @@
 #include "tessera/config_notes.hpp"
 
+#include <array>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -7,7 +8,59 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "tessera/error.hpp"
+
 namespace tessera {
+namespace {
+
+// A key as a JSON pointer segment: "~" as "~0", "/" as "~1".
+std::string pointerSegment(std::string_view key) {
+  std::string segment;
+  for (const char c : key) {
+    if (c == '~') {
+      segment += "~0";
+    } else if (c == '/') {
+      segment += "~1";
+    } else {
+      segment += c;
+    }
+  }
+  return segment;
+}
+
+// storageTileSet IO on overridden tensors that live in streaming memory: the
+// setting places tensors that stay on chip, so it changes nothing for these.
+// (A category's setting is not noted: its tensors below minElementsForOffChip
+// stay on chip, where storageTileSet IO does place them.)
+void addOffChipIoNotes(const SessionOptions& options, std::vector<ConfigNote>& notes) {
+  constexpr std::string_view kWhy =
+      "storageTileSet IO places a tensor that stays on chip on the IO tiles, but {} in streaming memory "
+      "(storage OffChip), loaded through loadTileSet for each use, so it changes nothing there; set "
+      "storageTileSet to Compute, or storage to OnChip to keep {} on the IO tiles";
+  // One note for all the overrides, however many there are.
+  std::vector<std::string> names;
+  size_t count = 0;
+  for (const auto& entry : options.tensorLocationSettingsOverride) {
+    if (entry.second.storage != TensorStorage::OffChip || entry.second.storageTileSet != TileSet::IO) continue;
+    if (names.size() < 5) names.push_back(entry.first);
+    ++count;
+  }
+  if (count == 0) return;
+  const std::string listed =
+      fmt::format("{}{}", fmt::join(names, ", "), count > names.size()
+                                                       ? fmt::format(" and {} more", count - names.size())
+                                                       : std::string());
+  notes.push_back(
+      {NoteCode::StorageTileSetOffChip,
+       "/sessionOptions/tensorLocationSettingsOverride/" + pointerSegment(boundedText(names.front())) +
+           "/storageTileSet",
+       fmt::format(fmt::runtime(kWhy),
+                   fmt::format("{} {} live{}", count == 1 ? "the overridden tensor" : "the overridden tensors",
+                               boundedText(listed, 2 * kMaxQuotedBytes), count == 1 ? "s" : ""),
+                   count == 1 ? "it" : "them")});
+}
+
+}  // namespace
 
 std::string noteId(NoteCode code) { return fmt::format("tessera.note.{}", static_cast<int>(code)); }
 
@@ -69,6 +122,7 @@ std::vector<ConfigNote> configNotes(const RunConfig& config) {
                      "virtualGraphMode Off; set ipusPerReplica to the IPUs a replica should span (tessera launch "
                      "--ipus-per-replica sets it too), or virtualGraphMode to Off"});
   }
+  addOffChipIoNotes(config.sessionOptions, notes);
   return notes;
 }
 

@@ -1,10 +1,15 @@
 #include "tessera/placement.hpp"
 
 #include <algorithm>
+#include <cstddef>
+#include <map>
 #include <set>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "run_model.hpp"
 #include "tessera/error.hpp"
@@ -54,7 +59,10 @@ bool keptOnIoTiles(const Graph& graph, const TensorNode& node) {
 std::vector<TensorPlacement> placements(const Graph& graph, const SessionOptions& options,
                                         std::vector<NotApplied>& notApplied) {
   std::vector<TensorPlacement> out;
-  std::set<std::pair<std::string, std::string>> seen;  // (setting, why) reported once
+  // Each downgrade once, with every tensor it applies to, in the order found.
+  std::vector<std::pair<LocationDowngrade, std::vector<std::string>>> downgrades;
+  std::map<std::tuple<std::string, std::string, std::string, std::string>, std::size_t> downgradeIndex;
+  int64_t variables = 0;
   const auto place = [&](const TensorNode& node, bool variable) {
     const int64_t elements = numElements(node.metaShape.empty() ? node.shape : node.metaShape);
     const ResolvedLocation resolved = resolveTensorLocation(options, {node.name, node.category, elements});
@@ -85,8 +93,12 @@ std::vector<TensorPlacement> placements(const Graph& graph, const SessionOptions
     p.shardElements = numElements(node.shape);
     p.dtype = node.dtype;
     for (const LocationDowngrade& downgrade : resolved.downgrades) {
-      if (seen.insert({downgrade.setting, downgrade.why}).second) notApplied.push_back({node.name, downgrade});
+      const auto key = std::tuple(downgrade.setting, downgrade.requested, downgrade.applied, downgrade.why);
+      const auto [at, added] = downgradeIndex.emplace(key, downgrades.size());
+      if (added) downgrades.push_back({downgrade, {}});
+      downgrades[at->second].second.push_back(node.name);
     }
+    if (variable) ++variables;
     out.push_back(std::move(p));
   };
   for (const TensorNode& node : graph.tensors()) {
@@ -103,6 +115,22 @@ std::vector<TensorPlacement> placements(const Graph& graph, const SessionOptions
       if (node.category != TensorCategory::Activation || node.aliasOf != kNoTensor) continue;
       place(node, false);
     }
+  }
+  // Each downgrade names every tensor it applies to (up to kListed of them,
+  // with the count), "all N variables" when that is every variable.
+  constexpr std::size_t kListed = 64;
+  for (auto& [downgrade, names] : downgrades) {
+    const std::size_t shown = std::min(names.size(), kListed);
+    const std::string listed =
+        fmt::format("{}{}", fmt::join(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+                    names.size() > shown ? fmt::format(" and {} more", names.size() - shown) : std::string());
+    std::string tensors = listed;
+    if (names.size() > 1) {
+      const bool all = static_cast<int64_t>(names.size()) == variables;
+      tensors = fmt::format("{} {} {}: {}", all ? "all" : "these", names.size(),
+                            all ? "variables" : "tensors", listed);
+    }
+    notApplied.push_back({std::move(tensors), std::move(downgrade)});
   }
   return out;
 }

@@ -975,7 +975,8 @@ nlohmann::json summaryJson(const EvaluateSummary& summary) {
 nlohmann::json summaryJson(const TrainSummary& summary) {
   return nlohmann::json{{"steps", summary.steps},
                         {"losses", summary.losses},
-                        {"finalLoss", summary.finalLoss},
+                        // null when no step ran (a run resumed at its last step): there is no loss to report.
+                        {"finalLoss", summary.steps > 0 ? nlohmann::json(summary.finalLoss) : nlohmann::json()},
                         {"testAccuracy", summary.testAccuracy},
                         {"epochTestAccuracies", summary.epochTestAccuracies},
                         {"testLoss", summary.testLoss},

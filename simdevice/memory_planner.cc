@@ -39,6 +39,14 @@ struct ShardSource {
   }
 };
 
+// An input whose first axis is the micro-batch: more than one of them, and
+// read only by slices (one per micro-batch).
+bool streamedByMicroBatch(const Graph& graph, const TensorNode& input) {
+  if (input.shape.size() < 2 || input.shape.front() < 2 || input.consumers.empty()) return false;
+  return std::all_of(input.consumers.begin(), input.consumers.end(),
+                     [&graph](OpId consumer) { return graph.op(consumer).kind == OpKind::Slice; });
+}
+
 // When nothing says how a value was sharded: the smallest shard count that
 // gives its shard length, shard r mod k on replica r.
 ShardSource fallbackSource(int64_t elements, int64_t shardElements) {
@@ -182,6 +190,11 @@ std::vector<Held> heldTensors(const Graph& graph, std::span<const OpId> schedule
       if (variable && node.remoteBuffer >= 0) continue;  // counted with its buffer
       Held h;
       h.slots = numElements(node.shape);
+      // An input of several micro-batches (gradient accumulation) is read
+      // one micro-batch at a time, each into the slice that holds it; as
+      // PopART's host-to-device streams do, the device holds one micro-batch
+      // of it, not all of them.
+      if (op.kind == OpKind::Input && streamedByMicroBatch(graph, node)) h.slots /= node.shape.front();
       h.bytesPerElement = dtypeBytes(node.dtype);
       TensorMemory& m = h.memory;
       m.name = node.name;

@@ -148,6 +148,12 @@ Checkpoint readCheckpoint(const std::string& path, uint64_t maxBytes = kDefaultM
 // float32 masters, plus the largest header), so a file far larger than the
 // model is refused before it is read.
 Checkpoint readCheckpoint(const std::string& path, const TrainingSession& session);
+// A checkpoint file's header alone, as readCheckpoint(path) checks it (its
+// metadata, and every tensor's name, dtype, shape and byte range against the
+// file's size), without reading the tensors' data: each tensor's `value`
+// has its shape and no data. At most 8 bytes + the header (64 MiB) are read
+// and kept, whatever the file's size.
+Checkpoint readCheckpointHeader(const std::string& path);
 // Writes encodeCheckpoint(checkpoint) atomically (see above);
 // IoError(FileUnwritable) naming the file and the system's reason.
 void writeCheckpoint(const Checkpoint& checkpoint, const std::string& path);

@@ -25,6 +25,9 @@ enum class NoteCode : int {
   // virtualGraphMode Auto with /device/ipusPerReplica 1: every op runs on
   // IPU 0, as PopART warns (no virtual graphs are created).
   AutoVirtualGraphsOnOneIpu = 803,
+  // storageTileSet IO on a tensor that lives off chip: the setting only
+  // places on-chip tensors, so it changes nothing there.
+  StorageTileSetOffChip = 809,
 };
 
 // "tessera.note.801"

@@ -88,6 +88,7 @@ enum class ErrorCode : int {
   ManualWithoutVirtualGraphs = 176,        // virtualGraphMode Manual but no op names an IPU
   PartialVirtualGraphs = 177,              // some ops name an IPU, others do not
   VirtualGraphOutOfRange = 178,            // an op's IPU at or above ipusPerReplica
+  InvalidOption = 190,            // a command-line option's value outside its range (a usage error, exit 2)
   // --- Graph construction (2xx) ---
   ShapeMismatch = 201,
   InvalidOperand = 202,
@@ -117,6 +118,8 @@ enum class ErrorCode : int {
   InstanceLost = 503,
   MpiUnavailable = 504,
   InconsistentIpusPerReplica = 505,  // tessera launch --ipus-per-replica against /device/ipusPerReplica
+  InstancesNotJoined = 507,  // not every instance started MPI within the launcher's timeout
+  TooManyInstances = 508,    // more instances than the machine's limits let mpirun start
   // --- Files (6xx) ---
   FileUnreadable = 601,
   FileUnwritable = 602,

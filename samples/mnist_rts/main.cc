@@ -12,6 +12,7 @@
 // the same training whatever the replication factor.
 //
 //   mnist_rts --replication-factor 2 --batch-size 4 --rts
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -83,18 +84,30 @@ int run(const Options& opts) {
   std::vector<int32_t> testLabels(static_cast<size_t>(testGlobal));
   int64_t correct = 0;
   int64_t seen = 0;
-  for (int64_t first = 0; first + testGlobal <= data.test.count; first += testGlobal) {
-    fillBatch(data.test, testOrder, first, testImages, testLabels);
+  // Every test sample counts: a last step with fewer samples than a test
+  // step is filled up with the first samples again, which are not counted
+  // twice (so a test set smaller than one step is still tested).
+  std::vector<int64_t> window(static_cast<size_t>(testGlobal));
+  for (int64_t first = 0; first < data.test.count; first += testGlobal) {
+    for (int64_t i = 0; i < testGlobal; ++i)
+      window[static_cast<size_t>(i)] = testOrder[static_cast<size_t>((first + i) % data.test.count)];
+    fillBatch(data.test, window, 0, testImages, testLabels);
     testSession.run({StepInput("x", testImages)});
     const std::vector<float>& out = testSession.output(predictions).data;
-    for (int64_t i = 0; i < testGlobal; ++i) {
+    const int64_t real = std::min(testGlobal, data.test.count - first);
+    for (int64_t i = 0; i < real; ++i) {
       correct += static_cast<int32_t>(out[static_cast<size_t>(i)]) == testLabels[static_cast<size_t>(i)];
     }
-    seen += testGlobal;
+    seen += real;
   }
-  const double accuracy = seen > 0 ? static_cast<double>(correct) / static_cast<double>(seen) : 0.0;
+  if (seen == 0) {
+    throw ConfigError(ErrorCode::InvalidData, "--limit-test-samples", "the test set is empty: nothing to test");
+  }
+  const double accuracy = static_cast<double>(correct) / static_cast<double>(seen);
+  // With one replica there is nothing to shard: --rts changes nothing.
+  const char* rts = !opts.rts ? "off" : opts.replicationFactor > 1 ? "on" : "on, not applied with one replica";
   fmt::print("test accuracy: {:.4f} ({} samples, replication factor {}, rts {})\n", accuracy, seen,
-             opts.replicationFactor, opts.rts ? "on" : "off");
+             opts.replicationFactor, rts);
   if (!opts.summaryPath.empty()) {
     writeOutputFile(
         opts.summaryPath,

@@ -11,6 +11,17 @@
 
 namespace tessera::cli {
 
+std::string shellQuoted(std::string_view text) {
+  const auto plain = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           std::string_view("_-./,:=+@%").find(c) != std::string_view::npos;
+  };
+  if (!text.empty() && std::all_of(text.begin(), text.end(), plain)) return std::string(text);
+  std::string quoted = "'";
+  for (const char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
 const CLI::Validator& listableCount() {
   static const CLI::Validator validator(
       [](const std::string& text) -> std::string {

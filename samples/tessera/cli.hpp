@@ -57,6 +57,15 @@ Action attachLaunch(CLI::App& command);
 Action attachCheckpoint(CLI::App& command);
 Action attachOnnxTest(CLI::App& command);
 
+// Set by `tessera launch` for its instances: the launch command line up to
+// and including its "--" (shell-quoted), so that an instance can tell how to
+// run a command the same way, e.g. in the hint that resumes a stopped run.
+inline constexpr const char* kLaunchCommandVar = "TESSERA_LAUNCH_COMMAND";
+
+// `text` as one word of a POSIX shell command line: unchanged when it holds
+// only characters no shell treats specially, single-quoted otherwise.
+std::string shellQuoted(std::string_view text);
+
 // Replica and shard counts are listed one entry each; above this the output
 // would be unreadable (and the lists would exhaust memory), so such counts
 // are usage errors.

@@ -40,6 +40,13 @@ std::string dtypeName(DType dtype) {
   return "F32";
 }
 
+// A tensor's bytes in the file, from its shape (inspect reads no data).
+uint64_t tensorBytes(const CheckpointTensor& tensor) {
+  uint64_t elements = 1;
+  for (const int64_t dim : tensor.value.shape) elements *= static_cast<uint64_t>(dim);
+  return static_cast<uint64_t>(dtypeBytes(tensor.dtype)) * elements;
+}
+
 nlohmann::json inspectJson(const std::string& path, const Checkpoint& checkpoint) {
   nlohmann::json tensors = nlohmann::json::array();
   for (const CheckpointTensor& tensor : checkpoint.tensors) {
@@ -48,7 +55,7 @@ nlohmann::json inspectJson(const std::string& path, const Checkpoint& checkpoint
                        {"shape", tensor.value.shape},
                        {"category", toString(tensor.category)},
                        {"shardLayoutVersion", tensor.shardLayoutVersion},
-                       {"bytes", static_cast<uint64_t>(dtypeBytes(tensor.dtype)) * tensor.value.data.size()}});
+                       {"bytes", tensorBytes(tensor)}});
   }
   return {{"file", path},
           {"bytes", std::filesystem::file_size(path)},
@@ -69,11 +76,11 @@ void printInspection(const std::string& path, const Checkpoint& checkpoint) {
   for (const auto& [key, value] : options.items()) {
     if (key != "type") optimizer += fmt::format("  {} {}", key, value.dump());
   }
-  uint64_t tensorBytes = 0;
+  uint64_t totalBytes = 0;
   std::vector<std::vector<std::string>> rows;
   for (const CheckpointTensor& tensor : checkpoint.tensors) {
-    const uint64_t bytes = static_cast<uint64_t>(dtypeBytes(tensor.dtype)) * tensor.value.data.size();
-    tensorBytes += bytes;
+    const uint64_t bytes = tensorBytes(tensor);
+    totalBytes += bytes;
     rows.push_back({tensor.name, dtypeName(tensor.dtype), shapeStr(tensor.value.shape),
                     std::string(toString(tensor.category)), std::to_string(bytes)});
   }
@@ -88,7 +95,7 @@ void printInspection(const std::string& path, const Checkpoint& checkpoint) {
                              {"options", checkpoint.sessionOptionsHash},
                          }));
   fmt::print("\n{}", formatTable({"tensor", "dtype", "shape", "category", "bytes"}, rows));
-  fmt::print("{} tensors, {} bytes\n", checkpoint.tensors.size(), tensorBytes);
+  fmt::print("{} tensors, {} bytes\n", checkpoint.tensors.size(), totalBytes);
   if (checkpoint.extraMetadata.empty()) return;
   std::vector<std::vector<std::string>> metadata;
   for (const auto& [key, value] : checkpoint.extraMetadata) metadata.push_back({key, shortened(value)});
@@ -106,7 +113,9 @@ Action attachCheckpoint(CLI::App& command) {
   inspect->add_flag("--json", args->json, "Print one JSON object");
   return [args] {
     // The only subcommand, which CLI11 requires.
-    const Checkpoint checkpoint = readCheckpoint(args->path);
+    // The header alone: a file of any size is listed reading at most the
+    // header's bytes (the parser checks the byte ranges against its size).
+    const Checkpoint checkpoint = readCheckpointHeader(args->path);
     if (args->json) {
       printJson(inspectJson(args->path, checkpoint));
     } else {

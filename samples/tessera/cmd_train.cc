@@ -2,6 +2,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -143,6 +144,19 @@ class ProgressPrinter {
   std::chrono::steady_clock::time_point lastDrawn_{};
 };
 
+// The command that continues an interrupted run from `checkpoint`: this
+// run's config and --set arguments, under the same `tessera launch` when it
+// ran under one.
+std::string resumeCommand(const TrainArgs& args, const std::string& checkpoint) {
+  std::vector<std::string> words;
+  for (const std::string& set : args.config.overrides) words.insert(words.end(), {"--set", shellQuoted(set)});
+  const char* launch = std::getenv(kLaunchCommandVar);
+  return fmt::format("{}tessera train {} {}{}--resume {}",
+                     launch != nullptr && *launch != '\0' ? std::string(launch) + " " : std::string(),
+                     shellQuoted(args.config.path), fmt::join(words, " "), words.empty() ? "" : " ",
+                     shellQuoted(checkpoint));
+}
+
 void writeJsonFile(const std::string& path, const nlohmann::json& value) {
   writeOutputFile(path, value.dump(2) + '\n');
 }
@@ -198,7 +212,12 @@ Action attachTrain(CLI::App& command) {
     fmt::print("dataset: {}\n", summary.dataset);
     if (!args->resume.empty()) fmt::print("resumed: {} at step {}\n", args->resume, summary.firstStep);
     fmt::print("steps: {} (global batch {})\n", summary.steps, summary.globalBatch);
-    fmt::print("final loss: {:.4f}\n", summary.finalLoss);
+    if (summary.steps > 0) {
+      fmt::print("final loss: {:.4f}\n", summary.finalLoss);
+    } else {
+      // A run resumed at or after its last step: the checkpoint holds no loss to repeat.
+      fmt::print("final loss: none, no steps were run (step {} is the run's last)\n", summary.firstStep);
+    }
     const ModelConfig& model = loaded.config.model;
     const bool mlp = model.type == kMlpModel;
     const bool evaluated = !summary.interrupted && !summary.diverged;
@@ -252,9 +271,8 @@ Action attachTrain(CLI::App& command) {
                  step, by);
     } else {
       fmt::print(stderr,
-                 "interrupted after step {} by {}; checkpoint written to {}; continue with: tessera train {} "
-                 "--resume {}\n",
-                 step, by, summary.checkpoint, args->config.path, summary.checkpoint);
+                 "interrupted after step {} by {}; checkpoint written to {}; continue with: {}\n", step, by,
+                 summary.checkpoint, resumeCommand(*args, summary.checkpoint));
     }
     return leaveTogether(interruptedCode);
   };

@@ -81,8 +81,11 @@ int runAndReport(int argc, char** argv) {
       return kExitInternal;
     }
     fmt::print(stderr, "error: {}\n", e.what());
-    // A file that cannot be read is a usage problem, like a mistyped path.
-    return e.code() == tessera::ErrorCode::FileUnreadable ? kExitUsage : kExitInvalidInput;
+    // A file that cannot be read is a usage problem, like a mistyped path, and
+    // so is an option's value out of its range.
+    const bool usage =
+        e.code() == tessera::ErrorCode::FileUnreadable || e.code() == tessera::ErrorCode::InvalidOption;
+    return usage ? kExitUsage : kExitInvalidInput;
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: internal: {}\n", e.what());
     return kExitInternal;

@@ -229,6 +229,37 @@ class Relocator {
     }
   }
 
+  // The weight whose optimizer state `state` is: the variable of category
+  // Weight whose name, followed by ".", starts the state's name ("W0" of
+  // "W0.momentum" or "W0.master.accl1"); nullptr for state of no weight.
+  const TensorNode* weightOf(const TensorNode& state) const {
+    for (std::size_t dot = state.name.rfind('.'); dot != std::string::npos && dot > 0;
+         dot = state.name.rfind('.', dot - 1)) {
+      const std::optional<TensorId> found = in_.tryFind(std::string_view(state.name).substr(0, dot));
+      if (found && in_.tensor(*found).category == TensorCategory::Weight) return &in_.tensor(*found);
+    }
+    return nullptr;
+  }
+
+  // A sharded weight and its sharded optimizer state are updated together:
+  // they must be split over the same replicas, whether the categories' or a
+  // per-tensor override's settings decided it (tessera.config.123, as for
+  // the categories themselves).
+  void checkLinkedToWeight(const TensorNode& state, const ReplicaGrouping& domain,
+                           const ResolvedLocation& resolved) const {
+    const TensorNode* weight = weightOf(state);
+    if (weight == nullptr || !sharded(*weight) || !weight->shardDomain || *weight->shardDomain == domain) return;
+    const ResolvedLocation weightResolved =
+        resolveTensorLocation(options_, {weight->name, TensorCategory::Weight, logicalElements(*weight)});
+    throw ConfigError(
+        ErrorCode::LinkedShardingDomainsDiffer, resolved.decidedBy + "/shardingDomain",
+        fmt::format("{}: the optimizer state is sharded over {} but its weight {} is sharded over {} (set by "
+                    "{}); a weight and its optimizer state are updated together, so give them the same "
+                    "sharding domain",
+                    boundedText(state.name), domain.str(), boundedText(weight->name),
+                    weight->shardDomain->str(), weightResolved.decidedBy + "/shardingDomain"));
+  }
+
   void copyVariable(OpId id) {
     const TensorId t = in_.op(id).outputs[0];
     const TensorNode& node = in_.tensor(t);
@@ -247,6 +278,7 @@ class Relocator {
     // and updates are built for that.
     if (node.category != TensorCategory::Weight) {
       const std::optional<ReplicaGrouping> domain = shardingDomainOf(resolved, node, in_.replicationFactor());
+      if (domain && node.category == TensorCategory::OptimizerState) checkLinkedToWeight(node, *domain, resolved);
       placed = domain ? asShard(node, *domain) : asFull(node);
     }
     const TensorLocation& location = resolved.location;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -370,14 +371,103 @@ TEST_CASE("tessera launch checks its counts before starting anything") {
        "[tessera.config.106] --num-replicas: 4 replicas do not split evenly over 3 instances"},
       {{"--num-replicas", "0"}, "[tessera.config.106] --num-replicas: 0 replicas requested"},
       {{"--num-instances", "0"}, "[tessera.config.106] --num-instances: 0 instances requested"},
+      // More instances than mpirun could start here (it failed part-way on the pipe limit).
+      {{"--num-replicas", "32768", "--num-instances", "32768"},
+       "[tessera.dist.508] --num-instances: 32768 instances requested; this machine lets mpirun start at "
+       "most "},
+      {{"--num-replicas", "4", "--num-instances", "4", "--timeout", "nan"},
+       "[tessera.config.190] --timeout: \"nan\" is not a number of seconds in (0, 3.1536e+07]"},
+      {{"--timeout", "0"}, "[tessera.config.190] --timeout: \"0\" is not a number of seconds"},
+      {{"--timeout", "-5"}, "[tessera.config.190] --timeout: \"-5\" is not a number of seconds"},
+      {{"--timeout", "inf"}, "[tessera.config.190] --timeout: \"inf\" is not a number of seconds"},
+      {{"--timeout", "5s"}, "[tessera.config.190] --timeout: \"5s\" is not a number of seconds"},
   };
   for (const Row& row : rows) {
     CAPTURE(row.message);
     std::vector<std::string> args{"launch"};
     args.insert(args.end(), row.args.begin(), row.args.end());
     args.insert(args.end(), {"--", "true"});
+    const auto start = Clock::now();
     const ProcessResult result = tessera::test::runProgram(program("TESSERA_CLI"), args);
-    CHECK(result.exitCode == 1);
+    INFO("stderr: " << result.err);
+    // A value out of an option's range is a usage error, like a malformed one.
+    CHECK(result.exitCode == (row.message.find("config.190") != std::string::npos ? 2 : 1));
     CHECK(result.err.find(row.message) != std::string::npos);
+    CHECK(Clock::now() - start < std::chrono::seconds(3));
   }
+}
+
+TEST_CASE("an instance that never starts MPI fails the launch after --timeout, naming the timeout") {
+  // Instance 1 never calls MPI_Init; instance 0 would wait in it for ever.
+  const auto start = Clock::now();
+  const ProcessResult result = tessera::test::runProgram(
+      program("TESSERA_CLI"),
+      {"launch", "--num-replicas", "4", "--num-instances", "2", "--timeout", "3", "--", "sh", "-c",
+       "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exec sleep 120; fi; exec " + shellTrainCommand()});
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  INFO("stdout: " << result.out << "\nstderr: " << result.err << "\nafter " << seconds << " s");
+  CHECK(result.exitCode == 1);
+  CHECK(result.err.find("error: [tessera.dist.507] instance 0: not every instance started MPI within 3.0 s") !=
+        std::string::npos);
+  CHECK(result.err.find("TESSERA_DIST_TIMEOUT=3") != std::string::npos);
+  CHECK(seconds >= 3.0);
+  CHECK(seconds < 20.0);
+}
+
+TEST_CASE("tessera launch ends an mpirun that does not stop within --timeout of SIGTERM") {
+  // A stand-in for mpirun that ignores the stop request (SIGUSR1) forwarded to it.
+  const TempDir dir;
+  const TempDir logs;
+  const std::filesystem::path fake = dir.path() / "stuck-mpirun";
+  std::ofstream(fake) << "#!/bin/sh\ntrap '' USR1 USR2\necho 'stuck mpirun started' >&2\nexec sleep 120\n";
+  std::filesystem::permissions(fake, std::filesystem::perms::owner_all);
+  tessera::test::BackgroundProcess launched(
+      logs.path(), program("TESSERA_CLI"),
+      {"launch", "--timeout", "1", "--mpirun", fake.string(), "--", "true"});
+  REQUIRE_MESSAGE(launched.waitForError("stuck mpirun started", 30), "the stand-in did not start");
+  const auto start = Clock::now();
+  launched.signal(SIGTERM);
+  const ProcessResult stopped = launched.wait();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  INFO("stderr: " << stopped.err << "\nafter " << seconds << " s");
+  // The stop request, then SIGTERM to mpirun once --timeout has passed.
+  CHECK(stopped.exitCode == 143);
+  CHECK(seconds >= 1.0);
+  CHECK(seconds < 3.0);
+}
+
+TEST_CASE("Ctrl-C to tessera launch's process group stops both instances at one step with one checkpoint") {
+  const TempDir dir;
+  const TempDir logs;
+  const std::string checkpoint = (dir.path() / "run.safetensors").string();
+  std::vector<std::string> args = trainArgs("samples/configs/mnist_rts.json",
+                                            {"/output/checkpoint=" + checkpoint, "/data/epochs=1000000"});
+  args.erase(std::find(args.begin(), args.end(), "--quiet"));
+  std::vector<std::string> launch{"launch", "--num-replicas", "4",  "--num-instances",     "2",
+                                  "--timeout", "60",          "--", program("TESSERA_CLI")};
+  launch.insert(launch.end(), args.begin(), args.end());
+  tessera::test::ProcessSetup setup;
+  setup.newProcessGroup = true;
+  tessera::test::BackgroundProcess launched(logs.path(), program("TESSERA_CLI"), launch, setup);
+  REQUIRE_MESSAGE(launched.waitForError("epoch 2/", 300), "training did not start");
+  // What a terminal does on Ctrl-C: SIGINT to every process of the foreground job.
+  launched.signalGroup(SIGINT);
+  const ProcessResult stopped = launched.wait();
+  INFO("stdout: " << stopped.out << "\nstderr: " << stopped.err);
+  CHECK(stopped.exitCode == 130);
+  const std::string marker = "interrupted after step ";
+  const size_t at = stopped.err.find(marker);
+  REQUIRE(at != std::string::npos);
+  CHECK(stopped.err.find(marker, at + 1) == std::string::npos);
+  // The hint repeats the launch and every --set of the run.
+  CHECK(stopped.err.find("; continue with: tessera launch --num-replicas 4 --num-instances 2 --timeout 60 -- "
+                         "tessera train ") != std::string::npos);
+  CHECK(stopped.err.find(" --set /data/limitTrainSamples=1024 --set /data/limitTestSamples=400 ") !=
+        std::string::npos);
+  CHECK(stopped.err.find(" --set /output/checkpoint=" + checkpoint + " --set /data/epochs=1000000 --resume " +
+                         checkpoint + "\n") != std::string::npos);
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    files.push_back(entry.path().filename().string());
+  CHECK(files == std::vector<std::string>{"run.safetensors"});
 }

@@ -4,9 +4,12 @@
 // once with an id and exit code 1 or 2.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -293,4 +296,167 @@ TEST_CASE("an override naming a tensor the model does not have fails explain and
   }
   run["sessionOptions"]["tensorLocationSettingsOverride"] = {{"W1", {{"storage", "OffChip"}}}};
   CHECK(runQuickly({"explain", dir.write("known.json", run.dump())}).exitCode == 0);
+}
+
+TEST_CASE("checkpoint inspect reads only the header: a 6 GiB checkpoint is listed at once") {
+  // The small MLP's checkpoint with its first tensor made 6 GiB large: the
+  // header is rewritten with the new shape and offsets, and the file is
+  // extended (sparsely) to the size the header says.
+  const TempDir dir;
+  const std::string valid = readFile(tessera::test::sourcePath("tests/data/checkpoint/valid.safetensors"));
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | static_cast<unsigned char>(valid[static_cast<size_t>(i)]);
+  json header = json::parse(valid.substr(8, length));
+  std::vector<std::string> order;
+  for (const auto& item : header.items())
+    if (item.key() != "__metadata__") order.push_back(item.key());
+  std::sort(order.begin(), order.end(), [&](const std::string& a, const std::string& b) {
+    return header[a]["data_offsets"][0].get<uint64_t>() < header[b]["data_offsets"][0].get<uint64_t>();
+  });
+  const std::string big = order.front();
+  REQUIRE(header[big]["dtype"] == "F32");
+  header[big]["shape"] = {uint64_t{3} << 29};  // 1.5 G float32 values: 6 GiB
+  uint64_t offset = 0;
+  for (const std::string& name : order) {
+    uint64_t elements = 4;
+    for (const auto& dim : header[name]["shape"]) elements *= dim.get<uint64_t>();
+    header[name]["data_offsets"] = {offset, offset + elements};
+    offset += elements;
+  }
+  const std::string text = header.dump();
+  std::string bytes(8, '\0');
+  for (size_t i = 0; i < 8; ++i) bytes[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  const std::string path = dir.write("huge.safetensors", bytes + text);
+  fs::resize_file(path, 8 + text.size() + offset);
+  REQUIRE(fs::file_size(path) > (uint64_t{6} << 30));
+
+  const ProcessResult listed = runQuickly({"checkpoint", "inspect", path, "--json"});
+  INFO("stderr: ", listed.err);
+  REQUIRE(listed.exitCode == 0);
+  const json inspected = json::parse(listed.out);
+  CHECK(inspected["bytes"] == fs::file_size(path));
+  CHECK(inspected["tensors"][0]["name"] == big);
+  CHECK(inspected["tensors"][0]["bytes"] == uint64_t{6} << 30);
+  const ProcessResult table = runQuickly({"checkpoint", "inspect", path});
+  CHECK(table.exitCode == 0);
+  CHECK(contains(table.out, "6442450944"));
+
+  // A data section longer than the header's tensors is still found without reading it.
+  fs::resize_file(path, 8 + text.size() + offset + 4);
+  const ProcessResult longer = runQuickly({"checkpoint", "inspect", path});
+  CHECK(longer.exitCode == 1);
+  CHECK(longer.err.starts_with("error: [tessera.io.603] " + path + ": bytes "));
+  CHECK(contains(longer.err, "at the end of the data section belong to no tensor"));
+}
+
+TEST_CASE("resuming a checkpoint of the run's last step runs no step and reports no final loss") {
+  const TempDir dir;
+  json run = smallRun();
+  const std::string checkpoint = (dir.path() / "model.safetensors").string();
+  run["output"]["checkpoint"] = checkpoint;
+  const std::string config = dir.write("run.json", run.dump());
+  const ProcessResult trained = runCli({"train", config, "--quiet"});
+  INFO("stderr: ", trained.err);
+  REQUIRE(trained.exitCode == 0);
+  CHECK(contains(trained.out, "final loss: "));
+  const std::string summary = (dir.path() / "summary.json").string();
+  const ProcessResult resumed = runCli({"train", config, "--quiet", "--resume", checkpoint, "--json-summary", summary});
+  INFO("stderr: ", resumed.err);
+  REQUIRE(resumed.exitCode == 0);
+  CHECK(contains(resumed.out, "steps: 0 "));
+  CHECK(contains(resumed.out, "final loss: none, no steps were run (step 10 is the run's last)\n"));
+  CHECK(!contains(resumed.out, "final loss: 0.0000"));
+  const json written = json::parse(readFile(summary));
+  CHECK(written["steps"] == 0);
+  CHECK(written["finalLoss"].is_null());
+}
+
+TEST_CASE("a per-tensor override that shards a weight and its momentum differently is config.123") {
+  // Four replicas: W0 over groups of 2 by its override while its momentum
+  // follows the optimizer state's category (all 4), and the other way round.
+  const json consecutive2 = {{"type", "Consecutive"}, {"replicaGroupSize", 2}};
+  const json rtsOn = {{"replicatedTensorSharding", "On"}};
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"tensorLocationSettingsOverride", {{"W0", {{"replicatedTensorSharding", "On"}, {"shardingDomain", consecutive2}}}}},
+        {"optimizerStateTensorLocationSettings", {{"location", rtsOn}}}},
+       "its weight W0 is sharded over "},
+      {{{"weightTensorLocationSettings", {{"location", rtsOn}}},
+        {"optimizerStateTensorLocationSettings", {{"location", rtsOn}}},
+        {"tensorLocationSettingsOverride",
+         {{"W0.momentum", {{"replicatedTensorSharding", "On"}, {"shardingDomain", consecutive2}}}}}},
+       "/sessionOptions/tensorLocationSettingsOverride/W0.momentum"},
+  };
+  const TempDir dir;
+  for (const auto& [overrides, expected] : cases) {
+    json run = smallRun();
+    run["optimizer"]["momentum"] = 0.9;
+    run["sessionOptions"] = {{"enableReplicatedGraphs", true}, {"replicatedGraphCount", 4}};
+    run["sessionOptions"].update(overrides);
+    const std::string config = dir.write("run.json", run.dump());
+    const std::string text = expected;
+    CAPTURE(text);
+    for (const char* command : {"validate", "explain", "train"}) {
+      CAPTURE(command);
+      std::vector<std::string> args{command, config};
+      if (std::string(command) == "train") args.push_back("--quiet");
+      const ProcessResult result = runQuickly(args);
+      INFO("stderr: ", result.err);
+      CHECK(result.exitCode == 1);
+      CHECK(result.err.starts_with("error: [tessera.config.123] "));
+      CHECK(contains(result.err, "W0.momentum: the optimizer state is sharded over "));
+      CHECK(contains(result.err, text));
+    }
+  }
+  // The same domains by override and category: accepted.
+  json run = smallRun();
+  run["optimizer"]["momentum"] = 0.9;
+  run["sessionOptions"] = {
+      {"enableReplicatedGraphs", true},
+      {"replicatedGraphCount", 4},
+      {"tensorLocationSettingsOverride",
+       {{"W0", {{"replicatedTensorSharding", "On"}, {"shardingDomain", consecutive2}}},
+        {"W0.momentum", {{"replicatedTensorSharding", "On"}, {"shardingDomain", consecutive2}}}}}};
+  const ProcessResult valid = runQuickly({"validate", dir.write("same.json", run.dump())});
+  INFO("stderr: ", valid.err);
+  CHECK(valid.exitCode == 0);
+}
+
+TEST_CASE("explain's \"Not applied\" names every tensor a setting was not applied to") {
+  // One replica: replicated tensor sharding of the weights and their
+  // momentum is applied to none of them.
+  const ProcessResult result = runQuickly({"explain", tessera::test::sourcePath("samples/configs/mnist_rts.json"),
+                                           "--json", "--set", "/sessionOptions/enableReplicatedGraphs=false",
+                                           "--set", "/sessionOptions/replicatedGraphCount=1"});
+  INFO("stderr: ", result.err);
+  REQUIRE(result.exitCode == 0);
+  const json report = json::parse(result.out);
+  std::map<std::string, std::string> tensors;
+  for (const json& entry : report["notApplied"])
+    tensors[entry["setting"].get<std::string>() + " " + entry["why"].get<std::string>()] =
+        entry["tensor"].get<std::string>();
+  const std::string why = "/replicatedTensorSharding no local replication (enableReplicatedGraphs is false)";
+  CHECK(tensors["/sessionOptions/weightTensorLocationSettings/location" + why] ==
+        "these 6 tensors: W0, b0, W1, b1, W2, b2");
+  CHECK(tensors["/sessionOptions/optimizerStateTensorLocationSettings/location" + why] ==
+        "these 6 tensors: W0.momentum, b0.momentum, W1.momentum, b1.momentum, W2.momentum, b2.momentum");
+}
+
+TEST_CASE("gradient accumulation holds one micro-batch of the input on the device, not all of them") {
+  // The input arrives one micro-batch at a time, as PopART's streams do:
+  // 512 micro-batches must not make the activations 512 inputs larger.
+  const auto activations = [](int factor) {
+    const ProcessResult result =
+        runQuickly({"explain", tessera::test::sourcePath("samples/configs/mnist.json"), "--json", "--set",
+                    "/data/dataset=\"synthetic\"", "--set", "/sessionOptions/enableGradientAccumulation=true",
+                    "--set", fmt::format("/sessionOptions/accumulationFactor={}", factor)});
+    INFO("stderr: ", result.err);
+    REQUIRE(result.exitCode == 0);
+    return json::parse(result.out)["memory"]["replicaClasses"][0]["activations"]["computeTiles"].get<int64_t>();
+  };
+  const int64_t one = activations(1);
+  const int64_t many = activations(512);
+  CAPTURE(one);
+  CAPTURE(many);
+  // Before, the whole input of 512 micro-batches (98 MiB) was counted live all step.
+  CHECK(many < 2 * one);
 }

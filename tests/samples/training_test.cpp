@@ -325,3 +325,18 @@ TEST_CASE("mnist_rts: two replicas of 4 match one replica of 8, with and without
   CHECK(std::abs(single - sharded) <= 0.005);
   CHECK(single > 0.5);
 }
+
+TEST_CASE("mnist_rts tests every sample, also of a test set smaller than one test step") {
+  // 40 test samples against test steps of 80 (one replica) and 160 (two).
+  for (const char* replicas : {"1", "2"}) {
+    CAPTURE(replicas);
+    const ProcessResult result = tessera::test::runProgram(
+        program("TESSERA_MNIST_RTS"), {"--dataset", "synthetic", "--limit-train-samples", "64",
+                                       "--limit-test-samples", "40", "--replication-factor", replicas, "--rts"});
+    INFO("stdout: " << result.out << "stderr: " << result.err);
+    CHECK(result.exitCode == 0);
+    const std::string rts = std::string(replicas) == "1" ? "on, not applied with one replica" : "on";
+    CHECK(result.out.find(fmt::format("(40 samples, replication factor {}, rts {})\n", replicas, rts)) !=
+          std::string::npos);
+  }
+}

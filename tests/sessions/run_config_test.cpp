@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "json_reader.hpp"
@@ -1055,12 +1056,43 @@ TEST_CASE("virtualGraphMode and ipusPerReplica are read strictly and checked tog
   CHECK(phases->id() == "tessera.config.173");
 }
 
+TEST_CASE("storageTileSet IO on tensors in streaming memory gets a note: it changes nothing there") {
+  const auto notes = [](const std::string& sessionOptions) {
+    return configNotes(parse(R"({"sessionOptions": {"numIOTiles": 32, )" + sessionOptions + "}}").config);
+  };
+  const std::string io = R"("loadTileSet": "IO", "storageTileSet": "IO")";
+  const std::vector<ConfigNote> one =
+      notes(R"("tensorLocationSettingsOverride": {"W0": {"storage": "OffChip", )" + io + "}}");
+  REQUIRE(one.size() == 1);
+  CHECK(one[0].code == NoteCode::StorageTileSetOffChip);
+  CHECK(one[0].path == "/sessionOptions/tensorLocationSettingsOverride/W0/storageTileSet");
+  CHECK(one[0].text().starts_with(
+      "[tessera.note.809] /sessionOptions/tensorLocationSettingsOverride/W0/storageTileSet: storageTileSet IO "
+      "places a tensor that stays on chip on the IO tiles, but the overridden tensor W0 lives in streaming "
+      "memory (storage OffChip)"));
+  // Every override in one note, the first five by name.
+  std::string many;
+  for (int i = 0; i < 7; ++i)
+    many += fmt::format(R"({}"W{}": {{"storage": "OffChip", {}}})", i == 0 ? "" : ", ", i, io);
+  const std::vector<ConfigNote> seven = notes(R"("tensorLocationSettingsOverride": {)" + many + "}");
+  REQUIRE(seven.size() == 1);
+  CHECK(seven[0].message.find("the overridden tensors W0, W1, W2, W3, W4 and 2 more live in streaming") !=
+        std::string::npos);
+  // A category's setting: its tensors below minElementsForOffChip stay on the IO tiles, so no note.
+  CHECK(notes(R"("optimizerStateTensorLocationSettings": {"location": {"storage": "OffChip", )" + io + "}}")
+            .empty());
+  // On chip, IO tiles are where the tensor stays: no note.
+  CHECK(notes(R"("tensorLocationSettingsOverride": {"W0": {"storage": "OnChip", )" + io + "}}").empty());
+  CHECK(notes(R"("tensorLocationSettingsOverride": {"W0": {"storage": "OffChip", "loadTileSet": "IO"}})")
+            .empty());
+}
+
 TEST_CASE("docs/errors.md documents every note id with an example") {
   std::ifstream in(test::sourcePath("docs/errors.md"));
   REQUIRE(in.good());
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   for (const NoteCode code : {NoteCode::Float16WeightsWithoutMasterWeights, NoteCode::LossScalingWithoutFloat16,
-                              NoteCode::AutoVirtualGraphsOnOneIpu}) {
+                              NoteCode::AutoVirtualGraphsOnOneIpu, NoteCode::StorageTileSetOffChip}) {
     const std::string id = noteId(code);
     INFO(id);
     const auto at = text.find("`" + id + "`");

@@ -164,6 +164,9 @@ struct ProcessSetup {
   // e.g. to meet permissions that root would bypass.
   uid_t user = 0;
   gid_t group = 0;
+  // The program leads a process group of its own, as a shell's job does, so
+  // that signalGroup reaches it and what it starts in that group.
+  bool newProcessGroup = false;
 };
 
 // A program running in the background with its stdout and stderr in files of
@@ -190,6 +193,7 @@ class BackgroundProcess {
       if (out < 0 || err < 0 || ::dup2(out, STDOUT_FILENO) < 0 || ::dup2(err, STDERR_FILENO) < 0)
         ::_exit(127);
       if (cwd != nullptr && ::chdir(cwd) != 0) ::_exit(127);
+      if (setup.newProcessGroup && ::setpgid(0, 0) != 0) ::_exit(127);
       if (setup.user > 0 &&
           (::setgroups(0, nullptr) != 0 || ::setgid(setup.group) != 0 || ::setuid(setup.user) != 0))
         ::_exit(127);
@@ -237,6 +241,9 @@ class BackgroundProcess {
   }
 
   void signal(int number) const { REQUIRE(::kill(pid_, number) == 0); }
+  // The signal to the program's process group (ProcessSetup::newProcessGroup),
+  // as a terminal sends Ctrl-C to its foreground job.
+  void signalGroup(int number) const { REQUIRE(::kill(-pid_, number) == 0); }
 
   ProcessResult wait() {
     int status = 0;
