@@ -911,7 +911,7 @@ EvaluateSummary evaluate(const RunConfig& config, const EvaluateControl& control
   // The session that holds the weights is a training session, so that a
   // checkpoint restores into it exactly as when resuming; it must fit as
   // training does, and is checked before the data is read.
-  requireTrainingFits(model.graph, model.loss, *makeOptimizer(config.optimizer), options, config.device);
+  requireTrainingFits(model.graph, model.loss, *makeOptimizer(config.optimizer), options, instances.spec());
   std::string dataNotice;
   const TensorDataset data = loadRunData(config, model, dataNotice);
   instances.checkAgree(config, data);
@@ -925,7 +925,7 @@ EvaluateSummary evaluate(const RunConfig& config, const EvaluateControl& control
   summary.dataset = data.source;
   summary.testSamples = data.test.count;
   TrainingSession session(std::move(model.graph), model.loss, makeOptimizer(config.optimizer), options,
-                          instances.device(config.device));
+                          instances.device());
   if (!control.checkpoint.empty()) {
     const auto warn = [&control](const std::string& warning) {
       if (control.onWarning) control.onWarning(warning);
