@@ -78,8 +78,9 @@ TEST_CASE("a built MLP trains as the same MLP written with tessera's ops, bit fo
 
   OptimizerConfig sgd;
   sgd.sgd.learningRate = 0.1;
-  TrainingSession built(std::move(model.graph), model.graph.find(loss), makeOptimizer(sgd), SessionOptions{},
-                        makeSimDevice());
+  // The loss's id before the graph moves into the session (arguments may be evaluated in any order).
+  const TensorId builtLoss = model.graph.find(loss);
+  TrainingSession built(std::move(model.graph), builtLoss, makeOptimizer(sgd), SessionOptions{}, makeSimDevice());
   TrainingSession direct(std::move(graph), gloss.id(), makeOptimizer(sgd), SessionOptions{}, makeSimDevice());
   std::vector<float> xs(static_cast<size_t>(batch * 3));
   std::vector<int32_t> ys = {0, 1, 1, 0};
