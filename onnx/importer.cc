@@ -18,15 +18,13 @@
 #include "half.hpp"
 #include "importer.hpp"
 #include "input_file.hpp"
+#include "op_mapping.hpp"
 #include "tessera/error.hpp"
 #include "tessera/onnx.hpp"
 
 namespace tessera {
 namespace onnx_import {
 namespace {
-
-constexpr int64_t kMinOpset = 11;
-constexpr int64_t kMaxOpset = 17;
 
 // Protocol buffers parse at most 2 GiB; a larger file (or a FIFO, a device,
 // a folder) is refused before anything is read.
@@ -403,7 +401,7 @@ std::unordered_set<std::string> Importer::gradientReached(
     const auto it = producer.find(value);
     if (it == producer.end()) continue;
     const auto& node = *it->second;
-    for (int k : differentiableInputs(node)) {
+    for (int k : differentiableInputs(node, opset_)) {
       if (k >= node.input_size() || node.input(k).empty()) continue;
       if (reached.insert(node.input(k)).second) work.push_back(node.input(k));
     }

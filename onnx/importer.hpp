@@ -23,7 +23,7 @@ struct Value {
 
 // The inputs of `node` through which a gradient flows to its outputs (data
 // operands; not shapes, indices, labels or conditions).
-std::vector<int> differentiableInputs(const onnx::NodeProto& node);
+std::vector<int> differentiableInputs(const onnx::NodeProto& node, int64_t opset);
 
 // OnnxInvalidGraph for a node of a known op type without its required
 // inputs or its output.
@@ -33,6 +33,54 @@ class Importer {
  public:
   Importer(const onnx::ModelProto& model, const OnnxImportOptions& options, std::string source);
   OnnxModel run();
+
+  // The mapping functions of the table (op_mapping.hpp), one or more per
+  // family file onnx/ops/<family>.cc: each emits the ops of one node.
+  // ops/sources.cc
+  void mapConstant(const onnx::NodeProto& node, const std::string& subject);
+  // ops/elementwise.cc
+  void mapArithmetic(const onnx::NodeProto& node, const std::string& subject);
+  void mapPow(const onnx::NodeProto& node, const std::string& subject);
+  void mapUnary(const onnx::NodeProto& node, const std::string& subject);
+  void mapFloatUnary(const onnx::NodeProto& node, const std::string& subject);
+  void mapClip(const onnx::NodeProto& node, const std::string& subject);
+  void mapPRelu(const onnx::NodeProto& node, const std::string& subject);
+  void mapVariadic(const onnx::NodeProto& node, const std::string& subject);
+  // ops/matmul.cc
+  void mapMatMul(const onnx::NodeProto& node, const std::string& subject);
+  void mapGemm(const onnx::NodeProto& node, const std::string& subject);
+  // ops/reductions.cc
+  void mapReduce(const onnx::NodeProto& node, const std::string& subject);
+  // ops/shape_ops.cc
+  void mapIdentity(const onnx::NodeProto& node, const std::string& subject);
+  void mapReshape(const onnx::NodeProto& node, const std::string& subject);
+  void mapTranspose(const onnx::NodeProto& node, const std::string& subject);
+  void mapSlice(const onnx::NodeProto& node, const std::string& subject);
+  void mapConcat(const onnx::NodeProto& node, const std::string& subject);
+  void mapExpand(const onnx::NodeProto& node, const std::string& subject);
+  void mapSplit(const onnx::NodeProto& node, const std::string& subject);
+  void mapTile(const onnx::NodeProto& node, const std::string& subject);
+  void mapPad(const onnx::NodeProto& node, const std::string& subject);
+  // ops/softmax.cc
+  void mapSoftmax(const onnx::NodeProto& node, const std::string& subject);
+  void mapLoss(const onnx::NodeProto& node, const std::string& subject);
+  // ops/gather.cc
+  void mapGather(const onnx::NodeProto& node, const std::string& subject);
+  // ops/conv.cc (Conv, ConvTranspose) and ops/pooling.cc (MaxPool, AveragePool): mapWindowOp's result.
+  void mapWindow(const onnx::NodeProto& node, const std::string& subject);
+  // ops/pooling.cc
+  void mapGlobalPool(const onnx::NodeProto& node, const std::string& subject);
+  // ops/recurrence.cc: RNN, GRU, LSTM as ops::recurrence, with Y, Y_h and Y_c.
+  void mapRecurrence(const onnx::NodeProto& node, const std::string& subject);
+  // ops/masks.cc
+  void mapCompare(const onnx::NodeProto& node, const std::string& subject);
+  void mapLogical(const onnx::NodeProto& node, const std::string& subject);
+  void mapWhere(const onnx::NodeProto& node, const std::string& subject);
+  void mapCast(const onnx::NodeProto& node, const std::string& subject);
+  void mapDropout(const onnx::NodeProto& node, const std::string& subject);
+  // ops/normalization.cc
+  void mapBatchNormalization(const onnx::NodeProto& node, const std::string& subject);
+  void mapLayerNormalization(const onnx::NodeProto& node, const std::string& subject);
 
  private:
   std::string nodeSubject(const onnx::NodeProto& node) const;
@@ -49,12 +97,11 @@ class Importer {
   TensorId materialize(const std::string& name, const std::string& subject);
   void bindOutput(const std::string& name);
   void importNode(const onnx::NodeProto& node);
-  // node_mapping.cc: emits the tessera ops of one node.
+  // node_mapping.cc: emits the tessera ops of one node through the mapping
+  // table (op_mapping.hpp).
   void mapNode(const onnx::NodeProto& node, const std::string& subject);
-  // Conv, ConvTranspose, MaxPool, AveragePool: the op with its window and bias.
+  // Conv, ConvTranspose, MaxPool, AveragePool (ops/conv.cc): the op with its window and bias.
   Tensor mapWindowOp(const onnx::NodeProto& node, const std::string& subject);
-  // recurrence_mapping.cc: RNN, GRU, LSTM as ops::recurrence, with Y, Y_h and Y_c.
-  void mapRecurrence(const onnx::NodeProto& node, const std::string& subject);
 
   // Helpers of mapNode.
   Tensor operand(const onnx::NodeProto& node, int k, const std::string& subject);

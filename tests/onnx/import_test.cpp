@@ -318,6 +318,19 @@ TEST_CASE("an unsupported op names the node, its op type, the opset and the supp
       "Concat, Constant, Conv, ConvTranspose, Div,"));
   CHECK(error->detail().find("SoftmaxCrossEntropyLoss") != std::string::npos);
   CHECK(error->detail().find("on values known at import also: ConstantOfShape") != std::string::npos);
+  // The lists are the mapping table's (onnx/op_mapping.hpp); docs/onnx.md describes each op type.
+  const std::string doc = test::readText(test::sourcePath("docs/onnx.md"));
+  std::string list = error->detail().substr(error->detail().find("supported: ") + 11);
+  const std::string also = "; on values known at import also: ";
+  list.replace(list.find(also), also.size(), ", ");
+  std::size_t names = 0;
+  for (std::size_t at = 0; at < list.size(); ++names) {
+    const std::size_t end = std::min(list.find(", ", at), list.size());
+    const std::string name = list.substr(at, end - at);
+    CHECK_MESSAGE(doc.find("`" + name + "`") != std::string::npos, name, " is not described in docs/onnx.md");
+    at = end + 2;
+  }
+  CHECK(names > 70);
 }
 
 TEST_CASE("a shape that does not fit an op wraps the graph's error with the node named") {

@@ -1,4 +1,5 @@
-// ONNX's RNN, GRU and LSTM nodes as ops::recurrence (lib/ops/recurrence.cc):
+// ONNX mapping of the recurrence family (lib/ops/recurrence.cc): RNN, GRU
+// and LSTM nodes as ops::recurrence:
 // layout 0 ([seq, batch, features], as PyTorch exports them, with a
 // Transpose around the node for batch_first), the default activations, every
 // direction, GRU's linear_before_reset. What the recurrences do not compute
@@ -8,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "importer.hpp"
+#include "op_mapping.hpp"
 #include "tessera/error.hpp"
 
 namespace tessera::onnx_import {
@@ -127,6 +129,16 @@ void Importer::mapRecurrence(const onnx::NodeProto& node, const std::string& sub
   setOutput(node, 0, out.y);
   setOutput(node, 1, out.yH);
   if (op == "LSTM") setOutput(node, 2, out.yC);
+}
+
+void addRecurrenceMappings(OnnxMappingTable& table) {
+  // Every output is optional (Y_h alone is common); the node needs one.
+  for (std::string_view op : {"RNN", "GRU", "LSTM"})
+    table.add({.opType = op,
+               .map = &Importer::mapRecurrence,
+               .requiredInputs = 3,
+               .anyOutput = true,
+               .differentiable = {0, 1, 2, 3, 5, 6}});
 }
 
 }  // namespace tessera::onnx_import

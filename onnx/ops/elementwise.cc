@@ -1,0 +1,187 @@
+// ONNX mapping of the elementwise family (lib/ops/elementwise.cc): arithmetic,
+// the unary functions, Clip, PRelu (a select) and the variadic Sum, Mean, Max and Min.
+
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "importer.hpp"
+#include "op_mapping.hpp"
+#include "tessera/error.hpp"
+
+namespace tessera::onnx_import {
+
+void Importer::mapVariadic(const onnx::NodeProto& node, const std::string& subject) {
+  const std::string& op = node.op_type();
+  auto unsupported = [&](std::string_view what) {
+    throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject, what);
+  };
+  // Variadic, with numpy broadcasting: a chain of Adds (Mean divides by
+  // the count); Max and Min select with Where (a tie takes the later
+  // operand, and its gradient goes there).
+  std::vector<Tensor> in;
+  for (int k = 0; k < node.input_size(); ++k)
+    if (!node.input(k).empty()) in.push_back(operand(node, k, subject));
+  if (in.empty()) throwOnnx(ErrorCode::OnnxInvalidGraph, subject, fmt::format("{} without inputs", op));
+  const int32_t type = values_.at(node.input(0)).type;
+  for (std::size_t k = 0; k < in.size(); ++k)
+    if (in[k].dtype() != in[0].dtype() || (op == "Mean" && in[k].dtype() == DType::Int32))
+      unsupported(
+          fmt::format("inputs of different types (or a Mean of integers): {} needs float operands of one "
+                      "type, or int32 ones for Sum, Max and Min",
+                      op));
+  Tensor y = in[0];
+  for (std::size_t k = 1; k < in.size(); ++k) {
+    if (op == "Sum" || op == "Mean") {
+      y = ops::add(y, in[k]);
+    } else {
+      y = ops::where(op == "Max" ? ops::greater(y, in[k]) : ops::less(y, in[k]), y, in[k]);
+    }
+  }
+  if (op == "Mean" && in.size() > 1) y = ops::div(y, scalar(static_cast<double>(in.size()), y.dtype()));
+  if (in.size() == 1) {
+    values_[node.output(0)] = values_.at(node.input(0));
+    return;
+  }
+  setOutput(node, 0, y, type);
+}
+
+void Importer::mapPRelu(const onnx::NodeProto& node, const std::string& subject) {
+  // x < 0 ? slope * x : x, the slope broadcast to x: a select, so the
+  // slope's gradient is the sum of dy * x where x < 0.
+  Tensor x = operand(node, 0, subject);
+  requireFloat(x, node, 0, subject);
+  Tensor slope = operand(node, 1, subject);
+  requireFloat(slope, node, 1, subject);
+  // PyTorch's exports before opset 7 give PReLU(num_parameters=C) a slope
+  // [C] meant per channel (axis 1), which numpy rules would align with the
+  // last axis: where those rules cannot take it, it applies along axis 1.
+  const Shape xs = x.shape();  // a copy: adding ops may move the graph's tensors
+  if (slope.shape().size() == 1 && xs.size() >= 3 && slope.shape()[0] == xs[1] &&
+      slope.shape()[0] != xs.back() && slope.shape()[0] != 1) {
+    Shape channel(xs.size() - 1, 1);
+    channel[0] = xs[1];
+    slope = ops::reshape(slope, channel);
+  }
+  setOutput(node, 0, ops::where(ops::less(x, scalar(0.0, x.dtype())), ops::mul(slope, x), x));
+}
+
+void Importer::mapArithmetic(const onnx::NodeProto& node, const std::string& subject) {
+  const std::string& op = node.op_type();
+  auto unsupported = [&](std::string_view what) {
+    throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject, what);
+  };
+  Tensor a = operand(node, 0, subject);
+  Tensor b = operand(node, 1, subject);
+  if (a.dtype() != b.dtype() || (op == "Div" && a.dtype() == DType::Int32))
+    unsupported(fmt::format(
+        "inputs of types {} and {}: the device computes {} on two values of one type, float or int32 "
+        "(Div on floats only)",
+        typeName(values_.at(node.input(0)).type), typeName(values_.at(node.input(1)).type), op));
+  const int32_t type = values_.at(node.input(0)).type;
+  Tensor y = op == "Add"   ? ops::add(a, b)
+             : op == "Sub" ? ops::sub(a, b)
+             : op == "Mul" ? ops::mul(a, b)
+                           : ops::div(a, b);
+  setOutput(node, 0, y, type);
+}
+
+void Importer::mapPow(const onnx::NodeProto& node, const std::string& subject) {
+  Tensor x = operand(node, 0, subject);
+  requireFloat(x, node, 0, subject);
+  // A known exponent of 1, 2 or 0.5 is x, x*x or Sqrt (what torch exports
+  // for x**2 and x**0.5); any other is Pow, whose exponent is float32.
+  const Known* e = knownInput(node, 1);
+  const double p = e != nullptr && e->size() == 1 ? e->at(0) : 0.0;
+  if (e != nullptr && e->size() == 1 && p == 1.0) {
+    values_[node.output(0)] = values_.at(node.input(0));
+  } else if (e != nullptr && e->size() == 1 && p == 2.0) {
+    setOutput(node, 0, ops::mul(x, x));
+  } else if (e != nullptr && e->size() == 1 && p == 0.5) {
+    setOutput(node, 0, ops::sqrt(x));
+  } else if (e != nullptr) {
+    std::vector<float> exponent(e->size());
+    for (std::size_t i = 0; i < exponent.size(); ++i) exponent[i] = static_cast<float>(e->at(i));
+    const Tensor b =
+        ops::constant(graph_, graph_.uniqueName(node.input(1)), std::move(exponent), e->shape, x.dtype());
+    setOutput(node, 0, ops::pow(x, b));
+  } else {
+    Tensor b = operand(node, 1, subject);
+    requireFloat(b, node, 1, subject);
+    setOutput(node, 0, ops::pow(x, b));
+  }
+}
+
+void Importer::mapUnary(const onnx::NodeProto& node, const std::string& subject) {
+  const std::string& op = node.op_type();
+  Tensor x = operand(node, 0, subject);
+  requireFloat(x, node, 0, subject);
+  auto attribute = [&](std::string_view name, float fallback) {
+    return static_cast<double>(floatAttribute(node, name, fallback, subject));
+  };
+  Tensor y = op == "Abs"          ? ops::abs(x)
+             : op == "Erf"        ? ops::erf(x)
+             : op == "Reciprocal" ? ops::reciprocal(x)
+             : op == "Sign"       ? ops::sign(x)
+             : op == "Softplus"   ? ops::softplus(x)
+             : op == "LeakyRelu"  ? ops::leakyRelu(x, attribute("alpha", 0.01F))
+             : op == "Elu"        ? ops::elu(x, attribute("alpha", 1.0F))
+                                  : ops::selu(x, attribute("alpha", 1.67326319217681884765625F),
+                                              attribute("gamma", 1.05070102214355468750F));
+  setOutput(node, 0, y);
+}
+
+void Importer::mapClip(const onnx::NodeProto& node, const std::string& subject) {
+  auto unsupported = [&](std::string_view what) {
+    throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject, what);
+  };
+  // Bounds are optional inputs (opset 11 on), known at import.
+  Tensor x = operand(node, 0, subject);
+  requireFloat(x, node, 0, subject);
+  auto bound = [&](int k, std::string_view what, double fallback) {
+    if (k >= node.input_size() || node.input(k).empty()) return fallback;
+    const Known& b = requireKnown(node, k, subject, what);
+    if (b.size() != 1) unsupported(fmt::format("the {} bound must be one value", what));
+    return b.at(0);
+  };
+  const double lo = bound(1, "min", -std::numeric_limits<double>::infinity());
+  const double hi = bound(2, "max", std::numeric_limits<double>::infinity());
+  setOutput(node, 0, ops::clip(x, lo, hi));
+}
+
+void Importer::mapFloatUnary(const onnx::NodeProto& node, const std::string& subject) {
+  const std::string& op = node.op_type();
+  // float32, or float64 computed in double.
+  Tensor x = operand(node, 0, subject);
+  const bool wide = x.dtype() == DType::Float64;
+  if (!wide) requireFloat(x, node, 0, subject);
+  Tensor y = op == "Neg"       ? ops::neg(x)
+             : op == "Relu"    ? ops::relu(x)
+             : op == "Tanh"    ? ops::tanh(x)
+             : op == "Sigmoid" ? ops::sigmoid(x)
+             : op == "Exp"     ? ops::exp(x)
+             : op == "Log"     ? ops::log(x)
+                               : ops::sqrt(x);
+  setOutput(node, 0, y, wide ? onnx::TensorProto::DOUBLE : onnx::TensorProto::FLOAT);
+}
+
+void addElementwiseMappings(OnnxMappingTable& table) {
+  for (std::string_view op : {"Add", "Sub", "Mul", "Div"})
+    table.add({.opType = op,
+               .map = &Importer::mapArithmetic,
+               .requiredInputs = 2,
+               .allInputsDifferentiable = true});
+  table.add({.opType = "Pow", .map = &Importer::mapPow, .requiredInputs = 2, .differentiable = {0}});
+  // One-input elementwise ops with a tessera op of their own (their attributes read in mapUnary).
+  for (std::string_view op : {"Abs", "Elu", "Erf", "LeakyRelu", "Reciprocal", "Selu", "Sign", "Softplus"})
+    table.add({.opType = op, .map = &Importer::mapUnary, .differentiable = {0}});
+  for (std::string_view op : {"Neg", "Relu", "Tanh", "Sigmoid", "Exp", "Log", "Sqrt"})
+    table.add({.opType = op, .map = &Importer::mapFloatUnary, .differentiable = {0}});
+  table.add({.opType = "Clip", .map = &Importer::mapClip, .differentiable = {0}});
+  table.add(
+      {.opType = "PRelu", .map = &Importer::mapPRelu, .requiredInputs = 2, .allInputsDifferentiable = true});
+  for (std::string_view op : {"Sum", "Mean", "Max", "Min"})
+    table.add({.opType = op, .map = &Importer::mapVariadic, .allInputsDifferentiable = true});
+}
+
+}  // namespace tessera::onnx_import
