@@ -38,6 +38,7 @@ const std::vector<std::string> kMappedOps = {
     "Expand",
     "Flatten",
     "Gather",
+    "GatherElements",
     "Gemm",
     "GlobalAveragePool",
     "GlobalMaxPool",
@@ -72,6 +73,7 @@ const std::vector<std::string> kMappedOps = {
     "ReduceSum",
     "Relu",
     "Reshape",
+    "ScatterElements",
     "Selu",
     "Shape",
     "Sigmoid",
@@ -129,6 +131,10 @@ void checkArity(const onnx::NodeProto& node, int64_t opset, const std::string& s
     required = 2;
   } else if (op == "Unsqueeze") {
     required = opset >= 13 ? 2 : 1;
+  } else if (op == "GatherElements") {
+    required = 2;
+  } else if (op == "ScatterElements") {
+    required = 3;
   } else if (op == "Slice" || op == "Range" || op == "Where" || op == "InstanceNormalization" ||
              op == "RNN" || op == "GRU" || op == "LSTM") {
     required = 3;
@@ -163,6 +169,8 @@ std::vector<int> differentiableInputs(const onnx::NodeProto& node) {
     return all;
   }
   if (op == "Where") return {1, 2};
+  if (op == "ScatterElements") return {0, 2};
+  if (op == "GatherElements") return {0};
   if (op == "Pad") return {0};
   if (op == "BatchNormalization" || op == "InstanceNormalization") return {0, 1, 2};
   if (op == "PRelu" || op == "Sum" || op == "Mean" || op == "Max" || op == "Min") {
@@ -797,11 +805,43 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     return;
   }
   if (op == "Clip") {
-    // Bounds are optional inputs (opset 11 on), known at import.
+    // Bounds are optional inputs (opset 11 on), each one value. Known at
+    // import, they are Clip's attributes; computed by the model, Clip is
+    // composed of selects: y = hi where x > hi or hi < lo (ONNX: min(max(x,
+    // lo), hi)), else lo where x < lo, else x; a NaN x stays NaN. The
+    // gradient goes to x where lo <= x <= hi, as torch.clamp's, and to the
+    // bound that is selected.
     Tensor x = operand(node, 0, subject);
     requireFloat(x, node, 0, subject);
+    auto present = [&](int k) { return k < node.input_size() && !node.input(k).empty(); };
+    if ((present(1) && knownInput(node, 1) == nullptr) || (present(2) && knownInput(node, 2) == nullptr)) {
+      auto bound = [&](int k, std::string_view what) -> std::optional<Tensor> {
+        if (!present(k)) return std::nullopt;
+        Tensor b = operand(node, k, subject);
+        requireFloat(b, node, k, subject);
+        if (numElements(b.shape()) != 1)
+          unsupported(fmt::format("the {} bound \"{}\" is {}; one value expected", what, node.input(k),
+                                  shapeStr(b.shape())));
+        if (b.dtype() != x.dtype())
+          unsupported(fmt::format("the {} bound \"{}\" is {} and x {}; Clip takes values of one type", what,
+                                  node.input(k), typeName(values_.at(node.input(k)).type),
+                                  typeName(values_.at(node.input(0)).type)));
+        return b.shape().empty() ? b : ops::reshape(b, {});
+      };
+      const std::optional<Tensor> lo = bound(1, "min");
+      const std::optional<Tensor> hi = bound(2, "max");
+      Tensor y = x;
+      if (lo) y = ops::where(ops::less(x, *lo), *lo, y);
+      if (hi) {
+        Tensor above = ops::greater(x, *hi);
+        if (lo) above = ops::logicalOr(above, ops::less(*hi, *lo));
+        y = ops::where(above, *hi, y);
+      }
+      setOutput(node, 0, y);
+      return;
+    }
     auto bound = [&](int k, std::string_view what, double fallback) {
-      if (k >= node.input_size() || node.input(k).empty()) return fallback;
+      if (!present(k)) return fallback;
       const Known& b = requireKnown(node, k, subject, what);
       if (b.size() != 1) unsupported(fmt::format("the {} bound must be one value", what));
       return b.at(0);
@@ -809,6 +849,30 @@ void Importer::mapNode(const onnx::NodeProto& node, const std::string& subject) 
     const double lo = bound(1, "min", -std::numeric_limits<double>::infinity());
     const double hi = bound(2, "max", std::numeric_limits<double>::infinity());
     setOutput(node, 0, ops::clip(x, lo, hi));
+    return;
+  }
+  if (op == "GatherElements" || op == "ScatterElements") {
+    // Elements by index along `axis` (torch.gather, scatter, scatter_add).
+    const bool scatter = op == "ScatterElements";
+    const std::string reduction = scatter ? stringAttribute(node, "reduction", "none", subject) : "none";
+    if (reduction != "none" && reduction != "add")
+      throwOnnx(ErrorCode::OnnxUnsupportedScatterReduction, subject,
+                fmt::format("attribute reduction is \"{}\"; allowed: \"none\" (write), \"add\"", reduction));
+    Tensor data = operand(node, 0, subject);
+    requireFloat(data, node, 0, subject);
+    const auto rank = static_cast<int64_t>(data.shape().size());
+    const int64_t axis = normalizeAxis(intAttribute(node, "axis", 0, subject), rank, subject);
+    Tensor indices = operand(node, 1, subject);
+    if (indices.dtype() != DType::Int32)
+      unsupported(fmt::format("indices \"{}\" are {}; integer indices are expected", node.input(1),
+                              typeName(values_.at(node.input(1)).type)));
+    if (!scatter) {
+      setOutput(node, 0, ops::gatherElements(data, indices, axis));
+      return;
+    }
+    Tensor updates = operand(node, 2, subject);
+    requireFloat(updates, node, 2, subject);
+    setOutput(node, 0, ops::scatterElements(data, indices, updates, axis, reduction == "add"));
     return;
   }
   if (op == "Neg" || op == "Relu" || op == "Tanh" || op == "Sigmoid" || op == "Exp" || op == "Log" ||
