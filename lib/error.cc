@@ -122,6 +122,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(OnnxInvalidIpuNumber),
     TESSERA_CODE(OnnxBuilderUnknown),
     TESSERA_CODE(OnnxBuilderInvalid),
+    TESSERA_CODE(OnnxUnsupportedScatterReduction),
     TESSERA_CODE(Internal),
 };
 #undef TESSERA_CODE

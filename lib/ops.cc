@@ -202,6 +202,19 @@ Tensor gather(Tensor data, Tensor indices, int64_t axis) {
   attributes.axis = axis;
   return binary(OpKind::Gather, data, indices, std::move(attributes));
 }
+Tensor gatherElements(Tensor data, Tensor indices, int64_t axis) {
+  OpAttributes attributes;
+  attributes.axis = axis;
+  return binary(OpKind::GatherElements, data, indices, std::move(attributes));
+}
+Tensor scatterElements(Tensor data, Tensor indices, Tensor updates, int64_t axis, bool accumulate) {
+  OpAttributes attributes;
+  attributes.axis = axis;
+  attributes.a = accumulate ? 1.0 : 0.0;
+  Graph& graph = graphOf(opName(OpKind::ScatterElements), {data, indices, updates});
+  return single(graph, graph.addOp(OpKind::ScatterElements, {data.id(), indices.id(), updates.id()},
+                                   std::move(attributes)));
+}
 namespace {
 OpAttributes convAttributes(const ConvParams& p) {
   OpAttributes attributes;

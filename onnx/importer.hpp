@@ -66,6 +66,7 @@ class Importer {
   void mapLoss(const onnx::NodeProto& node, const std::string& subject);
   // ops/gather.cc
   void mapGather(const onnx::NodeProto& node, const std::string& subject);
+  void mapElements(const onnx::NodeProto& node, const std::string& subject);
   // ops/conv.cc (Conv, ConvTranspose) and ops/pooling.cc (MaxPool, AveragePool): mapWindowOp's result.
   void mapWindow(const onnx::NodeProto& node, const std::string& subject);
   // ops/pooling.cc

@@ -148,6 +148,7 @@ enum class ErrorCode : int {
   OnnxInvalidIpuNumber = 730,    // an __ipu_number that is not a non-negative integer
   OnnxBuilderUnknown = 735,      // OnnxBuilder: an op type, attribute or tensor name it does not know
   OnnxBuilderInvalid = 736,      // OnnxBuilder: an element type, count, attribute value or model it refuses
+  OnnxUnsupportedScatterReduction = 737,  // a ScatterElements reduction other than none and add
   // --- Internal (9xx) ---
   Internal = 901,
 };

@@ -211,6 +211,11 @@ enum class OpKind : uint16_t {
   RemoteStore,  // tensor -> buffer[entry]; no output
   // Between the IPUs of one replica (virtual graphs).
   IpuCopy,  // y = x, moved from the IPU of x's producer to this op's (OpNode::virtualGraph)
+  // Elements picked or written by index along `axis` (ONNX GatherElements, ScatterElements): indices
+  // int32 of the data's rank, each extent at most the data's, each index in [-V, V).
+  GatherElements,   // (data, indices) -> [indices' shape]: data with the axis coordinate replaced
+  ScatterElements,  // (data, indices, updates [indices' shape]) -> data, out[index] = a*out[index] + update
+                    // in index order (a = 0: ONNX's reduction none; a = 1: add)
 };
 
 template <>
@@ -302,6 +307,8 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::RemoteLoad, std::string_view{"RemoteLoad"}},
       std::pair{OpKind::RemoteStore, std::string_view{"RemoteStore"}},
       std::pair{OpKind::IpuCopy, std::string_view{"IpuCopy"}},
+      std::pair{OpKind::GatherElements, std::string_view{"GatherElements"}},
+      std::pair{OpKind::ScatterElements, std::string_view{"ScatterElements"}},
   };
 };
 
@@ -341,8 +348,9 @@ struct OpAttributes {
                   // GatherGrad (the table's)
   std::vector<int64_t> starts{};  // Slice, SlicePad
   std::vector<int64_t> ends{};    // Slice, SlicePad
-  int64_t axis = 0;               // Concat, Gather, GatherGrad
-  double a = 1.0;                 // ScaledAddInplace: x = a*x + b*y; LeakyRelu, Elu, Selu: alpha; Clip: min
+  int64_t axis = 0;               // Concat, Gather, GatherGrad, GatherElements, ScatterElements
+  double a = 1.0;                 // ScaledAddInplace: x = a*x + b*y; LeakyRelu, Elu, Selu: alpha; Clip: min;
+                                  // ScatterElements: 0 replaces, 1 adds
   double b = 1.0;                 // Selu: gamma; Clip: max
   ReductionType reduction = ReductionType::Sum;  // collectives, SoftmaxCrossEntropy
   std::optional<ReplicaGrouping> grouping{};     // collectives: the groups; nullopt = all replicas

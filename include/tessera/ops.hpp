@@ -148,6 +148,19 @@ Tensor pow(Tensor a, Tensor b);
 // [A..., I..., D...]. On axis 0 the rows of a table, an embedding lookup. The
 // gradient adds dy's slices into the slices the indices name.
 Tensor gather(Tensor data, Tensor indices, int64_t axis = 0);
+// ONNX GatherElements (torch.gather): indices int32 of data's rank, each
+// extent at most data's (any on `axis`) -> indices' shape, out[i] = data[i
+// with its `axis` coordinate replaced by indices[i]], each index in [-V, V).
+// The gradient is a scatterElements (add) of dy into zeros.
+Tensor gatherElements(Tensor data, Tensor indices, int64_t axis = 0);
+// ONNX ScatterElements (torch.scatter, scatter_add): data with each update
+// written (accumulate false: ONNX's reduction none; a repeated index keeps the
+// last in index order) or added (accumulate true: reduction add) at the
+// position gatherElements would read with the same indices. The gradients:
+// data gets dy with the written positions zeroed (accumulate: dy), the
+// updates the gatherElements of dy.
+Tensor scatterElements(Tensor data, Tensor indices, Tensor updates, int64_t axis = 0,
+                       bool accumulate = false);
 // --- Convolution and pooling over NC[D]HW tensors (1 to 3 spatial axes) ---
 // Each vector has one value per spatial axis (pads: every axis's begin, then
 // every axis's end); empty means the default (strides and dilations 1, pads 0).

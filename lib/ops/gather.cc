@@ -5,8 +5,20 @@
 // scatter-add: (dy [A..., I..., D...], indices) -> zeros of `shape`
 // [A..., V, D...] with each dy slice added into the slice its index names,
 // in index order.
+//
+// GatherElements and ScatterElements (ONNX's, torch.gather and scatter) index
+// single elements: indices int32 of the data's rank, each extent at most the
+// data's off `axis`; index element i names the data element with i's
+// coordinates but the index on `axis`. GatherElements reads those elements
+// (-> the indices' shape); ScatterElements (data, indices, updates of the
+// indices' shape) writes (`a` 0) or adds (`a` 1) each update there, in index
+// order, into a copy of the data. GatherElements' gradient is a
+// ScatterElements add of dy into zeros; ScatterElements' gives the data dy
+// with the written positions zeroed (a ScatterElements of zeros into dy; for
+// an add, dy itself) and the updates the GatherElements of dy.
 #include <fmt/format.h>
 
+#include "gather.hpp"
 #include "op_def.hpp"
 
 namespace tessera {
@@ -66,6 +78,47 @@ Shape gatheredShape(const Shape& table, const Shape& indices, int64_t axis) {
   return out;
 }
 
+// Checks the indices (operand `k`) against the data (operand 0) of an
+// element-wise gather or scatter and normalises the axis.
+void checkElementIndices(const OpChecker& c, std::size_t k, OpAttributes& attributes) {
+  c.dtype(k, DType::Int32);
+  c.minRank(0, 1);
+  if (c.rank(k) != c.rank(0))
+    c.fail(ErrorCode::ShapeMismatch,
+           fmt::format("indices {} must have the rank of data {}", c.desc(k), c.desc(0)));
+  attributes.axis = c.axis(attributes.axis, c.rank(0));
+  for (std::size_t d = 0; d < c.shape(0).size(); ++d) {
+    if (static_cast<int64_t>(d) != attributes.axis && c.shape(k)[d] > c.shape(0)[d])
+      c.fail(ErrorCode::ShapeMismatch,
+             fmt::format("indices {} are longer than data {} on axis {}; off axis {} each extent must be at "
+                         "most the data's",
+                         c.desc(k), c.desc(0), d, attributes.axis));
+  }
+}
+
+Tensor zerosLike(const Tensor& t) {
+  return ops::broadcastTo(ops::scalar(t.graph(), 0.0, t.dtype()), t.shape());
+}
+
+// GatherElements (kScatter false): out[i] = data[e(i)]; ScatterElements:
+// out = data, then out[e(i)] = a * out[e(i)] + updates[i] in index order.
+template <bool kScatter>
+void elementsReference(ReferenceOp& r, int64_t replica) {
+  const Values& data = r.in(0, replica);
+  const Values& indices = r.in(1, replica);
+  const ElementIndexing e = elementIndexing(r.inShape(0), r.inShape(1), r.attributes().axis);
+  Values& out = r.out(replica);
+  if constexpr (kScatter) out = data;
+  for (std::size_t i = 0; i < indices.size(); ++i) {
+    const auto at = static_cast<std::size_t>(e.bases[i]) +
+                    rowOf(r, indices[i], i, e.rows) * static_cast<std::size_t>(e.stride);
+    if constexpr (kScatter)
+      out[at] = r.attributes().a * out[at] + r.in(2, replica)[i];
+    else
+      out[i] = data[at];
+  }
+}
+
 }  // namespace
 
 void addGatherOps(OpTable& table) {
@@ -119,7 +172,49 @@ void addGatherOps(OpTable& table) {
                  },
              .cost = [](const Graph& graph,
                         const OpNode& op) { return OpCost{.flops = elementsOf(graph, op.inputs[0])}; }});
-  table.keepsHalves({OpKind::Gather});
+  table.add({.kind = OpKind::GatherElements,
+             .family = OpFamily::Gather,
+             .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
+               c.arity(2);
+               const DType dtype = c.floating({0});
+               checkElementIndices(c, 1, attributes);
+               return {{c.shape(1), dtype, {}}};
+             },
+             .gradient = [](const GradientContext& g) -> std::vector<Tensor> {
+               const Tensor zeros = zerosLike(g.in(0));
+               return {ops::scatterElements(zeros, g.in(1), g.dy, g.attributes().axis, true), Tensor{}};
+             },
+             .reference = elementsReference<false>,
+             .cost = [](const Graph& graph,
+                        const OpNode& op) { return OpCost{.flops = elementsOf(graph, op.outputs[0])}; }});
+  table.add({.kind = OpKind::ScatterElements,
+             .family = OpFamily::Gather,
+             .shape = [](const OpChecker& c, OpAttributes& attributes) -> std::vector<OutputSpec> {
+               c.arity(3);
+               const DType dtype = c.floating({0, 2});
+               checkElementIndices(c, 1, attributes);
+               c.sameShape(1, 2);
+               if (attributes.a != 0.0 && attributes.a != 1.0)
+                 c.fail(ErrorCode::InvalidOperand,
+                        fmt::format("a = {} on data {}: 0 writes the updates, 1 adds them", attributes.a,
+                                    c.desc(0)));
+               return {{c.shape(0), dtype, {}}};
+             },
+             .gradient = [](const GradientContext& g) -> std::vector<Tensor> {
+               const int64_t axis = g.attributes().axis;
+               Tensor data;
+               if (g.isWanted(0))
+                 data = g.attributes().a == 1.0
+                            ? g.dy
+                            : ops::scatterElements(g.dy, g.in(1), zerosLike(g.in(2)), axis);
+               Tensor updates;
+               if (g.isWanted(2)) updates = ops::gatherElements(g.dy, g.in(1), axis);
+               return {data, Tensor{}, updates};
+             },
+             .reference = elementsReference<true>,
+             .cost = [](const Graph& graph,
+                        const OpNode& op) { return OpCost{.flops = elementsOf(graph, op.outputs[0])}; }});
+  table.keepsHalves({OpKind::Gather, OpKind::GatherElements});
 }
 
 }  // namespace tessera

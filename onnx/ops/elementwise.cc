@@ -2,6 +2,7 @@
 // the unary functions, Clip, PRelu (a select) and the variadic Sum, Mean, Max and Min.
 
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -135,11 +136,43 @@ void Importer::mapClip(const onnx::NodeProto& node, const std::string& subject) 
   auto unsupported = [&](std::string_view what) {
     throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject, what);
   };
-  // Bounds are optional inputs (opset 11 on), known at import.
+  // Bounds are optional inputs (opset 11 on), each one value. Known at
+  // import, they are Clip's attributes; computed by the model, Clip is
+  // composed of selects: y = hi where x > hi or hi < lo (ONNX: min(max(x,
+  // lo), hi)), else lo where x < lo, else x; a NaN x stays NaN. The
+  // gradient goes to x where lo <= x <= hi, as torch.clamp's, and to the
+  // bound that is selected.
   Tensor x = operand(node, 0, subject);
   requireFloat(x, node, 0, subject);
+  auto present = [&](int k) { return k < node.input_size() && !node.input(k).empty(); };
+  if ((present(1) && knownInput(node, 1) == nullptr) || (present(2) && knownInput(node, 2) == nullptr)) {
+    auto bound = [&](int k, std::string_view what) -> std::optional<Tensor> {
+      if (!present(k)) return std::nullopt;
+      Tensor b = operand(node, k, subject);
+      requireFloat(b, node, k, subject);
+      if (numElements(b.shape()) != 1)
+        unsupported(fmt::format("the {} bound \"{}\" is {}; one value expected", what, node.input(k),
+                                shapeStr(b.shape())));
+      if (b.dtype() != x.dtype())
+        unsupported(fmt::format("the {} bound \"{}\" is {} and x {}; Clip takes values of one type", what,
+                                node.input(k), typeName(values_.at(node.input(k)).type),
+                                typeName(values_.at(node.input(0)).type)));
+      return b.shape().empty() ? b : ops::reshape(b, {});
+    };
+    const std::optional<Tensor> lo = bound(1, "min");
+    const std::optional<Tensor> hi = bound(2, "max");
+    Tensor y = x;
+    if (lo) y = ops::where(ops::less(x, *lo), *lo, y);
+    if (hi) {
+      Tensor above = ops::greater(x, *hi);
+      if (lo) above = ops::logicalOr(above, ops::less(*hi, *lo));
+      y = ops::where(above, *hi, y);
+    }
+    setOutput(node, 0, y);
+    return;
+  }
   auto bound = [&](int k, std::string_view what, double fallback) {
-    if (k >= node.input_size() || node.input(k).empty()) return fallback;
+    if (!present(k)) return fallback;
     const Known& b = requireKnown(node, k, subject, what);
     if (b.size() != 1) unsupported(fmt::format("the {} bound must be one value", what));
     return b.at(0);

@@ -211,7 +211,8 @@ Result runSets(const fs::path& model, const std::vector<fs::path>& sets, bool do
     const bool unsupported =
         e.code() == ErrorCode::OnnxUnsupportedOpset || e.code() == ErrorCode::OnnxUnsupportedOp ||
         e.code() == ErrorCode::OnnxUnsupportedFeature || e.code() == ErrorCode::OnnxTooLarge ||
-        e.code() == ErrorCode::OnnxUnsupportedRecurrence;
+        e.code() == ErrorCode::OnnxUnsupportedRecurrence ||
+        e.code() == ErrorCode::OnnxUnsupportedScatterReduction;
     return {unsupported ? Outcome::Unsupported : Outcome::Fail, e.what()};
   } catch (const Error& e) {
     return {Outcome::Fail, e.what()};

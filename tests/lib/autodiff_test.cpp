@@ -341,6 +341,56 @@ TEST_CASE("gradient check of gather along inner axes: repeated and negative indi
   }
 }
 
+TEST_CASE("gradient check of gatherElements and scatterElements: repeated and negative indices") {
+  SUBCASE("gatherElements along axis 1, indices shorter than the data off the axis") {
+    Graph g(2);
+    const Tensor data = ops::input(g, "data", {3, 4});
+    const Tensor indices =
+        ops::constant(g, "indices", {3, 0, -1, 0, 1, 1, 2, -4, 0, 3}, {2, 5}, DType::Int32);
+    checkGradients(g, {data}, ops::gatherElements(data, indices, 1), -1, 1);
+  }
+  SUBCASE("gatherElements along axis 0 of three") {
+    Graph g(2);
+    const Tensor data = ops::input(g, "data", {3, 2, 2});
+    const Tensor indices = ops::constant(g, "indices", {2, 0, -1, 1, 0, 0, 1, 2}, {2, 2, 2}, DType::Int32);
+    checkGradients(g, {data}, ops::gatherElements(data, indices, 0), -1, 1);
+  }
+  SUBCASE("scatterElements writing, negative indices") {
+    // Distinct positions: an update another one overwrites has derivative 0, where the rule (as
+    // torch.scatter's) gives it its position's gradient (see the next test case).
+    Graph g(2);
+    const Tensor data = ops::input(g, "data", {3, 4});
+    const Tensor updates = ops::input(g, "updates", {2, 3});
+    const Tensor indices = ops::constant(g, "indices", {1, 0, -1, 0, 2, -1}, {2, 3}, DType::Int32);
+    checkGradients(g, {data, updates}, ops::scatterElements(data, indices, updates, -1), -1, 1);
+  }
+  SUBCASE("scatterElements adding, repeated indices add up") {
+    Graph g(2);
+    const Tensor data = ops::input(g, "data", {3, 4});
+    const Tensor updates = ops::input(g, "updates", {2, 3});
+    const Tensor indices = ops::constant(g, "indices", {2, 2, -1, 2, 0, 1}, {2, 3}, DType::Int32);
+    checkGradients(g, {data, updates}, ops::scatterElements(data, indices, updates, 0, true), -1, 1);
+  }
+}
+
+TEST_CASE("scatterElements' data gradient is dy with the written positions zeroed") {
+  Graph g;
+  const Tensor data = ops::input(g, "data", {2, 3});
+  const Tensor updates = ops::input(g, "updates", {1, 2});
+  const Tensor indices = ops::constant(g, "indices", {2, 2}, {1, 2}, DType::Int32);
+  const Tensor weights = ops::constant(g, "weights", {1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor loss = ops::reduceSum(ops::mul(ops::scatterElements(data, indices, updates, 1), weights));
+  const std::vector<Tensor> grads = autodiff(g, loss, {data, updates});
+  ReferenceEvaluator ev(g);
+  ev.feed(data.id(), 0, {0.0, 0.0, 0.0, 0.0, 0.0, 0.0});
+  ev.feed(updates.id(), 0, {0.0, 0.0});
+  ev.run();
+  CHECK(ev.value(grads[0].id(), 0) == std::vector<double>{1.0, 2.0, 0.0, 4.0, 5.0, 6.0});
+  // Both updates write row 0, column 2 (the second one's value stays); each gets that position's
+  // gradient, as torch.scatter's source does.
+  CHECK(ev.value(grads[1].id(), 0) == std::vector<double>{3.0, 3.0});
+}
+
 TEST_CASE("gradient check of convolutions: 1-D, 2-D with groups, strides, pads and dilations, 3-D") {
   std::mt19937 rng(5);
   SUBCASE("1-D with a stride and uneven pads") {

@@ -219,6 +219,19 @@ const std::vector<Case>& cases() {
          middleTable.axis = 1;
          make(g, OpKind::GatherGrad, {middle, ops::constant(g, "mid2", {1, 1, -1}, {3}, DType::Int32)}, middleTable);
        }},
+      {"element gathers and scatters: per-replica indices and values, written and added",
+       [](Sources& s) {
+         Graph& g = *s.graph;
+         const Tensor fixed = ops::constant(g, "eidx", {-1, 0, 4, 4, 2, 1}, {2, 3}, DType::Int32);
+         ops::gatherElements(s.y, fixed, 1);
+         ops::gatherElements(s.wg2, ops::constant(g, "eidx0", {3, -4, 1, 1}, {2, 2}, DType::Int32), 0);
+         const Tensor perReplica =
+             ops::reshape(ops::castToInt32(ops::abs(ops::mul(s.x, ops::scalar(g, 4.0, s.dtype)))), {3, 4});
+         ops::gatherElements(s.y, perReplica, -1);
+         ops::scatterElements(s.wg1, fixed, ops::slice(s.y, {0, 0}, {2, 3}), 1);
+         ops::scatterElements(s.y, perReplica, s.x, 1, true);
+         ops::scatterElements(ops::matmul(s.x, s.w), fixed, ops::slice(s.x, {0, 0}, {2, 3}), -1, true);
+       }},
       {"recurrences (Rnn, Gru, Lstm) in every direction and their gradients",
        [](Sources& s) {
          Graph& g = *s.graph;
