@@ -810,9 +810,9 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       if (control.onWarning) control.onWarning(warning);
     };
     const Checkpoint checkpoint = readCheckpoint(control.resumeFrom, session);
-    for (const std::string& warning :
+    for (const CheckpointWarning& warning :
          restoreCheckpoint(session, checkpoint, control.resumeFrom, control.allowNonFinite).warnings) {
-      warn(warning);
+      warn(warning.text);
     }
     warnAboutRunDifferences(config, globalBatch, checkpoint, warn);
     firstStep = checkpoint.step;
@@ -1013,12 +1013,9 @@ EvaluateSummary evaluate(const RunConfig& config, const EvaluateControl& control
     // What differs in the optimizer (its learning rate, hyper-parameters) or
     // in where tensors live does not change what is evaluated; a value the
     // checkpoint holds in another precision does.
-    for (const std::string& warning :
+    for (const CheckpointWarning& warning :
          restoreCheckpoint(session, checkpoint, control.checkpoint, control.allowNonFinite).warnings) {
-      const bool aboutTraining = warning.starts_with("the learning rate ") ||
-                                 warning.starts_with("the checkpoint's optimizer had") ||
-                                 warning.starts_with("the checkpoint was written with other session options");
-      if (!aboutTraining) warn(warning);
+      if (!concernsTrainingOnly(warning.kind)) warn(warning.text);
     }
     summary.checkpoint = control.checkpoint;
     summary.checkpointStep = checkpoint.step;
