@@ -89,6 +89,7 @@ constexpr std::array kCodeNames = {
     TESSERA_CODE(OutOfMemory),
     TESSERA_CODE(InvalidProgram),
     TESSERA_CODE(TrainingDiverged),
+    TESSERA_CODE(HostMemoryLimit),
     TESSERA_CODE(InconsistentDistEnv),
     TESSERA_CODE(InstanceMismatch),
     TESSERA_CODE(InstanceLost),

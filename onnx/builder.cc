@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -281,23 +282,39 @@ struct OnnxBuilder::State {
                                  suggestion(name, names)));
   }
 
-  // A model with every value's type and shape inferred, for queries.
-  onnx::ModelProto inferred() const {
+  // The types and shapes ONNX's shape inference gives the values of the
+  // model as it is, by name: inferred once per change of the model (the
+  // inference runs over a copy of the whole model, so running it on every
+  // query made building and querying quadratic). Every change that can
+  // change a type (a node, an input, an initializer, a node's attribute)
+  // calls changed().
+  mutable std::optional<std::unordered_map<std::string, onnx::TypeProto>> types;
+  mutable int64_t inferenceRuns = 0;
+
+  void changed() { types.reset(); }
+
+  const std::unordered_map<std::string, onnx::TypeProto>& inferredTypes() const {
+    if (types) return *types;
     onnx::ModelProto copy = model;
+    ++inferenceRuns;
     try {
       onnx::shape_inference::InferShapes(copy);
     } catch (const std::exception& e) {
       invalid("shape inference", e.what());
     }
-    return copy;
+    std::unordered_map<std::string, onnx::TypeProto> found;
+    const onnx::GraphProto& graph = copy.graph();
+    // The first of a name wins, as a search of input, value_info, output would find it.
+    for (const auto* list : {&graph.input(), &graph.value_info(), &graph.output()})
+      for (const onnx::ValueInfoProto& info : *list) found.emplace(info.name(), info.type());
+    types = std::move(found);
+    return *types;
   }
 
-  const onnx::TypeProto* typeOf(const onnx::ModelProto& with, std::string_view name) const {
-    const onnx::GraphProto& graph = with.graph();
-    for (const auto* list : {&graph.input(), &graph.value_info(), &graph.output()})
-      for (const onnx::ValueInfoProto& info : *list)
-        if (info.name() == name) return &info.type();
-    return nullptr;
+  const onnx::TypeProto* typeOf(std::string_view name) const {
+    const auto& all = inferredTypes();
+    const auto found = all.find(std::string(name));
+    return found == all.end() ? nullptr : &found->second;
   }
 };
 
@@ -333,6 +350,7 @@ std::string OnnxBuilder::addInputTensor(std::string_view dtype, const Shape& sha
   auto* dims = tensorType->mutable_shape();
   for (const int64_t dim : shape) dims->add_dim()->set_dim_value(dim);
   state_->tensors.insert(name);
+  state_->changed();
   return name;
 }
 
@@ -353,6 +371,7 @@ std::string OnnxBuilder::addInitializedInputTensor(const OnnxTensor& value, std:
   for (const int64_t dim : value.shape) tensor->add_dims(dim);
   tensor->set_raw_data(rawData(value, type, subject));
   state_->tensors.insert(name);
+  state_->changed();
   return name;
 }
 
@@ -465,6 +484,7 @@ std::vector<std::string> OnnxBuilder::addNode(std::string_view opType, std::span
   *graph->add_node() = std::move(node);
   state_->nodeNames.insert(nodeName);
   for (const std::string& output : outputs) state_->producers[output] = index;
+  state_->changed();
   return outputs;
 }
 
@@ -534,10 +554,9 @@ void OnnxBuilder::addOutputTensor(std::string_view tensor) {
   for (const onnx::ValueInfoProto& output : graph->output())
     if (output.name() == tensor) invalid(subject, "the tensor is already a graph output");
   // ONNX wants an output's type: take the inferred one.
-  const onnx::ModelProto with = state_->inferred();
-  const onnx::TypeProto* type = state_->typeOf(with, tensor);
+  const onnx::TypeProto* type = state_->typeOf(tensor);
   if (type == nullptr) {
-    for (const TensorProto& initializer : with.graph().initializer())
+    for (const TensorProto& initializer : graph->initializer())
       if (initializer.name() == tensor) invalid(subject, "an initializer cannot be a graph output");
     invalid(subject, "ONNX's shape inference gives the tensor no type");
   }
@@ -562,6 +581,7 @@ void OnnxBuilder::setNodeAttribute(std::string_view tensor, std::string_view nam
     type = found->second.type;
   }
   AttributeProto attribute = makeAttribute(std::string(name), value, type, subject);
+  state_->changed();
   for (AttributeProto& existing : *node->mutable_attribute()) {
     if (existing.name() == name) {
       existing = std::move(attribute);
@@ -591,8 +611,7 @@ Shape OnnxBuilder::tensorShape(std::string_view tensor) const {
   state_->requireTensor(tensor, subject);
   for (const TensorProto& initializer : state_->model.graph().initializer())
     if (initializer.name() == tensor) return Shape(initializer.dims().begin(), initializer.dims().end());
-  const onnx::ModelProto with = state_->inferred();
-  const onnx::TypeProto* type = state_->typeOf(with, tensor);
+  const onnx::TypeProto* type = state_->typeOf(tensor);
   if (type == nullptr || !type->has_tensor_type() || !type->tensor_type().has_shape())
     invalid(subject, "ONNX's shape inference gives the tensor no shape");
   Shape shape;
@@ -608,12 +627,13 @@ std::string OnnxBuilder::tensorDtype(std::string_view tensor) const {
   state_->requireTensor(tensor, subject);
   for (const TensorProto& initializer : state_->model.graph().initializer())
     if (initializer.name() == tensor) return onnx_import::typeName(initializer.data_type());
-  const onnx::ModelProto with = state_->inferred();
-  const onnx::TypeProto* type = state_->typeOf(with, tensor);
+  const onnx::TypeProto* type = state_->typeOf(tensor);
   if (type == nullptr || !type->has_tensor_type() || type->tensor_type().elem_type() == 0)
     invalid(subject, "ONNX's shape inference gives the tensor no element type");
   return onnx_import::typeName(type->tensor_type().elem_type());
 }
+
+int64_t OnnxBuilder::shapeInferenceRuns() const noexcept { return state_->inferenceRuns; }
 
 std::string OnnxBuilder::modelProto() const {
   try {

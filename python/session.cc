@@ -430,7 +430,14 @@ class PySession {
     py::dict result;
     result["step"] = report.step;
     result["learningRate"] = report.learningRate;
-    result["warnings"] = report.warnings;
+    std::vector<std::string> warnings;
+    std::vector<std::string> kinds;
+    for (const CheckpointWarning& warning : report.warnings) {
+      warnings.push_back(warning.text);
+      kinds.emplace_back(toString(warning.kind));
+    }
+    result["warnings"] = warnings;
+    result["warningKinds"] = kinds;
     return result;
   }
 
@@ -553,7 +560,7 @@ void bindSessions(py::module_& module) {
            "Writes the weights, the optimizer state and the step to a .safetensors checkpoint.")
       .def("loadCheckpoint", &PyTrainingSession::loadCheckpoint, py::arg("path"),
            "Restores a checkpoint into the device, so that training continues where it stopped; returns "
-           "{'step', 'learningRate', 'warnings'}. weightsToHost() then updates the host copy.");
+           "{'step', 'learningRate', 'warnings', 'warningKinds'}. weightsToHost() then updates the host copy.");
 
   py::class_<PyInferenceSession> inference(module, "InferenceSession",
                                            "PopART's InferenceSession over an ONNX model.");

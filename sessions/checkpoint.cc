@@ -638,23 +638,27 @@ CheckpointLoadReport restoreCheckpoint(TrainingSession& session, const Checkpoin
     } catch (const ConfigError&) {
       // A hand-made Checkpoint value; the hashes still tell that they differ.
     }
-    report.warnings.push_back(fmt::format(
-        "the checkpoint was written with other session options ({}); its tensors are whole, so "
-        "only where they live changes",
-        changed.empty() ? fmt::format("hash {}, this session's {}", checkpoint.sessionOptionsHash, hash)
-                        : listed(changed)));
+    report.warnings.push_back(
+        {CheckpointWarningKind::SessionOptions,
+         fmt::format("the checkpoint was written with other session options ({}); its tensors are whole, so "
+                     "only where they live changes",
+                     changed.empty()
+                         ? fmt::format("hash {}, this session's {}", checkpoint.sessionOptionsHash, hash)
+                         : listed(changed))});
   }
   if (current.learningRate() != report.learningRate) {
-    report.warnings.push_back(fmt::format("the learning rate {} of the checkpoint replaces the session's {}",
-                                          report.learningRate, current.learningRate()));
+    report.warnings.push_back({CheckpointWarningKind::LearningRate,
+                               fmt::format("the learning rate {} of the checkpoint replaces the session's {}",
+                                           report.learningRate, current.learningRate())});
   }
   OptimizerConfig fixed = checkpoint.optimizer;
   fixed.learningRate() = current.learningRate();
   const std::vector<std::string> hyper = differences(json(fixed), json(current), "/optimizer");
   if (!hyper.empty()) {
     report.warnings.push_back(
-        fmt::format("the checkpoint's optimizer had other hyper-parameters ({}); the session keeps its own",
-                    listed(hyper)));
+        {CheckpointWarningKind::OptimizerHyperParameters,
+         fmt::format("the checkpoint's optimizer had other hyper-parameters ({}); the session keeps its own",
+                     listed(hyper))});
   }
 
   std::vector<std::string> rounded;
@@ -676,25 +680,32 @@ CheckpointLoadReport restoreCheckpoint(TrainingSession& session, const Checkpoin
     session.writeVariable(variable.name, tensor.value);
   }
   if (!rounded.empty()) {
-    report.warnings.push_back(fmt::format(
-        "{} float16 variable(s) of the model took the checkpoint's F32 values rounded to half: {}",
-        rounded.size(), listed(rounded)));
+    report.warnings.push_back(
+        {CheckpointWarningKind::RoundedToHalf,
+         fmt::format("{} float16 variable(s) of the model took the checkpoint's F32 values "
+                     "rounded to half: {}",
+                     rounded.size(), listed(rounded))});
   }
   if (!widened.empty()) {
-    report.warnings.push_back(fmt::format(
-        "{} float32 variable(s) of the model took the checkpoint's F16 values (exactly): {}", widened.size(),
-        listed(widened)));
+    report.warnings.push_back(
+        {CheckpointWarningKind::WidenedFromHalf,
+         fmt::format("{} float32 variable(s) of the model took the checkpoint's F16 values "
+                     "(exactly): {}",
+                     widened.size(), listed(widened))});
   }
   if (!mastersFromWeights.empty()) {
-    report.warnings.push_back(fmt::format(
-        "the checkpoint has no master weights; {} master weight(s) took their weight's value: {}",
-        mastersFromWeights.size(), listed(mastersFromWeights)));
+    report.warnings.push_back(
+        {CheckpointWarningKind::MastersFromWeights,
+         fmt::format("the checkpoint has no master weights; {} master weight(s) took their "
+                     "weight's value: {}",
+                     mastersFromWeights.size(), listed(mastersFromWeights))});
   }
   if (!unusedMasters.empty()) {
-    report.warnings.push_back(fmt::format(
-        "the model keeps no master weights; the checkpoint's {} were not loaded (the weights are the "
-        "checkpoint's float16 values)",
-        listed(unusedMasters)));
+    report.warnings.push_back(
+        {CheckpointWarningKind::UnusedMasters,
+         fmt::format("the model keeps no master weights; the checkpoint's {} were not loaded "
+                     "(the weights are the checkpoint's float16 values)",
+                     listed(unusedMasters))});
   }
   session.setLearningRate(report.learningRate);
   session.setStep(checkpoint.step);

@@ -371,6 +371,12 @@ void visitFields(V& v, LimitsConfig& value) {
            .doc = "The most replicas a run may have over all its instances (the global replication "
                   "factor). Planning keeps an entry per replica, so the host memory of validate, explain "
                   "and train grows with the count. >= 1."});
+  v.field("maxHostBytes", value.maxHostBytes,
+          {.min = 1,
+           .doc = "The most host memory train and evaluate may allocate for the program, in bytes: the "
+                  "simulator's buffers of every tensor (weights once, activations per local replica), remote "
+                  "buffers, a host copy of the variables and the dataset. Estimated before anything is "
+                  "allocated; validate and explain do not apply it. >= 1."});
 }
 
 template <class V>

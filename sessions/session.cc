@@ -78,15 +78,16 @@ DeviceError outOfMemoryWithSuggestions(const DeviceError& error, const Graph& gr
 
 }  // namespace
 
-void requireTrainingFits(const Graph& graph, TensorId loss, const Optimizer& optimizer,
-                         const SessionOptions& options, const DeviceSpec& spec) {
-  const RunPlan plan = planTraining(graph, loss, optimizer, options, spec);
+RunPlan requireTrainingFits(const Graph& graph, TensorId loss, const Optimizer& optimizer,
+                            const SessionOptions& options, const DeviceSpec& spec) {
+  RunPlan plan = planTraining(graph, loss, optimizer, options, spec);
   try {
     sim::requireFits(plan.memory);
   } catch (const DeviceError& error) {
     if (error.code() != ErrorCode::OutOfMemory) throw;
     throw outOfMemoryWithSuggestions(error, graph, loss, optimizer, options, spec);
   }
+  return plan;
 }
 
 namespace {

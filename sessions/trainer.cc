@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string_view>
@@ -15,8 +16,10 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "memory_planner.hpp"
 #include "run_model.hpp"
 #include "tessera/checkpoint.hpp"
 #include "tessera/communicator.hpp"
@@ -26,10 +29,10 @@
 #include "tessera/error.hpp"
 #include "tessera/json.hpp"
 #include "tessera/mlp.hpp"
+#include "tessera/onnx.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/output_check.hpp"
 #include "tessera/placement.hpp"
-#include "tessera/onnx.hpp"
 #include "tessera/profile.hpp"
 #include "tessera/session.hpp"
 
@@ -116,6 +119,78 @@ TensorDataset loadRunData(const RunConfig& config, const RunModel& model, std::s
   tensors.train = asTensors(std::move(data.train), model, data.source);
   tensors.test = asTensors(std::move(data.test), model, data.source);
   return tensors;
+}
+
+std::string gib(int64_t bytes) { return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1 << 30)); }
+
+int64_t saturatedSum(std::initializer_list<int64_t> terms) {
+  int64_t sum = 0;
+  for (const int64_t term : terms)
+    if (__builtin_add_overflow(sum, term, &sum)) return std::numeric_limits<int64_t>::max();
+  return sum;
+}
+
+// The bytes the run's dataset takes on the host once read, from the config
+// alone: images and labels as 4-byte values (28 x 28 pixels and a label per
+// sample of the IDX sets), or about the file's size for a tensors dataset.
+int64_t datasetHostBytes(const DataConfig& data) {
+  if (data.dataset == DatasetKind::Tensors) {
+    std::error_code error;
+    const uintmax_t size = std::filesystem::file_size(data.path, error);
+    return error ? 0 : static_cast<int64_t>(std::min<uintmax_t>(size, std::numeric_limits<int64_t>::max()));
+  }
+  const auto count = [](int64_t limit, int64_t full) { return limit > 0 ? std::min(limit, full) : full; };
+  const int64_t samples = count(data.limitTrainSamples, kSyntheticTrainSamples) +
+                          count(data.limitTestSamples, kSyntheticTestSamples);
+  constexpr int64_t kSampleBytes = (28 * 28 + 1) * 4;
+  return samples * kSampleBytes;
+}
+
+// The whole run's host memory, estimated from the plan before the data is
+// read or any buffer is made: the simulator's buffers of the program
+// (sim::estimateHostMemory: weights once per group, activations per local
+// replica, remote buffers), one host copy of the variables (checkpoints, the
+// weights read back) and the dataset. Refused over /limits/maxHostBytes,
+// whatever the simulated device's memory (tilesPerIpu x bytesPerTile).
+void requireHostMemory(const RunConfig& config, const RunPlan& plan, std::string_view command) {
+  const sim::HostMemoryEstimate program = sim::estimateHostMemory(plan.program);
+  const auto category = [&program](TensorCategory c) {
+    return program.byCategory[static_cast<std::size_t>(c)];
+  };
+  const int64_t variables =
+      saturatedSum({category(TensorCategory::Weight), category(TensorCategory::OptimizerState),
+                    category(TensorCategory::Accumulator)});
+  const int64_t dataset = datasetHostBytes(config.data);
+  const int64_t total = saturatedSum({program.bytes, variables, dataset});
+  const int64_t limit = config.limits.maxHostBytes;
+  if (total <= limit) return;
+  std::vector<std::string> largest;
+  for (const sim::HostBuffer& buffer : program.largest) {
+    if (largest.size() == 3) break;
+    largest.push_back(fmt::format("{} ({}) {}", buffer.name, buffer.category, gib(buffer.bytes)));
+  }
+  const int64_t capacity = plan.memory.computeTilesCapacity;
+  // A limit that would take the run: the estimate rounded up to whole GiB.
+  const int64_t enough =
+      total >= (std::numeric_limits<int64_t>::max() >> 1) ? total : ((total >> 30) + 1) << 30;
+  throw DeviceError(
+      ErrorCode::HostMemoryLimit, "/limits/maxHostBytes",
+      fmt::format(
+          "{} would allocate about {} ({} bytes) of host memory, more than /limits/maxHostBytes "
+          "({}, {} bytes): the program's buffers {} (activations {} over {} local replica(s), weights {}, "
+          "optimizer state {}, accumulators {}), a host copy of the variables {}, the dataset {}; largest: "
+          "{}. Lower the widths, the batch size or the local replicas, or raise /limits/maxHostBytes (e.g. "
+          "--set /limits/maxHostBytes={}) if the host has the memory{}",
+          command, gib(total), total, gib(limit), limit, gib(program.bytes),
+          gib(category(TensorCategory::Activation)), plan.program.localReplicas,
+          gib(category(TensorCategory::Weight)), gib(category(TensorCategory::OptimizerState)),
+          gib(category(TensorCategory::Accumulator)), gib(variables), gib(dataset), fmt::join(largest, ", "),
+          enough,
+          capacity > limit
+              ? fmt::format("; the simulated device's {} of tile memory (/device/tilesPerIpu {} x "
+                            "bytesPerTile) is simulated in host memory too, so it does not raise this",
+                            gib(capacity), config.device.tilesPerIpu)
+              : std::string()));
 }
 
 // Host buffers for `samples` samples of each model input, and the step
@@ -680,7 +755,9 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   RunModel model = buildRunModel(config, batch, options.getGlobalReplicationFactor());
   // Planning makes no values: a model too large for the device is refused
   // here, at once, before the dataset is read or any weight is made.
-  requireTrainingFits(model.graph, model.loss, *makeOptimizer(config.optimizer), options, instances.spec());
+  const RunPlan plan = requireTrainingFits(model.graph, model.loss, *makeOptimizer(config.optimizer), options,
+                                           instances.spec());
+  requireHostMemory(config, plan, "train");
   std::string dataNotice;
   const TensorDataset data = loadRunData(config, model, dataNotice);
   instances.checkAgree(config, data);
@@ -733,9 +810,9 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
       if (control.onWarning) control.onWarning(warning);
     };
     const Checkpoint checkpoint = readCheckpoint(control.resumeFrom, session);
-    for (const std::string& warning :
+    for (const CheckpointWarning& warning :
          restoreCheckpoint(session, checkpoint, control.resumeFrom, control.allowNonFinite).warnings) {
-      warn(warning);
+      warn(warning.text);
     }
     warnAboutRunDifferences(config, globalBatch, checkpoint, warn);
     firstStep = checkpoint.step;
@@ -911,7 +988,9 @@ EvaluateSummary evaluate(const RunConfig& config, const EvaluateControl& control
   // The session that holds the weights is a training session, so that a
   // checkpoint restores into it exactly as when resuming; it must fit as
   // training does, and is checked before the data is read.
-  requireTrainingFits(model.graph, model.loss, *makeOptimizer(config.optimizer), options, instances.spec());
+  const RunPlan plan = requireTrainingFits(model.graph, model.loss, *makeOptimizer(config.optimizer), options,
+                                           instances.spec());
+  requireHostMemory(config, plan, "evaluate");
   std::string dataNotice;
   const TensorDataset data = loadRunData(config, model, dataNotice);
   instances.checkAgree(config, data);
@@ -934,12 +1013,9 @@ EvaluateSummary evaluate(const RunConfig& config, const EvaluateControl& control
     // What differs in the optimizer (its learning rate, hyper-parameters) or
     // in where tensors live does not change what is evaluated; a value the
     // checkpoint holds in another precision does.
-    for (const std::string& warning :
+    for (const CheckpointWarning& warning :
          restoreCheckpoint(session, checkpoint, control.checkpoint, control.allowNonFinite).warnings) {
-      const bool aboutTraining = warning.starts_with("the learning rate ") ||
-                                 warning.starts_with("the checkpoint's optimizer had") ||
-                                 warning.starts_with("the checkpoint was written with other session options");
-      if (!aboutTraining) warn(warning);
+      if (!concernsTrainingOnly(warning.kind)) warn(warning.text);
     }
     summary.checkpoint = control.checkpoint;
     summary.checkpointStep = checkpoint.step;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "device_spec_json.hpp"
+#include "layouts.hpp"
 #include "tessera/error.hpp"
 #include "tessera/shard_layout.hpp"
 
@@ -486,6 +488,72 @@ void requireFits(const MemoryReport& report) {
                   peak.op.empty() ? std::string() : fmt::format(" while op \"{}\" runs", peak.op),
                   shortfall->availableBytes, humanBytes(shortfall->availableBytes),
                   fmt::join(largest, ", ")));
+}
+
+namespace {
+
+int64_t saturatedProduct(std::initializer_list<int64_t> factors) {
+  int64_t result = 1;
+  for (const int64_t factor : factors) {
+    if (__builtin_mul_overflow(result, factor, &result)) return std::numeric_limits<int64_t>::max();
+  }
+  return result;
+}
+
+int64_t saturatedSum(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? std::numeric_limits<int64_t>::max() : sum;
+}
+
+}  // namespace
+
+HostMemoryEstimate estimateHostMemory(const Program& program) {
+  constexpr int64_t kSlotBytes = sizeof(float);
+  const Graph& graph = program.graph;
+  const std::vector<OpId> schedule = graph.schedule();
+  const LocalTopology topology{program.localReplicas, program.globalReplicas, program.replicaOffset};
+  std::vector<ReplicaGrouping> buffers;
+  const std::vector<ReplicaGrouping> layouts =
+      inferLayouts(graph, schedule, topology, ExecutionMode::Vectorized, &buffers);
+  HostMemoryEstimate estimate;
+  std::vector<HostBuffer> all;
+  const auto add = [&](HostBuffer buffer) {
+    estimate.bytes = saturatedSum(estimate.bytes, buffer.bytes);
+    int64_t& category = estimate.byCategory[static_cast<std::size_t>(buffer.category)];
+    category = saturatedSum(category, buffer.bytes);
+    all.push_back(std::move(buffer));
+  };
+  for (std::size_t t = 0; t < graph.tensors().size(); ++t) {
+    const auto id = static_cast<TensorId>(t);
+    if (graph.storageOf(id) != id) continue;
+    const TensorNode& node = graph.tensors()[t];
+    add({node.name, node.category,
+         saturatedProduct(
+             {layouts[t].numGroups(), numElements(node.shape), dtypeSlots(node.dtype), kSlotBytes})});
+  }
+  // A remote buffer is named after (and counted as) a variable it holds.
+  std::vector<const TensorNode*> holders(graph.remoteBuffers().size(), nullptr);
+  for (const TensorNode& node : graph.tensors()) {
+    if (node.remoteBuffer < 0 || static_cast<std::size_t>(node.remoteBuffer) >= holders.size()) continue;
+    if (holders[static_cast<std::size_t>(node.remoteBuffer)] == nullptr)
+      holders[static_cast<std::size_t>(node.remoteBuffer)] = &node;
+  }
+  for (std::size_t b = 0; b < holders.size(); ++b) {
+    const RemoteBufferInfo& info = graph.remoteBuffers()[b];
+    const int64_t bytes =
+        saturatedProduct({info.entries, program.localReplicas, numElements(info.shape), kSlotBytes});
+    estimate.remoteBytes = saturatedSum(estimate.remoteBytes, bytes);
+    const TensorNode* holder = holders[b];
+    add({holder != nullptr ? fmt::format("{} (remote buffer)", holder->name)
+                           : fmt::format("remote buffer {}", b),
+         holder != nullptr ? holder->category : TensorCategory::OptimizerState, bytes});
+  }
+  // Largest first; of equal sizes, the first made (a weight before its gradient and state).
+  std::stable_sort(all.begin(), all.end(),
+                   [](const HostBuffer& a, const HostBuffer& b) { return a.bytes > b.bytes; });
+  all.resize(std::min(all.size(), kLargestAtPeak));
+  estimate.largest = std::move(all);
+  return estimate;
 }
 
 }  // namespace sim

@@ -6,8 +6,11 @@
 // fusions and layouts chosen by the host executor change nothing here.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "tessera/device.hpp"
 #include "tessera/device_spec.hpp"
@@ -29,5 +32,26 @@ MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, 
 // needed and available, and the largest tensors live at the peak, when
 // findShortfall(report) finds one.
 void requireFits(const MemoryReport& report);
+
+// The host memory a SimExecutable of `program` allocates for its buffers, in
+// bytes, computed from the plan without allocating: every tensor that owns
+// storage once per group of its replica layout (layouts.hpp: a weight all
+// replicas hold alike once, an activation once per local replica), 4 bytes
+// an element whatever its dtype (the arena keeps float slots), then every
+// remote buffer (entries x local replicas). An upper bound: the transposes
+// the GEMMs read in place, the products fused with their all-reduce and the
+// aliases the executor plans take nothing.
+struct HostBuffer {
+  std::string name;
+  TensorCategory category = TensorCategory::Activation;
+  int64_t bytes = 0;
+};
+struct HostMemoryEstimate {
+  int64_t bytes = 0;                    // saturates at INT64_MAX
+  std::array<int64_t, 4> byCategory{};  // indexed by TensorCategory (a remote buffer as a variable it holds)
+  int64_t remoteBytes = 0;              // remote buffers (OffChip variables), part of byCategory
+  std::vector<HostBuffer> largest;      // at most kLargestAtPeak, largest first
+};
+HostMemoryEstimate estimateHostMemory(const Program& program);
 
 }  // namespace tessera::sim

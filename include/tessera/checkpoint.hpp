@@ -5,7 +5,7 @@
 //   tessera::saveCheckpoint(session, "out/model.safetensors");
 //   ...
 //   tessera::CheckpointLoadReport report = tessera::loadCheckpoint(other, "out/model.safetensors");
-//   for (const std::string& warning : report.warnings) std::cerr << "warning: " << warning << '\n';
+//   for (const tessera::CheckpointWarning& w : report.warnings) std::cerr << "warning: " << w.text << '\n';
 //
 // The file is plain safetensors (8-byte little-endian header length, a JSON
 // header, raw little-endian data), readable by the Python ecosystem. Tensors
@@ -56,6 +56,7 @@
 // temporary file, which nothing reads).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -63,6 +64,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tessera/enum_names.hpp"
 #include "tessera/graph.hpp"
 #include "tessera/run_config.hpp"
 #include "tessera/session.hpp"
@@ -102,6 +104,46 @@ struct Checkpoint {
   bool operator==(const Checkpoint&) const = default;
 };
 
+// What a warning of restoreCheckpoint() is about, so that a caller can pick
+// warnings without reading their text.
+enum class CheckpointWarningKind {
+  SessionOptions,            // written with other session options: only where tensors live changes
+  LearningRate,              // the checkpoint's learning rate replaces the session's
+  OptimizerHyperParameters,  // other hyper-parameters: the session keeps its own
+  RoundedToHalf,             // float16 variables took F32 values rounded to half
+  WidenedFromHalf,           // float32 variables took F16 values (exactly)
+  MastersFromWeights,        // no master weights saved: they took their weight's value
+  UnusedMasters,             // the model keeps no master weights: the saved ones were not loaded
+};
+
+template <>
+struct EnumNames<CheckpointWarningKind> {
+  static constexpr std::string_view kTypeName = "CheckpointWarningKind";
+  static constexpr std::array kNames = {
+      std::pair{CheckpointWarningKind::SessionOptions, std::string_view{"SessionOptions"}},
+      std::pair{CheckpointWarningKind::LearningRate, std::string_view{"LearningRate"}},
+      std::pair{CheckpointWarningKind::OptimizerHyperParameters,
+                std::string_view{"OptimizerHyperParameters"}},
+      std::pair{CheckpointWarningKind::RoundedToHalf, std::string_view{"RoundedToHalf"}},
+      std::pair{CheckpointWarningKind::WidenedFromHalf, std::string_view{"WidenedFromHalf"}},
+      std::pair{CheckpointWarningKind::MastersFromWeights, std::string_view{"MastersFromWeights"}},
+      std::pair{CheckpointWarningKind::UnusedMasters, std::string_view{"UnusedMasters"}}};
+};
+
+// A warning about the training state only (where tensors live, the learning
+// rate, the optimizer's hyper-parameters), not about the values of the
+// model: evaluating the checkpoint's weights can leave it out.
+constexpr bool concernsTrainingOnly(CheckpointWarningKind kind) noexcept {
+  return kind == CheckpointWarningKind::SessionOptions || kind == CheckpointWarningKind::LearningRate ||
+         kind == CheckpointWarningKind::OptimizerHyperParameters;
+}
+
+struct CheckpointWarning {
+  CheckpointWarningKind kind = CheckpointWarningKind::SessionOptions;
+  std::string text;
+  bool operator==(const CheckpointWarning&) const = default;
+};
+
 // What loadCheckpoint() restored, and what a caller may want to tell a user.
 struct CheckpointLoadReport {
   int64_t step = 0;
@@ -109,8 +151,9 @@ struct CheckpointLoadReport {
   // Differences that do not stop training: session options (replication,
   // RTS, locations, ...: the tensors are logical), optimizer hyper-parameters
   // that are compiled into the session (the session's values are kept), the
-  // learning rate (the checkpoint's is restored).
-  std::vector<std::string> warnings;
+  // learning rate (the checkpoint's is restored), values converted between
+  // float16 and float32, master weights made or left out. In this order.
+  std::vector<CheckpointWarning> warnings;
 };
 
 // A stable hash of the canonical JSON dump of `options` (64-bit FNV-1a):

@@ -112,6 +112,7 @@ enum class ErrorCode : int {
   OutOfMemory = 401,
   InvalidProgram = 402,
   TrainingDiverged = 403,  // a non-finite training loss: training stopped at that step
+  HostMemoryLimit = 415,   // the host memory train would allocate exceeds /limits/maxHostBytes
   // --- Distributed (5xx) ---
   InconsistentDistEnv = 501,
   InstanceMismatch = 502,

@@ -137,8 +137,12 @@ class OnnxBuilder {
   // The element type ("float", "int64", ...) and shape of `tensor`, by ONNX's
   // shape inference over the model so far; OnnxBuilderInvalid when it cannot
   // infer them.
+  // The inference runs once per change of the model: queries between two
+  // changes share its result.
   Shape tensorShape(std::string_view tensor) const;
   std::string tensorDtype(std::string_view tensor) const;
+  // How many times ONNX's shape inference has run for the queries so far.
+  int64_t shapeInferenceRuns() const noexcept;
 
   // The model as a serialized ModelProto, accepted by ONNX's checker.
   std::string modelProto() const;

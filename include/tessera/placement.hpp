@@ -71,9 +71,9 @@ RunPlan planTraining(Graph graph, TensorId loss, const Optimizer& optimizer, con
 // Throws the out-of-memory error a TrainingSession of these arguments would
 // (DeviceError(OutOfMemory) with the settings that lower the short space's
 // peak) when its program does not fit `spec`. Plans only: no values are made,
-// so a model far larger than the host is refused at once.
-void requireTrainingFits(const Graph& graph, TensorId loss, const Optimizer& optimizer,
-                         const SessionOptions& options, const DeviceSpec& spec);
+// so a model far larger than the host is refused at once. Returns the plan.
+RunPlan requireTrainingFits(const Graph& graph, TensorId loss, const Optimizer& optimizer,
+                            const SessionOptions& options, const DeviceSpec& spec);
 
 // The plan of a run config: its model with the per-replica batch, its
 // optimizer, its options and device.

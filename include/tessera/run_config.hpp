@@ -239,6 +239,11 @@ inline constexpr int64_t kDefaultMaxLayers = 1024;
 // the largest sample.
 inline constexpr int64_t kDefaultMaxReplicas = 65536;
 
+// The default of LimitsConfig::maxHostBytes: 16 GiB, a fixed amount (not a
+// share of the machine's memory) so that a config is accepted or refused
+// alike on every machine and by every instance of a run.
+inline constexpr int64_t kDefaultMaxHostBytes = int64_t{16} << 30;
+
 // Bounds on the sizes a run config implies. validate() computes every size
 // with overflow checks and rejects one over its bound (ShapeTooLarge, at the
 // path of the setting that makes it large) before anything is allocated, so
@@ -262,6 +267,16 @@ struct LimitsConfig {
   // replication factor). Planning keeps an entry per replica, so the host
   // memory of validate, explain and train grows with the count. >= 1.
   int64_t maxReplicas = kDefaultMaxReplicas;
+  // The most host memory train (and evaluate) may allocate for the program,
+  // in bytes: the simulator's buffers of every tensor (one value per group
+  // of replicas that hold the same one: weights once, activations per local
+  // replica), remote buffers, one host copy of the variables (checkpoints)
+  // and the dataset. Estimated from the plan before anything is allocated;
+  // a run over it is refused (DeviceError HostMemoryLimit) naming the
+  // largest parts. The device's memory (tilesPerIpu x bytesPerTile) does not
+  // bound this: a simulated device of 10^8 tiles is still simulated in host
+  // memory. validateForPlanning() (validate, explain) does not apply it. >= 1.
+  int64_t maxHostBytes = kDefaultMaxHostBytes;
   bool operator==(const LimitsConfig&) const = default;
 };
 

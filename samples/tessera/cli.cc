@@ -6,7 +6,9 @@
 
 #include <fmt/format.h>
 
+#include "tessera/dist.hpp"
 #include "tessera/error.hpp"
+#include "tessera/output_check.hpp"
 #include "tessera/run_config.hpp"
 
 namespace tessera::cli {
@@ -55,6 +57,27 @@ LoadedRunConfig loadValidated(const ConfigArgs& args) {
   LoadedRunConfig loaded = loadRunConfig(args.path, args.overrides);
   validate(loaded.config);
   return loaded;
+}
+
+void addSummaryOption(CLI::App& command, RunArgs& args, std::string_view fields) {
+  command.add_option("--json-summary", args.summaryPath, fmt::format("Write {} to this file", fields))
+      ->type_name("FILE");
+}
+
+void addAllowNonFiniteFlag(CLI::App& command, RunArgs& args, std::string_view use) {
+  command.add_flag("--allow-non-finite", args.allowNonFinite,
+                   fmt::format("{} a checkpoint that holds NaN or infinite values (refused otherwise)", use));
+}
+
+StartedRun startRun(const RunArgs& args) {
+  StartedRun run{loadValidated(args.config), dist::instanceIndex() == 0};
+  if (run.reports) checkOutputPath(args.summaryPath, "--json-summary");
+  return run;
+}
+
+void printRunHeader(const std::string& notice, const std::string& dataset) {
+  if (!notice.empty()) fmt::print(stderr, "note: {}\n", notice);
+  fmt::print("dataset: {}\n", dataset);
 }
 
 LoadedRunConfig loadForPlanning(const ConfigArgs& args) {

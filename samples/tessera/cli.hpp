@@ -87,6 +87,28 @@ LoadedRunConfig loadValidated(const ConfigArgs& args);
 // that plan and never make the tensors (validate, explain).
 LoadedRunConfig loadForPlanning(const ConfigArgs& args);
 
+// What the commands that run a config (train, evaluate) share: the config,
+// --json-summary and --allow-non-finite.
+struct RunArgs {
+  ConfigArgs config;
+  std::string summaryPath;
+  bool allowNonFinite = false;
+};
+// Declares --json-summary, whose file holds `fields`.
+void addSummaryOption(CLI::App& command, RunArgs& args, std::string_view fields);
+// Declares --allow-non-finite: `use` a checkpoint that holds NaN or infinite values.
+void addAllowNonFiniteFlag(CLI::App& command, RunArgs& args, std::string_view use);
+// The start of a run: the config loaded and validated, and whether this
+// process reports (instance 0 of a tessera launch run, or the only one); a
+// reporting process checks its --json-summary path before anything runs.
+struct StartedRun {
+  LoadedRunConfig loaded;
+  bool reports = true;
+};
+StartedRun startRun(const RunArgs& args);
+// A run's notice and dataset lines, as train and evaluate print them first.
+void printRunHeader(const std::string& notice, const std::string& dataset);
+
 // Prints the out-of-memory error (tessera.device.401) of a program that does
 // not fit on stderr, with `error: ` as every error, and returns
 // kExitDoesNotFit.

@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
-#include "tessera/dist.hpp"
 #include "tessera/output_check.hpp"
 #include "tessera/trainer.hpp"
 
@@ -16,41 +15,34 @@ namespace tessera::cli {
 namespace {
 
 struct EvaluateArgs {
-  ConfigArgs config;
+  RunArgs run;
   std::string checkpoint;
-  std::string summaryPath;
-  bool allowNonFinite = false;
 };
 
 }  // namespace
 
 Action attachEvaluate(CLI::App& command) {
   auto args = std::make_shared<EvaluateArgs>();
-  addConfigArgs(command, args->config);
+  addConfigArgs(command, args->run.config);
   command.add_option("--checkpoint", args->checkpoint,
                      "Evaluate this checkpoint's weights (default: the model's initial weights)")
       ->type_name("FILE");
-  command.add_option("--json-summary", args->summaryPath,
-                     "Write {testAccuracy, testLoss, testSamples, testGlobalBatch, dataset, checkpoint, "
-                     "checkpointStep} to this file")
-      ->type_name("FILE");
-  command.add_flag("--allow-non-finite", args->allowNonFinite,
-                   "Evaluate a checkpoint that holds NaN or infinite values (refused otherwise)");
+  addSummaryOption(
+      command, args->run,
+      "{testAccuracy, testLoss, testSamples, testGlobalBatch, dataset, checkpoint, checkpointStep}");
+  addAllowNonFiniteFlag(command, args->run, "Evaluate");
   return [args] {
-    const LoadedRunConfig loaded = loadValidated(args->config);
-    // In a multi-instance run (tessera launch) instance 0 reports for all.
-    const bool reports = dist::instanceIndex() == 0;
-    if (reports) checkOutputPath(args->summaryPath, "--json-summary");
+    const StartedRun run = startRun(args->run);
+    const bool reports = run.reports;
     EvaluateControl control;
     control.checkpoint = args->checkpoint;
-    control.allowNonFinite = args->allowNonFinite;
+    control.allowNonFinite = args->run.allowNonFinite;
     control.onWarning = [reports](const std::string& warning) {
       if (reports) fmt::print(stderr, "warning: {}\n", warning);
     };
-    const EvaluateSummary summary = evaluate(loaded.config, control);
+    const EvaluateSummary summary = evaluate(run.loaded.config, control);
     if (!reports) return kExitOk;
-    if (!summary.notice.empty()) fmt::print(stderr, "note: {}\n", summary.notice);
-    fmt::print("dataset: {}\n", summary.dataset);
+    printRunHeader(summary.notice, summary.dataset);
     if (summary.checkpoint.empty()) {
       fmt::print("weights: initial (no checkpoint given)\n");
     } else {
@@ -63,7 +55,8 @@ Action attachEvaluate(CLI::App& command) {
       fmt::print("test loss: {:.4f} ({} samples in whole global batches of {})\n", summary.testLoss, used,
                  summary.testGlobalBatch);
     }
-    if (!args->summaryPath.empty()) writeOutputFile(args->summaryPath, summaryJson(summary).dump(2) + '\n');
+    if (!args->run.summaryPath.empty())
+      writeOutputFile(args->run.summaryPath, summaryJson(summary).dump(2) + '\n');
     return kExitOk;
   };
 }

@@ -27,12 +27,10 @@ namespace tessera::cli {
 namespace {
 
 struct TrainArgs {
-  ConfigArgs config;
+  RunArgs run;
   std::string resume;
-  std::string summaryPath;
   std::string weightsPath;
   bool quiet = false;
-  bool allowNonFinite = false;
 };
 
 // The number of the first stop signal (0: none yet): training stops at the
@@ -149,11 +147,12 @@ class ProgressPrinter {
 // ran under one.
 std::string resumeCommand(const TrainArgs& args, const std::string& checkpoint) {
   std::vector<std::string> words;
-  for (const std::string& set : args.config.overrides) words.insert(words.end(), {"--set", shellQuoted(set)});
+  for (const std::string& set : args.run.config.overrides)
+    words.insert(words.end(), {"--set", shellQuoted(set)});
   const char* launch = std::getenv(kLaunchCommandVar);
   return fmt::format("{}tessera train {} {}{}--resume {}",
                      launch != nullptr && *launch != '\0' ? std::string(launch) + " " : std::string(),
-                     shellQuoted(args.config.path), fmt::join(words, " "), words.empty() ? "" : " ",
+                     shellQuoted(args.run.config.path), fmt::join(words, " "), words.empty() ? "" : " ",
                      shellQuoted(checkpoint));
 }
 
@@ -165,25 +164,23 @@ void writeJsonFile(const std::string& path, const nlohmann::json& value) {
 
 Action attachTrain(CLI::App& command) {
   auto args = std::make_shared<TrainArgs>();
-  addConfigArgs(command, args->config);
+  addConfigArgs(command, args->run.config);
   command.add_option("--resume", args->resume,
                      "Continue from this checkpoint: its weights, optimizer state, learning rate and step")
       ->type_name("FILE");
-  command.add_option("--json-summary", args->summaryPath,
-                     "Write {steps, losses, finalLoss, testAccuracy, testLoss, ...} to this file");
+  addSummaryOption(command, args->run, "{steps, losses, finalLoss, testAccuracy, testLoss, ...}");
   command.add_option("--dump-weights", args->weightsPath,
                      "Write the final weights to this file as JSON: {NAME: [values in host order], ...}")
       ->type_name("FILE");
-  command.add_flag("--allow-non-finite", args->allowNonFinite,
-                   "Resume from a checkpoint that holds NaN or infinite values (refused otherwise)");
+  addAllowNonFiniteFlag(command, args->run, "Resume from");
   command.add_flag("--quiet", args->quiet, "No progress output");
   return [args] {
-    const LoadedRunConfig loaded = loadValidated(args->config);
     // In a multi-instance run (tessera launch) instance 0 reports for all.
-    const bool reports = dist::instanceIndex() == 0;
+    const StartedRun run = startRun(args->run);
+    const LoadedRunConfig& loaded = run.loaded;
+    const bool reports = run.reports;
     // train() checks the config's outputs; these are the command's own.
     if (reports) {
-      checkOutputPath(args->summaryPath, "--json-summary");
       checkOutputPath(args->weightsPath, "--dump-weights");
       // The warnings of `tessera validate`, before the run rather than after it.
       for (const ConfigNote& note : configNotes(loaded.config))
@@ -192,7 +189,7 @@ Action attachTrain(CLI::App& command) {
     ProgressPrinter progress(args->quiet || !reports);
     TrainControl control;
     control.resumeFrom = args->resume;
-    control.allowNonFinite = args->allowNonFinite;
+    control.allowNonFinite = args->run.allowNonFinite;
     control.stopRequested = [] { return stopSignal != 0; };
     control.stopReason = [] { return static_cast<int>(stopSignal); };
     control.onWarning = [](const std::string& warning) { fmt::print(stderr, "warning: {}\n", warning); };
@@ -208,8 +205,7 @@ Action attachTrain(CLI::App& command) {
       if (summary.diverged) return kExitInvalidInput;
       return summary.interrupted ? leaveTogether(interruptedCode) : kExitOk;
     }
-    if (!summary.notice.empty()) fmt::print(stderr, "note: {}\n", summary.notice);
-    fmt::print("dataset: {}\n", summary.dataset);
+    printRunHeader(summary.notice, summary.dataset);
     if (!args->resume.empty()) fmt::print("resumed: {} at step {}\n", args->resume, summary.firstStep);
     fmt::print("steps: {} (global batch {})\n", summary.steps, summary.globalBatch);
     if (summary.steps > 0) {
@@ -244,7 +240,7 @@ Action attachTrain(CLI::App& command) {
       fmt::print("checkpoint: {} (step {})\n", summary.checkpoint, summary.checkpointStep);
     if (!loaded.config.output.onnx.empty() && !summary.interrupted)
       fmt::print("onnx model: {} (step {})\n", loaded.config.output.onnx, summary.firstStep + summary.steps);
-    if (!args->summaryPath.empty()) writeJsonFile(args->summaryPath, summaryJson(summary));
+    if (!args->run.summaryPath.empty()) writeJsonFile(args->run.summaryPath, summaryJson(summary));
     if (!args->weightsPath.empty()) {
       nlohmann::json weights = nlohmann::json::object();
       for (const auto& [name, values] : summary.weights) weights[name] = values;

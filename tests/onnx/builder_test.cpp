@@ -96,6 +96,37 @@ TEST_CASE("a built MLP trains as the same MLP written with tessera's ops, bit fo
   }
 }
 
+TEST_CASE("shape queries share one inference per change of the model, with the same answers") {
+  OnnxBuilder builder;
+  const std::string x = builder.addInputTensor("FLOAT", {4, 3}, "x");
+  const std::string w = builder.addInitializedInputTensor(floats({3, 5}, 0.5f), "W");
+  CHECK(builder.tensorShape(w) == Shape{3, 5});  // an initializer's dims: no inference
+  CHECK(builder.shapeInferenceRuns() == 0);
+  const std::string y = builder.addNode("MatMul", std::vector{x, w})[0];
+  CHECK(builder.tensorShape(y) == Shape{4, 5});
+  CHECK(builder.tensorDtype(y) == "float");
+  CHECK(builder.tensorShape(x) == Shape{4, 3});
+  CHECK(builder.shapeInferenceRuns() == 1);
+  // A node changes the model: the next query infers again, once.
+  const std::string shape = builder.addInitializedInputTensor(OnnxTensor{"", "int64", {2}, {5, 4}}, "shape");
+  const std::string z = builder.addNode("Reshape", std::vector{y, shape})[0];
+  CHECK(builder.tensorShape(z) == Shape{5, 4});
+  CHECK(builder.tensorShape(y) == Shape{4, 5});
+  CHECK(builder.shapeInferenceRuns() == 2);
+  // So does a node's attribute.
+  const std::string t =
+      builder.addNode("Transpose", std::vector{z}, {{"perm", std::vector<int64_t>{0, 1}}})[0];
+  CHECK(builder.tensorShape(t) == Shape{5, 4});
+  builder.setNodeAttribute(t, "perm", std::vector<int64_t>{1, 0});
+  CHECK(builder.tensorShape(t) == Shape{4, 5});
+  CHECK(builder.shapeInferenceRuns() == 4);
+  // An output takes the inferred type without another run.
+  builder.addOutputTensor(t);
+  CHECK(builder.shapeInferenceRuns() == 4);
+  CHECK(builder.tensorShape(t) == Shape{4, 5});
+  CHECK(builder.shapeInferenceRuns() == 4);
+}
+
 TEST_CASE("names are PopART's, made unique with /N") {
   OnnxBuilder builder;
   CHECK(builder.addInputTensor("float", {2}) == "input");

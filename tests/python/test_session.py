@@ -338,6 +338,8 @@ def test_a_checkpoint_continues_training_where_it_stopped(tmp_path):
     loading.prepareDevice()
     report = loading.loadCheckpoint(str(tmp_path / "mlp.safetensors"))
     assert report["step"] == 2 and report["learningRate"] == LEARNING_RATE
+    # Other session options: one warning, classified.
+    assert report["warningKinds"] == ["SessionOptions"] and len(report["warnings"]) == 1
     resumed = training_session(2, 2)
     resumed.prepareDevice()
     resumed.loadCheckpoint(str(tmp_path / "mlp.safetensors"))

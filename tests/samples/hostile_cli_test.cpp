@@ -227,6 +227,49 @@ TEST_CASE("a run of more replicas than /limits/maxReplicas is refused before it 
   CHECK(runQuickly(limited).exitCode == 0);
 }
 
+TEST_CASE(
+    "train and evaluate refuse a program over /limits/maxHostBytes before allocating; validate and explain "
+    "plan it") {
+  // A device of 10^8 tiles holds a 784 x 1000000 layer (3.1 GB of weights,
+  // each tensor under maxTensorBytes), but the simulator would hold it, its
+  // gradient and Adam's two moments in host memory: over the 16 GiB default.
+  const TempDir dir;
+  json run = smallRun();
+  run["device"]["tilesPerIpu"] = 100000000;
+  run["model"]["layers"] = {784, 1000000, 10};
+  run["optimizer"] = {{"type", "adam"}};
+  const std::string wide = dir.write("wide.json", run.dump());
+  for (const char* command : {"validate", "explain"}) {
+    CAPTURE(command);
+    const ProcessResult result = runQuickly({command, wide});
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 0);
+    CHECK(!contains(result.err, "tessera.device.415"));
+  }
+  for (const char* command : {"train", "evaluate"}) {
+    CAPTURE(command);
+    const ProcessResult result = runQuickly({command, wide});
+    INFO("stderr: ", result.err);
+    CHECK(result.exitCode == 1);
+    CHECK(result.err.starts_with(
+        fmt::format("error: [tessera.device.415] /limits/maxHostBytes: {} would allocate about ", command)));
+    CHECK(contains(result.err, "more than /limits/maxHostBytes (16.00 GiB, 17179869184 bytes)"));
+    CHECK(contains(result.err, "largest: W0 (Weight) 2.92 GiB"));
+    CHECK(contains(result.err, "--set /limits/maxHostBytes="));
+    CHECK(contains(result.err, "/device/tilesPerIpu 100000000"));
+  }
+  // The knob: the small run over a small limit, and under a larger one.
+  const std::string small = dir.write("small.json", smallRun().dump());
+  const ProcessResult refused =
+      runQuickly({"train", small, "--quiet", "--set", "/limits/maxHostBytes=65536"});
+  INFO("stderr: ", refused.err);
+  CHECK(refused.exitCode == 1);
+  CHECK(contains(refused.err, "more than /limits/maxHostBytes (0.00 GiB, 65536 bytes)"));
+  const ProcessResult trained = runCli({"train", small, "--quiet", "--set", "/limits/maxHostBytes=16777216"});
+  INFO("stderr: ", trained.err);
+  CHECK(trained.exitCode == 0);
+}
+
 TEST_CASE("a config of millions of values is refused while it is parsed") {
   const TempDir dir;
   std::string text = R"({"sessionOptions": {"tensorLocationSettingsOverride": {)";

@@ -763,10 +763,14 @@ TEST_CASE("F16 tensors load into float32 variables exactly; integers and floats 
     INFO(tensor.name);
     CHECK(target.readVariable(tensor.name, RetrievalMode::OnePerGroup) == tensor.value);
   }
-  const auto widened = std::find_if(report.warnings.begin(), report.warnings.end(), [](const std::string& w) {
-    return w.starts_with("8 float32 variable(s) of the model took the checkpoint's F16 values (exactly): ");
-  });
-  CHECK(widened != report.warnings.end());
+  const auto widened =
+      std::find_if(report.warnings.begin(), report.warnings.end(), [](const CheckpointWarning& w) {
+        return w.text.starts_with(
+            "8 float32 variable(s) of the model took the checkpoint's F16 values (exactly): ");
+      });
+  REQUIRE(widened != report.warnings.end());
+  CHECK(widened->kind == CheckpointWarningKind::WidenedFromHalf);
+  CHECK(!concernsTrainingOnly(widened->kind));
 
   // An integer tensor where the model has a float one.
   Checkpoint integers = saved;
@@ -815,9 +819,11 @@ TEST_CASE("master weights: taken from their weight when the checkpoint lacks the
   const CheckpointLoadReport report = restoreCheckpoint(withMaster, plain, "plain");
   CHECK(withMaster.readVariable("w").data == std::vector<float>{0.1f, -0.2f, 0.3f});
   CHECK(withMaster.readVariable("w.master").data == std::vector<float>{0.1f, -0.2f, 0.3f});
-  CHECK(std::find(report.warnings.begin(), report.warnings.end(),
-                  "the checkpoint has no master weights; 1 master weight(s) took their weight's value: w.master") !=
-        report.warnings.end());
+  CHECK(std::find(
+            report.warnings.begin(), report.warnings.end(),
+            CheckpointWarning{CheckpointWarningKind::MastersFromWeights,
+                              "the checkpoint has no master weights; 1 master weight(s) took their weight's "
+                              "value: w.master"}) != report.warnings.end());
 
   // The other way: the checkpoint's master weight is not loaded into a run
   // that keeps none.
@@ -828,8 +834,10 @@ TEST_CASE("master weights: taken from their weight when the checkpoint lacks the
   TrainingSession target = makePlain();
   const CheckpointLoadReport skipped = restoreCheckpoint(target, mastered, "mastered");
   CHECK(target.readVariable("w").data == std::vector<float>{0.1f, -0.2f, 0.3f});
-  CHECK(std::find_if(skipped.warnings.begin(), skipped.warnings.end(), [](const std::string& w) {
-          return w.starts_with("the model keeps no master weights; the checkpoint's w.master were not loaded");
+  CHECK(std::find_if(skipped.warnings.begin(), skipped.warnings.end(), [](const CheckpointWarning& w) {
+          return w.kind == CheckpointWarningKind::UnusedMasters &&
+                 w.text.starts_with(
+                     "the model keeps no master weights; the checkpoint's w.master were not loaded");
         }) != skipped.warnings.end());
 
   // A master weight of another shape than its weight is a mismatch.
@@ -852,7 +860,11 @@ TEST_CASE("loading reports what differs from the checkpoint's session and restor
     TrainingSession target = makeSession(Setup{2, false, 1}, sgdMomentum());
     const CheckpointLoadReport report = restoreCheckpoint(target, checkpoint, "c");
     REQUIRE(report.warnings.size() == 1);
-    CHECK(report.warnings[0] == "the learning rate 0.025 of the checkpoint replaces the session's 0.1");
+    CHECK(report.warnings[0] ==
+          CheckpointWarning{CheckpointWarningKind::LearningRate,
+                            "the learning rate 0.025 of the checkpoint replaces the session's "
+                            "0.1"});
+    CHECK(concernsTrainingOnly(report.warnings[0].kind));
     CHECK(target.learningRate() == 0.025);
     CHECK(report.learningRate == 0.025);
     CHECK(target.step() == 2);
@@ -863,13 +875,16 @@ TEST_CASE("loading reports what differs from the checkpoint's session and restor
     TrainingSession target = makeSession(Setup{1, false, 1}, other);
     const CheckpointLoadReport report = restoreCheckpoint(target, checkpoint, "c");
     REQUIRE(report.warnings.size() == 2);
-    CHECK(report.warnings[0].find(
+    CHECK(report.warnings[0].kind == CheckpointWarningKind::SessionOptions);
+    CHECK(report.warnings[0].text.find(
               "other session options (/sessionOptions/enableReplicatedGraphs true -> false, "
               "/sessionOptions/replicatedGraphCount 2 -> 1)") != std::string::npos);
+    CHECK(report.warnings[1].kind == CheckpointWarningKind::OptimizerHyperParameters);
     CHECK(
-        report.warnings[1] ==
+        report.warnings[1].text ==
         "the checkpoint's optimizer had other hyper-parameters (/optimizer/momentum 0.9 -> 0.5); the session "
         "keeps its own");
+    for (const CheckpointWarning& warning : report.warnings) CHECK(concernsTrainingOnly(warning.kind));
   }
 }
 

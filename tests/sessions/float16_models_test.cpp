@@ -176,8 +176,9 @@ TEST_CASE("float16 checkpoints: F16 bits, float32 <-> float16 runs, other replic
     INFO(tensor.name);
     CHECK(wide.readVariable(tensor.name, RetrievalMode::OnePerGroup) == tensor.value);
   }
-  CHECK(std::any_of(widened.warnings.begin(), widened.warnings.end(), [](const std::string& w) {
-    return w.find("took the checkpoint's F16 values (exactly)") != std::string::npos;
+  CHECK(std::any_of(widened.warnings.begin(), widened.warnings.end(), [](const CheckpointWarning& w) {
+    return w.kind == CheckpointWarningKind::WidenedFromHalf &&
+           w.text.find("took the checkpoint's F16 values (exactly)") != std::string::npos;
   }));
 
   // A float32 checkpoint into a float16 run: every value rounded to nearest even.
@@ -201,7 +202,8 @@ TEST_CASE("float16 checkpoints: F16 bits, float32 <-> float16 runs, other replic
     CHECK(narrow.readVariable(tensor.name + ".master", RetrievalMode::OnePerGroup) == tensor.value);
   }
   CHECK(changed > 0);  // the test rounds something
-  CHECK(std::any_of(rounded.warnings.begin(), rounded.warnings.end(), [](const std::string& w) {
-    return w.find("F32 values rounded to half") != std::string::npos;
+  CHECK(std::any_of(rounded.warnings.begin(), rounded.warnings.end(), [](const CheckpointWarning& w) {
+    return w.kind == CheckpointWarningKind::RoundedToHalf &&
+           w.text.find("F32 values rounded to half") != std::string::npos;
   }));
 }

@@ -1104,7 +1104,8 @@ TEST_CASE("docs/errors.md documents every note id with an example") {
 TEST_CASE("the limits section is read strictly and survives a round trip") {
   const RunConfig config = parse(R"({"limits": {"maxTensorBytes": 1024}})").config;
   CHECK(config.limits.maxTensorBytes == 1024);
-  CHECK(json(config)["limits"] == json{{"maxLayers", kDefaultMaxLayers},
+  CHECK(json(config)["limits"] == json{{"maxHostBytes", kDefaultMaxHostBytes},
+                                       {"maxLayers", kDefaultMaxLayers},
                                        {"maxReplicas", kDefaultMaxReplicas},
                                        {"maxTensorBytes", 1024}});
   CHECK(json(RunConfig{})["limits"]["maxTensorBytes"] == kDefaultMaxTensorBytes);
@@ -1113,6 +1114,8 @@ TEST_CASE("the limits section is read strictly and survives a round trip") {
   CHECK(parse(R"({"limits": {"maxReplicas": 8}})").config.limits.maxReplicas == 8);
   TESSERA_CHECK_ERROR(parse(R"({"limits": {"maxReplicas": 0}})"), ConfigError, ErrorCode::OutOfRange);
   TESSERA_CHECK_ERROR(parse(R"({"limits": {"maxTensorBytes": 0}})"), ConfigError, ErrorCode::OutOfRange);
+  CHECK(parse(R"({"limits": {"maxHostBytes": 1}})").config.limits.maxHostBytes == 1);
+  TESSERA_CHECK_ERROR(parse(R"({"limits": {"maxHostBytes": 0}})"), ConfigError, ErrorCode::OutOfRange);
   TESSERA_CHECK_ERROR(parse(R"({"limits": {"maxBytes": 1}})"), ConfigError, ErrorCode::UnknownKey);
 }
 
