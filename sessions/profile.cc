@@ -81,6 +81,8 @@ struct TraceThreads {
   static constexpr int kComputeTiles = 0;
   static constexpr int kIOTiles = 1;
   static constexpr int kStreaming = 2;
+  // The host link after the links (its ops come last in a report).
+  int hostIO = -1;
   std::map<std::string, int> links;
   std::vector<std::string> linkOrder;
 
@@ -89,6 +91,9 @@ struct TraceThreads {
       case TimeLane::ComputeTiles: return kComputeTiles;
       case TimeLane::IOTiles: return kIOTiles;
       case TimeLane::Streaming: return kStreaming;
+      case TimeLane::HostIO:
+        if (hostIO < 0) hostIO = kStreaming + 1 + static_cast<int>(links.size());
+        return hostIO;
       case TimeLane::Link: break;
     }
     const auto [it, added] = links.try_emplace(op.group, kStreaming + 1 + static_cast<int>(links.size()));
@@ -160,6 +165,7 @@ json chromeTraceJson(const TimeReport& time) {
   thread(TraceThreads::kIOTiles, "IO tiles");
   thread(TraceThreads::kStreaming, "streaming");
   for (const std::string& group : threads.linkOrder) thread(threads.links.at(group), "link " + group);
+  if (threads.hostIO >= 0) thread(threads.hostIO, "host link");
   for (json& e : events) named.push_back(std::move(e));
   return {{"traceEvents", std::move(named)}, {"displayTimeUnit", "ns"}};
 }

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "device_spec_json.hpp"
+#include "time_model.hpp"
 #include "tessera/error.hpp"
 #include "tessera/shard_layout.hpp"
 
@@ -332,6 +333,20 @@ MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, 
 
   const auto steps = static_cast<int64_t>(schedule.size());
   std::vector<Held> held = heldTensors(graph, schedule, traceShards(graph, schedule));
+  // The in-flight buffers of the host streams on the IO tiles, live all step.
+  checkHostStreams(program, spec);
+  for (const HostStream& s : program.hostStreams) {
+    if (s.tileSet != TileSet::IO || schedule.empty()) continue;
+    const int64_t buffers = inFlightBuffers(appliedStrategy(s, program.batchesPerStep));
+    Held h;
+    h.memory.name = fmt::format("host stream {} ({} in-flight buffer{})", s.name, buffers, buffers > 1 ? "s" : "");
+    h.memory.category = TensorCategory::Activation;
+    h.memory.space = MemorySpace::IOTiles;
+    h.memory.bytes = buffers * s.bytesPerTransfer;
+    h.memory.firstUse = 0;
+    h.memory.lastUse = std::max<int64_t>(static_cast<int64_t>(schedule.size()) - 1, 0);
+    held.push_back(std::move(h));
+  }
 
   // Liveness does not depend on the replica: plan one, copy it to each.
   ReplicaMemory common;

@@ -22,6 +22,19 @@ enum class NoteCode : int {
   // scaling enabled: it runs as asked, as PopART allows, but a float32
   // gradient does not underflow where a half would.
   LossScalingWithoutFloat16 = 802,
+  // A host stream with an overlap strategy on the compute tiles: PopART
+  // compiles it and nothing overlaps (a transfer there blocks compute), so
+  // it is modelled as JustInTime; put the stream on the IO tiles.
+  OverlapOnComputeTiles = 806,
+  // Overlap with nothing to overlap: OverlapLoops with batchesPerStep 1 (it
+  // is OverlapInnerLoop then), or an overlap strategy whose loops have a
+  // single iteration (batchesPerStep and accumulationFactor 1).
+  OverlapWithoutIterations = 807,
+  // A host stream whose tile set differs from the loadTileSet of the
+  // tensor location of its category: the stream's tile set decides where
+  // the host transfer lands, the location where the tensor lives after
+  // (docs/overlapped-io.md, "Host streams and tensor locations").
+  StreamTileSetDiffersFromLocation = 808,
 };
 
 // "tessera.note.801"

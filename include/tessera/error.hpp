@@ -81,6 +81,10 @@ enum class ErrorCode : int {
   InvalidBatchesPerStep = 170,    // batchesPerStep < 1, or more batches than the run has
   InvalidAnchorReturnType = 171,  // an unknown return type, or EveryN's period not dividing batchesPerStep
   InvalidAnchor = 172,            // an anchor naming no output, or named twice
+  // --- Host streams (18x) ---
+  UnknownHostStream = 182,           // io settings for a stream the model does not have
+  HostStreamIOTilesWithoutIOTiles = 183,  // a stream on TileSet IO with numIOTiles 0
+  UnsupportedExchangeStrategy = 184,  // OverlapStep: PopART declares it and does not support it
   // --- Graph construction (2xx) ---
   ShapeMismatch = 201,
   InvalidOperand = 202,
@@ -95,6 +99,7 @@ enum class ErrorCode : int {
   UnknownStream = 211,              // a step input or output name the program does not have
   DTypeMismatch = 212,              // float16 and float32 operands of one op (cast one of them)
   InvalidRecompute = 220,           // a recompute annotation on an op that cannot be recomputed
+  InvalidInputSettings = 240,       // input settings for a tensor that is not a graph input
   // --- Autodiff (3xx) ---
   NoGradient = 301,
   LossNotScalar = 302,
@@ -102,6 +107,7 @@ enum class ErrorCode : int {
   OutOfMemory = 401,
   InvalidProgram = 402,
   TrainingDiverged = 403,  // a non-finite training loss: training stopped at that step
+  InvalidHostStream = 410,  // a program's host stream the device cannot model
   // --- Distributed (5xx) ---
   InconsistentDistEnv = 501,
   InstanceMismatch = 502,

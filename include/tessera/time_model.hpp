@@ -38,6 +38,25 @@
 // instead and overlap compute (their consumers still wait for them). Every
 // streaming transfer also occupies the streaming link, and every collective
 // the link of its group. Sources (inputs, variables, constants) take no time.
+//
+// Host streams (Program::hostStreams): every input and output moves over the
+// host link of its processor, a stream s taking
+//   t_s = transfersPerStep x hostLatencySeconds + bytesPerStep / hostBandwidthBytesPerSecond
+// per step of N = batchesPerStep batches of A = accumulationFactor
+// micro-batches. The step is N A iterations of compute c = D / A, D the
+// device time of one batch (the schedule above), and each stream takes
+// t_s / (N A) per iteration: J summed over the JustInTime streams (those
+// asking for overlap on the compute tiles included), I over OverlapInnerLoop
+// and P over OverlapLoops (OverlapInnerLoop when N = 1), with I_in, P_in their
+// inputs' and I_out, P_out their outputs' shares. With e = c + J, the step takes
+//   I_in + P_in + e + g_inner max(e, I + P) + g_outer (max(e, P) + I) + I_out + P_out
+// where g_inner = N (A - 1) gaps between iterations of the inner loop and
+// g_outer = N - 1 boundaries of the outer one (A = 1: the batch loop is the
+// inner loop, g_inner = N - 1 and g_outer = 0). All JustInTime, that is
+// N (D + A J): every transfer on the critical path. stepSeconds is the step
+// divided by N. The ops of the HostIO lane show one batch: its JustInTime
+// loads first (the device's ops start after them), the overlapped transfers
+// beside the compute, its JustInTime stores after the compute.
 #pragma once
 
 #include <array>
@@ -60,6 +79,7 @@ enum class TimeLane {
   IOTiles,       // streaming transfers through the IO tiles, overlapped with compute
   Link,          // collectives between replicas
   Streaming,     // streaming transfers through the compute tiles (they block compute)
+  HostIO,        // host streams over the host link (Program::hostStreams)
 };
 
 template <>
@@ -68,7 +88,8 @@ struct EnumNames<TimeLane> {
   static constexpr std::array kNames = {std::pair{TimeLane::ComputeTiles, std::string_view{"ComputeTiles"}},
                                         std::pair{TimeLane::IOTiles, std::string_view{"IOTiles"}},
                                         std::pair{TimeLane::Link, std::string_view{"Link"}},
-                                        std::pair{TimeLane::Streaming, std::string_view{"Streaming"}}};
+                                        std::pair{TimeLane::Streaming, std::string_view{"Streaming"}},
+                                        std::pair{TimeLane::HostIO, std::string_view{"HostIO"}}};
 };
 
 // One op of the step.
@@ -86,9 +107,25 @@ struct OpTime {
   double bytes = 0.0;     // bytes one replica moves over the link or to or from streaming memory
 };
 
+// One host stream of the step (Program::hostStreams) as modelled.
+struct StreamTime {
+  std::string name;
+  bool input = true;
+  TileSet tileSet = TileSet::Compute;
+  ExchangeStrategy requested = ExchangeStrategy::JustInTime;  // as set
+  // As modelled: an overlap on the compute tiles is JustInTime, OverlapLoops
+  // with batchesPerStep 1 is OverlapInnerLoop.
+  ExchangeStrategy applied = ExchangeStrategy::JustInTime;
+  double bytesPerStep = 0.0;    // one replica, a step of batchesPerStep batches
+  double seconds = 0.0;         // the host link's busy time for it per step
+  bool overlapped = false;      // some of its transfers overlap compute
+};
+
 struct TimeReport {
-  std::vector<OpTime> ops;   // in schedule order; sources are not listed
-  double stepSeconds = 0.0;  // when the last op ends
+  std::vector<OpTime> ops;   // in schedule order; sources are not listed; HostIO ops last
+  // The modelled time of one batch: the device's work (`deviceSeconds`) plus
+  // the host transfers that are not hidden, i.e. runSeconds / batchesPerStep.
+  double stepSeconds = 0.0;
   // Sums of durations per lane. compute + streaming (+ collectives on the
   // compute tiles) run one after the other; overlapped streaming runs beside
   // them, so the step is shorter than the sum of all four when it helps.
@@ -99,6 +136,13 @@ struct TimeReport {
   double flops = 0.0;                       // every op's flops
   double linkBytes = 0.0;                   // every collective's bytes
   double streamingBytes = 0.0;              // every transfer's bytes, both lanes
+  // Host streams (see "Host streams" above).
+  int64_t batchesPerStep = 1;
+  double deviceSeconds = 0.0;  // one batch without host transfers: when its last op ends
+  double runSeconds = 0.0;     // a step (session run) of batchesPerStep batches, host transfers included
+  double hostSeconds = 0.0;    // the host link's busy time per step
+  double hostBytes = 0.0;      // bytes one replica moves over the host link per step
+  std::vector<StreamTime> streams;
 };
 
 // The modelled time of one run of `program` on the hardware `spec` describes,

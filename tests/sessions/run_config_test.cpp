@@ -768,6 +768,7 @@ TEST_CASE("the run config schema is generated from the field tables") {
       names<TensorStorage>(), names<TileSet>(),       names<ReplicatedTensorSharding>(),
       names<CommGroupType>(), names<ReductionType>(), names<MeanReductionStrategy>(),
       names<Activation>(),    names<DatasetKind>(),   names<ScheduleType>(), names<RecomputationType>(),
+      names<ExchangeStrategy>(),
       {"float32", "float16"},  // /model/dtype: the floating DTypes
       names<DType>(),          // optimizer state dtypes
   };
