@@ -90,10 +90,15 @@ void checkHostData(const std::string& name, const InitialValues& data, const Sha
 }  // namespace
 
 Tensor input(Graph& graph, std::string name, Shape shape, DType dtype) {
+  return input(graph, std::move(name), std::move(shape), dtype, InputSettings{});
+}
+
+Tensor input(Graph& graph, std::string name, Shape shape, DType dtype, InputSettings settings) {
   TensorNode node;
   node.name = std::move(name);
   node.shape = std::move(shape);
   node.dtype = dtype;
+  node.inputSettings = settings;
   return {&graph, graph.addSource(OpKind::Input, std::move(node))};
 }
 

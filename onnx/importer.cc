@@ -298,6 +298,16 @@ OnnxModel Importer::run() {
       throwOnnx(ErrorCode::OnnxInvalidGraph, source_ + ": input " + name,
                 "constantInputs names an input the graph does not have");
   }
+  for (const auto& [name, settings] : options_.inputSettings) {
+    const auto found = values_.find(name);
+    if (std::find(result.inputs.begin(), result.inputs.end(), name) == result.inputs.end() ||
+        found == values_.end() || found->second.id == kNoTensor) {
+      throw GraphError(ErrorCode::InvalidInputSettings, source_ + ": input " + name,
+                       fmt::format("inputSettings names no host stream of the graph; its inputs are {}",
+                                   fmt::join(result.inputs, ", ")));
+    }
+    graph_.tensor(found->second.id).inputSettings = settings;
+  }
 
   for (const int n : order) {
     nodeIndex_ = n;

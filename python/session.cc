@@ -91,6 +91,7 @@ std::map<std::string, int64_t, std::less<>> symbolicDimensions(const std::filesy
 OnnxModel importModel(const py::object& fnModel, const InputShapeInfo& shapes, int64_t replicas) {
   OnnxImportOptions options;
   options.replicationFactor = replicas;
+  options.inputSettings = shapes.settings;
   if (py::isinstance<py::bytes>(fnModel)) {
     const auto bytes = fnModel.cast<std::string>();
     if (!shapes.inputs.empty()) {

@@ -97,14 +97,15 @@ OptimizerConfig readOptimizer(std::string_view type, const py::dict& values, nlo
 
 // ----- Data flow -----
 
-AnchorReturnType makeAnchorReturnType(const std::string& id, int64_t returnPeriod) {
+AnchorReturnType makeAnchorReturnType(const std::string& id, int64_t returnPeriod, TileSet tileSet,
+                                      ExchangeStrategy exchangeStrategy) {
   if (id == "EveryN" && returnPeriod < 1) {
     throw ConfigError(ErrorCode::InvalidAnchorReturnType, "/dataFlow/anchors",
                       fmt::format("AnchorReturnType(\"EveryN\", {}): the return period must be >= 1 and "
                                   "divide batchesPerStep",
                                   returnPeriod));
   }
-  return AnchorReturnType::fromName(id, returnPeriod);
+  return AnchorReturnType::fromName(id, returnPeriod, tileSet, exchangeStrategy);
 }
 
 DataFlow makeDataFlow(int64_t batchesPerStep, const std::map<std::string, AnchorReturnType>& anchors) {
@@ -227,10 +228,26 @@ void bindSettings(py::module_& module) {
            "defaultWeightDecay, lossScaling. PopART's defaults: mode Adam (bias correction), weight decay "
            "mode Decay (AdamW).");
 
+  bindEnum<ExchangeStrategy>(module,
+                             "When a host stream's transfers run: JustInTime, OverlapInnerLoop, OverlapLoops "
+                             "(OverlapStep is not supported, as in PopART).");
+  py::class_<InputSettings>(module, "InputSettings", "The tile set and exchange strategy of an input stream.")
+      .def(py::init([](TileSet tileSet, ExchangeStrategy strategy) { return InputSettings{tileSet, strategy}; }),
+           py::arg("tileSet") = TileSet::Compute, py::arg("exchangeStrategy") = ExchangeStrategy::JustInTime)
+      .def("tileSet", [](const InputSettings& s) { return s.tileSet; })
+      .def("exchangeStrategy", [](const InputSettings& s) { return s.exchangeStrategy; });
   py::class_<AnchorReturnType>(module, "AnchorReturnType",
                                "Which values of an anchor run() returns: \"All\", \"EveryN\" with a "
-                               "return period, \"Final\" or \"Sum\".")
-      .def(py::init(&makeAnchorReturnType), py::arg("id"), py::arg("returnPeriod") = 0)
+                               "return period, \"Final\" or \"Sum\"; and, as in PopART, the tile set and "
+                               "exchange strategy of its host stream.")
+      .def(py::init(&makeAnchorReturnType), py::arg("id"), py::arg("returnPeriod") = 0,
+           py::arg("tileSet") = TileSet::Compute, py::arg("exchangeStrategy") = ExchangeStrategy::JustInTime)
+      .def(py::init([](const std::string& id, TileSet tileSet, ExchangeStrategy strategy) {
+             return makeAnchorReturnType(id, 0, tileSet, strategy);
+           }),
+           py::arg("id"), py::arg("tileSet"), py::arg("exchangeStrategy"))
+      .def("tileSet", [](const AnchorReturnType& a) { return a.tileSet; })
+      .def("exchangeStrategy", [](const AnchorReturnType& a) { return a.exchangeStrategy; })
       .def("id", [](const AnchorReturnType& a) { return std::string(toString(a.id)); })
       .def("rp", [](const AnchorReturnType& a) { return a.returnPeriod; });
   py::class_<DataFlow>(module, "DataFlow", "Batches per step and the anchors run() returns.")
@@ -258,7 +275,15 @@ void bindSettings(py::module_& module) {
       .def(
           "add",
           [](InputShapeInfo& s, const std::string& name, const TensorInfo& info) { s.inputs[name] = info; },
-          py::arg("name"), py::arg("info"));
+          py::arg("name"), py::arg("info"))
+      .def(
+          "add",
+          [](InputShapeInfo& s, const std::string& name, const TensorInfo& info, const InputSettings& settings) {
+            s.inputs[name] = info;
+            s.settings[name] = settings;
+          },
+          py::arg("name"), py::arg("info"), py::arg("settings"),
+          "The input's shape and its InputSettings (PopART's addInputTensor(info, settings)).");
 }
 
 }  // namespace tessera::python

@@ -41,6 +41,8 @@ struct TensorInfo {
 
 struct InputShapeInfo {
   std::map<std::string, TensorInfo> inputs;
+  // PopART's InputSettings of inputs by name (addInputTensor's argument).
+  std::map<std::string, InputSettings, std::less<>> settings;
 };
 
 }  // namespace tessera::python

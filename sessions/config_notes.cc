@@ -66,6 +66,58 @@ std::string noteId(NoteCode code) { return fmt::format("tessera.note.{}", static
 
 std::string ConfigNote::text() const { return fmt::format("[{}] {}: {}", noteId(code), path, message); }
 
+namespace {
+
+// The notes of /io: the defaults, then each stream by name.
+void ioNotes(const RunConfig& config, std::vector<ConfigNote>& notes) {
+  std::vector<std::pair<std::string, IoStreamConfig>> entries{
+      {"/io", {config.io.tileSet, config.io.exchangeStrategy}}};
+  for (const auto& [name, stream] : config.io.streams) entries.emplace_back("/io/streams/" + name, stream);
+  const int64_t batches = config.data.batchesPerStep;
+  const int64_t micro = config.sessionOptions.getAccumulationFactor();
+  const TensorLocation& activations = config.sessionOptions.activationTensorLocationSettings.location;
+  const bool locationLoads =
+      activations.storage == TensorStorage::OffChip || activations.loadTileSet == TileSet::IO;
+  std::vector<ConfigNote> overlap, iterations, tileSets;
+  for (const auto& [path, stream] : entries) {
+    const std::string_view strategy = toString(stream.exchangeStrategy);
+    if (overlaps(stream.exchangeStrategy) && stream.tileSet == TileSet::Compute) {
+      overlap.push_back(
+          {NoteCode::OverlapOnComputeTiles, path + "/exchangeStrategy",
+           fmt::format("{} on the compute tiles overlaps nothing: a host transfer there blocks compute, so "
+                       "PopART compiles it and the throughput does not improve; it is modelled as JustInTime. "
+                       "Set {}/tileSet to \"IO\" (with /sessionOptions/numIOTiles > 0) to overlap",
+                       strategy, path)});
+    } else if (stream.exchangeStrategy == ExchangeStrategy::OverlapLoops && batches == 1 && micro > 1) {
+      iterations.push_back(
+          {NoteCode::OverlapWithoutIterations, path + "/exchangeStrategy",
+           "OverlapLoops with /data/batchesPerStep 1: there is no outer loop to overlap across, so it is "
+           "OverlapInnerLoop (over the accumulationFactor micro-batches); raise batchesPerStep to overlap "
+           "across batches"});
+    } else if (overlaps(stream.exchangeStrategy) && batches == 1 && micro == 1) {
+      iterations.push_back(
+          {NoteCode::OverlapWithoutIterations, path + "/exchangeStrategy",
+           fmt::format("{} with /data/batchesPerStep 1 and no gradient accumulation: a step is one "
+                       "iteration, so there is no other iteration to overlap with and the transfers stay on "
+                       "the critical path; raise /data/batchesPerStep",
+                       strategy)});
+    }
+    if (locationLoads && stream.tileSet != activations.loadTileSet) {
+      tileSets.push_back(
+          {NoteCode::StreamTileSetDiffersFromLocation, path + "/tileSet",
+           fmt::format("the host stream lands on the {} tiles while activationTensorLocationSettings loads "
+                       "activations through the {} tiles: both apply, the stream's tile set to the transfer "
+                       "from the host and the location to the tensors computed from it "
+                       "(docs/overlapped-io.md, host streams and tensor locations)",
+                       stream.tileSet == TileSet::IO ? "IO" : "compute",
+                       activations.loadTileSet == TileSet::IO ? "IO" : "compute")});
+    }
+  }
+  for (auto* list : {&overlap, &iterations, &tileSets}) notes.insert(notes.end(), list->begin(), list->end());
+}
+
+}  // namespace
+
 std::vector<ConfigNote> configNotes(const RunConfig& config) {
   std::vector<ConfigNote> notes;
   const OptimizerConfig& optimizer = config.optimizer;
@@ -123,6 +175,7 @@ std::vector<ConfigNote> configNotes(const RunConfig& config) {
                      "--ipus-per-replica sets it too), or virtualGraphMode to Off"});
   }
   addOffChipIoNotes(config.sessionOptions, notes);
+  ioNotes(config, notes);
   return notes;
 }
 

@@ -8,7 +8,8 @@
 
 namespace tessera {
 
-AnchorReturnType AnchorReturnType::fromName(std::string_view name, int64_t returnPeriod) {
+AnchorReturnType AnchorReturnType::fromName(std::string_view name, int64_t returnPeriod, TileSet tileSet,
+                                            ExchangeStrategy exchangeStrategy) {
   for (const auto& [id, text] : EnumNames<AnchorReturnTypeId>::kNames) {
     if (text != name) continue;
     if (id != AnchorReturnTypeId::EveryN && returnPeriod != 0) {
@@ -16,7 +17,7 @@ AnchorReturnType AnchorReturnType::fromName(std::string_view name, int64_t retur
                         fmt::format("a return period ({}) only belongs to \"EveryN\", not to \"{}\"",
                                     returnPeriod, name));
     }
-    return {id, id == AnchorReturnTypeId::EveryN ? returnPeriod : 0};
+    return {id, id == AnchorReturnTypeId::EveryN ? returnPeriod : 0, tileSet, exchangeStrategy};
   }
   throw ConfigError(ErrorCode::InvalidAnchorReturnType, "/dataFlow/anchors",
                     fmt::format("invalid AnchorReturnType \"{}\"; expected one of \"All\", \"Final\", "

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "run_model.hpp"
+#include "session_runtime.hpp"
 #include "tessera/error.hpp"
 #include "tessera/mlp.hpp"
 #include "tessera/shard_layout.hpp"
@@ -211,14 +212,23 @@ std::vector<Candidate> candidates(const Graph& graph, const SessionOptions& opti
 }  // namespace
 
 RunPlan planTraining(Graph graph, TensorId loss, const Optimizer& optimizer, const SessionOptions& options,
-                     const DeviceSpec& spec) {
+                     const DeviceSpec& spec, const DataFlow& dataFlow) {
   validate(options, spec);
+  const std::string lossName = graph.tensor(loss).name;
   const std::unique_ptr<Optimizer> clone = optimizer.clone();
   TrainingGraph training{std::move(graph), TrainingTensors{loss, {}, {}}};
   runTrainingPipeline(training, options, *clone, spec.ipusPerReplica);
   RunPlan plan;
   plan.tensors = placements(training.graph, options, plan.notApplied);
+  const int64_t af = options.getAccumulationFactor();
+  AnchorReturnType lossType = AnchorReturnType::all();
+  for (const auto& anchor : dataFlow.anchors)
+    if (anchor.first == lossName) lossType = anchor.second;
+  const detail::HostIo io{dataFlow.batchesPerStep, {lossType}, {af > 1}};
   plan.program = programOf(std::move(training.graph), options);
+  plan.program.hostStreams = detail::hostStreamsOf(plan.program.graph, af, {training.tensors.loss}, io);
+  plan.program.batchesPerStep = dataFlow.batchesPerStep;
+  plan.program.accumulationFactor = af;
   plan.memory = planMemory(plan.program, spec);
   plan.time = modelTime(plan.program, spec);
   return plan;
@@ -228,24 +238,26 @@ RunPlan planRun(const RunConfig& config) {
   const SessionOptions& options = config.sessionOptions;
   RunModel model = buildRunModel(config, config.data.batchSize, options.getGlobalReplicationFactor());
   const std::unique_ptr<Optimizer> optimizer = makeOptimizer(config.optimizer);
-  return planTraining(std::move(model.graph), model.loss, *optimizer, options, config.device);
+  const DataFlow dataFlow = runDataFlow(config, model);
+  return planTraining(std::move(model.graph), model.loss, *optimizer, options, config.device, dataFlow);
 }
 
 std::vector<MemorySuggestion> suggestRunSettings(const RunConfig& config, const MemoryShortfall& shortfall) {
   const SessionOptions& options = config.sessionOptions;
   const RunModel model = buildRunModel(config, config.data.batchSize, options.getGlobalReplicationFactor());
   const std::unique_ptr<Optimizer> optimizer = makeOptimizer(config.optimizer);
-  return suggestMemorySettings(model.graph, model.loss, *optimizer, options, config.device, shortfall);
+  return suggestMemorySettings(model.graph, model.loss, *optimizer, options, config.device, shortfall,
+                               runDataFlow(config, model));
 }
 
 std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId loss, const Optimizer& optimizer,
                                                     const SessionOptions& options, const DeviceSpec& spec,
-                                                    const MemoryShortfall& shortfall) {
+                                                    const MemoryShortfall& shortfall, const DataFlow& dataFlow) {
   std::vector<MemorySuggestion> out;
   for (Candidate& candidate : candidates(graph, options)) {
     RunPlan plan;
     try {
-      plan = planTraining(graph, loss, optimizer, candidate.options, spec);
+      plan = planTraining(graph, loss, optimizer, candidate.options, spec, dataFlow);
     } catch (const Error&) {
       continue;  // a change these options cannot take is no suggestion
     }

@@ -1,5 +1,6 @@
 #include "tessera/profile.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -86,6 +87,10 @@ struct TraceThreads {
   // The copies between the IPUs of a replica: a thread after the links met
   // before them, as a link group of its own.
   static constexpr std::string_view kIpuLinks = "IPU links";
+  // The host link of each IPU after the links (its ops come last in a
+  // report).
+  std::map<int64_t, int> hostIO;
+  std::vector<int64_t> hostOrder;
   std::map<std::string, int> links;
   std::vector<std::string> linkOrder;
 
@@ -94,11 +99,18 @@ struct TraceThreads {
       case TimeLane::ComputeTiles: return kComputeTiles;
       case TimeLane::IOTiles: return kIOTiles;
       case TimeLane::Streaming: return kStreaming;
+      case TimeLane::HostIO: {
+        const auto [it, added] =
+            hostIO.try_emplace(op.ipu, kStreaming + 1 + static_cast<int>(links.size() + hostIO.size()));
+        if (added) hostOrder.push_back(op.ipu);
+        return it->second;
+      }
       case TimeLane::IpuLink:
       case TimeLane::Link: break;
     }
     const std::string group = op.lane == TimeLane::IpuLink ? std::string(kIpuLinks) : "link " + op.group;
-    const auto [it, added] = links.try_emplace(group, kStreaming + 1 + static_cast<int>(links.size()));
+    const auto [it, added] =
+        links.try_emplace(group, kStreaming + 1 + static_cast<int>(links.size() + hostIO.size()));
     if (added) linkOrder.push_back(group);
     return it->second;
   }
@@ -169,6 +181,12 @@ json chromeTraceJson(const TimeReport& time) {
   thread(TraceThreads::kIOTiles, "IO tiles");
   thread(TraceThreads::kStreaming, "streaming");
   for (const std::string& group : threads.linkOrder) thread(threads.links.at(group), group);
+  // One IPU: "host link"; several: a link per IPU.
+  const bool severalIpus =
+      std::any_of(time.ops.begin(), time.ops.end(), [](const OpTime& op) { return op.ipu > 0; });
+  for (int64_t ipu : threads.hostOrder)
+    thread(threads.hostIO.at(ipu),
+           severalIpus ? fmt::format("host link IPU {}", ipu) : std::string("host link"));
   for (json& e : events) named.push_back(std::move(e));
   return {{"traceEvents", std::move(named)}, {"displayTimeUnit", "ns"}};
 }

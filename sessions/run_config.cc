@@ -380,6 +380,46 @@ void visitFields(V& v, LimitsConfig& value) {
 }
 
 template <class V>
+void visitFields(V& v, IoStreamConfig& value) {
+  v.field("tileSet", value.tileSet,
+          {.doc = "The tiles the stream's host transfers land on or leave from (PopART's TileSet): \"IO\" "
+                  "needs /sessionOptions/numIOTiles > 0."});
+  v.field("exchangeStrategy", value.exchangeStrategy,
+          {.doc = "When the stream's transfers run (PopART's ExchangeStrategy): \"JustInTime\", "
+                  "\"OverlapInnerLoop\" or \"OverlapLoops\" (\"OverlapStep\" is not supported, as in PopART)."});
+  v.rule([&value](const jsonio::RuleSite& site) {
+    if (value.exchangeStrategy != ExchangeStrategy::OverlapStep) return;
+    const std::string path = site.path("exchangeStrategy");
+    throw ConfigError(ErrorCode::UnsupportedExchangeStrategy, path,
+                      fmt::format("OverlapStep (overlap across host steps) is declared by PopART but not "
+                                  "supported, and tessera does not support it either; use \"OverlapLoops\", "
+                                  "which overlaps across both loops of a step{}",
+                                  site.origin(path)));
+  });
+}
+
+template <class V>
+void visitFields(V& v, IoConfig& value) {
+  v.field("tileSet", value.tileSet,
+          {.doc = "The tile set of every host stream (inputs and the loss) that /io/streams does not set: "
+                  "\"Compute\" or \"IO\" (needs /sessionOptions/numIOTiles > 0)."});
+  v.field("exchangeStrategy", value.exchangeStrategy,
+          {.doc = "The exchange strategy of every host stream that /io/streams does not set: \"JustInTime\", "
+                  "\"OverlapInnerLoop\" or \"OverlapLoops\"."});
+  v.field("streams", value.streams,
+          {.doc = "Settings of single streams by name (an input of the model, or its loss); a key an entry "
+                  "leaves out takes the default above."});
+  v.rule([&value](const jsonio::RuleSite& site) {
+    if (value.exchangeStrategy != ExchangeStrategy::OverlapStep) return;
+    const std::string path = site.path("exchangeStrategy");
+    throw ConfigError(ErrorCode::UnsupportedExchangeStrategy, path,
+                      fmt::format("OverlapStep (overlap across host steps) is declared by PopART but not "
+                                  "supported, and tessera does not support it either; use \"OverlapLoops\"{}",
+                                  site.origin(path)));
+  });
+}
+
+template <class V>
 void visitFields(V& v, RunConfig& value) {
   v.field("sessionOptions", value.sessionOptions,
           {.doc = "Replication, gradient accumulation and tensor locations (PopART's SessionOptions)."});
@@ -392,6 +432,9 @@ void visitFields(V& v, RunConfig& value) {
   v.field("schedule", value.schedule, {.doc = "How the learning rate changes over the run's steps."});
   v.field("output", value.output, {.doc = "Files written by a training run."});
   v.field("limits", value.limits, {.doc = "Bounds on the sizes the config implies, checked by validate()."});
+  v.field("io", value.io,
+          {.doc = "Host streams: the tile set and exchange strategy (PopART's InputSettings and the pair on "
+                  "AnchorReturnType) of every input and of the loss."});
 }
 
 // --- Public JSON -------------------------------------------------------------------
@@ -416,6 +459,7 @@ TESSERA_SECTION_JSON(DataConfig)
 TESSERA_SECTION_JSON(ScheduleConfig)
 TESSERA_SECTION_JSON(OutputConfig)
 TESSERA_SECTION_JSON(LimitsConfig)
+TESSERA_SECTION_JSON(IoConfig)
 TESSERA_SECTION_JSON(RunConfig)
 #undef TESSERA_SECTION_JSON
 
@@ -782,6 +826,31 @@ void checkSizes(const RunConfig& config, std::optional<int64_t> limit) {
 
 }  // namespace
 
+IoStreamConfig IoConfig::of(const std::string& name) const {
+  const auto it = streams.find(name);
+  return it != streams.end() ? it->second : IoStreamConfig{tileSet, exchangeStrategy};
+}
+
+namespace {
+
+// A key an /io/streams entry leaves out takes the /io default.
+void inheritIoDefaults(nlohmann::json& document) {
+  const auto io = document.find("io");
+  if (io == document.end() || !io->is_object()) return;
+  const auto streams = io->find("streams");
+  if (streams == io->end() || !streams->is_object()) return;
+  for (auto& item : streams->items()) {
+    nlohmann::json& entry = item.value();
+    if (!entry.is_object()) continue;
+    for (const char* key : {"tileSet", "exchangeStrategy"}) {
+      const auto given = io->find(key);
+      if (given != io->end() && !entry.contains(key)) entry[key] = *given;
+    }
+  }
+}
+
+}  // namespace
+
 LoadedRunConfig parseRunConfig(std::string_view text, std::string_view source,
                                const std::vector<std::string>& overrides) {
   nlohmann::json document = parseJsonDocument(text, source);
@@ -794,6 +863,7 @@ LoadedRunConfig parseRunConfig(std::string_view text, std::string_view source,
     setPaths.push_back(applyOverride(document, override));
     sources.addOverride(setPaths.back(), override);
   }
+  inheritIoDefaults(document);
   LoadedRunConfig loaded;
   loaded.config = jsonio::readValue<RunConfig>(document, {}, sources);
   const nlohmann::json& original = overrides.empty() ? document : fileDocument;
@@ -824,6 +894,21 @@ LoadedRunConfig loadRunConfig(const std::string& path, const std::vector<std::st
 
 namespace {
 
+// A stream on the IO tiles needs some (tessera.config.183).
+void checkIoTiles(const RunConfig& config) {
+  if (config.sessionOptions.numIOTiles > 0) return;
+  std::string path;
+  if (config.io.tileSet == TileSet::IO) path = "/io/tileSet";
+  for (const auto& [name, stream] : config.io.streams) {
+    if (path.empty() && stream.tileSet == TileSet::IO)
+      path = jsonio::childPath(jsonio::childPath("/io/streams", name), "tileSet");
+  }
+  if (path.empty()) return;
+  throw ConfigError(ErrorCode::HostStreamIOTilesWithoutIOTiles, path,
+                    "the host stream is on the IO tiles but /sessionOptions/numIOTiles is 0; set numIOTiles to an "
+                    "even number >= 32 (e.g. 64), or the tile set to \"Compute\"");
+}
+
 void validate(const RunConfig& config, std::optional<int64_t> sizeLimit) {
   // The device first: the options are checked against it.
   jsonio::checkRules(config.device, "/device");
@@ -836,6 +921,8 @@ void validate(const RunConfig& config, std::optional<int64_t> sizeLimit) {
   jsonio::checkRules(config.data, "/data");
   jsonio::checkRules(config.output, "/output");
   jsonio::checkRules(config.limits, "/limits");
+  jsonio::checkRules(config.io, "/io");
+  checkIoTiles(config);
   const int64_t batchesPerStep = config.data.batchesPerStep;
   if (batchesPerStep > 1 && config.output.checkpointEvery % batchesPerStep != 0) {
     throw ConfigError(ErrorCode::InvalidBatchesPerStep, "/output/checkpointEvery",

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <map>
 #include <set>
+#include <span>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -224,9 +225,48 @@ RunModel importModel(const RunConfig& config, int64_t batchSize, int64_t replica
   return run;
 }
 
+// The host streams' settings of /io on the model's inputs; a stream entry
+// that names neither an input nor the loss is tessera.config.182.
+RunModel withIo(const RunConfig& config, RunModel run) {
+  const std::string& loss = run.graph.tensor(run.loss).name;
+  std::vector<std::string_view> names(run.inputs.begin(), run.inputs.end());
+  names.push_back(loss);
+  for (const auto& entry : config.io.streams) {
+    if (std::find(names.begin(), names.end(), entry.first) != names.end()) continue;
+    const auto closest = jsonio::closestMatch(entry.first, names);
+    throw ConfigError(ErrorCode::UnknownHostStream, jsonio::childPath("/io/streams", entry.first),
+                      fmt::format("the model has no host stream \"{}\"{}; its streams are the inputs {} and the "
+                                  "loss \"{}\"",
+                                  jsonio::printable(entry.first),
+                                  closest ? fmt::format(" (did you mean \"{}\"?)", *closest) : std::string(),
+                                  jsonio::quotedList(std::span<const std::string_view>(names).first(names.size() - 1)),
+                                  loss));
+  }
+  for (const std::string& name : run.inputs) {
+    const IoStreamConfig settings = config.io.of(name);
+    run.graph.tensor(run.graph.find(name)).inputSettings = {settings.tileSet, settings.exchangeStrategy};
+  }
+  return run;
+}
+
+RunModel buildModel(const RunConfig& config, int64_t batchSize, int64_t replicationFactor);
+
 }  // namespace
 
 RunModel buildRunModel(const RunConfig& config, int64_t batchSize, int64_t replicationFactor) {
+  return withIo(config, buildModel(config, batchSize, replicationFactor));
+}
+
+DataFlow runDataFlow(const RunConfig& config, const RunModel& model) {
+  const std::string& loss = model.graph.tensor(model.loss).name;
+  const IoStreamConfig settings = config.io.of(loss);
+  return DataFlow{config.data.batchesPerStep,
+                  {{loss, {AnchorReturnTypeId::All, 0, settings.tileSet, settings.exchangeStrategy}}}};
+}
+
+namespace {
+
+RunModel buildModel(const RunConfig& config, int64_t batchSize, int64_t replicationFactor) {
   if (config.model.type == kOnnxModel) return importModel(config, batchSize, replicationFactor);
   if (config.model.type == kTransformerModel) {
     TransformerGraph transformer =
@@ -248,5 +288,7 @@ RunModel buildRunModel(const RunConfig& config, int64_t batchSize, int64_t repli
   run.graph = std::move(mlp.graph);
   return run;
 }
+
+}  // namespace
 
 }  // namespace tessera

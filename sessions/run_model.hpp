@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/data_flow.hpp"
 #include "tessera/graph.hpp"
 #include "tessera/run_config.hpp"
 
@@ -43,6 +44,12 @@ struct RunModel {
 // them. Throws ConfigError(InvalidModel) at the JSON path of the setting
 // that does not fit the model, ConfigError(InvalidData) at /data/dataset
 // when an IDX dataset cannot feed every input, and the importer's errors.
+// The inputs take their host stream settings from /io (a /io/streams entry
+// naming no input or loss is ConfigError(UnknownHostStream)).
 RunModel buildRunModel(const RunConfig& config, int64_t batchSize, int64_t replicationFactor);
+
+// The data flow of a run: /data/batchesPerStep batches, the loss returned
+// for every batch ("All") with its /io settings.
+DataFlow runDataFlow(const RunConfig& config, const RunModel& model);
 
 }  // namespace tessera

@@ -350,6 +350,7 @@ void TrainingSession::Impl::construct(Graph graph, TensorId loss, std::unique_pt
 
   // Kept to plan alternatives when the program does not fit the device.
   const Graph original = graph;
+  const std::string lossName = graph.tensor(loss).name;
   TrainingGraph training{std::move(graph), TrainingTensors{loss, {}, {}}};
   runTrainingPipeline(training, impl.options, *impl.optimizer, device->spec().ipusPerReplica);
   impl.weights = training.tensors.weights;
@@ -358,18 +359,22 @@ void TrainingSession::Impl::construct(Graph graph, TensorId loss, std::unique_pt
   const std::vector<TensorId> extra = findOutputs(training.graph, impl.outputNames);
   outputIds.insert(outputIds.end(), extra.begin(), extra.end());
   const DeviceSpec spec = device->spec();
+  // The host streams of the outputs: the loss (one value per micro-batch)
+  // first, then the other anchors.
+  detail::HostIo io{impl.dataFlow.batchesPerStep, {}, {af > 1}};
+  io.outputTypes.push_back(anchorType(impl.dataFlow, lossName));
+  for (const std::string& name : impl.outputNames) {
+    io.outputTypes.push_back(anchorType(impl.dataFlow, name));
+    io.microBatchLeading.push_back(false);
+  }
   try {
     impl.runtime = std::make_unique<detail::SessionRuntime>(std::move(training.graph), impl.options,
-                                                            std::move(device), af, outputIds);
+                                                            std::move(device), af, outputIds, io);
   } catch (const DeviceError& error) {
     if (error.code() != ErrorCode::OutOfMemory) throw;
     throw outOfMemoryWithSuggestions(error, original, loss, *impl.optimizer, impl.options, spec);
   }
-  const Graph& program = impl.runtime->graph();
-  impl.time = sim::modelTime(program,
-                             {impl.runtime->localReplicas(), impl.options.getGlobalReplicationFactor(),
-                              impl.options.getGlobalReplicaOffset()},
-                             program.schedule(), spec);
+  impl.time = impl.runtime->modelledTime();
   // After accumulation the loss holds one value per micro-batch.
   impl.runtime->setOutputMicroBatchLeading(0, af > 1);
   impl.automaticLossScaling = impl.options.automaticLossScalingSettings.enabled;

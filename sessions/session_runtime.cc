@@ -142,8 +142,55 @@ Shape hostLeadingShape(int64_t accumulationFactor, int64_t localReplicas, const 
   return shape;
 }
 
+namespace {
+
+// The IPU a host stream lands on: its tensor's producer's (an Input takes the
+// IPU of the op that consumes it from the virtual-graph transforms).
+int64_t ipuOf(const Graph& graph, const TensorNode& node) {
+  return node.producer == kNoOp ? 0 : std::max<int64_t>(0, graph.op(node.producer).virtualGraph);
+}
+
+}  // namespace
+
+std::vector<HostStream> hostStreamsOf(const Graph& graph, int64_t accumulationFactor,
+                                      const std::vector<TensorId>& outputs, const HostIo& io) {
+  const int64_t batches = io.batchesPerStep;
+  std::vector<HostStream> streams;
+  for (const OpNode& op : graph.ops()) {
+    if (op.kind != OpKind::Input) continue;
+    const TensorNode& node = graph.tensor(op.outputs.front());
+    // One batch of a replica: [accumulationFactor, ...micro] with accumulation.
+    const int64_t bytes = numElements(node.shape) * dtypeBytes(node.dtype);
+    streams.push_back({node.name, true, node.inputSettings.tileSet, node.inputSettings.exchangeStrategy,
+                       bytes * batches, batches * accumulationFactor, bytes / accumulationFactor,
+                       ipuOf(graph, node)});
+  }
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const TensorNode& node = graph.tensor(outputs[i]);
+    const AnchorReturnType type = i < io.outputTypes.size() ? io.outputTypes[i] : AnchorReturnType::all();
+    const bool leading = i < io.microBatchLeading.size() && io.microBatchLeading[i];
+    const int64_t perMicroBatch = leading ? accumulationFactor : 1;
+    const int64_t bytes = numElements(node.shape) * dtypeBytes(node.dtype);
+    HostStream s{node.name, false, type.tileSet, type.exchangeStrategy, 0, 0, bytes / perMicroBatch,
+                 ipuOf(graph, node)};
+    if (type.id == AnchorReturnTypeId::All || type.id == AnchorReturnTypeId::EveryN) {
+      // Every micro-batch of each returned batch.
+      const int64_t returned = returnedBatches(type, batches);
+      s.bytesPerStep = returned * bytes;
+      s.transfersPerStep = returned * perMicroBatch;
+    } else {
+      // Final and Sum: one value per step, kept on the device until then.
+      s.bytesPerStep = bytes / perMicroBatch;
+      s.transfersPerStep = 1;
+    }
+    streams.push_back(std::move(s));
+  }
+  return streams;
+}
+
 SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, std::unique_ptr<Device> device,
-                               int64_t accumulationFactor, const std::vector<TensorId>& outputs)
+                               int64_t accumulationFactor, const std::vector<TensorId>& outputs,
+                               const HostIo& io)
     : device_(std::move(device)), accumulationFactor_(accumulationFactor) {
   Program prepared;
   prepared.localReplicas = options.getLocalReplicationFactor();
@@ -152,6 +199,9 @@ SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, std::
   prepared.numIOTiles = options.numIOTiles;
   prepared.graph = std::move(graph);
   prepared.hostReads = outputs;
+  prepared.hostStreams = hostStreamsOf(prepared.graph, accumulationFactor, outputs, io);
+  prepared.batchesPerStep = io.batchesPerStep;
+  prepared.accumulationFactor = accumulationFactor;
   if (prepared.globalReplicas != prepared.localReplicas) checkInstances(prepared, options);
   executable_ = device_->load(std::move(prepared));
 

@@ -19,13 +19,29 @@
 
 namespace tessera::detail {
 
+// How the host streams of a program go to and from the host: the batches of
+// a step and each output's return type (tile set and exchange strategy
+// included, All when missing) and whether its first dimension is the
+// micro-batch index.
+struct HostIo {
+  int64_t batchesPerStep = 1;
+  std::vector<AnchorReturnType> outputTypes{};
+  std::vector<bool> microBatchLeading{};
+};
+
+// The host streams of a final per-replica graph (Program::hostStreams):
+// every Input with its InputSettings, every output with its return type's,
+// and what one replica moves per step.
+std::vector<HostStream> hostStreamsOf(const Graph& graph, int64_t accumulationFactor,
+                                      const std::vector<TensorId>& outputs, const HostIo& io);
+
 class SessionRuntime {
  public:
   // `graph` is final (every transform applied). `accumulationFactor` > 1
   // means inputs have a leading micro-batch dimension on the device.
-  // `outputs` are read back after every run.
+  // `outputs` are read back after every run; `io` says how the streams move.
   SessionRuntime(Graph graph, const SessionOptions& options, std::unique_ptr<Device> device,
-                 int64_t accumulationFactor, const std::vector<TensorId>& outputs);
+                 int64_t accumulationFactor, const std::vector<TensorId>& outputs, const HostIo& io = {});
 
   const Graph& graph() const noexcept { return program().graph; }
   int64_t localReplicas() const noexcept { return program().localReplicas; }
@@ -52,6 +68,7 @@ class SessionRuntime {
   std::vector<std::pair<std::string, HostTensor>> readVariables(TensorCategory category) const;
 
   const MemoryReport& memory() const { return executable_->memory(); }
+  const TimeReport& modelledTime() const { return executable_->modelledTime(); }
 
  private:
   struct Stream {

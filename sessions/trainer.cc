@@ -792,11 +792,11 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
 
   const std::vector<std::string> inputs = model.inputs;
   const std::vector<std::string> onnxInitializers = std::move(model.onnxInitializers);
-  // The run config has no anchors: the loss comes back for every batch
-  // ("All"), which the summary reports batch by batch.
+  // The loss comes back for every batch ("All"), which the summary reports
+  // batch by batch, with its /io settings.
+  DataFlow dataFlow = runDataFlow(config, model);
   TrainingSession session(std::move(model.graph), model.loss, makeOptimizer(config.optimizer), options,
-                          instances.device(),
-                          DataFlow{batchesPerStep, {}});
+                          instances.device(), std::move(dataFlow));
   int64_t totalSteps = 0;
   if (__builtin_mul_overflow(stepsPerEpoch, config.data.epochs, &totalSteps)) {
     throw ConfigError(ErrorCode::ShapeTooLarge, "/data/epochs",

@@ -63,6 +63,13 @@ void visitFields(V& v, DeviceSpec& value) {
                   "each IpuCopy moves its tensor at this rate. Must be > 0."});
   v.field("interIpuLatencySeconds", value.interIpuLatencySeconds,
           {.min = 0, .doc = "Fixed cost of starting one copy between IPUs, in seconds. Must be >= 0."});
+  v.field("hostBandwidthBytesPerSecond", value.hostBandwidthBytesPerSecond,
+          {.exclusiveMin = 0,
+           .doc = "The host link of one processor, which carries every host stream (inputs and anchors), in "
+                  "bytes per second; the default is an IPU-M2000's 2 x 100 Gb/s gateway links shared by its "
+                  "4 processors. Must be > 0."});
+  v.field("hostLatencySeconds", value.hostLatencySeconds,
+          {.min = 0, .doc = "Fixed cost of one host transfer (one stream, one iteration), in seconds. Must be >= 0."});
   v.field(
       "numThreads", value.numThreads,
       {.min = 0,

@@ -249,6 +249,7 @@ SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionM
   memory_ = planMemory(program_, schedule_, spec);
   requireFits(memory_);
   time_ = modelTime(graph, topology_, schedule_, spec);
+  addHostStreams(time_, program_, spec);
   position_.assign(graph.ops().size(), -1);
   for (std::size_t p = 0; p < schedule_.size(); ++p) position_[at(schedule_[p])] = static_cast<int64_t>(p);
   layouts_ = inferLayouts(graph, schedule_, topology_, mode_, &bufferLayouts_);

@@ -11,6 +11,7 @@
 
 #include "device_spec_json.hpp"
 #include "layouts.hpp"
+#include "time_model.hpp"
 #include "tessera/error.hpp"
 #include "tessera/shard_layout.hpp"
 
@@ -432,6 +433,22 @@ MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, 
   report.streamingCapacity = spec.streamingMemoryBytes;
   std::vector<Held> held = heldTensors(graph, schedule, traceShards(graph, schedule));
   placeOnIpus(graph, schedule, held, spec.ipusPerReplica);
+  // The in-flight buffers of the host streams on the IO tiles of their IPUs,
+  // live all step.
+  checkHostStreams(program, spec);
+  for (const HostStream& s : program.hostStreams) {
+    if (s.tileSet != TileSet::IO || schedule.empty()) continue;
+    const int64_t buffers = inFlightBuffers(appliedStrategy(s, program.batchesPerStep));
+    Held h;
+    h.memory.name = fmt::format("host stream {} ({} in-flight buffer{})", s.name, buffers, buffers > 1 ? "s" : "");
+    h.memory.category = TensorCategory::Activation;
+    h.memory.space = MemorySpace::IOTiles;
+    h.memory.bytes = buffers * s.bytesPerTransfer;
+    h.memory.firstUse = 0;
+    h.memory.lastUse = std::max<int64_t>(static_cast<int64_t>(schedule.size()) - 1, 0);
+    h.memory.ipu = s.ipu;
+    held.push_back(std::move(h));
+  }
   // Liveness does not depend on the replica: plan each IPU once, copy it to
   // each replica.
   std::vector<ReplicaMemory> perIpu;

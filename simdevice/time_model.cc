@@ -129,7 +129,8 @@ TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::spa
     // The tiles it occupies and the link it uses, if any.
     std::array<double*, 3> resources{&computeTiles[at(ipu)], nullptr, nullptr};
     switch (w.lane) {
-      case TimeLane::ComputeTiles: break;
+      case TimeLane::ComputeTiles:
+      case TimeLane::HostIO: break;  // host transfers are added by addHostStreams
       case TimeLane::Streaming: resources[1] = &streamingLink; break;
       case TimeLane::IOTiles: resources = {&ioTiles[at(ipu)], &streamingLink, nullptr}; break;
       case TimeLane::Link:
@@ -164,6 +165,7 @@ TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::spa
         report.ipuCopyBytes += w.bytes;
         ++report.ipuCopies;
         break;
+      case TimeLane::HostIO: break;
     }
     report.flops += w.flops;
     if (w.lane == TimeLane::Link) {
@@ -177,11 +179,167 @@ TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::spa
   return report;
 }
 
+ExchangeStrategy appliedStrategy(const HostStream& stream, int64_t batchesPerStep) {
+  if (stream.tileSet == TileSet::Compute) return ExchangeStrategy::JustInTime;
+  if (stream.exchangeStrategy == ExchangeStrategy::OverlapLoops && batchesPerStep == 1)
+    return ExchangeStrategy::OverlapInnerLoop;
+  return stream.exchangeStrategy;
+}
+
+int64_t inFlightBuffers(ExchangeStrategy applied) {
+  switch (applied) {
+    case ExchangeStrategy::JustInTime: return 1;
+    case ExchangeStrategy::OverlapInnerLoop: return 2;
+    case ExchangeStrategy::OverlapLoops:
+    case ExchangeStrategy::OverlapStep: break;
+  }
+  return 3;
+}
+
+void checkHostStreams(const Program& program, const DeviceSpec& spec) {
+  const auto bad = [](const std::string& subject, const std::string& message) {
+    throw DeviceError(ErrorCode::InvalidHostStream, subject, message);
+  };
+  if (program.batchesPerStep < 1 || program.accumulationFactor < 1) {
+    bad("Program", fmt::format("batchesPerStep is {} and accumulationFactor {}; both must be at least 1",
+                               program.batchesPerStep, program.accumulationFactor));
+  }
+  if (!(spec.hostBandwidthBytesPerSecond > 0.0) || !(spec.hostLatencySeconds >= 0.0)) {
+    bad("DeviceSpec", fmt::format("hostBandwidthBytesPerSecond is {} and hostLatencySeconds {}; the "
+                                  "bandwidth must be above 0 and the latency at least 0",
+                                  spec.hostBandwidthBytesPerSecond, spec.hostLatencySeconds));
+  }
+  for (const HostStream& s : program.hostStreams) {
+    if (s.bytesPerStep < 0 || s.transfersPerStep < 0 || s.bytesPerTransfer < 0) {
+      bad(s.name, fmt::format("bytesPerStep {}, transfersPerStep {} and bytesPerTransfer {} must not be negative",
+                              s.bytesPerStep, s.transfersPerStep, s.bytesPerTransfer));
+    }
+    if (s.exchangeStrategy == ExchangeStrategy::OverlapStep) {
+      bad(s.name, "exchange strategy OverlapStep (overlap across host steps) is not supported, as in PopART; "
+                  "use OverlapLoops");
+    }
+    if (s.tileSet == TileSet::IO && program.numIOTiles == 0) {
+      bad(s.name, "the stream is on the IO tiles but the program has none (numIOTiles 0)");
+    }
+    if (s.ipu < 0 || s.ipu >= std::max<int64_t>(1, spec.ipusPerReplica)) {
+      bad(s.name, fmt::format("the stream is on IPU {}, but a replica of this device has {} IPU{} "
+                              "(DeviceSpec ipusPerReplica)",
+                              s.ipu, spec.ipusPerReplica, spec.ipusPerReplica == 1 ? "" : "s"));
+    }
+  }
+}
+
+void addHostStreams(TimeReport& report, const Program& program, const DeviceSpec& spec) {
+  checkHostStreams(program, spec);
+  const int64_t batches = program.batchesPerStep;
+  const int64_t micro = program.accumulationFactor;
+  const double device = report.stepSeconds;
+  report.batchesPerStep = batches;
+  report.deviceSeconds = device;
+  report.runSeconds = device * static_cast<double>(batches);
+  if (program.hostStreams.empty()) return;
+
+  // Per iteration (micro-batch) of the N x A of a step: the compute c and
+  // each stream's host link time t, the overlapped ones per IPU (each has a
+  // host link of its own).
+  struct Overlapped {
+    double innerIn = 0.0, innerOut = 0.0, loopsIn = 0.0, loopsOut = 0.0;
+  };
+  const int64_t ipus = std::max<int64_t>(1, spec.ipusPerReplica);
+  std::vector<Overlapped> perIpu(at(ipus));
+  const double iterations = static_cast<double>(batches * micro);
+  const double c = device / static_cast<double>(micro);
+  double justInTime = 0.0;
+  // The gaps between consecutive iterations inside the inner loop, and at
+  // the outer loop's boundaries (none when the inner loop is the batch loop).
+  const int64_t innerGaps = micro > 1 ? batches * (micro - 1) : batches - 1;
+  const int64_t outerGaps = micro > 1 ? batches - 1 : 0;
+  for (const HostStream& s : program.hostStreams) {
+    StreamTime st;
+    st.name = s.name;
+    st.input = s.input;
+    st.tileSet = s.tileSet;
+    st.requested = s.exchangeStrategy;
+    st.applied = appliedStrategy(s, batches);
+    st.bytesPerStep = static_cast<double>(s.bytesPerStep);
+    st.seconds = static_cast<double>(s.transfersPerStep) * spec.hostLatencySeconds +
+                 st.bytesPerStep / spec.hostBandwidthBytesPerSecond;
+    st.ipu = s.ipu;
+    const double t = st.seconds / iterations;
+    Overlapped& o = perIpu[at(s.ipu)];
+    switch (st.applied) {
+      case ExchangeStrategy::JustInTime: justInTime += t; break;
+      case ExchangeStrategy::OverlapInnerLoop: (s.input ? o.innerIn : o.innerOut) += t; break;
+      case ExchangeStrategy::OverlapLoops:
+      case ExchangeStrategy::OverlapStep: (s.input ? o.loopsIn : o.loopsOut) += t; break;
+    }
+    st.overlapped = st.applied == ExchangeStrategy::OverlapInnerLoop ? innerGaps > 0
+                    : st.applied == ExchangeStrategy::JustInTime    ? false
+                                                                     : innerGaps + outerGaps > 0;
+    report.hostSeconds += st.seconds;
+    report.hostBytes += st.bytesPerStep;
+    report.streams.push_back(std::move(st));
+  }
+  // The closed form, per IPU: the first iteration's overlapped loads and the
+  // last's overlapped stores are exposed; between iterations the overlapped
+  // exchanges run beside the compute (JustInTime transfers included), and
+  // at an outer boundary only OverlapLoops streams do. The step waits for
+  // the slowest IPU.
+  const double exposed = c + justInTime;
+  report.runSeconds = 0.0;
+  for (const Overlapped& o : perIpu) {
+    const double inner = o.innerIn + o.innerOut;
+    const double loops = o.loopsIn + o.loopsOut;
+    const double run = o.innerIn + o.loopsIn + exposed +
+                       static_cast<double>(innerGaps) * std::max(exposed, inner + loops) +
+                       static_cast<double>(outerGaps) * (std::max(exposed, loops) + inner) + o.innerOut +
+                       o.loopsOut;
+    report.runSeconds = std::max(report.runSeconds, run);
+  }
+  report.stepSeconds = report.runSeconds / static_cast<double>(batches);
+
+  // One batch on the HostIO lane: its JustInTime loads first, one after the
+  // other (the device's ops wait for them), the overlapped transfers beside
+  // the compute on their IPU's link, the JustInTime stores after it.
+  const double perBatch = static_cast<double>(micro) / iterations;
+  double loadSeconds = 0.0;
+  for (const StreamTime& st : report.streams)
+    if (st.input && st.applied == ExchangeStrategy::JustInTime) loadSeconds += st.seconds * perBatch;
+  for (OpTime& op : report.ops) op.start += loadSeconds;
+  double serial = 0.0;
+  std::vector<double> links(at(ipus), loadSeconds);
+  const auto place = [&](bool input, bool justInTimeLane) {
+    for (const StreamTime& st : report.streams) {
+      if (st.input != input || (st.applied == ExchangeStrategy::JustInTime) != justInTimeLane) continue;
+      double& link = justInTimeLane ? serial : links[at(st.ipu)];
+      OpTime op;
+      op.name = fmt::format("{} {}", input ? "HostLoad" : "HostStore", st.name);
+      op.kind = OpKind::Input;
+      op.lane = TimeLane::HostIO;
+      op.start = link;
+      op.duration = st.seconds * perBatch;
+      op.bytes = st.bytesPerStep * perBatch;
+      op.ipu = st.ipu;
+      link += op.duration;
+      report.ops.push_back(std::move(op));
+    }
+  };
+  place(true, true);
+  place(true, false);
+  place(false, false);
+  serial = loadSeconds + device;
+  for (double link : links) serial = std::max(serial, link);
+  place(false, true);
+}
+
 }  // namespace sim
 
 TimeReport modelTime(const Program& program, const DeviceSpec& spec) {
-  return sim::modelTime(program.graph, {program.localReplicas, program.globalReplicas, program.replicaOffset},
-                        program.graph.schedule(), spec);
+  TimeReport report = sim::modelTime(program.graph,
+                                     {program.localReplicas, program.globalReplicas, program.replicaOffset},
+                                     program.graph.schedule(), spec);
+  sim::addHostStreams(report, program, spec);
+  return report;
 }
 
 }  // namespace tessera

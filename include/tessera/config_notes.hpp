@@ -25,6 +25,19 @@ enum class NoteCode : int {
   // virtualGraphMode Auto with /device/ipusPerReplica 1: every op runs on
   // IPU 0, as PopART warns (no virtual graphs are created).
   AutoVirtualGraphsOnOneIpu = 803,
+  // A host stream with an overlap strategy on the compute tiles: PopART
+  // compiles it and nothing overlaps (a transfer there blocks compute), so
+  // it is modelled as JustInTime; put the stream on the IO tiles.
+  OverlapOnComputeTiles = 806,
+  // Overlap with nothing to overlap: OverlapLoops with batchesPerStep 1 (it
+  // is OverlapInnerLoop then), or an overlap strategy whose loops have a
+  // single iteration (batchesPerStep and accumulationFactor 1).
+  OverlapWithoutIterations = 807,
+  // A host stream whose tile set differs from the loadTileSet of the
+  // tensor location of its category: the stream's tile set decides where
+  // the host transfer lands, the location where the tensor lives after
+  // (docs/overlapped-io.md, "Host streams and tensor locations").
+  StreamTileSetDiffersFromLocation = 808,
   // storageTileSet IO on a tensor that lives off chip: the setting only
   // places on-chip tensors, so it changes nothing there.
   StorageTileSetOffChip = 809,

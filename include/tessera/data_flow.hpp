@@ -18,6 +18,11 @@
 //   Sum        D'                         the sum over every batch and micro-batch
 // and a leading dimension of size 1 is omitted. Inputs take
 // [batchesPerStep, ...their one-batch host shape] the same way.
+//
+// As in PopART, an anchor's return type also says how it goes back to the
+// host: its tile set and exchange strategy (tessera/input_settings.hpp;
+// inputs take theirs from ops::input's InputSettings):
+//   {"logits", {AnchorReturnTypeId::All, 0, TileSet::IO, ExchangeStrategy::OverlapInnerLoop}}
 #pragma once
 
 #include <cstdint>
@@ -27,6 +32,7 @@
 #include <vector>
 
 #include "tessera/enum_names.hpp"
+#include "tessera/input_settings.hpp"
 
 namespace tessera {
 
@@ -45,6 +51,11 @@ struct AnchorReturnType {
   AnchorReturnTypeId id = AnchorReturnTypeId::All;
   // EveryN's period n (>= 1, dividing batchesPerStep); 0 for the others.
   int64_t returnPeriod = 0;
+  // How the anchor goes back to the host (PopART's AnchorReturnType(name,
+  // tileSet, exchangeStrategy)); only the modelled time and memory depend
+  // on them.
+  TileSet tileSet = TileSet::Compute;
+  ExchangeStrategy exchangeStrategy = ExchangeStrategy::JustInTime;
 
   static AnchorReturnType all() { return {AnchorReturnTypeId::All, 0}; }
   static AnchorReturnType final() { return {AnchorReturnTypeId::Final, 0}; }
@@ -53,7 +64,9 @@ struct AnchorReturnType {
   // PopART's string form: "All", "Final", "Sum", or "EveryN" with a period.
   // Throws ConfigError(InvalidAnchorReturnType) for another name, and for a
   // period given to a type other than EveryN.
-  static AnchorReturnType fromName(std::string_view name, int64_t returnPeriod = 0);
+  static AnchorReturnType fromName(std::string_view name, int64_t returnPeriod = 0,
+                                   TileSet tileSet = TileSet::Compute,
+                                   ExchangeStrategy exchangeStrategy = ExchangeStrategy::JustInTime);
 
   bool operator==(const AnchorReturnType&) const = default;
 };

@@ -19,6 +19,7 @@
 #include "tessera/device_spec.hpp"
 #include "tessera/enum_names.hpp"
 #include "tessera/graph.hpp"
+#include "tessera/input_settings.hpp"
 #include "tessera/replica_grouping.hpp"
 #include "tessera/tensor_location.hpp"
 #include "tessera/time_model.hpp"
@@ -45,6 +46,25 @@ struct EnumNames<ExecutionMode> {
       std::pair{ExecutionMode::PerReplicaReference, std::string_view{"PerReplicaReference"}}};
 };
 
+// A host stream of a program: an input the host feeds or an output the host
+// gets back, with what one replica moves over the host link in a step of
+// Program::batchesPerStep batches.
+struct HostStream {
+  std::string name;
+  bool input = true;  // host to device; false: device to host
+  TileSet tileSet = TileSet::Compute;
+  ExchangeStrategy exchangeStrategy = ExchangeStrategy::JustInTime;
+  int64_t bytesPerStep = 0;      // >= 0
+  int64_t transfersPerStep = 0;  // >= 0; each pays DeviceSpec::hostLatencySeconds
+  // The bytes of one transfer: what a buffer on the IO tiles holds.
+  int64_t bytesPerTransfer = 0;
+  // The IPU of the replica whose host link carries it and whose IO tiles hold
+  // its buffers (DeviceSpec::ipusPerReplica): an input's is the IPU of the op
+  // that consumes it, an output's the IPU of the op that produces it.
+  int64_t ipu = 0;
+  bool operator==(const HostStream&) const = default;
+};
+
 struct Program {
   Graph graph;                 // per replica; no autodiff or transform left to run
   int64_t localReplicas = 1;   // replicas this device simulates
@@ -58,6 +78,15 @@ struct Program {
   // its operand's memory; reading such a tensor is a DeviceError. Without
   // the list every tensor stays readable.
   std::optional<std::vector<TensorId>> hostReads = std::nullopt;
+  // The host streams and the loops around the graph (PopART's outer loop of
+  // batchesPerStep batches, inner loop of accumulationFactor micro-batches):
+  // the time model charges the streams' host transfers by their exchange
+  // strategies, the memory plan their buffers on the IO tiles. The graph
+  // itself is one batch, every micro-batch unrolled. No streams: no host
+  // transfer is modelled.
+  std::vector<HostStream> hostStreams{};
+  int64_t batchesPerStep = 1;      // >= 1
+  int64_t accumulationFactor = 1;  // >= 1
 };
 
 // Where bytes live on one replica.

@@ -54,6 +54,14 @@ struct DeviceSpec {
   // Fixed cost of starting one copy between IPUs, in seconds.
   double interIpuLatencySeconds = 1e-6;
 
+  // The host link of one processor, which carries every host stream (inputs
+  // and anchors), in bytes per second: an IPU-M2000's 2 x 100 Gb/s gateway
+  // links shared by its 4 processors, 6.25 GB/s each. > 0.
+  double hostBandwidthBytesPerSecond = 6.25e9;
+
+  // Fixed cost of one host transfer (one stream, one iteration). >= 0.
+  double hostLatencySeconds = 5e-6;
+
   // Host threads that run the simulation (not a property of the simulated
   // hardware): products, elementwise chains and the other large steps are
   // split over them, and every result is the same bits at any count. 0 (the

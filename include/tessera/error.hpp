@@ -88,7 +88,12 @@ enum class ErrorCode : int {
   ManualWithoutVirtualGraphs = 176,        // virtualGraphMode Manual but no op names an IPU
   PartialVirtualGraphs = 177,              // some ops name an IPU, others do not
   VirtualGraphOutOfRange = 178,            // an op's IPU at or above ipusPerReplica
-  InvalidOption = 190,            // a command-line option's value outside its range (a usage error, exit 2)
+  // --- Host streams (182-184) ---
+  UnknownHostStream = 182,           // io settings for a stream the model does not have
+  HostStreamIOTilesWithoutIOTiles = 183,  // a stream on TileSet IO with numIOTiles 0
+  UnsupportedExchangeStrategy = 184,  // OverlapStep: PopART declares it and does not support it
+  // --- Command-line options (19x) ---
+  InvalidOption = 190,  // a command-line option's value outside its range (a usage error, exit 2)
   // --- Graph construction (2xx) ---
   ShapeMismatch = 201,
   InvalidOperand = 202,
@@ -105,6 +110,7 @@ enum class ErrorCode : int {
   InvalidRecompute = 220,           // a recompute annotation on an op that cannot be recomputed
   InvalidRecurrence = 221,          // a recurrence's weights or states that do not fit its cell and direction
   InvalidVirtualGraph = 230,        // a negative IPU given to Graph::setVirtualGraph
+  InvalidInputSettings = 240,       // input settings for a tensor that is not a graph input
   // --- Autodiff (3xx) ---
   NoGradient = 301,
   LossNotScalar = 302,
@@ -112,6 +118,7 @@ enum class ErrorCode : int {
   OutOfMemory = 401,
   InvalidProgram = 402,
   TrainingDiverged = 403,  // a non-finite training loss: training stopped at that step
+  InvalidHostStream = 410,  // a program's host stream the device cannot model
   HostMemoryLimit = 415,   // the host memory train would allocate exceeds /limits/maxHostBytes
   // --- Distributed (5xx) ---
   InconsistentDistEnv = 501,

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "tessera/enum_names.hpp"
+#include "tessera/input_settings.hpp"
 #include "tessera/replica_grouping.hpp"
 #include "tessera/session_options.hpp"
 #include "tessera/tensor_location.hpp"
@@ -449,6 +450,9 @@ struct TensorNode {
   // The tile set whose memory holds the tensor's on-chip bytes: IO for
   // tensors staged or kept on the IO tiles (SessionOptions::numIOTiles).
   TileSet tileSet = TileSet::Compute;
+  // Inputs: how the host stream reaches the device (tessera/input_settings.hpp).
+  // Only the modelled time and memory depend on it, never the numbers.
+  InputSettings inputSettings{};
   // Variables kept in a remote buffer (remoteVariable and friends): their
   // initial value is written to buffer[remoteEntry] on every replica.
   int64_t remoteBuffer = -1;

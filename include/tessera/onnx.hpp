@@ -71,6 +71,14 @@ struct OnnxImportOptions {
   // type and its shape the input's (symbolic dimensions bound from it).
   std::map<std::string, OnnxTensor, std::less<>> constantInputs{};
 
+  // ----- Host streams -----
+
+  // The InputSettings (tile set, exchange strategy) of graph inputs by name,
+  // as PopART's addInputTensor takes them; the others take the defaults. A
+  // name that is no graph input (a frozen one included) is
+  // GraphError(InvalidInputSettings), tessera.graph.240.
+  std::map<std::string, InputSettings, std::less<>> inputSettings{};
+
   // ----- Element types -----
 
   // Imports a model of double-precision tensors as float32 (the device

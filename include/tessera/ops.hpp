@@ -92,6 +92,9 @@ namespace ops {
 
 // --- Sources ---
 Tensor input(Graph& graph, std::string name, Shape shape, DType dtype = DType::Float32);
+// PopART's addInputTensor(info, InputSettings): the stream's tile set and
+// exchange strategy (tessera/input_settings.hpp).
+Tensor input(Graph& graph, std::string name, Shape shape, DType dtype, InputSettings settings);
 // A persistent tensor initialised from `hostData` (see the host shape rule
 // above): a vector of values, or values made on demand (InitialValues).
 // `category` lets optimizers create OptimizerState / Accumulator state.

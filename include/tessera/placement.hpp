@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/data_flow.hpp"
 #include "tessera/device.hpp"
 #include "tessera/graph.hpp"
 #include "tessera/location_resolver.hpp"
@@ -65,8 +66,11 @@ struct RunPlan {
 // `optimizer`, then plans memory and time on `spec`. Throws what the
 // session's constructor would (ConfigError, GraphError, AutodiffError)
 // except that a program that does not fit is planned, not rejected.
+// `dataFlow` gives the batches of a step and the loss's return type (tile
+// set and exchange strategy included): the host streams the time model
+// charges (Program::hostStreams).
 RunPlan planTraining(Graph graph, TensorId loss, const Optimizer& optimizer, const SessionOptions& options,
-                     const DeviceSpec& spec);
+                     const DeviceSpec& spec, const DataFlow& dataFlow = DataFlow{1});
 
 // Throws the out-of-memory error a TrainingSession of these arguments would
 // (DeviceError(OutOfMemory) with the settings that lower the short space's
@@ -99,7 +103,8 @@ struct MemorySuggestion {
 // out.
 std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId loss,
                                                     const Optimizer& optimizer, const SessionOptions& options,
-                                                    const DeviceSpec& spec, const MemoryShortfall& shortfall);
+                                                    const DeviceSpec& spec, const MemoryShortfall& shortfall,
+                                                    const DataFlow& dataFlow = DataFlow{1});
 
 // suggestMemorySettings() for the model, optimizer, options and device of a
 // run config (what `tessera explain` shows as levers).

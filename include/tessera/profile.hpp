@@ -20,7 +20,8 @@
 // writeChromeTrace() writes the modelled step in the Chrome trace-event
 // format ({"traceEvents": [...]}, times in microseconds): one complete ("X")
 // event per op on one thread per lane — compute tiles, IO tiles, streaming,
-// and one link per collective group — named by metadata events. Open it in
+// one link per collective group, and the host link when the program has
+// host streams — named by metadata events. Open it in
 // https://ui.perfetto.dev or chrome://tracing.
 //
 // Both throw IoError(FileUnwritable) naming the path when it cannot be

@@ -27,6 +27,7 @@
 #include "tessera/device_spec.hpp"
 #include "tessera/enum_names.hpp"
 #include "tessera/graph.hpp"
+#include "tessera/input_settings.hpp"
 #include "tessera/optimizer_options.hpp"
 #include "tessera/session_options.hpp"
 
@@ -280,6 +281,32 @@ struct LimitsConfig {
   bool operator==(const LimitsConfig&) const = default;
 };
 
+// The tile set and exchange strategy of one host stream (PopART's
+// InputSettings, or the pair on an anchor's AnchorReturnType).
+struct IoStreamConfig {
+  TileSet tileSet = TileSet::Compute;
+  ExchangeStrategy exchangeStrategy = ExchangeStrategy::JustInTime;
+  bool operator==(const IoStreamConfig&) const = default;
+};
+
+// The host streams of the run: every input the model reads from the host and
+// every output returned to it (the loss), e.g.
+//   "io": {"tileSet": "IO", "exchangeStrategy": "OverlapInnerLoop",
+//          "streams": {"labels": {"exchangeStrategy": "JustInTime"}}}
+// tileSet and exchangeStrategy are the defaults of every stream; `streams`
+// sets streams by name (a key an entry leaves out takes the default above
+// when read from JSON). A name that is no stream of the model is
+// tessera.config.182, IO without /sessionOptions/numIOTiles
+// tessera.config.183, OverlapStep tessera.config.184.
+struct IoConfig {
+  TileSet tileSet = TileSet::Compute;
+  ExchangeStrategy exchangeStrategy = ExchangeStrategy::JustInTime;
+  std::map<std::string, IoStreamConfig> streams{};
+  // The settings of stream `name`.
+  IoStreamConfig of(const std::string& name) const;
+  bool operator==(const IoConfig&) const = default;
+};
+
 struct RunConfig {
   SessionOptions sessionOptions{};
   DeviceSpec device{};
@@ -289,6 +316,7 @@ struct RunConfig {
   ScheduleConfig schedule{};
   OutputConfig output{};
   LimitsConfig limits{};
+  IoConfig io{};
   bool operator==(const RunConfig&) const = default;
 };
 
@@ -355,6 +383,8 @@ void to_json(nlohmann::json& j, const OutputConfig& value);
 void from_json(const nlohmann::json& j, OutputConfig& value);
 void to_json(nlohmann::json& j, const LimitsConfig& value);
 void from_json(const nlohmann::json& j, LimitsConfig& value);
+void to_json(nlohmann::json& j, const IoConfig& value);
+void from_json(const nlohmann::json& j, IoConfig& value);
 void to_json(nlohmann::json& j, const RunConfig& value);
 void from_json(const nlohmann::json& j, RunConfig& value);
 

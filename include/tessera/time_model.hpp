@@ -46,6 +46,35 @@
 // instead and overlap compute (their consumers still wait for them). Every
 // streaming transfer also occupies the streaming link, and every collective
 // the link of its group. Sources (inputs, variables, constants) take no time.
+//
+// Host streams (Program::hostStreams): every input and output moves over the
+// host link of its processor, a stream s taking
+//   t_s = transfersPerStep x hostLatencySeconds + bytesPerStep / hostBandwidthBytesPerSecond
+// per step of N = batchesPerStep batches of A = accumulationFactor
+// micro-batches. The step is N A iterations of compute c = D / A, D the
+// device time of one batch (the schedule above), and each stream takes
+// t_s / (N A) per iteration: J summed over the JustInTime streams (those
+// asking for overlap on the compute tiles included), I over OverlapInnerLoop
+// and P over OverlapLoops (OverlapInnerLoop when N = 1), with I_in, P_in their
+// inputs' and I_out, P_out their outputs' shares. With e = c + J, the step takes
+//   I_in + P_in + e + g_inner max(e, I + P) + g_outer (max(e, P) + I) + I_out + P_out
+// where g_inner = N (A - 1) gaps between iterations of the inner loop and
+// g_outer = N - 1 boundaries of the outer one (A = 1: the batch loop is the
+// inner loop, g_inner = N - 1 and g_outer = 0). All JustInTime, that is
+// N (D + A J): every transfer on the critical path. stepSeconds is the step
+// divided by N.
+//
+// With several IPUs per replica each IPU has a host link of its own and a
+// stream uses its IPU's (HostStream::ipu). J sums the JustInTime streams of
+// every IPU (the IPUs of a replica take turns, so each of them waits on the
+// critical path); I_in, I_out, P_in and P_out are one IPU's, the closed form
+// is taken per IPU and the step is its largest (an IPU without overlapped
+// streams gives N A e). One IPU: the form above.
+//
+// The ops of the HostIO lane show one batch: the JustInTime loads first, one
+// after the other (the device's ops start after them), the overlapped
+// transfers beside the compute on their IPU's link, the JustInTime stores
+// after the compute.
 #pragma once
 
 #include <array>
@@ -69,6 +98,7 @@ enum class TimeLane {
   Link,          // collectives between replicas
   Streaming,     // streaming transfers through the compute tiles (they block compute)
   IpuLink,       // copies between the IPUs of one replica
+  HostIO,        // host streams over the host links (Program::hostStreams)
 };
 
 template <>
@@ -78,7 +108,8 @@ struct EnumNames<TimeLane> {
                                         std::pair{TimeLane::IOTiles, std::string_view{"IOTiles"}},
                                         std::pair{TimeLane::Link, std::string_view{"Link"}},
                                         std::pair{TimeLane::Streaming, std::string_view{"Streaming"}},
-                                        std::pair{TimeLane::IpuLink, std::string_view{"IpuLink"}}};
+                                        std::pair{TimeLane::IpuLink, std::string_view{"IpuLink"}},
+                                        std::pair{TimeLane::HostIO, std::string_view{"HostIO"}}};
 };
 
 // One op of the step.
@@ -94,12 +125,30 @@ struct OpTime {
   double duration = 0.0;  // seconds
   double flops = 0.0;     // ComputeTiles: arithmetic of one replica
   double bytes = 0.0;     // bytes one replica moves over the link or to or from streaming memory
-  int64_t ipu = 0;        // the IPU of the replica it runs on (an IpuCopy: the IPU it copies to)
+  int64_t ipu = 0;        // the IPU of the replica it runs on (an IpuCopy: the IPU it copies to; HostIO:
+                          // the IPU whose host link it uses)
+};
+
+// One host stream of the step (Program::hostStreams) as modelled.
+struct StreamTime {
+  std::string name;
+  bool input = true;
+  TileSet tileSet = TileSet::Compute;
+  ExchangeStrategy requested = ExchangeStrategy::JustInTime;  // as set
+  // As modelled: an overlap on the compute tiles is JustInTime, OverlapLoops
+  // with batchesPerStep 1 is OverlapInnerLoop.
+  ExchangeStrategy applied = ExchangeStrategy::JustInTime;
+  double bytesPerStep = 0.0;    // one replica, a step of batchesPerStep batches
+  double seconds = 0.0;         // the host link's busy time for it per step
+  bool overlapped = false;      // some of its transfers overlap compute
+  int64_t ipu = 0;              // the IPU whose host link carries it
 };
 
 struct TimeReport {
-  std::vector<OpTime> ops;   // in schedule order; sources are not listed
-  double stepSeconds = 0.0;  // when the last op ends
+  std::vector<OpTime> ops;   // in schedule order; sources are not listed; HostIO ops last
+  // The modelled time of one batch: the device's work (`deviceSeconds`) plus
+  // the host transfers that are not hidden, i.e. runSeconds / batchesPerStep.
+  double stepSeconds = 0.0;
   // Sums of durations per lane. compute + streaming (+ collectives on the
   // compute tiles) run one after the other; overlapped streaming runs beside
   // them, so the step is shorter than the sum of all four when it helps.
@@ -113,6 +162,13 @@ struct TimeReport {
   double ipuCopySeconds = 0.0;              // IpuLink
   double ipuCopyBytes = 0.0;                // every IpuCopy's bytes
   int64_t ipuCopies = 0;                    // IpuCopy ops
+  // Host streams (see "Host streams" above).
+  int64_t batchesPerStep = 1;
+  double deviceSeconds = 0.0;  // one batch without host transfers: when its last op ends
+  double runSeconds = 0.0;     // a step (session run) of batchesPerStep batches, host transfers included
+  double hostSeconds = 0.0;    // the host links' busy time per step, every IPU's
+  double hostBytes = 0.0;      // bytes one replica moves over its host links per step
+  std::vector<StreamTime> streams;
 };
 
 // The modelled time of one run of `program` on the hardware `spec` describes,

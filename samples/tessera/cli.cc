@@ -135,6 +135,46 @@ std::string groupingTables(const ReplicaGrouping& grouping, std::string_view ind
          formatTable({"replica", "group", std::string(indexLabel)}, replicaRows);
 }
 
+std::string hostStreamsTable(const TimeReport& time) {
+  if (time.streams.empty()) return {};
+  // Several IPUs per replica: the IPU whose host link carries each stream.
+  const bool severalIpus =
+      std::any_of(time.ops.begin(), time.ops.end(), [](const OpTime& op) { return op.ipu > 0; });
+  std::vector<std::vector<std::string>> rows;
+  for (const StreamTime& s : time.streams) {
+    rows.push_back({s.name, s.input ? "in" : "out", std::string(toString(s.tileSet)),
+                    std::string(toString(s.requested)), std::string(toString(s.applied)),
+                    fmt::format("{:.0f}", s.bytesPerStep), fmt::format("{:.3f} ms", s.seconds * 1e3),
+                    s.overlapped ? "yes" : "no"});
+    if (severalIpus) rows.back().insert(rows.back().begin() + 1, std::to_string(s.ipu));
+  }
+  std::vector<std::string> header = {"stream",         "direction", "tile set", "strategy", "modelled as",
+                                     "bytes per step", "host link", "overlaps"};
+  if (severalIpus) header.insert(header.begin() + 1, "IPU");
+  return fmt::format("Host streams (one replica, a step of {} batch{}):\n", time.batchesPerStep,
+                     time.batchesPerStep == 1 ? "" : "es") +
+         formatTable(header, rows) +
+         fmt::format("step of {} batch{}: {:.3f} ms (device {:.3f} ms per batch, host link busy {:.3f} ms)\n",
+                     time.batchesPerStep, time.batchesPerStep == 1 ? "" : "es", time.runSeconds * 1e3,
+                     time.deviceSeconds * 1e3, time.hostSeconds * 1e3);
+}
+
+nlohmann::json hostStreamsJson(const TimeReport& time) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const StreamTime& s : time.streams) {
+    out.push_back({{"name", s.name},
+                   {"direction", s.input ? "in" : "out"},
+                   {"tileSet", std::string(toString(s.tileSet))},
+                   {"exchangeStrategy", std::string(toString(s.requested))},
+                   {"modelledAs", std::string(toString(s.applied))},
+                   {"bytesPerStep", s.bytesPerStep},
+                   {"seconds", s.seconds},
+                   {"overlaps", s.overlapped},
+                   {"ipu", s.ipu}});
+  }
+  return out;
+}
+
 std::string formatTable(const std::vector<std::string>& header,
                         const std::vector<std::vector<std::string>>& rows) {
   std::vector<std::size_t> widths(header.size());

@@ -121,6 +121,13 @@ nlohmann::json groupingJson(const ReplicaGrouping& grouping);
 // domain).
 std::string groupingTables(const ReplicaGrouping& grouping, std::string_view indexLabel);
 
+// The host streams of a modelled step (TimeReport::streams), one row each:
+// direction, tile set, strategy as set and as modelled, bytes per step, the
+// host link's busy time and whether it overlaps compute; empty without
+// streams. The JSON has the same fields by name.
+std::string hostStreamsTable(const TimeReport& time);
+nlohmann::json hostStreamsJson(const TimeReport& time);
+
 // Left-aligned columns separated by two spaces.
 std::string formatTable(const std::vector<std::string>& header,
                         const std::vector<std::vector<std::string>>& rows);

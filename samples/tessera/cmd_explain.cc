@@ -391,8 +391,12 @@ nlohmann::json planJson(const RunPlan& plan, bool perReplica, const std::vector<
             {"collectiveSeconds", time.collectiveSeconds},
             {"streamingSeconds", time.streamingSeconds},
             {"overlappedStreamingSeconds", time.overlappedStreamingSeconds},
-            {"ipuCopySeconds", time.ipuCopySeconds}}},
-          {"ipuCopies", {{"count", time.ipuCopies}, {"bytes", time.ipuCopyBytes}}}};
+            {"ipuCopySeconds", time.ipuCopySeconds},
+            {"deviceSeconds", time.deviceSeconds},
+            {"hostSeconds", time.hostSeconds},
+            {"hostBytes", time.hostBytes}}},
+          {"ipuCopies", {{"count", time.ipuCopies}, {"bytes", time.ipuCopyBytes}}},
+          {"hostStreams", hostStreamsJson(time)}};
 }
 
 // The config, where its values came from, its notes and sharding domains.
@@ -662,7 +666,9 @@ void printPlan(const RunPlan& plan, bool perReplica) {
                     bytes(static_cast<int64_t>(traffic.bytes)), fmt::format("{:.3g}", traffic.flops),
                     seconds(traffic.seconds)});
   }
-  fmt::print("\nTraffic per step (one replica; bytes over the links and to or from streaming memory):\n");
+  fmt::print(
+      "\nTraffic per step (one replica; bytes over the links, to or from streaming memory, and over the host "
+      "link for one batch):\n");
   fmt::print("{}", formatTable({"lane", "ops", "bytes", "flops", "busy"}, rows));
   const TimeReport& t = plan.time;
   fmt::print("\nModelled step time: {} (compute {}, collectives {}, streaming {}, overlapped streaming {}{})\n",
@@ -671,6 +677,8 @@ void printPlan(const RunPlan& plan, bool perReplica) {
              t.ipuCopies > 0 ? fmt::format(", {} copies between IPUs {}: {}", t.ipuCopies,
                                            bytes(static_cast<int64_t>(t.ipuCopyBytes)), seconds(t.ipuCopySeconds))
                              : std::string());
+  const std::string streams = hostStreamsTable(t);
+  if (!streams.empty()) fmt::print("\n{}", streams);
 }
 
 void printWhatIf(const std::vector<std::string>& settings, const RunPlan& before, const RunPlan& after) {
@@ -875,7 +883,7 @@ Action attachExplain(CLI::App& command) {
       // work; the time model has no per-run host cost to pay once.
       const int64_t batchesPerStep = loaded.config.data.batchesPerStep;
       out["modelledStepTime"]["batchesPerStep"] = batchesPerStep;
-      out["modelledStepTime"]["runSeconds"] = plan.time.stepSeconds * static_cast<double>(batchesPerStep);
+      out["modelledStepTime"]["runSeconds"] = plan.time.runSeconds;
       if (changed) {
         nlohmann::json after = planJson(planRun(changed->config), args->perReplica, {});
         after["settings"] = args->whatIf;
@@ -893,9 +901,8 @@ Action attachExplain(CLI::App& command) {
         const int64_t batchesPerStep = loaded.config.data.batchesPerStep;
         fmt::print(
             "Batches per step: {}: a session run takes {} x {} = {} (each batch's device work repeats; the "
-            "model has no per-run host cost)\n",
-            batchesPerStep, batchesPerStep, seconds(plan.time.stepSeconds),
-            seconds(plan.time.stepSeconds * static_cast<double>(batchesPerStep)));
+            "host streams overlap as their strategies allow)\n",
+            batchesPerStep, batchesPerStep, seconds(plan.time.stepSeconds), seconds(plan.time.runSeconds));
       }
       if (changed) printWhatIf(args->whatIf, plan, planRun(changed->config));
     }

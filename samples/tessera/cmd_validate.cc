@@ -27,6 +27,8 @@ Action attachValidate(CLI::App& command) {
     fmt::print("{}: valid\n", args->path);
     // Combinations that run but probably are not what was meant.
     for (const ConfigNote& note : configNotes(loaded.config)) fmt::print("warning: {}\n", note.text());
+    // Each host stream as the plan models it.
+    fmt::print("{}", hostStreamsTable(plan.time));
     if (const std::optional<MemoryShortfall> shortfall = findShortfall(plan.memory))
       return reportDoesNotFit(*shortfall, plan.memory);
     return kExitOk;

@@ -194,6 +194,33 @@ def test_anchor_return_types_have_popart_shapes_and_values():
     assert raised.value.id == "tessera.graph.206"
 
 
+def test_input_settings_and_anchor_exchange_change_no_number():
+    x, labels = step_data(1, 1, 4)
+    losses = []
+    for tile_set, strategy in [(tessera.TileSet.Compute, tessera.ExchangeStrategy.JustInTime),
+                               (tessera.TileSet.IO, tessera.ExchangeStrategy.OverlapInnerLoop)]:
+        settings = tessera.InputSettings(tile_set, strategy)
+        assert settings.tileSet() == tile_set and settings.exchangeStrategy() == strategy
+        info = tessera.InputShapeInfo()
+        info.add("x", tessera.TensorInfo("FLOAT", [4, 2, 3]), settings)
+        info.add("labels", tessera.TensorInfo("INT64", [4]), settings)
+        anchor = tessera.AnchorReturnType("All", tile_set, strategy)
+        assert anchor.id() == "All" and anchor.tileSet() == tile_set and anchor.exchangeStrategy() == strategy
+        opts = options(1)
+        opts.numIOTiles = 32
+        session = tessera.TrainingSession(
+            fnModel=MODEL, loss="loss",
+            optimizer=tessera.SGD({"defaultLearningRate": (LEARNING_RATE, True),
+                                   "defaultMomentum": (MOMENTUM, True)}),
+            dataFlow=tessera.DataFlow(1, {"loss": anchor}), userOptions=opts,
+            deviceInfo=tessera.DeviceManager().createSimDevice({"numIPUs": 1}), inputShapeInfo=info)
+        session.prepareDevice()
+        anchors = session.initAnchorArrays()
+        session.run(tessera.PyStepIO({"x": x[0], "labels": labels[0]}, anchors))
+        losses.append(float(anchors["loss"]))
+    assert losses[0] == losses[1]
+
+
 def test_weights_move_between_host_and_device():
     session = training_session(1, 4)
     session.prepareDevice()

@@ -45,13 +45,39 @@ TEST_CASE("validate accepts every sample run config") {
     const CliResult result = runCli({"validate", path});
     INFO("stderr: ", result.err);
     CHECK(result.exitCode == 0);
-    CHECK(result.out == path + ": valid\n");
+    // The first line, then each host stream as the plan models it.
+    CHECK(startsWith(result.out, path + ": valid\nHost streams (one replica, a step of 1 batch):\n"));
     CHECK(result.err.empty());
 
     const CliResult explained = runCli({"explain", path, "--json"});
     INFO("explain stderr: ", explained.err);
     CHECK(parseJson(explained).contains("provenance"));
   }
+}
+
+TEST_CASE("validate and explain show each host stream of the IO-bound sample") {
+  const std::string path = tessera::test::sourcePath("samples/configs/io_bound.json");
+  const CliResult validated = runCli({"validate", path});
+  INFO("stderr: ", validated.err);
+  CHECK(validated.exitCode == 0);
+  CHECK(startsWith(validated.out, path + ": valid\nHost streams (one replica, a step of 8 batches):\n"));
+  CHECK(validated.out.find("OverlapInnerLoop  OverlapInnerLoop  12544000") != std::string::npos);
+
+  const CliResult explained = runCli({"explain", path, "--json"});
+  const json report = parseJson(explained);
+  REQUIRE(report["hostStreams"].size() == 3);
+  CHECK(report["hostStreams"][0]["name"] == "input");
+  CHECK(report["hostStreams"][0]["bytesPerStep"] == 8 * 500 * 784 * 4);
+  CHECK(report["hostStreams"][0]["overlaps"] == true);
+  CHECK(report["traffic"]["HostIO"]["ops"] == 3);
+  CHECK(report["modelledStepTime"]["runSeconds"].get<double>() ==
+        doctest::Approx(8 * report["modelledStepTime"]["seconds"].get<double>()));
+
+  // Overlap that cannot happen is a note with its id.
+  const CliResult compute = runCli({"validate", path, "--set", "/io/tileSet=Compute"});
+  CHECK(compute.exitCode == 0);
+  CHECK(compute.out.find("warning: [tessera.note.806] /io/exchangeStrategy:") != std::string::npos);
+  CHECK(compute.out.find("OverlapInnerLoop  JustInTime") != std::string::npos);
 }
 
 TEST_CASE("validate and explain print the config's warning-level notes with their ids") {

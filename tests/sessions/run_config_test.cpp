@@ -210,7 +210,7 @@ struct BadConfig {
 TEST_CASE("parseRunConfig rejects bad input at the JSON pointer of the value, naming the source") {
   const std::vector<BadConfig> cases = {
       {"unknown section", R"({"sessionOption": {}})", ErrorCode::UnknownKey, "/sessionOption",
-       "did you mean \"sessionOptions\"?); allowed keys: data, device, limits, model, optimizer, output, "
+       "did you mean \"sessionOptions\"?); allowed keys: data, device, io, limits, model, optimizer, output, "
        "schedule, sessionOptions"},
       {"unknown option", R"({"sessionOptions": {"replicatedGraphCont": 2}})", ErrorCode::UnknownKey,
        "/sessionOptions/replicatedGraphCont", "did you mean \"replicatedGraphCount\""},
@@ -770,6 +770,7 @@ TEST_CASE("the run config schema is generated from the field tables") {
       names<CommGroupType>(), names<ReductionType>(), names<MeanReductionStrategy>(),
       names<Activation>(),    names<DatasetKind>(),   names<ScheduleType>(), names<RecomputationType>(),
       names<VirtualGraphMode>(),
+      names<ExchangeStrategy>(),
       {"float32", "float16"},  // /model/dtype: the floating DTypes
       names<DType>(),          // optimizer state dtypes
   };

@@ -29,6 +29,8 @@ TEST_CASE("DeviceSpec survives a round trip") {
                          .streamingBandwidthBytesPerSecond = 3e9,
                          .computeFlopsPerSecond = 1e12,
                          .transferLatencySeconds = 0,
+                         .hostBandwidthBytesPerSecond = 1e9,
+                         .hostLatencySeconds = 1e-5,
                          .numThreads = 3};
   CHECK(json(small).get<DeviceSpec>() == small);
   CHECK(json(json(small).get<DeviceSpec>()).dump() == json(small).dump());
@@ -47,6 +49,8 @@ TEST_CASE("the DeviceSpec dump has the header's keys and defaults") {
                   {"ipusPerReplica", 1},
                   {"interIpuBandwidthBytesPerSecond", 64e9},
                   {"interIpuLatencySeconds", 1e-6},
+                  {"hostBandwidthBytesPerSecond", 6.25e9},
+                  {"hostLatencySeconds", 5e-6},
                   {"numThreads", 0}});
   CHECK(j["tilesPerIpu"].is_number_integer());
   CHECK(j["linkBandwidthBytesPerSecond"].is_number_float());
@@ -76,6 +80,10 @@ TEST_CASE("DeviceSpec values outside their ranges are rejected at their JSON poi
        "/computeFlopsPerSecond", "> 0"},
       {"negative latency", R"({"transferLatencySeconds": -1e-9})", ErrorCode::OutOfRange,
        "/transferLatencySeconds", ">= 0"},
+      {"zero host bandwidth", R"({"hostBandwidthBytesPerSecond": 0})", ErrorCode::OutOfRange,
+       "/hostBandwidthBytesPerSecond", "> 0"},
+      {"negative host latency", R"({"hostLatencySeconds": -1e-6})", ErrorCode::OutOfRange,
+       "/hostLatencySeconds", ">= 0"},
       {"negative thread count", R"({"numThreads": -1})", ErrorCode::OutOfRange, "/numThreads",
        "numThreads is -1; it must be in [0, 1024]"},
       {"too many threads", R"({"numThreads": 1025})", ErrorCode::OutOfRange, "/numThreads",
