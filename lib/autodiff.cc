@@ -157,6 +157,11 @@ std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor
     if (const int64_t ipu = graph.op(o).virtualGraph; ipu != kNoVirtualGraph) {
       for (auto b = firstBackward; b < static_cast<OpId>(graph.ops().size()); ++b) graph.setVirtualGraph(b, ipu);
     }
+    // ... and carry its pipeline stage, which the pipelining transform
+    // numbers as a backward stage.
+    if (const int64_t stage = graph.op(o).pipelineStage; stage != kNoPipelineStage) {
+      for (auto b = firstBackward; b < static_cast<OpId>(graph.ops().size()); ++b) graph.setPipelineStage(b, stage);
+    }
   }
 
   std::vector<Tensor> gradients;

@@ -299,6 +299,8 @@ void Graph::copyRecomputeMarks(OpId to, const OpNode& from) {
   ops_[static_cast<std::size_t>(to)].recompute = from.recompute;
   ops_[static_cast<std::size_t>(to)].normalisation = from.normalisation;
   ops_[static_cast<std::size_t>(to)].virtualGraph = from.virtualGraph;
+  ops_[static_cast<std::size_t>(to)].pipelineStage = from.pipelineStage;
+  ops_[static_cast<std::size_t>(to)].microBatch = from.microBatch;
 }
 
 void Graph::setVirtualGraph(OpId id, int64_t ipu) {
@@ -309,6 +311,22 @@ void Graph::setVirtualGraph(OpId id, int64_t ipu) {
                                  node.name, node.kind, ipu, kNoVirtualGraph));
   }
   ops_[static_cast<std::size_t>(id)].virtualGraph = ipu;
+}
+
+void Graph::setPipelineStage(OpId id, int64_t stage) {
+  const OpNode& node = op(id);
+  if (stage < 0 && stage != kNoPipelineStage) {
+    throw GraphError(ErrorCode::InvalidPipelineStage, node.name,
+                     fmt::format("op {} ({}) cannot be in pipeline stage {}: a stage is numbered from 0 (or {} "
+                                 "for none)",
+                                 node.name, node.kind, stage, kNoPipelineStage));
+  }
+  ops_[static_cast<std::size_t>(id)].pipelineStage = stage;
+}
+
+void Graph::setMicroBatch(OpId id, int64_t microBatch) {
+  op(id);
+  ops_[static_cast<std::size_t>(id)].microBatch = microBatch;
 }
 
 void Graph::markNormalisation(OpId first) {

@@ -144,6 +144,10 @@ void visitFields(V& v, SessionOptions& value) {
           {.doc = "How ops are placed on the IPUs of a replica (/device/ipusPerReplica): Off (one IPU), Manual "
                   "(each op names its IPU: __ipu_number), Auto (the forward pass split by memory) or "
                   "ExecutionPhases (not supported yet)."});
+  v.field("enablePipelining", value.enablePipelining,
+          {.doc = "Run the IPUs of a replica as a pipeline over the micro-batches of a step (PopART's "
+                  "enablePipelining): needs virtualGraphMode Manual or Auto over >= 2 IPUs and, in training, "
+                  "accumulationFactor >= 2 x forward stages - 1. Stages: __pipeline_stage, else each op's IPU."});
   v.field(
       "numIOTiles", value.numIOTiles,
       {.min = 0,

@@ -71,7 +71,12 @@ void checkSwitches(const SessionOptions& o) {
   // The getter throws the error of this rule.
   (void)o.getAccumulationFactor();
   // PopART annotates Pipeline recomputation only when pipelining and
-  // refuses it otherwise; tessera has no pipelining.
+  // refuses it otherwise; tessera's pipelining keeps (stashes) activations.
+  if (o.autoRecomputation == RecomputationType::Pipeline && o.enablePipelining) {
+    fail(ErrorCode::RecomputationNeedsPipelining, fieldPath("autoRecomputation"),
+         "autoRecomputation is Pipeline, which recomputes each forward pipeline stage, but tessera's pipelining "
+         "stashes the activations instead; use Standard, NormOnly, RecomputeAll or None");
+  }
   if (o.autoRecomputation == RecomputationType::Pipeline) {
     fail(ErrorCode::RecomputationNeedsPipelining, fieldPath("autoRecomputation"),
          "autoRecomputation is Pipeline, which recomputes each forward pipeline stage, but pipelining is "
@@ -81,6 +86,15 @@ void checkSwitches(const SessionOptions& o) {
     fail(ErrorCode::VirtualGraphModeUnsupported, fieldPath("virtualGraphMode"),
          "virtualGraphMode is ExecutionPhases, which places ops by execution phase, but tessera has no phased "
          "execution yet; use Manual or Auto to place ops on the IPUs of a replica, or Off");
+  }
+}
+
+void checkPipelining(const SessionOptions& o) {
+  if (o.enablePipelining && o.virtualGraphMode == VirtualGraphMode::Off) {
+    fail(ErrorCode::PipeliningWithoutVirtualGraphs, fieldPath("enablePipelining"),
+         "enablePipelining is true but {} is Off; pipelining runs the stages of a replica on its IPUs, so set "
+         "virtualGraphMode to Manual or Auto (with /device/ipusPerReplica >= 2), or enablePipelining to false",
+         fieldPath("virtualGraphMode"));
   }
 }
 
@@ -303,6 +317,7 @@ namespace detail {
 void validateOptions(const SessionOptions& options, std::optional<int64_t> tilesPerIpu) {
   checkCounts(options);
   checkSwitches(options);
+  checkPipelining(options);
   checkDistribution(options);
   checkIOTiles(options, tilesPerIpu);
   checkTileSets(options);

@@ -624,6 +624,7 @@ void Importer::bindOutput(const std::string& name) {
     // The copy has no node of its own: with __ipu_number annotations it runs
     // on the last annotated node's IPU, so that Manual placement covers it.
     graph_.setVirtualGraph(copy, lastIpuNumber_);
+    graph_.setPipelineStage(copy, lastPipelineStage_);
     id = graph_.op(copy).outputs.at(0);
   }
   if (graph_.tensor(id).name != name) {
@@ -669,6 +670,17 @@ void Importer::markVirtualGraph(const onnx::NodeProto& node, OpId first, const s
               fmt::format("attribute {} is {}; an IPU is numbered from 0", kIpuNumberAttribute, ipu));
   for (auto id = first; id < static_cast<OpId>(graph_.ops().size()); ++id) graph_.setVirtualGraph(id, ipu);
   lastIpuNumber_ = ipu;
+}
+
+void Importer::markPipelineStage(const onnx::NodeProto& node, OpId first, const std::string& subject) {
+  const onnx::AttributeProto* attribute = findAttribute(node, kPipelineStageAttribute);
+  if (attribute == nullptr) return;
+  if (attribute->type() != onnx::AttributeProto::INT || attribute->i() < 0)
+    throw GraphError(ErrorCode::InvalidPipelineStage, subject,
+                     fmt::format("attribute {} must be a non-negative int, the pipeline stage of the node (from 0)",
+                                 kPipelineStageAttribute));
+  for (auto id = first; id < static_cast<OpId>(graph_.ops().size()); ++id) graph_.setPipelineStage(id, attribute->i());
+  lastPipelineStage_ = attribute->i();
 }
 
 void Importer::importNode(const onnx::NodeProto& node) {
@@ -718,6 +730,7 @@ void Importer::importNode(const onnx::NodeProto& node) {
   }
   markRecompute(node, first, subject);
   markVirtualGraph(node, first, subject);
+  markPipelineStage(node, first, subject);
   for (const auto& out : node.output())
     if (!out.empty() && !values_.count(out))
       throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,

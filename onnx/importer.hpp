@@ -131,6 +131,8 @@ class Importer {
   // __ipu_number (OnnxInvalidIpuNumber for a value that is not a
   // non-negative int); remembers it for the copies of graph outputs.
   void markVirtualGraph(const onnx::NodeProto& node, OpId first, const std::string& subject);
+  // __pipeline_stage: a non-negative int (else GraphError(InvalidPipelineStage)).
+  void markPipelineStage(const onnx::NodeProto& node, OpId first, const std::string& subject);
   // Input k, an initializer, made a Variable of category OptimizerState that
   // the node updates in place (OnnxModel::state).
   Tensor stateVariable(const onnx::NodeProto& node, int k, const std::string& subject);
@@ -139,6 +141,8 @@ class Importer {
   const OnnxImportOptions& options_;
   // The __ipu_number of the last node that had one (kNoVirtualGraph: none).
   int64_t lastIpuNumber_ = kNoVirtualGraph;
+  // The __pipeline_stage of the last node that had one (kNoPipelineStage: none).
+  int64_t lastPipelineStage_ = kNoPipelineStage;
   std::string source_;
   Graph graph_;
   int64_t opset_ = 0;

@@ -45,6 +45,8 @@ inline constexpr int64_t kMaxFoldedElements = int64_t{1} << 24;
 inline constexpr std::string_view kRecomputeAttribute = "__recompute_output_in_backward_pass";
 // PopART's Builder::virtualGraph: the IPU of the replica a node runs on.
 inline constexpr std::string_view kIpuNumberAttribute = "__ipu_number";
+// PopART's Builder::pipelineStage: the pipeline stage of a node.
+inline constexpr std::string_view kPipelineStageAttribute = "__pipeline_stage";
 
 bool isFloatType(int32_t type) noexcept;
 // ONNX's lower-case name of an element type ("float", "int64", ...).

@@ -185,6 +185,8 @@ void bindOptions(py::module_& module) {
                      fieldDoc(sessionOptions, "autoRecomputation"))
       .def_readwrite("virtualGraphMode", &SessionOptions::virtualGraphMode,
                      fieldDoc(sessionOptions, "virtualGraphMode"))
+      .def_readwrite("enablePipelining", &SessionOptions::enablePipelining,
+                     fieldDoc(sessionOptions, "enablePipelining"))
       .def_readwrite("numIOTiles", &SessionOptions::numIOTiles, fieldDoc(sessionOptions, "numIOTiles"))
       .def_readwrite("activationTensorLocationSettings", &SessionOptions::activationTensorLocationSettings,
                      fieldDoc(sessionOptions, "activationTensorLocationSettings"))

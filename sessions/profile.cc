@@ -4,10 +4,14 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <array>
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "tessera/error.hpp"
@@ -158,18 +162,50 @@ json profileJson(const MemoryReport& memory, const TimeReport& time, int64_t ste
           {"memory", memoryJson(memory)}};
 }
 
+// Pipelined steps: one compute thread per IPU (after every other thread),
+// and the fill, main and flush phases on a thread before them.
+constexpr int kPipelinePhases = 1000;
+constexpr int kPipelineIpus = 1001;
+
 json chromeTraceJson(const TimeReport& time) {
   TraceThreads threads;
   json events = json::array();
+  const PipelineTime& pipeline = time.pipeline;
+  std::map<int64_t, std::set<int64_t>> stagesOf;  // IPU -> its pipeline stages
   for (const OpTime& op : time.ops) {
+    const bool perIpu = pipeline.enabled && op.lane == TimeLane::ComputeTiles;
+    if (perIpu && op.pipelineStage != kNoPipelineStage) stagesOf[op.ipu].insert(op.pipelineStage);
+    json args = {{"kind", std::string(opName(op.kind))}, {"flops", op.flops}, {"bytes", op.bytes}};
+    if (op.pipelineStage != kNoPipelineStage && op.microBatch != kNoMicroBatch) {
+      args["pipelineStage"] = op.pipelineStage;
+      args["microBatch"] = op.microBatch;
+    }
     events.push_back({{"name", op.name},
                       {"cat", nameOf(op.lane)},
                       {"ph", "X"},
                       {"ts", op.start * kMicrosecondsPerSecond},
                       {"dur", op.duration * kMicrosecondsPerSecond},
                       {"pid", 0},
-                      {"tid", threads.of(op)},
-                      {"args", {{"kind", std::string(opName(op.kind))}, {"flops", op.flops}, {"bytes", op.bytes}}}});
+                      {"tid", perIpu ? kPipelineIpus + static_cast<int>(op.ipu) : threads.of(op)},
+                      {"args", std::move(args)}});
+  }
+  if (pipeline.enabled) {
+    const double fillEnd = pipeline.startSeconds + pipeline.fillSeconds;
+    const double mainEnd = fillEnd + pipeline.mainSeconds;
+    const std::array<std::pair<const char*, std::pair<double, double>>, 3> phases = {
+        std::pair{"fill", std::pair{pipeline.startSeconds, pipeline.fillSeconds}},
+        std::pair{"main", std::pair{fillEnd, pipeline.mainSeconds}},
+        std::pair{"flush", std::pair{mainEnd, pipeline.flushSeconds}}};
+    for (const auto& phase : phases) {
+      events.push_back({{"name", phase.first},
+                        {"cat", "pipeline"},
+                        {"ph", "X"},
+                        {"ts", phase.second.first * kMicrosecondsPerSecond},
+                        {"dur", phase.second.second * kMicrosecondsPerSecond},
+                        {"pid", 0},
+                        {"tid", kPipelinePhases},
+                        {"args", {{"bubbleFraction", pipeline.bubbleFraction}}}});
+    }
   }
   json named = json::array();
   named.push_back(metadata("process_name", 0, {{"name", "tessera modelled step (one replica)"}}));
@@ -187,6 +223,13 @@ json chromeTraceJson(const TimeReport& time) {
   for (int64_t ipu : threads.hostOrder)
     thread(threads.hostIO.at(ipu),
            severalIpus ? fmt::format("host link IPU {}", ipu) : std::string("host link"));
+  if (pipeline.enabled) {
+    thread(kPipelinePhases, fmt::format("pipeline: {} micro-batches, {} stages, bubble {:.1f} %",
+                                        pipeline.microBatches, pipeline.stages, 100.0 * pipeline.bubbleFraction));
+    for (const auto& [ipu, stages] : stagesOf)
+      thread(kPipelineIpus + static_cast<int>(ipu),
+             fmt::format("IPU {} compute tiles: stage{} {}", ipu, stages.size() == 1 ? "" : "s", fmt::join(stages, ", ")));
+  }
   for (json& e : events) named.push_back(std::move(e));
   return {{"traceEvents", std::move(named)}, {"displayTimeUnit", "ns"}};
 }

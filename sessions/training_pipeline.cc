@@ -4,6 +4,7 @@
 #include "transforms/gradient_accumulation.hpp"
 #include "transforms/locations.hpp"
 #include "transforms/optimizer_update.hpp"
+#include "transforms/pipeline.hpp"
 #include "transforms/recompute.hpp"
 #include "transforms/replication.hpp"
 #include "transforms/virtual_graph.hpp"
@@ -15,9 +16,11 @@ std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptio
                                                               int64_t ipusPerReplica) {
   std::vector<std::unique_ptr<Transform>> pipeline;
   pipeline.push_back(std::make_unique<VirtualGraphTransform>(options.virtualGraphMode, ipusPerReplica));
+  pipeline.push_back(std::make_unique<PipelineStagesTransform>(options, ipusPerReplica, true));
   pipeline.push_back(std::make_unique<WeightShardingTransform>(options, &tensors));
   pipeline.push_back(std::make_unique<AutodiffTransform>(tensors, optimizer.lossScaling(),
                                                          options.automaticLossScalingSettings.enabled));
+  pipeline.push_back(std::make_unique<PipelineBackwardTransform>(options, tensors));
   pipeline.push_back(std::make_unique<RecomputeTransform>(options.autoRecomputation, tensors));
   pipeline.push_back(
       std::make_unique<GradientAccumulationTransform>(options, tensors, optimizer.accumType()));
@@ -26,6 +29,7 @@ std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptio
       std::make_unique<OptimizerUpdateTransform>(optimizer, tensors, options.automaticLossScalingSettings));
   pipeline.push_back(std::make_unique<LocationTransform>(options, &tensors));
   pipeline.push_back(std::make_unique<IpuCopyTransform>(options.virtualGraphMode, &tensors));
+  pipeline.push_back(std::make_unique<PipelineCycleTransform>(options));
   return pipeline;
 }
 
@@ -33,6 +37,7 @@ std::vector<std::unique_ptr<Transform>> buildInferencePipeline(const SessionOpti
                                                                int64_t ipusPerReplica) {
   std::vector<std::unique_ptr<Transform>> pipeline;
   pipeline.push_back(std::make_unique<VirtualGraphTransform>(options.virtualGraphMode, ipusPerReplica));
+  pipeline.push_back(std::make_unique<PipelineStagesTransform>(options, ipusPerReplica, false));
   pipeline.push_back(std::make_unique<WeightShardingTransform>(options, nullptr));
   pipeline.push_back(std::make_unique<LocationTransform>(options, nullptr));
   pipeline.push_back(std::make_unique<IpuCopyTransform>(options.virtualGraphMode, nullptr));

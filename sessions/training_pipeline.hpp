@@ -1,12 +1,12 @@
 // The training compile pipeline: the one place that lists the transforms a
 // training graph goes through, in order.
 //
-//   virtualGraph → weightSharding → autodiff → recompute →
-//   gradientAccumulation → replication → optimizerUpdate → locations →
-//   ipuCopy
+//   virtualGraph → pipelineStages → weightSharding → autodiff →
+//   pipelineBackward → recompute → gradientAccumulation → replication →
+//   optimizerUpdate → locations → ipuCopy → pipelineCycles
 //
-// and the inference one: virtualGraph → weightSharding → locations →
-// ipuCopy. `ipusPerReplica` is DeviceSpec::ipusPerReplica.
+// and the inference one: virtualGraph → pipelineStages → weightSharding →
+// locations → ipuCopy. `ipusPerReplica` is DeviceSpec::ipusPerReplica.
 //
 // Gradients are accumulated before they are reduced over replicas, so each
 // step all-reduces every gradient once rather than once per micro-batch,

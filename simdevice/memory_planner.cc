@@ -419,6 +419,33 @@ void checkVirtualGraphs(const Graph& graph, const DeviceSpec& spec) {
   }
 }
 
+// Pipelining: each IPU's stashes (ReplicaMemory::stashBytes), counted on
+// micro-batch 0 (every micro-batch has the same shapes).
+std::vector<int64_t> stashBytes(const Graph& graph, int64_t ipus) {
+  std::vector<int64_t> bytes(at(ipus), 0);
+  for (std::size_t i = 0; i < graph.tensors().size(); ++i) {
+    const TensorNode& t = graph.tensors()[i];
+    if (t.producer == kNoOp) continue;
+    const OpNode& producer = graph.op(t.producer);
+    if (producer.microBatch != 0 || producer.pipelineStage == kNoPipelineStage) continue;
+    if (graph.storageOf(static_cast<TensorId>(i)) != static_cast<TensorId>(i)) continue;
+    const int64_t ipu = std::clamp<int64_t>(producer.virtualGraph, 0, ipus - 1);
+    int64_t first = producer.kind == OpKind::IpuCopy ? std::numeric_limits<int64_t>::max() : producer.pipelineStage;
+    int64_t last = kNoPipelineStage;
+    for (OpId c : t.consumers) {
+      const OpNode& consumer = graph.op(c);
+      if (consumer.kind == OpKind::IpuCopy || consumer.pipelineStage == kNoPipelineStage ||
+          std::clamp<int64_t>(consumer.virtualGraph, 0, ipus - 1) != ipu)
+        continue;
+      if (producer.kind == OpKind::IpuCopy) first = std::min(first, consumer.pipelineStage);
+      last = std::max(last, consumer.pipelineStage);
+    }
+    if (last == kNoPipelineStage || last <= first) continue;
+    bytes[at(ipu)] += (last - first + 1) * numElements(t.shape) * dtypeBytes(t.dtype);
+  }
+  return bytes;
+}
+
 }  // namespace
 
 MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, const DeviceSpec& spec) {
@@ -463,6 +490,14 @@ MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, 
       perIpu.push_back(planHeld(graph, schedule, mine));
     }
     perIpu.back().ipu = ipu;
+  }
+  const std::vector<int64_t> stashes = stashBytes(graph, spec.ipusPerReplica);
+  for (int64_t ipu = 0; ipu < spec.ipusPerReplica; ++ipu) {
+    ReplicaMemory& m = perIpu[at(ipu)];
+    m.stashBytes = stashes[at(ipu)];
+    m.computeTilesBytes += m.stashBytes;
+    m.computeTilesPeak.bytes += m.stashBytes;
+    m.peakActivationBytes += m.stashBytes;
   }
   // Only shards of a full copy with padding pad some replica; the rest
   // (n a multiple of k) hold no padding anywhere, and looking them up per

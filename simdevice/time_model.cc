@@ -100,6 +100,61 @@ Work opWork(const Graph& graph, const OpNode& op, const OpDef& def, const LocalT
   return w;
 }
 
+// A pipelined program's order: the ops that need no micro-batch, then cycle
+// by cycle (an IpuCopy after the cycle's other ops), then the ops that
+// depend on a micro-batch but belong to none. `cycleOf` gets each op's
+// cycle (-1 before, `cycles` after). Empty when the program is not pipelined.
+std::vector<OpId> pipelineOrder(const Graph& graph, std::span<const OpId> schedule, std::vector<int64_t>& cycleOf,
+                                PipelineTime& pipeline) {
+  int64_t stages = 0;
+  int64_t microBatches = 0;
+  for (OpId id : schedule) {
+    const OpNode& op = graph.op(id);
+    if (op.microBatch == kNoMicroBatch || op.pipelineStage == kNoPipelineStage) continue;
+    stages = std::max(stages, op.pipelineStage + 1);
+    microBatches = std::max(microBatches, op.microBatch + 1);
+  }
+  if (stages < 2 || microBatches < 1) return {};
+  pipeline.enabled = true;
+  pipeline.stages = stages;
+  pipeline.forwardStages = (stages + 1) / 2;
+  pipeline.microBatches = microBatches;
+  pipeline.cycles = microBatches + stages - 1;
+  const int64_t cycles = pipeline.cycles;
+  cycleOf.assign(graph.ops().size(), -1);
+  std::vector<bool> after(graph.ops().size(), false);  // depends on a micro-batch
+  std::vector<std::vector<OpId>> byCycle(at(cycles));
+  std::vector<std::vector<OpId>> copies(at(cycles));
+  std::vector<OpId> before;
+  std::vector<OpId> last;
+  for (OpId id : schedule) {
+    const OpNode& op = graph.op(id);
+    if (op.microBatch != kNoMicroBatch && op.pipelineStage != kNoPipelineStage) {
+      const int64_t cycle = op.microBatch + op.pipelineStage;
+      cycleOf[at(id)] = cycle;
+      after[at(id)] = true;
+      (op.kind == OpKind::IpuCopy ? copies : byCycle)[at(cycle)].push_back(id);
+      continue;
+    }
+    bool late = false;
+    for (TensorId t : op.inputs) {
+      const OpId producer = graph.tensor(t).producer;
+      late = late || (producer != kNoOp && after[at(producer)]);
+    }
+    for (OpId b : op.after) late = late || after[at(b)];
+    after[at(id)] = late;
+    cycleOf[at(id)] = late ? cycles : -1;
+    (late ? last : before).push_back(id);
+  }
+  std::vector<OpId> order = std::move(before);
+  for (int64_t c = 0; c < cycles; ++c) {
+    order.insert(order.end(), byCycle[at(c)].begin(), byCycle[at(c)].end());
+    order.insert(order.end(), copies[at(c)].begin(), copies[at(c)].end());
+  }
+  order.insert(order.end(), last.begin(), last.end());
+  return order;
+}
+
 }  // namespace
 
 TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::span<const OpId> schedule,
@@ -120,6 +175,18 @@ TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::spa
   std::vector<double> done(graph.ops().size(), 0.0);
 
   TimeReport report;
+  std::vector<int64_t> cycleOf;
+  const std::vector<OpId> pipelined = pipelineOrder(graph, schedule, cycleOf, report.pipeline);
+  PipelineTime& pipeline = report.pipeline;
+  if (pipeline.enabled) {
+    schedule = pipelined;
+    pipeline.cycleEnds.assign(at(pipeline.cycles), 0.0);
+    pipeline.stageSeconds.assign(at(pipeline.stages), 0.0);
+    pipeline.startSeconds = -1.0;
+  }
+  double cycleStart = 0.0;  // when the cycle being placed may start
+  int64_t currentCycle = -1;
+  double busy = 0.0;        // compute of the cycles
   for (OpId id : schedule) {
     const OpNode& op = graph.op(id);
     const OpDef& def = opDef(op.kind);
@@ -144,8 +211,23 @@ TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::spa
       }
     }
     double start = 0.0;
+    const int64_t cycle = pipeline.enabled ? cycleOf[at(id)] : -1;
+    if (pipeline.enabled && cycle >= 0) {
+      if (cycle != currentCycle) {
+        // Every op of the earlier cycles has been placed.
+        if (currentCycle >= 0 && currentCycle < pipeline.cycles) cycleStart = pipeline.cycleEnds[at(currentCycle)];
+        currentCycle = cycle;
+      }
+      if (cycle < pipeline.cycles) start = cycleStart;
+    }
     for (TensorId t : op.inputs) start = std::max(start, ready[at(t)]);
-    for (OpId before : op.after) start = std::max(start, done[at(before)]);
+    for (OpId before : op.after) {
+      // The accumulation run's order of one micro-batch after the other is
+      // what pipelining undoes: only the order within a micro-batch holds.
+      const int64_t m = graph.op(before).microBatch;
+      if (pipeline.enabled && op.microBatch != kNoMicroBatch && m != kNoMicroBatch && m != op.microBatch) continue;
+      start = std::max(start, done[at(before)]);
+    }
     for (const double* free : resources)
       if (free != nullptr) start = std::max(start, *free);
     const double end = start + w.seconds;
@@ -155,6 +237,14 @@ TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::spa
     for (TensorId t : op.outputs) ready[at(t)] = end;
 
     report.stepSeconds = std::max(report.stepSeconds, end);
+    if (pipeline.enabled && cycle >= 0 && cycle < pipeline.cycles) {
+      pipeline.cycleEnds[at(cycle)] = std::max(pipeline.cycleEnds[at(cycle)], end);
+      if (pipeline.startSeconds < 0.0 || start < pipeline.startSeconds) pipeline.startSeconds = start;
+      if (w.lane != TimeLane::IpuLink) {
+        busy += w.seconds;
+        pipeline.stageSeconds[at(op.pipelineStage)] += w.seconds;
+      }
+    }
     switch (w.lane) {
       case TimeLane::ComputeTiles: report.computeSeconds += w.seconds; break;
       case TimeLane::IOTiles: report.overlappedStreamingSeconds += w.seconds; break;
@@ -174,7 +264,26 @@ TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::spa
       report.streamingBytes += w.bytes;
     }
     report.ops.push_back({op.name, op.kind, w.lane, std::move(w.group), w.interInstance, start, w.seconds,
-                          w.flops, w.bytes, ipu});
+                          w.flops, w.bytes, ipu, op.pipelineStage, op.microBatch});
+  }
+  if (pipeline.enabled) {
+    // A cycle without ops ends when the one before it ends.
+    for (int64_t c = 0; c < pipeline.cycles; ++c)
+      pipeline.cycleEnds[at(c)] =
+          std::max(pipeline.cycleEnds[at(c)], c > 0 ? pipeline.cycleEnds[at(c - 1)] : pipeline.startSeconds);
+    const auto endOf = [&](int64_t c) { return c < 0 ? pipeline.startSeconds : pipeline.cycleEnds[at(c)]; };
+    const int64_t p = pipeline.stages;
+    const int64_t n = pipeline.microBatches;
+    const int64_t fillEnd = std::min(p - 1, pipeline.cycles) - 1;
+    const int64_t mainEnd = std::max(fillEnd, n - 1);
+    pipeline.fillSeconds = endOf(fillEnd) - pipeline.startSeconds;
+    pipeline.mainSeconds = endOf(mainEnd) - endOf(fillEnd);
+    pipeline.flushSeconds = endOf(pipeline.cycles - 1) - endOf(mainEnd);
+    const double span = endOf(pipeline.cycles - 1) - pipeline.startSeconds;
+    if (span > 0.0)
+      pipeline.bubbleFraction =
+          std::max(0.0, 1.0 - busy / (static_cast<double>(pipeline.forwardStages) * span));
+    for (double& seconds : pipeline.stageSeconds) seconds /= static_cast<double>(n);
   }
   return report;
 }

@@ -161,6 +161,12 @@ struct ReplicaMemory {
   // Padding slots of the shards this replica holds, on chip and off chip
   // (shards of a balanced layout differ: n=30, k=4 pads shards 0 and 2).
   int64_t paddingBytes = 0;
+  // Pipelining: the stashes of the activations this IPU keeps for the
+  // backward pass of the micro-batches in flight (an activation made in
+  // stage s and read in stage s' > s of its IPU: s' - s + 1 entries, PopART's
+  // stash size). Included in computeTilesBytes and its peak, on top of the
+  // live activations of one micro-batch.
+  int64_t stashBytes = 0;
   MemoryPeak computeTilesPeak;
   MemoryPeak ioTilesPeak;
   MemoryPeak streamingPeak;

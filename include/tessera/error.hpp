@@ -94,6 +94,12 @@ enum class ErrorCode : int {
   UnsupportedExchangeStrategy = 184,  // OverlapStep: PopART declares it and does not support it
   // --- Command-line options (19x) ---
   InvalidOption = 190,  // a command-line option's value outside its range (a usage error, exit 2)
+  // --- Pipelining (195-199) ---
+  PipeliningWithoutVirtualGraphs = 195,  // enablePipelining with virtualGraphMode Off or one IPU per replica
+  PipeliningAccumulationTooLow = 196,    // accumulationFactor below the pipeline's stages (2 x forward stages - 1)
+  PartialPipelineStages = 197,           // some ops name a pipeline stage, others do not
+  PipelineStageOnTwoIpus = 198,          // the ops of one pipeline stage on two IPUs
+  PipelineStagesOutOfOrder = 199,        // stages not numbered 0, 1, ... or not in the order of their IPUs
   // --- Graph construction (2xx) ---
   ShapeMismatch = 201,
   InvalidOperand = 202,
@@ -111,6 +117,8 @@ enum class ErrorCode : int {
   InvalidRecurrence = 221,          // a recurrence's weights or states that do not fit its cell and direction
   InvalidVirtualGraph = 230,        // a negative IPU given to Graph::setVirtualGraph
   InvalidInputSettings = 240,       // input settings for a tensor that is not a graph input
+  InvalidPipelineStage = 250,       // a negative stage given to Graph::setPipelineStage
+  PipelineStageBackwards = 251,     // a forward op reading a value of a later pipeline stage
   // --- Autodiff (3xx) ---
   NoGradient = 301,
   LossNotScalar = 302,

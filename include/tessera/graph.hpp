@@ -480,6 +480,10 @@ struct EnumNames<RecomputeType> {
 
 // OpNode::virtualGraph of an op that names no IPU.
 inline constexpr int64_t kNoVirtualGraph = -1;
+// OpNode::pipelineStage of an op that names no stage; OpNode::microBatch of
+// an op that runs once per step.
+inline constexpr int64_t kNoPipelineStage = -1;
+inline constexpr int64_t kNoMicroBatch = -1;
 
 struct OpNode {
   OpKind kind = OpKind::Input;
@@ -499,6 +503,14 @@ struct OpNode {
   // the virtual graph transform sets it. Read only when the session's
   // virtualGraphMode is not Off; a program without it runs on IPU 0.
   int64_t virtualGraph = kNoVirtualGraph;
+  // The pipeline stage (PopART's pipelineStage): kNoPipelineStage until
+  // ops::pipelineStage or an ONNX node's __pipeline_stage sets it. Read only
+  // when SessionOptions::enablePipelining; the pipelining transform then
+  // numbers every op's stage as PopART does (sessions/transforms/pipeline.hpp).
+  int64_t pipelineStage = kNoPipelineStage;
+  // The micro-batch of the step this op computes (set by gradient
+  // accumulation), kNoMicroBatch for an op that runs once per step.
+  int64_t microBatch = kNoMicroBatch;
   // Ops that must run before this one although no data may flow between
   // them (see the program order rules at the top of this file).
   std::vector<OpId> after;
@@ -565,12 +577,18 @@ class Graph {
   // kNoVirtualGraph clears it. Throws GraphError(InvalidVirtualGraph) for
   // any other negative value, naming the op.
   void setVirtualGraph(OpId op, int64_t ipu);
+  // Sets an op's pipeline stage (OpNode::pipelineStage); kNoPipelineStage
+  // clears it. Throws GraphError(InvalidPipelineStage) for any other
+  // negative value, naming the op.
+  void setPipelineStage(OpId op, int64_t stage);
+  // Sets the micro-batch an op computes (OpNode::microBatch), unchecked.
+  void setMicroBatch(OpId op, int64_t microBatch);
   // Marks the ops from `first` to the last op created as a normalisation.
   void markNormalisation(OpId first);
   // True for the ops the recomputation transform may clone.
   bool canRecompute(OpId op) const;
-  // Gives op `to` the recompute and normalisation marks and the virtual
-  // graph of `from` (an op of another graph that `to` copies), unchecked:
+  // Gives op `to` the recompute and normalisation marks, the virtual
+  // graph, the pipeline stage and the micro-batch of `from` (an op of another graph that `to` copies), unchecked:
   // transforms that copy ops.
   void copyRecomputeMarks(OpId to, const OpNode& from);
 

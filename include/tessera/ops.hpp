@@ -325,5 +325,12 @@ void recomputeOutputInBackwardPass(Tensor t, RecomputeType type = RecomputeType:
 // (ConfigError(VirtualGraphOutOfRange)).
 void virtualGraph(Tensor t, int64_t ipu);
 
+// --- Pipelining (PopART's Builder::pipelineStage) ---
+// Puts the op that produces `t` in pipeline stage `stage`
+// (OpNode::pipelineStage), read when SessionOptions::enablePipelining. Throws
+// GraphError(InvalidPipelineStage) for a negative `stage`; the session
+// checks the stages against the ops' IPUs (sessions/transforms/pipeline.hpp).
+void pipelineStage(Tensor t, int64_t stage);
+
 }  // namespace ops
 }  // namespace tessera

@@ -143,9 +143,9 @@ struct SessionOptions {
   // ---------------------------------------------------------------------
 
   // Which forward ops are recomputed in the backward pass (the recomputation
-  // transform, sessions/transforms/recompute.cc). Pipeline is refused:
-  // tessera does not pipeline (config error 160, as PopART refuses it
-  // without pipelining).
+  // transform, sessions/transforms/recompute.cc). Pipeline is refused
+  // (config error 160, as PopART refuses it without pipelining; tessera's
+  // pipelining stashes activations rather than recomputing stages).
   RecomputationType autoRecomputation = RecomputationType::None;
 
   // ---------------------------------------------------------------------
@@ -162,6 +162,22 @@ struct SessionOptions {
   // crossing IPUs go through IpuCopy ops. ExecutionPhases is refused (config
   // error 173): tessera has no phased execution yet.
   VirtualGraphMode virtualGraphMode = VirtualGraphMode::Off;
+
+  // ---------------------------------------------------------------------
+  // Pipelining
+  // ---------------------------------------------------------------------
+
+  // Run the IPUs of a replica as a pipeline (PopART's enablePipelining; the
+  // pipelining transform, sessions/transforms/pipeline.cc): the forward
+  // pipeline stages (OpNode::pipelineStage, by default each op's IPU) run
+  // the micro-batches of a step one behind the other, each IPU stashing the
+  // activations of the micro-batches in flight. Needs virtualGraphMode
+  // Manual or Auto over >= 2 IPUs (config error 195) and, in training,
+  // gradient accumulation with accumulationFactor >= 2 x forward stages - 1,
+  // the pipeline's stages (config error 196). The numbers are those of the
+  // accumulation run without pipelining; the time model runs the step in
+  // fill, main and flush phases.
+  bool enablePipelining = false;
 
   // ---------------------------------------------------------------------
   // Tiles

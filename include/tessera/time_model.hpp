@@ -38,6 +38,11 @@
 // tiles: ops on different IPUs occupy different tiles. An IpuCopy occupies
 // the compute tiles of both IPUs and the IPU-Links of the replica.
 //
+// Pipelined programs (ops with a pipeline stage and a micro-batch; see
+// PipelineTime) take their ops cycle by cycle instead, each cycle's copies
+// between IPUs last, and start no op of a cycle before the previous cycle
+// has ended.
+//
 // Scheduling: ops are taken in schedule order; an op starts when its inputs
 // and the ops it must run after are done and the resources it occupies are
 // free. Compute ops, Streaming transfers and collectives whose tensors are on
@@ -127,6 +132,10 @@ struct OpTime {
   double bytes = 0.0;     // bytes one replica moves over the link or to or from streaming memory
   int64_t ipu = 0;        // the IPU of the replica it runs on (an IpuCopy: the IPU it copies to; HostIO:
                           // the IPU whose host link it uses)
+  // Pipelined programs: the op's pipeline stage and micro-batch
+  // (kNoPipelineStage / kNoMicroBatch for the ops that run once per step).
+  int64_t pipelineStage = kNoPipelineStage;
+  int64_t microBatch = kNoMicroBatch;
 };
 
 // One host stream of the step (Program::hostStreams) as modelled.
@@ -142,6 +151,34 @@ struct StreamTime {
   double seconds = 0.0;         // the host link's busy time for it per step
   bool overlapped = false;      // some of its transfers overlap compute
   int64_t ipu = 0;              // the IPU whose host link carries it
+};
+
+// A pipelined step (SessionOptions::enablePipelining): micro-batch m of
+// pipeline stage p runs in cycle m + p; N micro-batches over P = 2 S - 1
+// stages (S forward stages, one per IPU) take N + P - 1 cycles. The fill is
+// cycles 0 .. P-2, the main phase P-1 .. N-1 (every stage busy), the flush
+// N .. N+P-2. Each cycle starts when the previous one has ended on every
+// IPU (PopART's pipeline cycle ends with the copies between IPUs and a
+// sync); the ops that run once per step run before (those that need no
+// micro-batch) or after (those that do, such as the weight update).
+struct PipelineTime {
+  bool enabled = false;
+  int64_t stages = 0;         // P, forward and backward
+  int64_t forwardStages = 0;  // S, the IPUs the pipeline runs on
+  int64_t microBatches = 0;   // N
+  int64_t cycles = 0;         // N + P - 1
+  double startSeconds = 0.0;  // when cycle 0 starts
+  double fillSeconds = 0.0;
+  double mainSeconds = 0.0;
+  double flushSeconds = 0.0;
+  // 1 - the compute the IPUs do in the cycles / (S x the cycles' time): for
+  // S uniform stages and free copies (S - 1) / (N + S - 1).
+  double bubbleFraction = 0.0;
+  // The compute time of one micro-batch in each pipeline stage (averaged
+  // over the micro-batches): stage p < S forward, p >= S - 1 backward.
+  std::vector<double> stageSeconds;
+  // When each cycle ends.
+  std::vector<double> cycleEnds;
 };
 
 struct TimeReport {
@@ -169,6 +206,7 @@ struct TimeReport {
   double hostSeconds = 0.0;    // the host links' busy time per step, every IPU's
   double hostBytes = 0.0;      // bytes one replica moves over its host links per step
   std::vector<StreamTime> streams;
+  PipelineTime pipeline;                    // enabled for a pipelined program
 };
 
 // The modelled time of one run of `program` on the hardware `spec` describes,

@@ -361,6 +361,26 @@ nlohmann::json suggestionsJson(const std::vector<MemorySuggestion>& suggestions)
   return out;
 }
 
+// Pipelining: the stages, each IPU's stashes and the phases of a step.
+nlohmann::json pipelineJson(const RunPlan& plan) {
+  const PipelineTime& p = plan.time.pipeline;
+  if (!p.enabled) return {{"enabled", false}};
+  nlohmann::json stash = nlohmann::json::array();
+  for (const ReplicaMemory& m : plan.memory.perReplica)
+    if (m.replica == plan.memory.perReplica.front().replica) stash.push_back({{"ipu", m.ipu}, {"bytes", m.stashBytes}});
+  return {{"enabled", true},
+          {"forwardStages", p.forwardStages},
+          {"stages", p.stages},
+          {"microBatches", p.microBatches},
+          {"cycles", p.cycles},
+          {"fillSeconds", p.fillSeconds},
+          {"mainSeconds", p.mainSeconds},
+          {"flushSeconds", p.flushSeconds},
+          {"bubbleFraction", p.bubbleFraction},
+          {"stageSeconds", p.stageSeconds},
+          {"stashBytes", std::move(stash)}};
+}
+
 // The compiled program of the config: tensors, memory, what was not applied,
 // the modelled step time and, when it does not fit, the settings that lower
 // the short space's peak.
@@ -396,7 +416,8 @@ nlohmann::json planJson(const RunPlan& plan, bool perReplica, const std::vector<
             {"hostSeconds", time.hostSeconds},
             {"hostBytes", time.hostBytes}}},
           {"ipuCopies", {{"count", time.ipuCopies}, {"bytes", time.ipuCopyBytes}}},
-          {"hostStreams", hostStreamsJson(time)}};
+          {"hostStreams", hostStreamsJson(time)},
+          {"pipeline", pipelineJson(plan)}};
 }
 
 // The config, where its values came from, its notes and sharding domains.
@@ -679,6 +700,17 @@ void printPlan(const RunPlan& plan, bool perReplica) {
                              : std::string());
   const std::string streams = hostStreamsTable(t);
   if (!streams.empty()) fmt::print("\n{}", streams);
+  if (t.pipeline.enabled) {
+    const PipelineTime& p = t.pipeline;
+    std::vector<std::string> stashes;
+    for (const ReplicaMemory& m : plan.memory.perReplica)
+      if (m.replica == plan.memory.perReplica.front().replica)
+        stashes.push_back(fmt::format("IPU {} {}", m.ipu, bytes(m.stashBytes)));
+    fmt::print("Pipelined: {} forward stages ({} with the backward), {} micro-batches in {} cycles: fill {}, main "
+               "{}, flush {}; bubble {:.1f} %; stashes {}\n",
+               p.forwardStages, p.stages, p.microBatches, p.cycles, seconds(p.fillSeconds), seconds(p.mainSeconds),
+               seconds(p.flushSeconds), 100.0 * p.bubbleFraction, fmt::join(stashes, ", "));
+  }
 }
 
 void printWhatIf(const std::vector<std::string>& settings, const RunPlan& before, const RunPlan& after) {

@@ -181,6 +181,7 @@ void GradientAccumulationTransform::apply(Graph& graph) {
     // The flat schedule: one micro-batch after the other.
     InSequence sequence(out);
     for (int64_t i = 0; i < factor_; ++i) {
+      const auto first = static_cast<OpId>(out.ops().size());
       unroller.sliceInputs(i);
       unroller.copyMicroBatch(i);
       for (std::size_t k = 0; k < accumulators.size(); ++k) {
@@ -197,6 +198,9 @@ void GradientAccumulationTransform::apply(Graph& graph) {
           acc = ops::scaledAddInplace(acc, gradient);
         }
       }
+      // The ops of micro-batch i (OpNode::microBatch), which pipelining
+      // runs in its own cycles.
+      for (auto id = first; id < static_cast<OpId>(out.ops().size()); ++id) out.setMicroBatch(id, i);
     }
     if (reduction_ == ReductionType::Mean && !running) {
       for (Tensor& acc : accumulators) {

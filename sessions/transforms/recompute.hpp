@@ -16,7 +16,7 @@
 //    from the loss until an op that is not recomputed: without pipeline
 //    stages or checkpoints marked by hand the whole forward pass is that
 //    segment, and nothing is recomputed.
-//  - Pipeline: refused (tessera does not pipeline).
+//  - Pipeline: refused (tessera's pipelining stashes activations).
 // Ops that cannot be recomputed (sources, in-place, remote and collective
 // ops, and ops reading storage that an in-place op modifies) always keep
 // their outputs.

@@ -180,6 +180,8 @@ class CopyInserter {
     } else {
       const OpId op = out.addOp(OpKind::IpuCopy, {copy_.mapped(t)}, {}, fmt::format("IpuCopy.{}", name));
       out.setVirtualGraph(op, ipu);
+      // A copy belongs to the micro-batch of the value it copies.
+      if (producer != kNoOp) out.setMicroBatch(op, in.op(producer).microBatch);
       copied = out.op(op).outputs.front();
       out.rename(copied, name);
       out.tensor(copied).category = node.category;

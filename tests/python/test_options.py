@@ -88,6 +88,9 @@ def test_enums_have_popart_names():
     assert opts.virtualGraphMode == tessera.VirtualGraphMode.Off
     opts.virtualGraphMode = tessera.VirtualGraphMode.Auto
     assert json.loads(opts.toJson())["virtualGraphMode"] == "Auto"
+    assert opts.enablePipelining is False
+    opts.enablePipelining = True
+    assert json.loads(opts.toJson())["enablePipelining"] is True
 
 
 @pytest.mark.parametrize("change, json_change, error_id, path", [

@@ -315,9 +315,9 @@ TEST_CASE("the pipeline lists its transforms in order") {
   const auto pipeline = buildTrainingPipeline(trainingOptions(2, 2, ReductionType::Mean), sgd, tensors);
   std::vector<std::string> names;
   for (const auto& transform : pipeline) names.emplace_back(transform->name());
-  CHECK(names == std::vector<std::string>{"virtualGraph", "weightSharding", "autodiff", "recompute",
-                                          "gradientAccumulation", "replication", "optimizerUpdate", "locations",
-                                          "ipuCopy"});
+  CHECK(names == std::vector<std::string>{"virtualGraph", "pipelineStages", "weightSharding", "autodiff",
+                                          "pipelineBackward", "recompute", "gradientAccumulation", "replication",
+                                          "optimizerUpdate", "locations", "ipuCopy", "pipelineCycles"});
 }
 
 TEST_CASE("the training graph's structure") {
