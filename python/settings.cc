@@ -128,7 +128,7 @@ py::tuple splitArrays(DatasetSplit&& split) {
   py::capsule ownImages(images, [](void* p) { delete static_cast<std::vector<float>*>(p); });
   py::capsule ownLabels(labels, [](void* p) { delete static_cast<std::vector<int32_t>*>(p); });
   return py::make_tuple(py::array_t<float>({split.count, split.rows, split.cols}, images->data(), ownImages),
-                        py::array_t<int32_t>({split.count}, labels->data(), ownLabels));
+                        py::array_t<int32_t>(std::vector<py::ssize_t>{static_cast<py::ssize_t>(split.count)}, labels->data(), ownLabels));
 }
 
 }  // namespace
