@@ -67,6 +67,14 @@ class Importer {
   // ops/gather.cc
   void mapGather(const onnx::NodeProto& node, const std::string& subject);
   void mapElements(const onnx::NodeProto& node, const std::string& subject);
+  // Gather's and the element ops' data (input 0, float) and int32 indices
+  // (input 1), with the node's `axis` normalised against the data's rank.
+  struct IndexedData {
+    Tensor data;
+    Tensor indices;
+    int64_t axis = 0;
+  };
+  IndexedData indexedData(const onnx::NodeProto& node, const std::string& subject);
   // ops/conv.cc (Conv, ConvTranspose) and ops/pooling.cc (MaxPool, AveragePool): mapWindowOp's result.
   void mapWindow(const onnx::NodeProto& node, const std::string& subject);
   // ops/pooling.cc

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -123,10 +124,16 @@ enum class WeightDecayMode { Decay, L2Regularization };
 
 // A split's images [count, rows, cols] (float32) and labels [count] (int32).
 py::tuple splitArrays(DatasetSplit&& split) {
-  auto* images = new std::vector<float>(std::move(split.images));
-  auto* labels = new std::vector<int32_t>(std::move(split.labels));
+  // Each capsule owns its vector from the moment it exists (release() only
+  // after it was made), so nothing leaks if a later constructor throws.
+  auto imagesOwner = std::make_unique<std::vector<float>>(std::move(split.images));
+  auto labelsOwner = std::make_unique<std::vector<int32_t>>(std::move(split.labels));
+  const std::vector<float>* images = imagesOwner.get();
+  const std::vector<int32_t>* labels = labelsOwner.get();
   py::capsule ownImages(images, [](void* p) { delete static_cast<std::vector<float>*>(p); });
+  static_cast<void>(imagesOwner.release());
   py::capsule ownLabels(labels, [](void* p) { delete static_cast<std::vector<int32_t>*>(p); });
+  static_cast<void>(labelsOwner.release());
   return py::make_tuple(py::array_t<float>({split.count, split.rows, split.cols}, images->data(), ownImages),
                         py::array_t<int32_t>(std::vector<py::ssize_t>{static_cast<py::ssize_t>(split.count)}, labels->data(), ownLabels));
 }
