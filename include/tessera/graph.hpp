@@ -41,7 +41,7 @@
 #include "tessera/enum_names.hpp"
 #include "tessera/input_settings.hpp"
 #include "tessera/replica_grouping.hpp"
-#include "tessera/session_options.hpp"
+#include "tessera/reduction_type.hpp"
 #include "tessera/tensor_location.hpp"
 
 namespace tessera {

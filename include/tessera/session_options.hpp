@@ -17,15 +17,10 @@
 
 #include "tessera/enum_names.hpp"
 #include "tessera/loss_scaling.hpp"
+#include "tessera/reduction_type.hpp"
 #include "tessera/tensor_location.hpp"
 
 namespace tessera {
-
-// How gradients are combined over accumulation steps and replicas.
-enum class ReductionType {
-  Sum,   // gradients are added
-  Mean,  // gradients are averaged (see MeanReductionStrategy)
-};
 
 // How a Mean reduction over accumulation steps is computed.
 enum class MeanReductionStrategy {
@@ -33,12 +28,6 @@ enum class MeanReductionStrategy {
   Post,     // sum all micro-batches, divide once at the end
 };
 
-template <>
-struct EnumNames<ReductionType> {
-  static constexpr std::string_view kTypeName = "ReductionType";
-  static constexpr std::array kNames = {std::pair{ReductionType::Sum, std::string_view{"Sum"}},
-                                        std::pair{ReductionType::Mean, std::string_view{"Mean"}}};
-};
 template <>
 struct EnumNames<MeanReductionStrategy> {
   static constexpr std::string_view kTypeName = "MeanReductionStrategy";
@@ -143,9 +132,8 @@ struct SessionOptions {
   // ---------------------------------------------------------------------
 
   // Which forward ops are recomputed in the backward pass (the recomputation
-  // transform, sessions/transforms/recompute.cc). Pipeline is refused
-  // (config error 160, as PopART refuses it without pipelining; tessera's
-  // pipelining stashes activations rather than recomputing stages).
+  // transform, sessions/transforms/recompute.cc). Pipeline needs
+  // enablePipelining (config error 160 otherwise, as in PopART).
   RecomputationType autoRecomputation = RecomputationType::None;
 
   // ---------------------------------------------------------------------
