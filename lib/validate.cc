@@ -70,14 +70,9 @@ void checkSwitches(const SessionOptions& o) {
   }
   // The getter throws the error of this rule.
   (void)o.getAccumulationFactor();
-  // PopART annotates Pipeline recomputation only when pipelining and
-  // refuses it otherwise; tessera's pipelining keeps (stashes) activations.
-  if (o.autoRecomputation == RecomputationType::Pipeline && o.enablePipelining) {
-    fail(ErrorCode::RecomputationNeedsPipelining, fieldPath("autoRecomputation"),
-         "autoRecomputation is Pipeline, which recomputes each forward pipeline stage, but tessera's pipelining "
-         "stashes the activations instead; use Standard, NormOnly, RecomputeAll or None");
-  }
-  if (o.autoRecomputation == RecomputationType::Pipeline) {
+  // PopART recomputes each forward pipeline stage under Pipeline and
+  // refuses the type without pipelining.
+  if (o.autoRecomputation == RecomputationType::Pipeline && !o.enablePipelining) {
     fail(ErrorCode::RecomputationNeedsPipelining, fieldPath("autoRecomputation"),
          "autoRecomputation is Pipeline, which recomputes each forward pipeline stage, but pipelining is "
          "not enabled; use Standard, NormOnly, RecomputeAll or None");

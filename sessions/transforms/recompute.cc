@@ -113,24 +113,57 @@ void annotateAll(const Graph& graph, const std::vector<bool>& forward, TensorId 
   }
 }
 
+// The last forward pipeline stage of the forward ops, or kNoPipelineStage
+// when they have none (pipelining off).
+int64_t lastForwardStage(const Graph& graph, const std::vector<bool>& forward) {
+  int64_t last = kNoPipelineStage;
+  for (std::size_t id = 0; id < forward.size(); ++id)
+    if (forward[id]) last = std::max(last, graph.ops()[id].pipelineStage);
+  return last;
+}
+
+// Pipeline: every forward op of a stage but the last is recomputed in that
+// stage's backward pass, except the ops whose outputs a forward op of another
+// stage reads: those outputs are the stage inputs the pipeline stashes. The
+// last stage runs its backward pass in the same cycle and keeps everything.
+void annotatePipeline(const Graph& graph, const std::vector<bool>& forward, int64_t lastStage,
+                      std::vector<RecomputeType>& types) {
+  for (std::size_t id = 0; id < types.size(); ++id) {
+    if (!forward[id] || types[id] != RecomputeType::Undefined) continue;
+    const OpNode& op = graph.ops()[id];
+    bool boundary = op.pipelineStage == lastStage || !graph.canRecompute(static_cast<OpId>(id));
+    for (std::size_t k = 0; k < op.outputs.size() && !boundary; ++k) {
+      for (OpId consumer : graph.tensor(op.outputs[k]).consumers) {
+        if (forward[index(consumer)] && graph.op(consumer).pipelineStage != op.pipelineStage) boundary = true;
+      }
+    }
+    types[id] = boundary ? RecomputeType::Checkpoint : RecomputeType::Recompute;
+  }
+}
+
+void refusePipelineWithoutStages() {
+  throw ConfigError(ErrorCode::RecomputationNeedsPipelining, std::string(kSessionOptionsPath) + "/autoRecomputation",
+                    "autoRecomputation is Pipeline, which recomputes each forward pipeline stage, but "
+                    "pipelining is not enabled; use Standard, NormOnly, RecomputeAll or None");
+}
+
 }  // namespace
 
 std::vector<bool> recomputedOps(const Graph& graph, TensorId loss, OpId firstBackwardOp, RecomputationType type) {
-  if (type == RecomputationType::Pipeline) {
-    throw ConfigError(ErrorCode::RecomputationNeedsPipelining,
-                      std::string(kSessionOptionsPath) + "/autoRecomputation",
-                      "autoRecomputation is Pipeline, which recomputes each forward pipeline stage, but "
-                      "pipelining is not enabled; use Standard, NormOnly, RecomputeAll or None");
-  }
   const std::size_t n = graph.ops().size();
   std::vector<bool> recomputed(n, false);
-  if (loss == kNoTensor || firstBackwardOp == kNoOp) return recomputed;
+  if (loss == kNoTensor || firstBackwardOp == kNoOp) {
+    if (type == RecomputationType::Pipeline) refusePipelineWithoutStages();
+    return recomputed;
+  }
   const std::vector<bool> forward = toLoss(graph, loss, firstBackwardOp);
+  const int64_t lastStage = lastForwardStage(graph, forward);
+  if (type == RecomputationType::Pipeline && lastStage == kNoPipelineStage) refusePipelineWithoutStages();
   std::vector<RecomputeType> types(n);
   for (std::size_t id = 0; id < n; ++id) types[id] = graph.ops()[id].recompute;
   switch (type) {
-    case RecomputationType::None:
-    case RecomputationType::Pipeline: break;
+    case RecomputationType::None: break;
+    case RecomputationType::Pipeline: annotatePipeline(graph, forward, lastStage, types); break;
     case RecomputationType::Standard: annotateStandard(graph, forward, types); break;
     case RecomputationType::NormOnly:
       for (std::size_t id = 0; id < n; ++id) {
@@ -172,6 +205,11 @@ void RecomputeTransform::apply(Graph& graph) {
   }
   if (!needed) return;
 
+  // With pipelining a clone runs in the backward stage of its forward op
+  // (PipelineBackwardTransform's numbering), so that the pipeline stashes
+  // what the clones read, not what they make.
+  int64_t lastStage = kNoPipelineStage;
+  for (OpId id = 0; id < firstBackward; ++id) lastStage = std::max(lastStage, graph.op(id).pipelineStage);
   detail::GraphCopy copy(graph);
   std::vector<TensorId> clones(graph.tensors().size(), kNoTensor);
   // The clone of `t` (the output of a recomputed op), made with the clones
@@ -218,6 +256,7 @@ void RecomputeTransform::apply(Graph& graph) {
       marks.recompute = RecomputeType::Recomputed;
       marks.normalisation = op.normalisation;
       marks.virtualGraph = op.virtualGraph;
+      if (op.pipelineStage != kNoPipelineStage) marks.pipelineStage = 2 * lastStage - op.pipelineStage;
       out.copyRecomputeMarks(clone, marks);
     }
     return clones[index(t)];

@@ -16,7 +16,13 @@
 //    from the loss until an op that is not recomputed: without pipeline
 //    stages or checkpoints marked by hand the whole forward pass is that
 //    segment, and nothing is recomputed.
-//  - Pipeline: refused (tessera's pipelining stashes activations).
+//  - Pipeline (with pipelining only): every forward op of a pipeline stage
+//    but the last is recomputed in that stage's backward pass, from the
+//    stage's inputs: the outputs a forward op of another stage reads are
+//    checkpoints, and they are all the pipeline stashes for the stage. The
+//    last forward stage runs its backward pass in the same cycle and keeps
+//    its outputs. Without pipeline stages the type is refused, as PopART
+//    refuses it.
 // Ops that cannot be recomputed (sources, in-place, remote and collective
 // ops, and ops reading storage that an in-place op modifies) always keep
 // their outputs.
@@ -28,8 +34,11 @@
 // The graph is rebuilt so that creation order is the new program order: the
 // memory plan sees the forward activations die at their last forward
 // consumer and the clones live only while their backward consumers run; the
-// time model charges the clones as any op. The clones compute the same
-// values from the same inputs, so training gives the same bits.
+// time model charges the clones as any op. With pipelining a clone runs in
+// the backward stage of the op it repeats, so the pipeline stashes what the
+// clones read (PipelineCycleTransform would otherwise give it its inputs'
+// forward stage). The clones compute the same values from the same inputs,
+// so training gives the same bits.
 #pragma once
 
 #include "tessera/session_options.hpp"
@@ -44,7 +53,7 @@ class RecomputeTransform final : public Transform {
   std::string_view name() const noexcept override { return "recompute"; }
   // Runs after autodiff (tensors.firstBackwardOp) and before gradient
   // accumulation. Throws ConfigError(RecomputationNeedsPipelining) for
-  // Pipeline.
+  // Pipeline when the forward ops have no pipeline stages.
   void apply(Graph& graph) override;
 
  private:

@@ -3,7 +3,9 @@
 // and 4 IPUs, give the bits of the accumulation run without pipelining, also
 // with replicas, RTS and OffChip optimizer state; the modelled step of
 // uniform stages is the closed form of the fill and flush bubbles; each IPU
-// counts its stashes; bad settings name the option and the rule.
+// counts its stashes; every recomputation type keeps the bits, and Pipeline
+// recomputation stashes only the stage inputs; bad settings name the option
+// and the rule.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -195,6 +197,28 @@ TEST_CASE("the transformer config pipelined over 2 and 4 IPUs trains the bits of
       2);
 }
 
+// Every recomputation type keeps the bits of the accumulation run when
+// pipelined, and its clones run in backward stages.
+void checkRecomputation(const std::function<RunConfig(const std::vector<std::string>&)>& config, int64_t batch,
+                        int64_t ipus) {
+  const std::vector<std::string> base = accumulation(2 * ipus - 1, batch);
+  const TrainSummary plain = train(config(base));
+  for (const char* type : {"Standard", "NormOnly", "RecomputeAll", "Pipeline"}) {
+    CAPTURE(type);
+    const std::vector<std::string> overrides =
+        with(with(base, pipelined("Auto", ipus)), {std::string("/sessionOptions/autoRecomputation=") + type});
+    const TrainSummary summary = train(config(overrides));
+    CHECK(summary.losses == plain.losses);
+    CHECK(summary.weights == plain.weights);
+  }
+}
+
+TEST_CASE("each recomputation type pipelined trains the bits of the accumulation run") {
+  checkRecomputation([](const std::vector<std::string>& o) { return onnxConfig("gpt", "gpt_block.onnx", o); }, 2,
+                     2);
+  checkRecomputation([](const std::vector<std::string>& o) { return onnxConfig("lenet", "lenet.onnx", o); }, 1, 4);
+}
+
 // S stages of one [H, H] matmul and a Relu each (stage 0 after adding a
 // trained bias, so that every stage computes its input's gradient; the Relu
 // makes every gradient depend on the micro-batch).
@@ -277,6 +301,66 @@ TEST_CASE("the modelled pipelined step of uniform stages is the closed form of t
       }
     }
   }
+}
+
+TEST_CASE("Pipeline recomputation stashes only each stage's input and repeats its forward work backward") {
+  const int64_t batch = 16;
+  const int64_t hidden = 32;
+  const int64_t stages = 3;
+  const int64_t n = 2 * stages - 1;
+  struct Run {
+    MemoryReport memory;
+    double stepSeconds = 0.0;
+    std::vector<OpNode> recomputed;
+    int64_t forwardStages = 0;
+  };
+  const auto run = [&](RecomputationType type) {
+    Uniform u = uniformStages(stages, batch, hidden);
+    DeviceSpec spec;
+    spec.ipusPerReplica = stages;
+    SessionOptions options;
+    options.virtualGraphMode = VirtualGraphMode::Manual;
+    options.enablePipelining = true;
+    options.enableGradientAccumulation = true;
+    options.accumulationFactor = n;
+    options.autoRecomputation = type;
+    OptimizerConfig sgd;
+    sgd.type = OptimizerType::Sgd;
+    TrainingSession session(std::move(u.graph), u.loss, makeOptimizer(sgd), options, makeSimDevice(spec));
+    Run r;
+    r.memory = session.memory();
+    r.stepSeconds = session.modelledTime().stepSeconds;
+    r.forwardStages = session.modelledTime().pipeline.forwardStages;
+    for (const OpNode& op : session.graph().ops())
+      if (op.recompute == RecomputeType::Recomputed) r.recomputed.push_back(op);
+    return r;
+  };
+  const Run kept = run(RecomputationType::None);
+  const Run pipeline = run(RecomputationType::Pipeline);
+  REQUIRE(pipeline.forwardStages == stages);
+  CHECK(kept.recomputed.empty());
+  REQUIRE(!pipeline.recomputed.empty());
+  // The clones run on their stage's IPU in its backward stage 2 (S - 1) - s.
+  for (const OpNode& op : pipeline.recomputed) {
+    CAPTURE(op.name);
+    CHECK(op.virtualGraph < stages - 1);
+    CHECK(op.pipelineStage == 2 * (stages - 1) - op.virtualGraph);
+  }
+  // Stages 1 .. S - 2 stash only their input (the copy from the stage
+  // before) for 2 (S - 1 - s) + 1 micro-batches; the activations made in
+  // the stage are no longer stashed.
+  const int64_t sample = batch * hidden * 4;
+  for (int64_t s = 0; s + 1 < stages; ++s) {
+    CAPTURE(s);
+    const int64_t withStash = kept.memory.perReplica.at(static_cast<std::size_t>(s)).stashBytes;
+    const int64_t withRecompute = pipeline.memory.perReplica.at(static_cast<std::size_t>(s)).stashBytes;
+    MESSAGE(fmt::format("IPU {}: stash {} B kept, {} B with Pipeline recomputation", s, withStash, withRecompute));
+    CHECK(withRecompute < withStash);
+    if (s > 0) CHECK(withRecompute == (2 * (stages - 1 - s) + 1) * sample);
+  }
+  CHECK(pipeline.memory.perReplica.back().stashBytes == kept.memory.perReplica.back().stashBytes);
+  // The backward cycles repeat the forward work.
+  CHECK(pipeline.stepSeconds > kept.stepSeconds);
 }
 
 template <class E>
