@@ -103,6 +103,56 @@ TEST_CASE("explain over 2 IPUs per replica: a row per IPU, the copies between th
   CHECK(off.err.find("tessera.config.174") != std::string::npos);
 }
 
+TEST_CASE("a pipelined config: explain shows the stages, cycles and stashes, the trace a thread per stage") {
+  if (!tessera::onnxSupported()) return;
+  const std::string path = tessera::test::sourcePath("samples/configs/mlp_onnx.json");
+  // 2 replicas x 3 micro-batches of 4: one step.
+  const std::vector<std::string> pipelined = {
+      "--set", "/sessionOptions/virtualGraphMode=Auto",           "--set", "/device/ipusPerReplica=2",
+      "--set", "/sessionOptions/enablePipelining=true",           "--set", "/sessionOptions/enableGradientAccumulation=true",
+      "--set", "/sessionOptions/accumulationFactor=3",            "--set", "/data/limitTrainSamples=24",
+      "--set", "/data/limitTestSamples=8",                        "--set", "/data/epochs=1"};
+  std::vector<std::string> args = {"explain", path, "--json"};
+  args.insert(args.end(), pipelined.begin(), pipelined.end());
+  const CliResult explained = runCli(args);
+  INFO("explain stderr: ", explained.err);
+  REQUIRE(explained.exitCode == 0);
+  const json report = parseJson(explained);
+  const json& pipeline = report.at("pipeline");
+  CHECK(pipeline.at("enabled") == true);
+  CHECK(pipeline.at("forwardStages") == 2);
+  CHECK(pipeline.at("stages") == 3);
+  CHECK(pipeline.at("microBatches") == 3);
+  CHECK(pipeline.at("cycles") == 5);  // N + 2 S - 2
+  int64_t stashed = 0;
+  for (const json& s : pipeline.at("stashBytes")) stashed += s.at("bytes").get<int64_t>();
+  CHECK(stashed > 0);
+  args.erase(args.begin() + 2);
+  const CliResult text = runCli(args);
+  CHECK(text.exitCode == 0);
+  CHECK(text.out.find("Pipelined: 2 forward stages (3 with the backward), 3 micro-batches in 5 cycles") !=
+        std::string::npos);
+  // The trace of a pipelined step: the phases' thread and each IPU's stages.
+  const TempDir dir;
+  const std::string trace = (dir.path() / "trace.json").string();
+  std::vector<std::string> run = {"train", path, "--set", "/output/trace=" + json(trace).dump()};
+  run.insert(run.end(), pipelined.begin(), pipelined.end());
+  const CliResult trained = runCli(run);
+  INFO("train stderr: ", trained.err);
+  REQUIRE(trained.exitCode == 0);
+  const json events = json::parse(readFile(trace));
+  std::set<std::string> threads;
+  for (const json& e : events.at("traceEvents"))
+    if (e.value("name", "") == "thread_name") threads.insert(e.at("args").at("name").get<std::string>());
+  INFO("threads: ", json(threads).dump());
+  CHECK(std::any_of(threads.begin(), threads.end(),
+                    [](const std::string& t) { return startsWith(t, "pipeline: 3 micro-batches, 3 stages"); }));
+  CHECK(threads.count("IPU 0 compute tiles: stages 0, 2") == 1);
+  CHECK(std::any_of(threads.begin(), threads.end(), [](const std::string& t) {
+    return startsWith(t, "IPU 1 compute tiles: stage") && t.back() == '1';
+  }));
+}
+
 TEST_CASE("the LeNet and tiny GPT sample configs validate, and explain lists their initializers") {
   const std::vector<std::pair<std::string, std::vector<std::string>>> samples = {
       {"lenet.json", {"conv1.weight", "conv2.bias", "fc3.weight"}},
