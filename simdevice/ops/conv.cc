@@ -668,11 +668,13 @@ void depthwiseForward(const Step& s) {
       float* y = outOf(s, run) + g * s.outElements;
       forChannels(s, channels, z.batch * z.taps * z.outPositions, [&](int64_t first, int64_t last, int thread) {
         float* cols = workspace(s, thread);
+        float* weight = cols + z.taps * z.outPositions;
         for (int64_t c = first; c < last; ++c) {
+          const float* wc = liveWeight(s, oneChannel(z), w + c * z.fullTaps, weight);
           for (int64_t n = 0; n < z.batch; ++n) {
             float* out = y + (n * channels + c) * z.outPositions;
             im2col(c1, s.table.data(), x + (n * channels + c) * z.inPositions, cols, z.outPositions);
-            tapSums(w + c * z.taps, cols, z.taps, z.outPositions, out);
+            tapSums(wc, cols, z.taps, z.outPositions, out);
             if (s.halfOutput) roundToHalves(out, static_cast<std::size_t>(z.outPositions));
           }
         }
@@ -684,6 +686,7 @@ void depthwiseForward(const Step& s) {
 void depthwiseBackwardData(const Step& s) {
   const ConvSizes z = sizesOf(s);
   const ConvSizes c1 = oneChannel(z);
+  const int64_t* live = z.taps < z.fullTaps ? liveTaps(s, z) : nullptr;
   const int64_t channels = z.cIn;
   for (const Run& run : s.runs) {
     for (int64_t g = 0; g < run.count; ++g) {
@@ -697,7 +700,7 @@ void depthwiseBackwardData(const Step& s) {
             const float* from = dy + (n * channels + c) * z.outPositions;
             float* in = dx + (n * channels + c) * z.inPositions;
             for (int64_t k = 0; k < z.taps; ++k) {
-              const float wk = w[c * z.taps + k];
+              const float wk = w[c * z.fullTaps + (live == nullptr ? k : live[k])];
               float* row = cols + k * z.outPositions;
               for (int64_t p = 0; p < z.outPositions; ++p) row[p] = wk * from[p];
             }
@@ -731,12 +734,14 @@ void depthwiseBackwardWeight(const Step& s) {
               laneSums(from, cols + k * z.outPositions, z.outPositions, lanes + 16 * k);
             }
           }
+          // (The live taps' sums, then spread over the weight's taps.)
           for (int64_t k = 0; k < z.taps; ++k) {
             float sum = 0.0f;
             for (int i = 0; i < 16; ++i) sum += lanes[16 * k + i];
-            dw[c * z.taps + k] = sum;
+            dw[c * z.fullTaps + k] = sum;
           }
-          if (s.halfOutput) roundToHalves(dw + c * z.taps, static_cast<std::size_t>(z.taps));
+          spreadLiveTaps(s, oneChannel(z), dw + c * z.fullTaps);
+          if (s.halfOutput) roundToHalves(dw + c * z.fullTaps, static_cast<std::size_t>(z.fullTaps));
         }
       });
     }
@@ -779,10 +784,9 @@ void planConv(StepPlanner& planner, Step& step) {
     const auto from = taps.begin() + t * z.outPositions;
     if (std::any_of(from, from + z.outPositions, [](int64_t i) { return i >= 0; })) live.push_back(t);
   }
-  // Depthwise kernels keep every tap (they are cheap there).
   const bool depthwise = z.cInGroup() == 1 && z.cOutGroup() == 1;
   std::vector<int64_t> liveTable;
-  if (!depthwise && !live.empty() && static_cast<int64_t>(live.size()) < z.taps) {
+  if (!live.empty() && static_cast<int64_t>(live.size()) < z.taps) {
     for (const int64_t t : live) {
       const auto from = taps.begin() + t * z.outPositions;
       liveTable.insert(liveTable.end(), from, from + z.outPositions);
@@ -805,7 +809,8 @@ void planConv(StepPlanner& planner, Step& step) {
   int64_t k = 0;
   if (depthwise) {
     z.mode = kDepthwise;
-    // Columns of one channel of one sample, and the weight's lanes.
+    // Columns of one channel of one sample, and the weight's lanes (or
+    // the live taps of a channel's weight).
     step.workFloats = z.taps * z.outPositions + 16 * z.taps;
     step.kernel = kWay == Way::Forward        ? depthwiseForward
                   : kWay == Way::BackwardData ? depthwiseBackwardData

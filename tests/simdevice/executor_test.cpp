@@ -334,6 +334,15 @@ const std::vector<Case>& cases() {
          weight5.shape = {5, 4, 3, 3};
          make(g, OpKind::ConvGradWeight, {dy5, x5}, weight5);
          ops::convTranspose(dy5, w5, {.pads = {1, 1, 1, 1}});
+         // The same window depthwise.
+         const Tensor w6 = floatVariable(s, "w6", test::pseudoRandom(4 * 9, 28), {4, 1, 3, 3});
+         const ops::ConvParams p6{.pads = {1, 1, 1, 1}, .group = 4};
+         const Tensor dy6 = ops::input(g, "dy6", ops::conv(x5, w6, p6).shape(), s.dtype);
+         OpAttributes weight6 = weight5;
+         weight6.group = 4;
+         weight6.shape = {4, 1, 3, 3};
+         make(g, OpKind::ConvGradWeight, {dy6, x5}, weight6);
+         ops::convTranspose(dy6, w6, p6);
        }},
       {"max and average pools and their gradients",
        [](Sources& s) {
