@@ -88,7 +88,7 @@ def export(name, batch, path):
                       dynamic_axes={"x": {0: "batch"}, "labels": {0: "batch"}})
 
 
-def peer(name, batch, steps, threads):
+def peer(name, batch, steps, threads, warmup):
     """PyTorch's side, in its own process: prints the same line as tessera_bench_onnx_train."""
     torch.set_num_threads(threads)
     module = make(name)
@@ -103,7 +103,7 @@ def peer(name, batch, steps, threads):
         optimizer.step()
         return loss
 
-    for _ in range(10):
+    for _ in range(warmup):
         step()
     start = time.perf_counter()
     for _ in range(steps):
@@ -139,10 +139,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0, help="about how long one PyTorch run lasts")
     parser.add_argument("--steps", type=int, default=0, help="timed steps per run (default: from --seconds)")
+    parser.add_argument("--warmup", type=int, default=10, help=argparse.SUPPRESS)
     parser.add_argument("--peer", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer:
-        peer(args.peer, args.batch, args.steps, args.threads)
+        peer(args.peer, args.batch, args.steps, args.threads, args.warmup)
         return 0
     if not args.cpp:
         parser.error("--cpp is required")
