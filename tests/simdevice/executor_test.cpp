@@ -307,6 +307,42 @@ const std::vector<Case>& cases() {
          const Tensor x3 = ops::input(g, "x3d", {1, 2, 4, 3, 3}, s.dtype);
          const Tensor w3 = floatVariable(s, "w3", test::pseudoRandom(2 * 2 * 8, 24), {2, 2, 2, 2, 2});
          ops::conv(x3, w3, {.pads = {1, 0, 1, 0, 1, 0}});
+         // Depthwise (one channel per group, computed without products),
+         // strided and padded, and its gradients.
+         const Tensor wd = floatVariable(s, "wd", test::pseudoRandom(4 * 9, 26), {4, 1, 3, 3});
+         const ops::ConvParams pd{.strides = {2, 1}, .pads = {1, 1, 1, 1}, .group = 4};
+         const Tensor dyd = ops::input(g, "dyd", ops::conv(x2, wd, pd).shape(), s.dtype);
+         OpAttributes weightd;
+         weightd.strides = pd.strides;
+         weightd.pads = pd.pads;
+         weightd.dilations = {1, 1};
+         weightd.group = 4;
+         weightd.shape = {4, 1, 3, 3};
+         make(g, OpKind::ConvGradWeight, {dyd, x2}, weightd);
+         ops::convTranspose(dyd, wd, {.strides = {2, 1}, .pads = {1, 1, 1, 1}, .group = 4});
+         // A 3 x 3 window with pads of 1 over a 1 x 1 plane: eight taps
+         // read only pads, and the kernels leave them out.
+         const Tensor x5 = ops::input(g, "x5", {3, 4, 1, 1}, s.dtype);
+         const Tensor w5 = floatVariable(s, "w5", test::pseudoRandom(5 * 4 * 9, 27), {5, 4, 3, 3});
+         const ops::ConvParams p5{.pads = {1, 1, 1, 1}};
+         const Tensor dy5 = ops::input(g, "dy5", ops::conv(x5, w5, p5).shape(), s.dtype);
+         OpAttributes weight5;
+         weight5.strides = {1, 1};
+         weight5.pads = p5.pads;
+         weight5.dilations = {1, 1};
+         weight5.group = 1;
+         weight5.shape = {5, 4, 3, 3};
+         make(g, OpKind::ConvGradWeight, {dy5, x5}, weight5);
+         ops::convTranspose(dy5, w5, {.pads = {1, 1, 1, 1}});
+         // The same window depthwise.
+         const Tensor w6 = floatVariable(s, "w6", test::pseudoRandom(4 * 9, 28), {4, 1, 3, 3});
+         const ops::ConvParams p6{.pads = {1, 1, 1, 1}, .group = 4};
+         const Tensor dy6 = ops::input(g, "dy6", ops::conv(x5, w6, p6).shape(), s.dtype);
+         OpAttributes weight6 = weight5;
+         weight6.group = 4;
+         weight6.shape = {4, 1, 3, 3};
+         make(g, OpKind::ConvGradWeight, {dy6, x5}, weight6);
+         ops::convTranspose(dy6, w6, p6);
        }},
       {"max and average pools and their gradients",
        [](Sources& s) {

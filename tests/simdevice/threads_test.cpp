@@ -16,6 +16,7 @@
 
 #include "device_checks.hpp"
 #include "gemm.hpp"
+#include "tessera/autodiff.hpp"
 #include "tessera/checkpoint.hpp"
 #include "tessera/device.hpp"
 #include "tessera/error.hpp"
@@ -576,6 +577,41 @@ TEST_CASE("split strided steps and reductions: the same bits at 1 to 4 threads")
       for (std::size_t i = 0; i < values.size(); ++i) {
         CAPTURE(i);
         CHECK(values[i] == single[i]);
+      }
+    }
+  }
+}
+
+TEST_CASE("depthwise convolutions and convolutions by chunks of samples: the same bits at 1 to 4 threads") {
+  // A depthwise 3 x 3 (one channel per group: direct kernels) and a 3 x 3
+  // and a 1 x 1 over 4 x 4 positions (products over chunks of samples),
+  // forward and both gradients.
+  Graph g(1);
+  const Tensor x = ops::input(g, "x", {6, 24, 8, 8});
+  const Tensor wd = ops::variable(g, "wd", test::pseudoRandom(24 * 9, 51), {24, 1, 3, 3});
+  const ops::ConvParams pd{.strides = {2, 2}, .pads = {1, 1, 1, 1}, .group = 24};
+  const Tensor d = ops::conv(x, wd, pd);
+  const Tensor w3 = ops::variable(g, "w3", test::pseudoRandom(32 * 24 * 9, 52), {32, 24, 3, 3});
+  const Tensor c3 = ops::conv(d, w3, {.pads = {1, 1, 1, 1}});
+  const Tensor w1 = ops::variable(g, "w1", test::pseudoRandom(40 * 32, 53), {40, 32, 1, 1});
+  const Tensor c1 = ops::conv(c3, w1);
+  const Tensor loss = ops::reduceSum(ops::mul(c1, c1));
+  std::vector<TensorId> outputs{c1.id()};
+  for (const Tensor& grad : autodiff(g, loss, {x, wd, w3, w1})) outputs.push_back(grad.id());
+  const auto feeds = test::makeFeeds(g, 1, 54);
+  std::vector<std::vector<float>> single;
+  for (const int threads : {1, 2, 3, 4}) {
+    CAPTURE(threads);
+    DeviceSpec spec;
+    spec.numThreads = threads;
+    test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized, spec, outputs);
+    test::runDevice(*device.executable, feeds);
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      const std::vector<float> value = test::deviceValue(*device.executable, g, outputs[i], 0);
+      if (threads == 1) {
+        single.push_back(value);
+      } else {
+        CHECK(value == single[i]);
       }
     }
   }
