@@ -150,8 +150,8 @@ struct LeverSearch {
 
 // The settings that make a run config that does not fit fit: each lever
 // planned alone (recomputation, more IPUs per replica at the same IPU count,
-// pipelining, RTS of the model state, streaming memory per category,
-// float16), then greedily combined, each round adding the lever whose plan
+// pipelining over up to 4 IPUs, RTS of the model state, streaming memory
+// per category, streamed state through the compute tiles, float16), then greedily combined, each round adding the lever whose plan
 // is best (step time weighted by how far over capacity it still is), until
 // combinations fit; at most `maxPlans` plans. Every figure is a plan of the
 // changed config (validated as a file with those settings would be).

@@ -41,7 +41,7 @@ struct ExplainArgs {
   bool values = false;
   bool perReplica = false;
   bool json = false;
-  int64_t leverPlans = 16;
+  int64_t leverPlans = 24;
 };
 
 using ProvenanceMap = std::map<std::string, Provenance>;
