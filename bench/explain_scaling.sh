@@ -22,6 +22,13 @@ tessera=$build/samples/tessera/tessera
 [[ -x $tessera ]] || { echo "explain_scaling: $tessera is not built" >&2; exit 2; }
 config=samples/configs/gpt2_xl_pod64.json
 shape=(--set /model/layers=96 --set /model/hidden=12288 --set /model/heads=96 --set /model/sequence=2048)
+# The sample's layout before it fit: one float32 IPU per replica, weights and
+# optimizer state sharded over Consecutive(16) through the IO tiles.
+shape+=(--set /device/ipusPerReplica=1 --set /sessionOptions/virtualGraphMode=Off --set /model/dtype=float32
+  --set '/sessionOptions/weightTensorLocationSettings/location/shardingDomain={"type": "Consecutive", "replicaGroupSize": 16}'
+  --set '/sessionOptions/optimizerStateTensorLocationSettings/location/shardingDomain={"type": "Consecutive", "replicaGroupSize": 16}'
+  --set /sessionOptions/optimizerStateTensorLocationSettings/location/loadTileSet=IO
+  --set /sessionOptions/optimizerStateTensorLocationSettings/location/storageTileSet=IO)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -42,9 +49,10 @@ echo "|---|---|---|---|---|---|"
 for r in "${replicas[@]}"; do
   args=("$config" "${shape[@]}" --set "/sessionOptions/replicatedGraphCount=$r")
   read -r vs vw vk < <(measure "$tessera" validate "${args[@]}")
-  read -r ts tw tk < <(measure "$tessera" explain "${args[@]}")
+  # The report, not the search for levers (--lever-plans 0).
+  read -r ts tw tk < <(measure "$tessera" explain "${args[@]}" --lever-plans 0)
   lines=$(wc -l <"$out/stdout")
-  read -r js jw jk < <(measure "$tessera" explain "${args[@]}" --json)
+  read -r js jw jk < <(measure "$tessera" explain "${args[@]}" --json --lever-plans 0)
   bytes=$(wc -c <"$out/stdout")
   printf '| %s | %s s (%s s), %s MB | %s s (%s s), %s MB | %s | %s s (%s s), %s MB | %s MB |\n' "$r" "$vs" "$vw" \
     "$((vk / 1024))" "$ts" "$tw" "$((tk / 1024))" "$lines" "$js" "$jw" "$((jk / 1024))" \

@@ -110,4 +110,54 @@ std::vector<MemorySuggestion> suggestMemorySettings(const Graph& graph, TensorId
 // run config (what `tessera explain` shows as levers).
 std::vector<MemorySuggestion> suggestRunSettings(const RunConfig& config, const MemoryShortfall& shortfall);
 
+// A setting of a run config: the JSON pointer and the JSON value to set
+// there (what `--set PATH=VALUE` takes).
+struct ConfigChange {
+  std::string path;   // e.g. "/sessionOptions/autoRecomputation"
+  std::string value;  // as JSON, e.g. "\"Standard\""
+};
+
+// One lever of the search: the settings that belong together (more IPUs per
+// replica are fewer replicas, Auto placement and sharding domains that still
+// divide them) and why it costs what it costs.
+struct Lever {
+  std::string name;  // "4 IPUs per replica", "autoRecomputation Standard"
+  std::vector<ConfigChange> changes;
+  std::string cost;  // one line: what the step pays for the memory saved
+};
+
+// A combination of levers applied together to a config, planned.
+struct LeverPlan {
+  std::vector<Lever> levers;  // in the order applied
+  int64_t peakBytes = 0;      // the highest peak of the space short before, of any IPU
+  bool fits = false;          // the whole program then fits the device
+  double stepSeconds = 0.0;   // the modelled step time (TimeReport::stepSeconds)
+  int64_t replicas = 0;       // global replicas
+  int64_t ipusPerReplica = 0;
+  int64_t globalBatch = 0;    // samples a step: batchSize x replicas x accumulationFactor
+};
+
+struct LeverSearch {
+  MemorySpace space = MemorySpace::ComputeTiles;  // the space short as given
+  int64_t peakBytes = 0;                          // its highest peak of any IPU as given
+  int64_t availableBytes = 0;
+  double stepSeconds = 0.0;
+  int64_t globalBatch = 0;
+  std::vector<LeverPlan> single;   // each lever alone, lowest peak first
+  std::vector<LeverPlan> fitting;  // combinations that fit, the fastest step first
+  int64_t plans = 0;               // plans made
+};
+
+// The settings that make a run config that does not fit fit: each lever
+// planned alone (recomputation, more IPUs per replica at the same IPU count,
+// pipelining over up to 4 IPUs, RTS of the model state, streaming memory
+// per category, streamed state through the compute tiles, float16), then greedily combined, each round adding the lever whose plan
+// is best (step time weighted by how far over capacity it still is), until
+// combinations fit; at most `maxPlans` plans. Every figure is a plan of the
+// changed config (validated as a file with those settings would be).
+LeverSearch searchRunLevers(const RunConfig& config, const RunPlan& plan, int64_t maxPlans = 24);
+
+// The highest peak of `space` over every replica and IPU.
+int64_t highestPeak(const MemoryReport& report, MemorySpace space);
+
 }  // namespace tessera

@@ -41,6 +41,7 @@ struct ExplainArgs {
   bool values = false;
   bool perReplica = false;
   bool json = false;
+  int64_t leverPlans = 24;
 };
 
 using ProvenanceMap = std::map<std::string, Provenance>;
@@ -348,17 +349,51 @@ nlohmann::json memoryJson(const MemoryReport& memory, bool perReplica) {
   return out;
 }
 
-nlohmann::json suggestionsJson(const std::vector<MemorySuggestion>& suggestions) {
+nlohmann::json changesJson(const std::vector<ConfigChange>& changes) {
   nlohmann::json out = nlohmann::json::array();
-  for (const MemorySuggestion& s : suggestions) {
-    out.push_back({{"setting", s.setting},
-                   {"value", nlohmann::json::parse(s.value)},
-                   {"neededBytes", s.neededBytes},
-                   {"savingBytes", s.savingBytes},
-                   {"fits", s.fits},
-                   {"stepSeconds", s.stepSeconds}});
-  }
+  for (const ConfigChange& c : changes) out.push_back({{"path", c.path}, {"value", nlohmann::json::parse(c.value)}});
   return out;
+}
+
+nlohmann::json leverPlanJson(const LeverPlan& p, const LeverSearch& search) {
+  nlohmann::json levers = nlohmann::json::array();
+  std::vector<ConfigChange> all;
+  for (const Lever& l : p.levers) {
+    levers.push_back({{"name", l.name}, {"changes", changesJson(l.changes)}, {"cost", l.cost}});
+    all.insert(all.end(), l.changes.begin(), l.changes.end());
+  }
+  return {{"levers", std::move(levers)},
+          {"changes", changesJson(all)},
+          {"neededBytes", p.peakBytes},
+          {"savingBytes", search.peakBytes - p.peakBytes},
+          {"fits", p.fits},
+          {"stepSeconds", p.stepSeconds},
+          {"replicas", p.replicas},
+          {"ipusPerReplica", p.ipusPerReplica},
+          {"globalBatch", p.globalBatch}};
+}
+
+// Each lever alone ("levers": its first setting and value, all its changes,
+// its peak and step), the combinations that fit, fastest first.
+nlohmann::json suggestionsJson(const LeverSearch& search) {
+  nlohmann::json single = nlohmann::json::array();
+  for (const LeverPlan& p : search.single) {
+    nlohmann::json entry = leverPlanJson(p, search);
+    const Lever& lever = p.levers.front();
+    entry["name"] = lever.name;
+    entry["cost"] = lever.cost;
+    entry["setting"] = lever.changes.front().path;
+    entry["value"] = nlohmann::json::parse(lever.changes.front().value);
+    entry.erase("levers");
+    single.push_back(std::move(entry));
+  }
+  return single;
+}
+
+nlohmann::json combinationsJson(const LeverSearch& search) {
+  nlohmann::json fitting = nlohmann::json::array();
+  for (const LeverPlan& p : search.fitting) fitting.push_back(leverPlanJson(p, search));
+  return fitting;
 }
 
 // Pipelining: the stages, each IPU's stashes and the phases of a step.
@@ -384,7 +419,7 @@ nlohmann::json pipelineJson(const RunPlan& plan) {
 // The compiled program of the config: tensors, memory, what was not applied,
 // the modelled step time and, when it does not fit, the settings that lower
 // the short space's peak.
-nlohmann::json planJson(const RunPlan& plan, bool perReplica, const std::vector<MemorySuggestion>& levers) {
+nlohmann::json planJson(const RunPlan& plan, bool perReplica, const LeverSearch& levers) {
   nlohmann::json tensors = nlohmann::json::array();
   for (const TensorPlacement& t : plan.tensors) tensors.push_back(tensorJson(t));
   nlohmann::json notApplied = nlohmann::json::array();
@@ -403,6 +438,12 @@ nlohmann::json planJson(const RunPlan& plan, bool perReplica, const std::vector<
           {"tensors", std::move(tensors)},
           {"memory", memoryJson(plan.memory, perReplica)},
           {"levers", suggestionsJson(levers)},
+          {"leverCombinations", combinationsJson(levers)},
+          {"leverSearch",
+           {{"space", toString(levers.space)},
+            {"peakBytes", levers.peakBytes},
+            {"availableBytes", levers.availableBytes},
+            {"plans", levers.plans}}},
           {"notApplied", std::move(notApplied)},
           {"traffic", trafficJson(plan.time)},
           {"modelledStepTime",
@@ -470,11 +511,62 @@ std::string percentOf(int64_t used, int64_t capacity) {
   return fmt::format("{:.0f} %", 100.0 * static_cast<double>(used) / static_cast<double>(capacity));
 }
 
+// "--set PATH=VALUE" as a shell takes it: a JSON string bare, other values
+// quoted when they hold spaces or quotes.
+std::string setArgument(const ConfigChange& change) {
+  const nlohmann::json value = nlohmann::json::parse(change.value);
+  const std::string text = value.is_string() ? value.get<std::string>() : value.dump();
+  const std::string argument = change.path + "=" + text;
+  if (argument.find_first_of(" \"{}[]") == std::string::npos) return "--set " + argument;
+  return "--set '" + argument + "'";
+}
+
+std::string leverNames(const LeverPlan& p) {
+  std::vector<std::string> names;
+  for (const Lever& l : p.levers) names.push_back(l.name);
+  return fmt::format("{}", fmt::join(names, " + "));
+}
+
+// The combinations that fit, fastest first, each with its settings and the
+// cost of each lever; then every lever alone.
+void printLevers(const LeverSearch& search, std::string_view space) {
+  const auto effect = [&](const LeverPlan& p) {
+    return fmt::format("{} {} -> {} per IPU{}; modelled step {} -> {}{}", space, bytes(search.peakBytes),
+                       bytes(p.peakBytes), p.fits ? ", fits" : ", still too large", seconds(search.stepSeconds),
+                       seconds(p.stepSeconds),
+                       p.globalBatch != search.globalBatch
+                           ? fmt::format("; {} replicas x {} IPUs, global batch {} -> {}", p.replicas,
+                                         p.ipusPerReplica, search.globalBatch, p.globalBatch)
+                           : std::string());
+  };
+  constexpr std::size_t kShown = 3;
+  if (search.fitting.empty()) {
+    fmt::print("Levers: no combination found that fits ({} plans); use a smaller batch, sequence or model\n",
+               search.plans);
+  } else {
+    fmt::print("Levers that make it fit (each combination planned; the fastest modelled step first; {} plans):\n",
+               search.plans);
+    for (std::size_t i = 0; i < search.fitting.size() && i < kShown; ++i) {
+      const LeverPlan& p = search.fitting[i];
+      fmt::print("  {}. {}: {}\n", i + 1, leverNames(p), effect(p));
+      std::vector<std::string> sets;
+      for (const Lever& l : p.levers)
+        for (const ConfigChange& c : l.changes) sets.push_back(setArgument(c));
+      fmt::print("     {}\n", fmt::join(sets, " "));
+      for (const Lever& l : p.levers) fmt::print("     {}: {}\n", l.name, l.cost);
+    }
+    if (search.fitting.size() > kShown)
+      fmt::print("  and {} more combinations that fit (--json)\n", search.fitting.size() - kShown);
+  }
+  if (search.single.empty()) return;
+  fmt::print("Each lever alone:\n");
+  for (const LeverPlan& p : search.single) fmt::print("  {}: {}\n", leverNames(p), effect(p));
+}
+
 // The answer first: whether the program fits, the peak of each space per
 // replica (replicas alike once, with their ranges), the largest categories
 // at the peak that decides, and the settings that lower it.
-void printAnswer(const std::string& source, const RunPlan& plan,
-                 const std::vector<MemorySuggestion>& levers) {
+void printAnswer(const std::string& source, const RunPlan& plan, const LeverSearch& levers) {
   const MemoryReport& memory = plan.memory;
   const std::vector<ReplicaClass> classes = replicaClasses(memory);
   const std::optional<MemoryShortfall> shortfall = findShortfall(memory);
@@ -550,18 +642,7 @@ void printAnswer(const std::string& source, const RunPlan& plan,
     parts.push_back(fmt::format("{} {}", peak.largest[i].name, bytes(peak.largest[i].bytes)));
   if (!parts.empty()) fmt::print("  largest tensors there: {}\n", fmt::join(parts, ", "));
   if (!shortfall) return;
-  if (levers.empty()) {
-    fmt::print(
-        "Levers: no single location setting lowers that peak; use a smaller batch, sequence or model, or a "
-        "device with more memory per tile\n");
-    return;
-  }
-  fmt::print("Levers (each planned alone):\n");
-  for (const MemorySuggestion& s : levers) {
-    fmt::print("  set {} to {}: {} {} -> {}{}; modelled step {} -> {}\n", s.setting, s.value,
-               spaceLabel(shortfall->space), bytes(shortfall->neededBytes), bytes(s.neededBytes),
-               s.fits ? ", fits" : ", still too large", seconds(plan.time.stepSeconds), seconds(s.stepSeconds));
-  }
+  printLevers(levers, spaceLabel(shortfall->space));
 }
 
 // "h.*.attn.qkv.weight": a name with each run of digits a wildcard, so that
@@ -896,6 +977,12 @@ Action attachExplain(CLI::App& command) {
   command.add_flag("--per-replica", args->perReplica,
                    "Also list every replica and every group of a sharding domain one by one (text and JSON)");
   command.add_flag("--json", args->json, "Print JSON instead of text");
+  command
+      .add_option("--lever-plans", args->leverPlans,
+                  "When the program does not fit, plan at most N changed configs in the search for levers that "
+                  "make it fit (0: no search)")
+      ->type_name("N")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000}));
   return [args] {
     const LoadedRunConfig loaded = loadForPlanning(args->config);
     std::optional<LoadedRunConfig> changed;
@@ -906,8 +993,7 @@ Action attachExplain(CLI::App& command) {
     }
     const RunPlan plan = planRun(loaded.config);
     const std::optional<MemoryShortfall> shortfall = findShortfall(plan.memory);
-    const std::vector<MemorySuggestion> levers =
-        shortfall ? suggestRunSettings(loaded.config, *shortfall) : std::vector<MemorySuggestion>{};
+    const LeverSearch levers = shortfall ? searchRunLevers(loaded.config, plan, args->leverPlans) : LeverSearch{};
     if (args->json) {
       nlohmann::json out = configJson(loaded, args->perReplica);
       out.update(planJson(plan, args->perReplica, levers));
@@ -917,7 +1003,7 @@ Action attachExplain(CLI::App& command) {
       out["modelledStepTime"]["batchesPerStep"] = batchesPerStep;
       out["modelledStepTime"]["runSeconds"] = plan.time.runSeconds;
       if (changed) {
-        nlohmann::json after = planJson(planRun(changed->config), args->perReplica, {});
+        nlohmann::json after = planJson(planRun(changed->config), args->perReplica, LeverSearch{});
         after["settings"] = args->whatIf;
         out["whatIf"] = std::move(after);
       }

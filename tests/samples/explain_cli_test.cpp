@@ -436,7 +436,7 @@ TEST_CASE("explain answers first: fits or not, the peak per replica, the largest
   INFO("stdout: ", tooLarge.out);
   CHECK(tooLarge.exitCode == 4);
   CHECK(startsWith(tooLarge.out, path + ": valid; does not fit: compute tiles need "));
-  CHECK(tooLarge.out.find("Levers (each planned alone):\n  set /sessionOptions/") != std::string::npos);
+  CHECK(tooLarge.out.find("\nEach lever alone:\n  ") != std::string::npos);
   CHECK(startsWith(tooLarge.err, "error: [tessera.device.401] replica 0, compute tiles: needs "));
   CHECK(tooLarge.err.find("(2 of 2 replicas short)") != std::string::npos);
 
@@ -456,18 +456,113 @@ TEST_CASE("explain answers first: fits or not, the peak per replica, the largest
   CHECK(report.at("levers").at(0).at("setting").get<std::string>().starts_with("/sessionOptions/"));
 }
 
+// GPT-2 XL's sample at a tiny width, one IPU per replica, float32, on a
+// device of 900 bytes per tile: two blocks whose activations do not fit 4
+// replicas.
+const std::vector<std::string> kTinyGpt = {
+    "--set", "/model/layers=2",       "--set", "/model/hidden=64",
+    "--set", "/model/heads=2",        "--set", "/model/vocab=256",
+    "--set", "/model/sequence=64",    "--set", "/sessionOptions/replicatedGraphCount=4",
+    "--set", "/device/ipusPerReplica=1",  "--set", "/sessionOptions/virtualGraphMode=Off",
+    "--set", "/sessionOptions/autoRecomputation=None", "--set", "/model/dtype=float32",
+    "--set", "/device/bytesPerTile=900"};
+
+std::vector<std::string> tinyGptArgs(std::string command, std::vector<std::string> extra) {
+  std::vector<std::string> args = {std::move(command),
+                                   tessera::test::sourcePath("samples/configs/gpt2_xl_pod64.json")};
+  args.insert(args.end(), kTinyGpt.begin(), kTinyGpt.end());
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TEST_CASE("explain finds levers that make a program fit: each combination planned, its settings pasted back fit") {
+  const CliResult asJson = runCli(tinyGptArgs("explain", {"--json", "--lever-plans", "12"}));
+  INFO("stderr: ", asJson.err);
+  REQUIRE(asJson.exitCode == 4);  // does not fit as given
+  const json report = json::parse(asJson.out);
+  CHECK(report.at("memory").at("fits") == false);
+  const json& search = report.at("leverSearch");
+  CHECK(search.at("plans").get<int64_t>() <= 12);
+  CHECK(search.at("peakBytes").get<int64_t>() > search.at("availableBytes").get<int64_t>());
+  // Each lever alone, with its settings and cost.
+  REQUIRE(!report.at("levers").empty());
+  for (const json& lever : report.at("levers")) {
+    CAPTURE(lever.dump());
+    CHECK(!lever.at("changes").empty());
+    CHECK(!lever.at("cost").get<std::string>().empty());
+    CHECK(lever.at("stepSeconds").get<double>() > 0.0);
+  }
+  // The combinations that fit, the fastest first.
+  const json& fitting = report.at("leverCombinations");
+  REQUIRE(!fitting.empty());
+  for (std::size_t i = 0; i + 1 < fitting.size(); ++i)
+    CHECK(fitting[i].at("stepSeconds").get<double>() <= fitting[i + 1].at("stepSeconds").get<double>());
+  const json& best = fitting.front();
+  CHECK(best.at("fits") == true);
+  CHECK(best.at("neededBytes").get<int64_t>() <= search.at("availableBytes").get<int64_t>());
+  // Planned again from its settings: it fits, with the modelled step the search gave.
+  std::vector<std::string> sets;
+  for (const json& change : best.at("changes")) {
+    sets.emplace_back("--set");
+    sets.push_back(change.at("path").get<std::string>() + "=" + change.at("value").dump());
+  }
+  std::vector<std::string> extra = sets;
+  extra.emplace_back("--json");
+  const CliResult replanned = runCli(tinyGptArgs("explain", extra));
+  INFO("replanned stderr: ", replanned.err);
+  REQUIRE(replanned.exitCode == 0);
+  const json after = parseJson(replanned);
+  CHECK(after.at("memory").at("fits") == true);
+  CHECK(after.at("modelledStepTime").at("seconds").get<double>() == best.at("stepSeconds").get<double>());
+  CHECK(after.at("leverCombinations").empty());
+  // Per-IPU rows: one class per IPU of the replicas, with its count.
+  const int64_t ipus = after.at("memory").at("ipusPerReplica").get<int64_t>();
+  const json& classes = after.at("memory").at("replicaClasses");
+  CHECK(static_cast<int64_t>(classes.size()) >= ipus);
+  std::set<int64_t> seen;
+  int64_t entries = 0;
+  for (const json& c : classes) {
+    seen.insert(c.at("ipu").get<int64_t>());
+    entries += c.at("count").get<int64_t>();
+  }
+  CHECK(static_cast<int64_t>(seen.size()) == ipus);
+  CHECK(entries == after.at("replication").at("global").get<int64_t>() * ipus);
+
+  // The text answers the same, with the settings to paste; validate exits the same way.
+  const CliResult text = runCli(tinyGptArgs("explain", {"--lever-plans", "12"}));
+  CHECK(text.exitCode == 4);
+  CHECK(text.out.find("\nLevers that make it fit (each combination planned; the fastest modelled step first; ") !=
+        std::string::npos);
+  CHECK(text.out.find("\n  1. ") != std::string::npos);
+  CHECK(text.out.find(" --set ") != std::string::npos);
+  CHECK(runCli(tinyGptArgs("validate", {})).exitCode == 4);
+  CHECK(runCli(tinyGptArgs("validate", sets)).exitCode == 0);
+  // --lever-plans 0: no search.
+  const json none = json::parse(runCli(tinyGptArgs("explain", {"--json", "--lever-plans", "0"})).out);
+  CHECK(none.at("levers").empty());
+  CHECK(none.at("leverSearch").at("plans") == 0);
+}
+
 TEST_CASE("explain plans recomputation as a lever: a lower peak for more modelled step time") {
   // GPT-2 XL's shape, two of its blocks (cheap enough under valgrind): the
   // activations of a 1,024-token sequence do not fit.
   const std::string path = tessera::test::sourcePath("samples/configs/gpt2_xl_pod64.json");
-  const CliResult asJson = runCli({"explain", path, "--json", "--set", "/model/layers=2"});
+  // The sample's layout before its levers: 64 replicas of one IPU, float32, no recomputation.
+  const std::vector<std::string> before = {
+      "--set", "/model/layers=2", "--set", "/device/ipusPerReplica=1", "--set",
+      "/sessionOptions/replicatedGraphCount=64", "--set", "/sessionOptions/virtualGraphMode=Off", "--set",
+      "/sessionOptions/autoRecomputation=None", "--set", "/model/dtype=float32", "--lever-plans", "2"};
+  std::vector<std::string> args = {"explain", path, "--json"};
+  args.insert(args.end(), before.begin(), before.end());
+  const CliResult asJson = runCli(args);
   CHECK(asJson.exitCode == 4);
   const json report = json::parse(asJson.out);
   const double step = report.at("modelledStepTime").at("seconds").get<double>();
   std::optional<json> recompute;
   for (const json& lever : report.at("levers")) {
     CHECK(lever.at("stepSeconds").get<double>() > 0.0);
-    if (lever.at("setting") == "/sessionOptions/autoRecomputation") recompute = lever;
+    if (lever.at("setting") == "/sessionOptions/autoRecomputation" && lever.at("value") == "Standard")
+      recompute = lever;
   }
   REQUIRE(recompute.has_value());
   INFO("lever: ", recompute->dump());
@@ -476,9 +571,8 @@ TEST_CASE("explain plans recomputation as a lever: a lower peak for more modelle
   // The clones are charged like any op: the step takes longer.
   CHECK(recompute->at("stepSeconds").get<double>() > step);
   // With recomputation set, it is no lever: the plan is the lever's.
-  const CliResult standard =
-      runCli({"explain", path, "--json", "--set", "/model/layers=2", "--set",
-              "/sessionOptions/autoRecomputation=Standard"});
+  args.insert(args.end(), {"--set", "/sessionOptions/autoRecomputation=Standard"});
+  const CliResult standard = runCli(args);
   const json planned = json::parse(standard.out);
   CHECK(planned.at("modelledStepTime").at("seconds").get<double>() == recompute->at("stepSeconds").get<double>());
   for (const json& lever : planned.at("levers")) CHECK(lever.at("setting") != "/sessionOptions/autoRecomputation");

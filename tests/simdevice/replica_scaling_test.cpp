@@ -183,14 +183,20 @@ struct PlanCost {
   int64_t entryAllocations = 0;  // allocations of copying one per-replica entry
 };
 
-// gpt2_xl_pod64.json at a small width: the same levers (weights and Adam's
-// moments sharded over Consecutive(16), the moments OffChip through the IO
-// tiles), 4 blocks of width 128, on `replicas` replicas.
+// gpt2_xl_pod64.json at a small width, one IPU per replica: weights and
+// Adam's moments sharded over Consecutive(16), the moments OffChip through
+// the IO tiles, 4 blocks of width 128, on `replicas` replicas.
 PlanCost planAt(int64_t replicas) {
   const RunConfig config =
       loadRunConfig(test::sourcePath("samples/configs/gpt2_xl_pod64.json"),
                     {"/model/layers=4", "/model/hidden=128", "/model/heads=4", "/model/vocab=512",
-                     "/model/sequence=32", "/sessionOptions/replicatedGraphCount=" + std::to_string(replicas)})
+                     "/model/sequence=32", "/model/dtype=float32", "/device/ipusPerReplica=1",
+                     "/sessionOptions/virtualGraphMode=Off", "/sessionOptions/autoRecomputation=None",
+                     R"(/sessionOptions/weightTensorLocationSettings/location/shardingDomain={"type": "Consecutive", "replicaGroupSize": 16})",
+                     R"(/sessionOptions/optimizerStateTensorLocationSettings/location/shardingDomain={"type": "Consecutive", "replicaGroupSize": 16})",
+                     "/sessionOptions/optimizerStateTensorLocationSettings/location/loadTileSet=IO",
+                     "/sessionOptions/optimizerStateTensorLocationSettings/location/storageTileSet=IO",
+                     "/sessionOptions/replicatedGraphCount=" + std::to_string(replicas)})
           .config;
   validateForPlanning(config);
   PlanCost cost;
