@@ -27,7 +27,7 @@ table below is the one the check uses; a public header missing from it is an
 error, so that a new header is given a folder when it is added:
 
     lib         autodiff enum_names error graph input_settings json location_resolver loss_scaling
-                ops replica_grouping session_options shard_layout tensor_location
+                ops replica_grouping replica_topology session_options shard_layout tensor_location
     popdist     communicator dist
     optimizers  adam optimizer optimizer_options sgd
     simdevice   device device_spec time_model
