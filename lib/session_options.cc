@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "tessera/error.hpp"
+#include "tessera/replica_topology.hpp"
 
 namespace tessera {
 namespace {
@@ -47,15 +48,15 @@ const CategorySettings& row(TensorCategory category) noexcept {
 }  // namespace
 
 int64_t SessionOptions::getLocalReplicationFactor() const noexcept {
-  return enableReplicatedGraphs ? replicatedGraphCount : 1;
+  return ReplicaTopology::fromOptions(*this).localReplicas;
 }
 
 int64_t SessionOptions::getGlobalReplicationFactor() const noexcept {
-  return enableDistributedReplicatedGraphs ? globalReplicationFactor : getLocalReplicationFactor();
+  return ReplicaTopology::fromOptions(*this).globalReplicas;
 }
 
 int64_t SessionOptions::getGlobalReplicaOffset() const noexcept {
-  return enableDistributedReplicatedGraphs ? globalReplicaOffset : 0;
+  return ReplicaTopology::fromOptions(*this).replicaOffset;
 }
 
 int64_t SessionOptions::getAccumulationFactor() const {

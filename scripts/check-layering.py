@@ -26,8 +26,9 @@ what a file includes indirectly is checked too, one include at a time. The
 table below is the one the check uses; a public header missing from it is an
 error, so that a new header is given a folder when it is added:
 
-    lib         autodiff enum_names error graph input_settings json location_resolver loss_scaling reduction_type
-                ops replica_grouping session_options shard_layout tensor_location
+    lib         autodiff enum_names error graph input_settings json location_resolver loss_scaling
+                ops reduction_type replica_grouping replica_topology session_options shard_layout
+                tensor_location
     popdist     communicator dist
     optimizers  adam optimizer optimizer_options sgd
     simdevice   device device_spec time_model

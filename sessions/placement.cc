@@ -139,12 +139,10 @@ std::vector<TensorPlacement> placements(const Graph& graph, const SessionOptions
   return out;
 }
 
-Program programOf(Graph graph, const SessionOptions& options) {
+Program programOf(Graph graph, const SessionOptions& options, const ReplicaTopology& topology) {
   Program program;
   program.graph = std::move(graph);
-  program.localReplicas = options.getLocalReplicationFactor();
-  program.globalReplicas = options.getGlobalReplicationFactor();
-  program.replicaOffset = options.getGlobalReplicaOffset();
+  program.replicas = topology;
   program.numIOTiles = options.numIOTiles;
   return program;
 }
@@ -217,10 +215,12 @@ std::vector<Candidate> candidates(const Graph& graph, const SessionOptions& opti
 RunPlan planTraining(Graph graph, TensorId loss, const Optimizer& optimizer, const SessionOptions& options,
                      const DeviceSpec& spec, const DataFlow& dataFlow) {
   validate(options, spec);
+  const ReplicaTopology topology = ReplicaTopology::fromOptions(options, spec.ipusPerReplica);
+  checkReplicationFactor(graph, topology);
   const std::string lossName = graph.tensor(loss).name;
   const std::unique_ptr<Optimizer> clone = optimizer.clone();
   TrainingGraph training{std::move(graph), TrainingTensors{loss, {}, {}}};
-  runTrainingPipeline(training, options, *clone, spec.ipusPerReplica);
+  runTrainingPipeline(training, options, *clone, topology);
   RunPlan plan;
   plan.tensors = placements(training.graph, options, plan.notApplied);
   const int64_t af = options.getAccumulationFactor();
@@ -228,7 +228,7 @@ RunPlan planTraining(Graph graph, TensorId loss, const Optimizer& optimizer, con
   for (const auto& anchor : dataFlow.anchors)
     if (anchor.first == lossName) lossType = anchor.second;
   const detail::HostIo io{dataFlow.batchesPerStep, {lossType}, {af > 1}};
-  plan.program = programOf(std::move(training.graph), options);
+  plan.program = programOf(std::move(training.graph), options, topology);
   plan.program.hostStreams = detail::hostStreamsOf(plan.program.graph, af, {training.tensors.loss}, io);
   plan.program.batchesPerStep = dataFlow.batchesPerStep;
   plan.program.accumulationFactor = af;

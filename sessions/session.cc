@@ -20,16 +20,14 @@
 namespace tessera {
 namespace {
 
-void checkOptions(const Graph& graph, const SessionOptions& options, const Device& device) {
+// Validates the options against the device and derives the session's
+// replica topology, the one value the transforms and the device get, after
+// checking that the graph was built for it.
+ReplicaTopology checkOptions(const Graph& graph, const SessionOptions& options, const Device& device) {
   validate(options, device.spec());
-  if (graph.replicationFactor() != options.getGlobalReplicationFactor()) {
-    throw GraphError(
-        ErrorCode::ReplicationFactorMismatch, "Graph",
-        fmt::format("the graph was built for {} replica(s) but the session options give a global "
-                    "replication factor of {}; build the graph with Graph({})",
-                    graph.replicationFactor(), options.getGlobalReplicationFactor(),
-                    options.getGlobalReplicationFactor()));
-  }
+  const ReplicaTopology topology = ReplicaTopology::fromOptions(options, device.spec().ipusPerReplica);
+  checkReplicationFactor(graph, topology);
+  return topology;
 }
 
 std::vector<TensorId> findOutputs(const Graph& graph, const std::vector<std::string>& names) {
@@ -336,7 +334,7 @@ void TrainingSession::Impl::construct(Graph graph, TensorId loss, std::unique_pt
   Impl& impl = *this;
   if (!optimizer_) throw ConfigError(ErrorCode::InvalidOptimizer, "/optimizer", "no optimizer given");
   if (!device) throw DeviceError(ErrorCode::InvalidProgram, "device", "no device given");
-  checkOptions(graph, options_, *device);
+  const ReplicaTopology topology = checkOptions(graph, options_, *device);
   impl.options = std::move(options_);
   impl.optimizer = std::move(optimizer_);
   impl.outputNames = std::move(outputs);
@@ -352,7 +350,7 @@ void TrainingSession::Impl::construct(Graph graph, TensorId loss, std::unique_pt
   const Graph original = graph;
   const std::string lossName = graph.tensor(loss).name;
   TrainingGraph training{std::move(graph), TrainingTensors{loss, {}, {}}};
-  runTrainingPipeline(training, impl.options, *impl.optimizer, device->spec().ipusPerReplica);
+  runTrainingPipeline(training, impl.options, *impl.optimizer, topology);
   impl.weights = training.tensors.weights;
 
   std::vector<TensorId> outputIds{training.tensors.loss};
@@ -368,7 +366,7 @@ void TrainingSession::Impl::construct(Graph graph, TensorId loss, std::unique_pt
     io.microBatchLeading.push_back(false);
   }
   try {
-    impl.runtime = std::make_unique<detail::SessionRuntime>(std::move(training.graph), impl.options,
+    impl.runtime = std::make_unique<detail::SessionRuntime>(std::move(training.graph), impl.options, topology,
                                                             std::move(device), af, outputIds, io);
   } catch (const DeviceError& error) {
     if (error.code() != ErrorCode::OutOfMemory) throw;
@@ -513,17 +511,17 @@ InferenceSession::InferenceSession(Graph graph, std::vector<std::string> outputs
                                    std::unique_ptr<Device> device)
     : impl_(std::make_unique<Impl>()) {
   if (!device) throw DeviceError(ErrorCode::InvalidProgram, "device", "no device given");
-  checkOptions(graph, options, *device);
+  const ReplicaTopology topology = checkOptions(graph, options, *device);
   if (options.enableGradientAccumulation) {
     throw ConfigError(
         ErrorCode::UnsupportedCombination, "/sessionOptions/enableGradientAccumulation",
         "gradient accumulation only exists for training; set it to false for an inference session");
   }
   impl_->outputNames = std::move(outputs);
-  runInferencePipeline(graph, options, device->spec().ipusPerReplica);
+  runInferencePipeline(graph, options, topology);
   const std::vector<TensorId> ids = findOutputs(graph, impl_->outputNames);
-  impl_->runtime =
-      std::make_unique<detail::SessionRuntime>(std::move(graph), options, std::move(device), 1, ids);
+  impl_->runtime = std::make_unique<detail::SessionRuntime>(std::move(graph), options, topology,
+                                                            std::move(device), 1, ids);
 }
 
 InferenceSession::~InferenceSession() = default;

@@ -188,21 +188,19 @@ std::vector<HostStream> hostStreamsOf(const Graph& graph, int64_t accumulationFa
   return streams;
 }
 
-SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, std::unique_ptr<Device> device,
-                               int64_t accumulationFactor, const std::vector<TensorId>& outputs,
-                               const HostIo& io)
+SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, const ReplicaTopology& topology,
+                               std::unique_ptr<Device> device, int64_t accumulationFactor,
+                               const std::vector<TensorId>& outputs, const HostIo& io)
     : device_(std::move(device)), accumulationFactor_(accumulationFactor) {
   Program prepared;
-  prepared.localReplicas = options.getLocalReplicationFactor();
-  prepared.globalReplicas = options.getGlobalReplicationFactor();
-  prepared.replicaOffset = options.getGlobalReplicaOffset();
+  prepared.replicas = topology;
   prepared.numIOTiles = options.numIOTiles;
   prepared.graph = std::move(graph);
   prepared.hostReads = outputs;
   prepared.hostStreams = hostStreamsOf(prepared.graph, accumulationFactor, outputs, io);
   prepared.batchesPerStep = io.batchesPerStep;
   prepared.accumulationFactor = accumulationFactor;
-  if (prepared.globalReplicas != prepared.localReplicas) checkInstances(prepared, options);
+  if (prepared.replicas.distributed()) checkInstances(prepared, options);
   executable_ = device_->load(std::move(prepared));
 
   const Graph& g = program().graph;
@@ -214,13 +212,13 @@ SessionRuntime::SessionRuntime(Graph graph, const SessionOptions& options, std::
     s.dtype = node.dtype;
     const Shape micro =
         accumulationFactor_ > 1 ? Shape(node.shape.begin() + 1, node.shape.end()) : node.shape;
-    s.hostShape = hostLeadingShape(accumulationFactor_, program().localReplicas, micro);
+    s.hostShape = hostLeadingShape(accumulationFactor_, program().replicas.localReplicas, micro);
     s.derivation =
         fmt::format("[accumulationFactor={}, localReplicas={}, ...{}] with size-1 dimensions omitted",
-                    accumulationFactor_, program().localReplicas, shapeStr(micro));
-    s.device.assign(
-        static_cast<size_t>(program().localReplicas * numElements(node.shape) * dtypeSlots(node.dtype)),
-        0.0f);
+                    accumulationFactor_, program().replicas.localReplicas, shapeStr(micro));
+    s.device.assign(static_cast<size_t>(program().replicas.localReplicas * numElements(node.shape) *
+                                        dtypeSlots(node.dtype)),
+                    0.0f);
     streams_.push_back(std::move(s));
   }
   for (TensorId t : outputs) {
@@ -246,7 +244,8 @@ void SessionRuntime::checkInstances(const Program& program, const SessionOptions
             "the device has no communicator; create it with makeSimDevice(spec, mode, "
             "dist::instanceCommunicator()) and start the instances with `tessera launch`, or use one "
             "instance with replicatedGraphCount {}",
-            program.globalReplicas, program.localReplicas, program.globalReplicas));
+            program.replicas.globalReplicas, program.replicas.localReplicas,
+            program.replicas.globalReplicas));
   }
   // Everything but this instance's own offset must be the same everywhere.
   // One check each, in this order, so that the first difference named is
@@ -306,7 +305,7 @@ void SessionRuntime::run(std::span<const StepInput> inputs) {
     // Host order is [micro-batch, replica, ...]; the device keeps each
     // replica's micro-batches together: [replica, micro-batch, ...].
     const int64_t af = accumulationFactor_;
-    const int64_t replicas = program().localReplicas;
+    const int64_t replicas = program().replicas.localReplicas;
     const auto block = static_cast<size_t>(numElements(node.shape) / af);
     const auto slots = static_cast<size_t>(dtypeSlots(s.dtype));
     for (int64_t a = 0; a < af; ++a) {
@@ -345,7 +344,7 @@ void SessionRuntime::run(std::span<const StepInput> inputs) {
 }
 
 void SessionRuntime::readOutputs() {
-  const int64_t replicas = program().localReplicas;
+  const int64_t replicas = program().replicas.localReplicas;
   for (Output& out : outputs_) {
     const TensorNode& node = program().graph.tensor(out.tensor);
     const ReplicaGrouping layout = executable_->layout(out.tensor);
@@ -385,10 +384,10 @@ TensorId SessionRuntime::variable(std::string_view name) const {
 }
 
 Shape SessionRuntime::variableHostShape(const TensorNode& node, RetrievalMode mode) const {
-  const ReplicaGrouping grouping = groupingOf(node, program().globalReplicas);
+  const ReplicaGrouping grouping = groupingOf(node, program().replicas.globalReplicas);
   Shape shape;
   if (mode == RetrievalMode::AllReplicas && grouping.groupSize() > 1) {
-    shape.push_back(program().globalReplicas);
+    shape.push_back(program().replicas.globalReplicas);
   } else if (grouping.numGroups() > 1) {
     shape.push_back(grouping.numGroups());
   }
@@ -399,8 +398,8 @@ Shape SessionRuntime::variableHostShape(const TensorNode& node, RetrievalMode mo
 
 void SessionRuntime::replicaValue(const TensorNode& node, std::span<const float> host, int64_t localReplica,
                                   std::span<float> out) const {
-  const ReplicaGrouping grouping = groupingOf(node, program().globalReplicas);
-  const int64_t global = program().replicaOffset + localReplica;
+  const ReplicaGrouping grouping = groupingOf(node, program().replicas.globalReplicas);
+  const int64_t global = program().replicas.replicaOffset + localReplica;
   const int64_t group = grouping.numGroups() > 1 ? grouping.groupAt(global) : 0;
   const int64_t n = numElements(hostValueShape(node));
   const auto slice = host.subspan(static_cast<size_t>(group * n), static_cast<size_t>(n));
@@ -409,7 +408,7 @@ void SessionRuntime::replicaValue(const TensorNode& node, std::span<const float>
     return;
   }
   const ShardLayout layout(n, node.shardCount);
-  layout.hostToShard(slice, shardIndexAt(node, program().globalReplicas, global), out);
+  layout.hostToShard(slice, shardIndexAt(node, program().replicas.globalReplicas, global), out);
 }
 
 void SessionRuntime::writeVariable(std::string_view name, std::span<const float> hostData,
@@ -418,7 +417,7 @@ void SessionRuntime::writeVariable(std::string_view name, std::span<const float>
   const TensorNode& node = program().graph.tensor(t);
   const Shape expected = variableHostShape(node, RetrievalMode::OnePerGroup);
   if (hostShape != expected || hostData.size() != static_cast<size_t>(numElements(expected))) {
-    const ReplicaGrouping grouping = groupingOf(node, program().globalReplicas);
+    const ReplicaGrouping grouping = groupingOf(node, program().replicas.globalReplicas);
     throw GraphError(
         ErrorCode::HostShapeMismatch, node.name,
         fmt::format("expected host shape {} ({} group(s) of {} x {}{}); received {} with {} values",
@@ -428,8 +427,8 @@ void SessionRuntime::writeVariable(std::string_view name, std::span<const float>
   }
   const auto elements = static_cast<size_t>(numElements(node.shape));
   if (node.remoteBuffer >= 0) {
-    std::vector<float> replicas(static_cast<size_t>(program().localReplicas) * elements);
-    for (int64_t r = 0; r < program().localReplicas; ++r) {
+    std::vector<float> replicas(static_cast<size_t>(program().replicas.localReplicas) * elements);
+    for (int64_t r = 0; r < program().replicas.localReplicas; ++r) {
       replicaValue(node, hostData, r,
                    std::span<float>(replicas).subspan(static_cast<size_t>(r) * elements, elements));
     }
@@ -464,7 +463,7 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
   const TensorId t = variable(name);
   const TensorNode& node = program().graph.tensor(t);
   const RetrievalMode retrieval = mode.value_or(node.retrievalMode);
-  const int64_t replicas = program().localReplicas;
+  const int64_t replicas = program().replicas.localReplicas;
   const auto elements = static_cast<size_t>(numElements(node.shape));
 
   // Every local replica's value.
@@ -480,7 +479,7 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
                   values.data() + static_cast<size_t>(r) * elements);
     }
   }
-  const ReplicaGrouping grouping = groupingOf(node, program().globalReplicas);
+  const ReplicaGrouping grouping = groupingOf(node, program().replicas.globalReplicas);
   const auto n = static_cast<size_t>(numElements(hostValueShape(node)));
   const int64_t shards = node.metaShape.empty() ? 1 : node.shardCount;
   // For every shard of a group (a single one when not sharded), the replica
@@ -492,7 +491,7 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
       for (int64_t m = 0; m < grouping.groupSize(); ++m) {
         const int64_t replica = grouping.replicaAt(group, m);
         if (localOnly && (replica < first || replica >= first + replicas)) continue;
-        const int64_t s = shards == 1 ? 0 : shardIndexAt(node, program().globalReplicas, replica);
+        const int64_t s = shards == 1 ? 0 : shardIndexAt(node, program().replicas.globalReplicas, replica);
         if (chosen[static_cast<size_t>(s)] < 0) chosen[static_cast<size_t>(s)] = replica;
       }
     }
@@ -503,7 +502,8 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
   // replica's value: the decision is the same on all, as collectives need.
   std::vector<float> everyReplica;
   bool gather = false;
-  for (int64_t first = 0; first < program().globalReplicas && replicas < program().globalReplicas && !gather;
+  for (int64_t first = 0;
+       first < program().replicas.globalReplicas && replicas < program().replicas.globalReplicas && !gather;
        first += replicas) {
     for (int64_t group = 0; group < grouping.numGroups() && !gather; ++group) {
       for (int64_t replica : holders(group, first))
@@ -511,7 +511,7 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
     }
   }
   if (gather) {
-    everyReplica.resize(static_cast<size_t>(program().globalReplicas) * elements);
+    everyReplica.resize(static_cast<size_t>(program().replicas.globalReplicas) * elements);
     device_->communicator()->allGather(values, everyReplica);
   }
   const auto valueOf = [&](int64_t globalReplica) {
@@ -519,13 +519,13 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
       return std::span<const float>(everyReplica)
           .subspan(static_cast<size_t>(globalReplica) * elements, elements);
     return std::span<const float>(values).subspan(
-        static_cast<size_t>(globalReplica - program().replicaOffset) * elements, elements);
+        static_cast<size_t>(globalReplica - program().replicas.replicaOffset) * elements, elements);
   };
 
   // The full value of group `group`, reassembled from its members' shards
   // when sharded.
   const auto groupValue = [&](int64_t group, std::span<float> out) {
-    const std::vector<int64_t> from = holders(group, program().replicaOffset);
+    const std::vector<int64_t> from = holders(group, program().replicas.replicaOffset);
     if (node.metaShape.empty()) {
       const auto v = valueOf(from.front());
       std::copy(v.begin(), v.end(), out.begin());
@@ -547,7 +547,7 @@ HostTensor SessionRuntime::readVariable(std::string_view name, std::optional<Ret
   host.data.resize(static_cast<size_t>(numElements(host.shape)));
   std::span<float> out(host.data);
   if (retrieval == RetrievalMode::AllReplicas && grouping.groupSize() > 1) {
-    for (int64_t r = 0; r < program().globalReplicas; ++r) {
+    for (int64_t r = 0; r < program().replicas.globalReplicas; ++r) {
       groupValue(grouping.groupAt(r), out.subspan(static_cast<size_t>(r) * n, n));
     }
   } else {

@@ -40,11 +40,14 @@ class SessionRuntime {
   // `graph` is final (every transform applied). `accumulationFactor` > 1
   // means inputs have a leading micro-batch dimension on the device.
   // `outputs` are read back after every run; `io` says how the streams move.
-  SessionRuntime(Graph graph, const SessionOptions& options, std::unique_ptr<Device> device,
-                 int64_t accumulationFactor, const std::vector<TensorId>& outputs, const HostIo& io = {});
+  // `topology` (the session's, checked against the graph) becomes the
+  // program's replicas.
+  SessionRuntime(Graph graph, const SessionOptions& options, const ReplicaTopology& topology,
+                 std::unique_ptr<Device> device, int64_t accumulationFactor,
+                 const std::vector<TensorId>& outputs, const HostIo& io = {});
 
   const Graph& graph() const noexcept { return program().graph; }
-  int64_t localReplicas() const noexcept { return program().localReplicas; }
+  int64_t localReplicas() const noexcept { return program().replicas.localReplicas; }
   int64_t accumulationFactor() const noexcept { return accumulationFactor_; }
 
   Shape inputHostShape(std::string_view name) const;

@@ -182,7 +182,7 @@ void requireHostMemory(const RunConfig& config, const RunPlan& plan, std::string
           "{}. Lower the widths, the batch size or the local replicas, or raise /limits/maxHostBytes (e.g. "
           "--set /limits/maxHostBytes={}) if the host has the memory{}",
           command, gib(total), total, gib(limit), limit, gib(program.bytes),
-          gib(category(TensorCategory::Activation)), plan.program.localReplicas,
+          gib(category(TensorCategory::Activation)), plan.program.replicas.localReplicas,
           gib(category(TensorCategory::Weight)), gib(category(TensorCategory::OptimizerState)),
           gib(category(TensorCategory::Accumulator)), gib(variables), gib(dataset), fmt::join(largest, ", "),
           enough,

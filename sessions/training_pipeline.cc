@@ -13,7 +13,8 @@ namespace tessera {
 
 std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptions& options,
                                                               Optimizer& optimizer, TrainingTensors& tensors,
-                                                              int64_t ipusPerReplica) {
+                                                              const ReplicaTopology& topology) {
+  const int64_t ipusPerReplica = topology.ipusPerReplica;
   std::vector<std::unique_ptr<Transform>> pipeline;
   pipeline.push_back(std::make_unique<VirtualGraphTransform>(options.virtualGraphMode, ipusPerReplica));
   pipeline.push_back(std::make_unique<PipelineStagesTransform>(options, ipusPerReplica, true));
@@ -24,7 +25,7 @@ std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptio
   pipeline.push_back(std::make_unique<RecomputeTransform>(options.autoRecomputation, tensors));
   pipeline.push_back(
       std::make_unique<GradientAccumulationTransform>(options, tensors, optimizer.accumType()));
-  pipeline.push_back(std::make_unique<ReplicationTransform>(options, tensors));
+  pipeline.push_back(std::make_unique<ReplicationTransform>(options, topology, tensors));
   pipeline.push_back(
       std::make_unique<OptimizerUpdateTransform>(optimizer, tensors, options.automaticLossScalingSettings));
   pipeline.push_back(std::make_unique<LocationTransform>(options, &tensors));
@@ -33,8 +34,15 @@ std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptio
   return pipeline;
 }
 
+std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptions& options,
+                                                              Optimizer& optimizer,
+                                                              TrainingTensors& tensors) {
+  return buildTrainingPipeline(options, optimizer, tensors, ReplicaTopology::fromOptions(options));
+}
+
 std::vector<std::unique_ptr<Transform>> buildInferencePipeline(const SessionOptions& options,
-                                                               int64_t ipusPerReplica) {
+                                                               const ReplicaTopology& topology) {
+  const int64_t ipusPerReplica = topology.ipusPerReplica;
   std::vector<std::unique_ptr<Transform>> pipeline;
   pipeline.push_back(std::make_unique<VirtualGraphTransform>(options.virtualGraphMode, ipusPerReplica));
   pipeline.push_back(std::make_unique<PipelineStagesTransform>(options, ipusPerReplica, false));
@@ -44,17 +52,29 @@ std::vector<std::unique_ptr<Transform>> buildInferencePipeline(const SessionOpti
   return pipeline;
 }
 
-void runInferencePipeline(Graph& graph, const SessionOptions& options, int64_t ipusPerReplica) {
-  for (const auto& transform : buildInferencePipeline(options, ipusPerReplica)) runTransform(*transform, graph);
+std::vector<std::unique_ptr<Transform>> buildInferencePipeline(const SessionOptions& options) {
+  return buildInferencePipeline(options, ReplicaTopology::fromOptions(options));
+}
+
+void runInferencePipeline(Graph& graph, const SessionOptions& options, const ReplicaTopology& topology) {
+  for (const auto& transform : buildInferencePipeline(options, topology)) runTransform(*transform, graph);
+}
+
+void runInferencePipeline(Graph& graph, const SessionOptions& options) {
+  runInferencePipeline(graph, options, ReplicaTopology::fromOptions(options));
 }
 
 void runTrainingPipeline(TrainingGraph& training, const SessionOptions& options, Optimizer& optimizer,
-                         int64_t ipusPerReplica) {
+                         const ReplicaTopology& topology) {
   checkLossScaling(optimizer.lossScaling(), options.automaticLossScalingSettings);
-  for (const auto& transform : buildTrainingPipeline(options, optimizer, training.tensors, ipusPerReplica)) {
+  for (const auto& transform : buildTrainingPipeline(options, optimizer, training.tensors, topology)) {
     runTransform(*transform, training.graph);
   }
   optimizer.rebindHyperParameters(training.graph);
+}
+
+void runTrainingPipeline(TrainingGraph& training, const SessionOptions& options, Optimizer& optimizer) {
+  runTrainingPipeline(training, options, optimizer, ReplicaTopology::fromOptions(options));
 }
 
 }  // namespace tessera

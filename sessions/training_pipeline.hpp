@@ -6,7 +6,10 @@
 //   optimizerUpdate → locations → ipuCopy → pipelineCycles
 //
 // and the inference one: virtualGraph → pipelineStages → weightSharding →
-// locations → ipuCopy. `ipusPerReplica` is DeviceSpec::ipusPerReplica.
+// locations → ipuCopy. `topology` is the session's replica topology
+// (ReplicaTopology::fromOptions), whose global count the graph was checked
+// against (checkReplicationFactor); without it, the options' topology with
+// one IPU per replica.
 //
 // Gradients are accumulated before they are reduced over replicas, so each
 // step all-reduces every gradient once rather than once per micro-batch,
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "tessera/optimizer.hpp"
+#include "tessera/replica_topology.hpp"
 #include "tessera/session_options.hpp"
 #include "tessera/transform.hpp"
 
@@ -28,15 +32,20 @@ namespace tessera {
 // applied to.
 std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptions& options,
                                                               Optimizer& optimizer, TrainingTensors& tensors,
-                                                              int64_t ipusPerReplica = 1);
+                                                              const ReplicaTopology& topology);
+std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptions& options,
+                                                              Optimizer& optimizer, TrainingTensors& tensors);
 
 std::vector<std::unique_ptr<Transform>> buildInferencePipeline(const SessionOptions& options,
-                                                               int64_t ipusPerReplica = 1);
-void runInferencePipeline(Graph& graph, const SessionOptions& options, int64_t ipusPerReplica = 1);
+                                                               const ReplicaTopology& topology);
+std::vector<std::unique_ptr<Transform>> buildInferencePipeline(const SessionOptions& options);
+void runInferencePipeline(Graph& graph, const SessionOptions& options, const ReplicaTopology& topology);
+void runInferencePipeline(Graph& graph, const SessionOptions& options);
 
 // Builds the pipeline for training.tensors and runs it on training.graph
 // with runTransform (errors name the transform).
 void runTrainingPipeline(TrainingGraph& training, const SessionOptions& options, Optimizer& optimizer,
-                         int64_t ipusPerReplica = 1);
+                         const ReplicaTopology& topology);
+void runTrainingPipeline(TrainingGraph& training, const SessionOptions& options, Optimizer& optimizer);
 
 }  // namespace tessera

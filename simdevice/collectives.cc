@@ -161,7 +161,7 @@ void remoteStoreKernel(const Step& s) {
 
 }  // namespace
 
-bool crossesInstances(const LocalTopology& topology, const ReplicaGrouping& grouping) {
+bool crossesInstances(const ReplicaTopology& topology, const ReplicaGrouping& grouping) {
   if (topology.localReplicas == topology.globalReplicas) return false;
   // A group's members increase: its first and last tell.
   for (int64_t r = 0; r < topology.localReplicas; ++r) {
@@ -175,7 +175,7 @@ bool crossesInstances(const LocalTopology& topology, const ReplicaGrouping& grou
 }
 
 Step planExchange(Exchange& exchange, Communicator* communicator, TensorId tensor, const float* source,
-                  const ReplicaGrouping& layout, int64_t elements, const LocalTopology& topology,
+                  const ReplicaGrouping& layout, int64_t elements, const ReplicaTopology& topology,
                   const OpNode& op) {
   exchange.communicator = communicator;
   exchange.replicaOffset = topology.replicaOffset;
@@ -215,13 +215,13 @@ Step mergeExchanges(Exchange& merged, std::span<Exchange* const> parts) {
   return step;
 }
 
-bool consecutiveGroups(const LocalTopology& topology, const ReplicaGrouping& grouping) {
+bool consecutiveGroups(const ReplicaTopology& topology, const ReplicaGrouping& grouping) {
   // Members are `stride` apart, so groups of more than one replica are runs
   // exactly when the stride is 1 (group c is then replicas c*g .. c*g+g-1).
   return topology.localReplicas < 1 || grouping.groupSize() == 1 || grouping.stride() == 1;
 }
 
-bool consecutiveGroupsLayout(const LocalTopology& topology, const ReplicaGrouping& grouping,
+bool consecutiveGroupsLayout(const ReplicaTopology& topology, const ReplicaGrouping& grouping,
                              const ReplicaGrouping& reduced) {
   if (!consecutiveGroups(topology, grouping)) return false;
   // The local replicas' groups of `grouping` and of `reduced` must be the
@@ -238,7 +238,7 @@ bool consecutiveGroupsLayout(const LocalTopology& topology, const ReplicaGroupin
 }
 
 void planCollective(Step& step, const OpNode& op, const ReplicaGrouping& out, const ReplicaGrouping& in,
-                    int64_t inputElements, int64_t outputElements, const LocalTopology& topology,
+                    int64_t inputElements, int64_t outputElements, const ReplicaTopology& topology,
                     const ExchangedTensor* exchanged) {
   const ReplicaGrouping grouping = op.attributes.grouping.value_or(ReplicaGrouping(topology.globalReplicas));
   const int64_t g = grouping.groupSize();

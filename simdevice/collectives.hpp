@@ -50,13 +50,13 @@ struct Exchange {
 
 // True when a group of `grouping` that holds a replica of this instance also
 // holds a replica of another instance.
-bool crossesInstances(const LocalTopology& topology, const ReplicaGrouping& grouping);
+bool crossesInstances(const ReplicaTopology& topology, const ReplicaGrouping& grouping);
 
 // Plans the exchange of `tensor`, whose buffer `source` has layout `layout`
 // and `elements` per replica, before `op`, and returns the step that runs
 // it; `exchange` must outlive the plan.
 Step planExchange(Exchange& exchange, Communicator* communicator, TensorId tensor, const float* source,
-                  const ReplicaGrouping& layout, int64_t elements, const LocalTopology& topology,
+                  const ReplicaGrouping& layout, int64_t elements, const ReplicaTopology& topology,
                   const OpNode& op);
 
 // Moves the tensors of `parts` (in order) into `merged` and returns the step
@@ -66,14 +66,14 @@ Step mergeExchanges(Exchange& merged, std::span<Exchange* const> parts);
 
 // True when every group of `grouping` that holds a replica of this instance
 // is a run of consecutive global replicas.
-bool consecutiveGroups(const LocalTopology& topology, const ReplicaGrouping& grouping);
+bool consecutiveGroups(const ReplicaTopology& topology, const ReplicaGrouping& grouping);
 
 // True when every group of `grouping` that holds a replica of this instance
 // is a run of consecutive global replicas, and the local replicas of one
 // group (and only those) share a group of the layout `reduced`: the case in
 // which the executor computes a gradient product and its all-reduce as one
 // GEMM per group over the concatenated batch.
-bool consecutiveGroupsLayout(const LocalTopology& topology, const ReplicaGrouping& grouping,
+bool consecutiveGroupsLayout(const ReplicaTopology& topology, const ReplicaGrouping& grouping,
                              const ReplicaGrouping& reduced);
 
 // Fills step.table/table2, groups and sizes and sets the kernel of a
@@ -86,7 +86,7 @@ bool consecutiveGroupsLayout(const LocalTopology& topology, const ReplicaGroupin
 // groups, each listed once: for a reduce-scatter over R replicas, O(R)
 // entries, not one member list per replica.
 void planCollective(Step& step, const OpNode& op, const ReplicaGrouping& out, const ReplicaGrouping& in,
-                    int64_t inputElements, int64_t outputElements, const LocalTopology& topology,
+                    int64_t inputElements, int64_t outputElements, const ReplicaTopology& topology,
                     const ExchangedTensor* exchanged = nullptr);
 
 // Remote buffers live in one array: buffer b, entry e, local replica r at

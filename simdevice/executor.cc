@@ -1,6 +1,7 @@
 #include "executor.hpp"
 
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -242,17 +243,16 @@ SimExecutable::SimExecutable(Program program, const DeviceSpec& spec, ExecutionM
                              std::shared_ptr<Communicator> communicator)
     : program_(std::move(program)), mode_(mode), communicator_(std::move(communicator)) {
   checkProgram();
-  topology_ = {program_.localReplicas, program_.globalReplicas, program_.replicaOffset};
   const Graph& graph = program_.graph;
   schedule_ = graph.schedule();
   // A program that does not fit is rejected before any buffer is allocated.
   memory_ = planMemory(program_, schedule_, spec);
   requireFits(memory_);
-  time_ = modelTime(graph, topology_, schedule_, spec);
+  time_ = modelTime(graph, program_.replicas, schedule_, spec);
   addHostStreams(time_, program_, spec);
   position_.assign(graph.ops().size(), -1);
   for (std::size_t p = 0; p < schedule_.size(); ++p) position_[at(schedule_[p])] = static_cast<int64_t>(p);
-  layouts_ = inferLayouts(graph, schedule_, topology_, mode_, &bufferLayouts_);
+  layouts_ = inferLayouts(graph, schedule_, program_.replicas, mode_, &bufferLayouts_);
   writes_.assign(graph.tensors().size(), {});
   for (OpId id : schedule_) {
     const OpNode& op = graph.op(id);
@@ -288,25 +288,9 @@ void SimExecutable::checkProgram() const {
                       "the buffer holds float64 values; streaming memory holds float32, float16 and int32 "
                       "tensors (keep float64 values on chip)");
   }
-  if (p.globalReplicas != p.graph.replicationFactor()) {
-    throw DeviceError(
-        ErrorCode::InvalidProgram, "Program.globalReplicas",
-        fmt::format("globalReplicas is {} but the graph was built for a replication factor of {}; "
-                    "they must be equal",
-                    p.globalReplicas, p.graph.replicationFactor()));
-  }
-  if (p.localReplicas < 1 || p.localReplicas > p.globalReplicas || p.globalReplicas % p.localReplicas != 0) {
-    throw DeviceError(ErrorCode::InvalidProgram, "Program.localReplicas",
-                      fmt::format("localReplicas is {}; it must be a positive divisor of globalReplicas {}",
-                                  p.localReplicas, p.globalReplicas));
-  }
-  if (p.replicaOffset < 0 || p.replicaOffset % p.localReplicas != 0 ||
-      p.replicaOffset + p.localReplicas > p.globalReplicas) {
-    throw DeviceError(ErrorCode::InvalidProgram, "Program.replicaOffset",
-                      fmt::format("replicaOffset is {}; it must be a multiple of localReplicas {} below "
-                                  "globalReplicas {}",
-                                  p.replicaOffset, p.localReplicas, p.globalReplicas));
-  }
+  // The replica topology was derived and checked against the graph where
+  // the program was made (ReplicaTopology::fromOptions, checkReplicationFactor).
+  assert(p.replicas.consistent() && p.replicas.globalReplicas == p.graph.replicationFactor());
   if (p.numIOTiles < 0) {
     throw DeviceError(ErrorCode::InvalidProgram, "Program.numIOTiles",
                       fmt::format("numIOTiles is {}; it must be >= 0", p.numIOTiles));
@@ -324,17 +308,18 @@ void SimExecutable::checkProgram() const {
   // replicas i * localReplicas onwards and is the communicator's rank i.
   // (Without a communicator, only collectives that stay within this
   // device's replicas can run; planning the others says so.)
-  if (p.localReplicas == p.globalReplicas || communicator_ == nullptr) return;
-  const int64_t instances = p.globalReplicas / p.localReplicas;
-  const int64_t instance = p.replicaOffset / p.localReplicas;
+  if (!p.replicas.distributed() || communicator_ == nullptr) return;
+  const int64_t instances = p.replicas.instances();
+  const int64_t instance = p.replicas.instance();
   if (communicator_->size() != instances || communicator_->rank() != instance) {
     throw DeviceError(
         ErrorCode::InvalidProgram, "Program.globalReplicas",
         fmt::format("the program runs replicas {}..{} of {} as instance {} of {}, but the device is "
                     "instance {} of {}; give each instance the communicator of its rank in a communicator of "
                     "the run's instances",
-                    p.replicaOffset, p.replicaOffset + p.localReplicas - 1, p.globalReplicas, instance,
-                    instances, communicator_->rank(), communicator_->size()));
+                    p.replicas.replicaOffset, p.replicas.replicaOffset + p.replicas.localReplicas - 1,
+                    p.replicas.globalReplicas, instance, instances, communicator_->rank(),
+                    communicator_->size()));
   }
 }
 
@@ -354,7 +339,7 @@ void SimExecutable::planFusions() {
     const OpNode& op = graph.op(graph.tensor(t).producer);
     return op.kind == OpKind::Transpose && op.attributes.axes == std::vector<int64_t>{1, 0};
   };
-  const int64_t replicas = program_.localReplicas;
+  const int64_t replicas = program_.replicas.localReplicas;
 
   for (OpId id : schedule_) {
     const OpNode& ar = graph.op(id);
@@ -374,10 +359,10 @@ void SimExecutable::planFusions() {
     const ReplicaGrouping& reduced = layouts_[at(ar.outputs[0])];
     // Groups of consecutive replicas: group c is replicas c*g .. c*g+g-1.
     const ReplicaGrouping grouping =
-        ar.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
+        ar.attributes.grouping.value_or(ReplicaGrouping(program_.replicas.globalReplicas));
     if (out.numGroups() != replicas) continue;
     if (scatters ? !scatteredByGroup(grouping, reduced)
-                 : !consecutiveGroupsLayout(topology_, grouping, reduced))
+                 : !consecutiveGroupsLayout(program_.replicas, grouping, reduced))
       continue;
     const int64_t reducedAt = position_[at(id)];
     if (!unchanged(x, position_[at(tr)], reducedAt) || !unchanged(dy, position_[at(mm)], reducedAt)) continue;
@@ -409,10 +394,11 @@ bool SimExecutable::scatteredByGroup(const ReplicaGrouping& grouping,
                                      const ReplicaGrouping& scattered) const {
   // Without the other instances, members they hold cannot be read; planning
   // the unfused collective names them.
-  if (crossesInstances(topology_, grouping) && communicator_ == nullptr) return false;
-  if (!consecutiveGroups(topology_, grouping) || scattered.numGroups() != topology_.localReplicas)
+  if (crossesInstances(program_.replicas, grouping) && communicator_ == nullptr) return false;
+  if (!consecutiveGroups(program_.replicas, grouping) ||
+      scattered.numGroups() != program_.replicas.localReplicas)
     return false;
-  for (int64_t r = 0; r < topology_.localReplicas; ++r)
+  for (int64_t r = 0; r < program_.replicas.localReplicas; ++r)
     if (scattered.groupAt(r) != r) return false;
   return true;
 }
@@ -435,7 +421,7 @@ void SimExecutable::planBuffers() {
   // live in its entry (planRemoteAliases).
   for (const RemoteBufferInfo& info : graph.remoteBuffers()) {
     remoteBase_.push_back(total);
-    total += alignUp(info.entries * program_.localReplicas * numElements(info.shape));
+    total += alignUp(info.entries * program_.replicas.localReplicas * numElements(info.shape));
   }
   arena_.assign(at(total), 0.0f);
   for (std::size_t t = 0; t < graph.tensors().size(); ++t) {
@@ -469,7 +455,7 @@ void SimExecutable::planSharedOutputs() {
   sharedWith_.assign(graph.tensors().size(), -1);
   if (mode_ != ExecutionMode::Vectorized || !program_.hostReads) return;
   const std::vector<char> hostRead = hostReadStorages();
-  const int64_t replicas = program_.localReplicas;
+  const int64_t replicas = program_.replicas.localReplicas;
   for (OpId id : schedule_) {
     const OpNode& op = graph.op(id);
     const bool cast = op.kind == OpKind::CastToFloat32;
@@ -503,9 +489,9 @@ void SimExecutable::planSharedOutputs() {
       const ReplicaGrouping& shards = layouts_[at(source)];
       const ReplicaGrouping& gathered = layouts_[at(y)];
       const ReplicaGrouping grouping =
-          op.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
+          op.attributes.grouping.value_or(ReplicaGrouping(program_.replicas.globalReplicas));
       const int64_t g = grouping.groupSize();
-      bool inOrder = program_.globalReplicas == replicas && (g == 1 || grouping.stride() == 1) &&
+      bool inOrder = program_.replicas.globalReplicas == replicas && (g == 1 || grouping.stride() == 1) &&
                      gathered.numGroups() * g == replicas && shards.numGroups() == replicas &&
                      numElements(graph.tensor(y).shape) == g * numElements(in.shape);
       for (int64_t r = 0; r < replicas && inOrder; ++r)
@@ -552,7 +538,7 @@ void SimExecutable::planRemoteAliases() {
     if (op.kind == OpKind::RemoteLoad || op.kind == OpKind::RemoteStore)
       transfers[{op.attributes.remoteBuffer, op.attributes.entry}].push_back(id);
   }
-  const int64_t replicas = program_.localReplicas;
+  const int64_t replicas = program_.replicas.localReplicas;
   for (const auto& transfer : transfers) {
     // Not a structured binding: lambdas below capture these.
     const std::pair<int64_t, int64_t>& entry = transfer.first;
@@ -619,15 +605,16 @@ void SimExecutable::initialiseValues() {
         std::copy(node.data.begin(), node.data.end(), value);
         continue;
       }
-      const int64_t global = layout.replicaAt(j, 0) + program_.replicaOffset;
-      const ReplicaGrouping grouping = node.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
+      const int64_t global = layout.replicaAt(j, 0) + program_.replicas.replicaOffset;
+      const ReplicaGrouping grouping =
+          node.grouping.value_or(ReplicaGrouping(program_.replicas.globalReplicas));
       const int64_t group = grouping.numGroups() > 1 ? grouping.groupAt(global) : 0;
       const bool sharded = !node.metaShape.empty();
       const int64_t hostElements = sharded ? numElements(node.metaShape) : n;
       const std::span<const float> host(hostData.data() + group * hostElements, at(hostElements));
       if (sharded) {
         const ShardLayout shards(hostElements, node.shardCount);
-        shards.hostToShard(host, shardIndexAt(node, program_.globalReplicas, global),
+        shards.hostToShard(host, shardIndexAt(node, program_.replicas.globalReplicas, global),
                            std::span<float>(value, at(n)));
       } else {
         std::copy(host.begin(), host.end(), value);
@@ -636,7 +623,7 @@ void SimExecutable::initialiseValues() {
     // Float16 values are held as halves (constants are rounded already).
     if (node.dtype == DType::Float16) roundToHalves(base, at(layout.numGroups() * n));
     if (node.remoteBuffer >= 0) {
-      for (int64_t r = 0; r < program_.localReplicas; ++r) {
+      for (int64_t r = 0; r < program_.replicas.localReplicas; ++r) {
         float* entry = remoteEntry(node.remoteBuffer, node.remoteEntry, node.name) + r * n;
         std::copy_n(base + layout.groupAt(r) * n, n, entry);
       }
@@ -657,7 +644,7 @@ float* SimExecutable::remoteEntry(int64_t buffer, int64_t entry, std::string_vie
                       fmt::format("entry {} of remote buffer #{} is out of range; entries are 0..{}", entry,
                                   buffer, info.entries - 1));
   }
-  const int64_t perEntry = program_.localReplicas * numElements(info.shape);
+  const int64_t perEntry = program_.replicas.localReplicas * numElements(info.shape);
   return const_cast<float*>(arena_.data()) + remoteBase_[at(buffer)] + entry * perEntry;
 }
 
@@ -996,13 +983,14 @@ const float* SimExecutable::exchanged(TensorId tensor, const OpNode& op) {
   if (!communicator_) {
     // Names the first member this device does not simulate.
     const ReplicaGrouping grouping =
-        op.attributes.grouping.value_or(ReplicaGrouping(program_.globalReplicas));
-    for (int64_t r = 0; r < program_.localReplicas; ++r) localMembers(topology_, grouping, r, op.name);
+        op.attributes.grouping.value_or(ReplicaGrouping(program_.replicas.globalReplicas));
+    for (int64_t r = 0; r < program_.replicas.localReplicas; ++r)
+      localMembers(program_.replicas, grouping, r, op.name);
   }
   exchanges_.push_back(std::make_unique<Exchange>());
   steps_.push_back(planExchange(*exchanges_.back(), communicator_.get(), tensor,
                                 arena_.data() + offset_[at(graph.storageOf(tensor))], layouts_[at(tensor)],
-                                numElements(graph.tensor(tensor).shape), topology_, op));
+                                numElements(graph.tensor(tensor).shape), program_.replicas, op));
   return exchanges_.back()->tensors.front().values.data();
 }
 
@@ -1174,8 +1162,9 @@ const ReplicaGrouping& StepPlanner::layout(TensorId t) const { return executable
 
 void StepPlanner::runsOver(Step& step, std::initializer_list<std::pair<TensorId, int64_t>> inputs,
                            int64_t outOffset) const {
-  const int64_t maxCount =
-      executable_.mode_ == ExecutionMode::PerReplicaReference ? 1 : executable_.program_.localReplicas;
+  const int64_t maxCount = executable_.mode_ == ExecutionMode::PerReplicaReference
+                               ? 1
+                               : executable_.program_.replicas.localReplicas;
   std::vector<Operand> operands;
   std::size_t i = 0;
   for (const auto& [t, extra] : inputs) {
@@ -1210,9 +1199,9 @@ OpId StepPlanner::fusedMatMul() const {
   return producer != kNoOp && executable_.fusedInto_[at(producer)] == op_ ? producer : kNoOp;
 }
 
-int64_t StepPlanner::localReplicas() const { return executable_.program_.localReplicas; }
-int64_t StepPlanner::globalReplicas() const { return executable_.program_.globalReplicas; }
-const LocalTopology& StepPlanner::topology() const { return executable_.topology_; }
+int64_t StepPlanner::localReplicas() const { return executable_.program_.replicas.localReplicas; }
+int64_t StepPlanner::globalReplicas() const { return executable_.program_.replicas.globalReplicas; }
+const ReplicaTopology& StepPlanner::topology() const { return executable_.program_.replicas; }
 
 const ExchangedTensor& StepPlanner::exchanged(TensorId t) {
   executable_.exchanged(t, op());
@@ -1289,12 +1278,13 @@ void SimExecutable::read(TensorId tensor, std::span<float> groups) const {
 
 void SimExecutable::writeRemote(int64_t buffer, int64_t entry, std::span<const float> replicas) {
   float* target = remoteEntry(buffer, entry, "writeRemote");
-  const auto size = at(program_.localReplicas * numElements(program_.graph.remoteBuffer(buffer).shape));
+  const auto size =
+      at(program_.replicas.localReplicas * numElements(program_.graph.remoteBuffer(buffer).shape));
   if (replicas.size() != size) {
     throw DeviceError(
         ErrorCode::InvalidProgram, fmt::format("remote buffer #{}", buffer),
         fmt::format("writeRemote: {} values given; an entry holds {} replicas x {} elements = {}",
-                    replicas.size(), program_.localReplicas,
+                    replicas.size(), program_.replicas.localReplicas,
                     numElements(program_.graph.remoteBuffer(buffer).shape), size));
   }
   std::copy(replicas.begin(), replicas.end(), target);
@@ -1303,20 +1293,21 @@ void SimExecutable::writeRemote(int64_t buffer, int64_t entry, std::span<const f
 
 void SimExecutable::readRemote(int64_t buffer, int64_t entry, std::span<float> replicas) const {
   const float* source = remoteEntry(buffer, entry, "readRemote");
-  const auto size = at(program_.localReplicas * numElements(program_.graph.remoteBuffer(buffer).shape));
+  const auto size =
+      at(program_.replicas.localReplicas * numElements(program_.graph.remoteBuffer(buffer).shape));
   if (replicas.size() != size) {
     throw DeviceError(
         ErrorCode::InvalidProgram, fmt::format("remote buffer #{}", buffer),
         fmt::format("readRemote: room for {} values given; an entry holds {} replicas x {} elements "
                     "= {}",
-                    replicas.size(), program_.localReplicas,
+                    replicas.size(), program_.replicas.localReplicas,
                     numElements(program_.graph.remoteBuffer(buffer).shape), size));
   }
   // Replicas whose entries the program keeps equal read their group's
   // first replica's, the one loads read and stores write.
   const ReplicaGrouping& held = bufferLayouts_[at(buffer)];
   const auto n = at(numElements(program_.graph.remoteBuffer(buffer).shape));
-  for (int64_t r = 0; r < program_.localReplicas; ++r) {
+  for (int64_t r = 0; r < program_.replicas.localReplicas; ++r) {
     const int64_t first = held.replicaAt(held.groupAt(r), 0);
     std::copy_n(source + at(first) * n, n, replicas.begin() + static_cast<std::ptrdiff_t>(at(r) * n));
   }
@@ -1331,12 +1322,12 @@ void SimExecutable::run(std::span<const Feed> inputs) {
                         "run: the fed tensor is not an Input of the program");
     }
     const TensorNode& node = graph.tensor(feed.tensor);
-    const auto expected = at(program_.localReplicas * floatsOf(node));
+    const auto expected = at(program_.replicas.localReplicas * floatsOf(node));
     if (feed.data.size() != expected) {
       throw DeviceError(
           ErrorCode::InvalidProgram, node.name,
           fmt::format("run: {} floats fed; the input needs [{} replicas] + {}{} = {} floats",
-                      feed.data.size(), program_.localReplicas, shapeStr(node.shape),
+                      feed.data.size(), program_.replicas.localReplicas, shapeStr(node.shape),
                       node.dtype == DType::Float64 ? " float64 (2 floats an element)" : "", expected));
     }
     const auto slot = at(inputSlot_[at(feed.tensor)]);

@@ -22,7 +22,7 @@
 // such as an optimizer update streams each buffer once instead of once per
 // op. run() executes the steps and allocates nothing.
 //
-// A program of one instance of several (localReplicas < globalReplicas)
+// A program of one instance of several (replicas.distributed())
 // needs the device's communicator for collectives whose groups span
 // instances: their inputs are exchanged first (collectives.hpp), and the
 // exchanges of collectives that do not depend on each other are sent as one
@@ -175,7 +175,6 @@ class SimExecutable final : public Executable {
   Program program_;
   ExecutionMode mode_;
   std::shared_ptr<Communicator> communicator_;
-  LocalTopology topology_;
   std::vector<OpId> schedule_;
   std::vector<int64_t> position_;             // of each op in the schedule
   std::vector<ReplicaGrouping> layouts_;      // per tensor

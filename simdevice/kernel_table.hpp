@@ -58,7 +58,7 @@ class StepPlanner {
   OpId fusedMatMul() const;
   int64_t localReplicas() const;
   int64_t globalReplicas() const;
-  const LocalTopology& topology() const;
+  const ReplicaTopology& topology() const;
   // Adds the step that gathers every replica's value of `t` from every
   // instance before this op; returns the gathered values.
   const ExchangedTensor& exchanged(TensorId t);

@@ -155,7 +155,7 @@ std::optional<ReplicaGrouping> groupingOfAssignment(std::span<const int64_t> gro
   return candidate;
 }
 
-std::vector<int64_t> localMembers(const LocalTopology& topology, const ReplicaGrouping& grouping,
+std::vector<int64_t> localMembers(const ReplicaTopology& topology, const ReplicaGrouping& grouping,
                                   int64_t replica, const std::string& subject) {
   const int64_t global = replica + topology.replicaOffset;
   std::vector<int64_t> members = grouping.replicasAt(grouping.groupAt(global));
@@ -174,18 +174,20 @@ std::vector<int64_t> localMembers(const LocalTopology& topology, const ReplicaGr
   return members;
 }
 
-int64_t localIndexInGroup(const LocalTopology& topology, const ReplicaGrouping& grouping, int64_t replica) {
+int64_t localIndexInGroup(const ReplicaTopology& topology, const ReplicaGrouping& grouping, int64_t replica) {
   return grouping.indexInGroupAt(replica + topology.replicaOffset);
 }
 
 std::vector<ReplicaGrouping> inferLayouts(const Graph& graph, std::span<const OpId> schedule,
-                                          const LocalTopology& topology, ExecutionMode mode,
+                                          const ReplicaTopology& topology, ExecutionMode mode,
                                           std::vector<ReplicaGrouping>* bufferLayouts) {
   if (topology.localReplicas < topology.globalReplicas) {
     // Other instances' values cannot be looked at, but the layouts of the
     // whole run can be inferred here too; restricted to this instance's
     // replicas they keep apart every pair of replicas whose values may differ.
-    const LocalTopology whole{topology.globalReplicas, topology.globalReplicas, 0};
+    ReplicaTopology whole = topology;
+    whole.localReplicas = topology.globalReplicas;
+    whole.replicaOffset = 0;
     const auto restrict = [&](ReplicaGrouping& layout) {
       if (layout.numGroups() == 1 || layout.groupSize() == 1) {
         layout =

@@ -36,17 +36,12 @@ std::optional<ReplicaGrouping> groupingOfAssignment(std::span<const int64_t> gro
 
 // The replicas of this device in a collective's group, as local indices in
 // group order. `grouping` is over the global replicas.
-struct LocalTopology {
-  int64_t localReplicas = 1;
-  int64_t globalReplicas = 1;
-  int64_t replicaOffset = 0;
-};
 // Members of the group of local replica r, and r's index in that group.
 // Throws DeviceError(InvalidProgram) naming `subject` when a member is not
 // simulated by this device.
-std::vector<int64_t> localMembers(const LocalTopology& topology, const ReplicaGrouping& grouping,
+std::vector<int64_t> localMembers(const ReplicaTopology& topology, const ReplicaGrouping& grouping,
                                   int64_t replica, const std::string& subject);
-int64_t localIndexInGroup(const LocalTopology& topology, const ReplicaGrouping& grouping, int64_t replica);
+int64_t localIndexInGroup(const ReplicaTopology& topology, const ReplicaGrouping& grouping, int64_t replica);
 
 // Layouts of every tensor's storage (indexed by tensor id; aliases share
 // their storage's layout). In PerReplicaReference mode every layout is per
@@ -54,7 +49,7 @@ int64_t localIndexInGroup(const LocalTopology& topology, const ReplicaGrouping& 
 // each remote buffer holds: replicas of one group always have equal
 // entries (a buffer that only ever holds a replicated value is one group).
 std::vector<ReplicaGrouping> inferLayouts(const Graph& graph, std::span<const OpId> schedule,
-                                          const LocalTopology& topology, ExecutionMode mode,
+                                          const ReplicaTopology& topology, ExecutionMode mode,
                                           std::vector<ReplicaGrouping>* bufferLayouts = nullptr);
 
 }  // namespace tessera::sim

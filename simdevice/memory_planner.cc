@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <limits>
 #include <optional>
 #include <string>
@@ -311,10 +312,7 @@ MemoryPeak describePeak(const Graph& graph, std::span<const OpId> schedule, cons
 }
 
 void checkProgram(const Program& program, const DeviceSpec& spec) {
-  if (program.localReplicas < 1) {
-    throw DeviceError(ErrorCode::InvalidProgram, "Program.localReplicas",
-                      fmt::format("localReplicas is {}; it must be at least 1", program.localReplicas));
-  }
+  assert(program.replicas.consistent());  // derived and checked where the program was made
   if (program.numIOTiles < 0 || program.numIOTiles >= spec.tilesPerIpu) {
     throw DeviceError(ErrorCode::InvalidProgram, "Program.numIOTiles",
                       fmt::format("numIOTiles is {}; a device with tilesPerIpu {} needs it in [0, {})",
@@ -505,10 +503,10 @@ MemoryReport planMemory(const Program& program, std::span<const OpId> schedule, 
   for (const Held& h : held)
     if (h.memory.sharded && h.memory.paddingBytes > 0) paddedOn[at(h.memory.ipu)].push_back(&h);
   const int64_t replicationFactor = graph.replicationFactor();
-  for (int64_t r = 0; r < program.localReplicas; ++r) {
+  for (int64_t r = 0; r < program.replicas.localReplicas; ++r) {
     for (int64_t ipu = 0; ipu < spec.ipusPerReplica; ++ipu) {
       ReplicaMemory m = perIpu[at(ipu)];
-      m.replica = program.replicaOffset + r;
+      m.replica = program.replicas.replicaOffset + r;
       for (const Held* h : paddedOn[at(ipu)]) m.paddingBytes += replicaPadding(*h, replicationFactor, m.replica);
       report.paddingBytes += m.paddingBytes;
       report.perReplica.push_back(std::move(m));
@@ -563,7 +561,7 @@ HostMemoryEstimate estimateHostMemory(const Program& program) {
   constexpr int64_t kSlotBytes = sizeof(float);
   const Graph& graph = program.graph;
   const std::vector<OpId> schedule = graph.schedule();
-  const LocalTopology topology{program.localReplicas, program.globalReplicas, program.replicaOffset};
+  const ReplicaTopology& topology = program.replicas;
   std::vector<ReplicaGrouping> buffers;
   const std::vector<ReplicaGrouping> layouts =
       inferLayouts(graph, schedule, topology, ExecutionMode::Vectorized, &buffers);
@@ -593,7 +591,7 @@ HostMemoryEstimate estimateHostMemory(const Program& program) {
   for (std::size_t b = 0; b < holders.size(); ++b) {
     const RemoteBufferInfo& info = graph.remoteBuffers()[b];
     const int64_t bytes =
-        saturatedProduct({info.entries, program.localReplicas, numElements(info.shape), kSlotBytes});
+        saturatedProduct({info.entries, program.replicas.localReplicas, numElements(info.shape), kSlotBytes});
     estimate.remoteBytes = saturatedSum(estimate.remoteBytes, bytes);
     const TensorNode* holder = holders[b];
     add({holder != nullptr ? fmt::format("{} (remote buffer)", holder->name)

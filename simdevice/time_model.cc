@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <map>
 #include <string>
 #include <vector>
@@ -50,7 +51,7 @@ struct Work {
 
 // A collective that moves data: its bytes over the link of its group (the
 // links between instances when the group spans them).
-Work collectiveWork(const Graph& graph, const OpNode& op, const OpCost& cost, const LocalTopology& topology,
+Work collectiveWork(const Graph& graph, const OpNode& op, const OpCost& cost, const ReplicaTopology& topology,
                     const DeviceSpec& spec) {
   Work w;
   w.lane = TimeLane::Link;
@@ -73,7 +74,7 @@ int64_t ipuOf(const OpNode& op, int64_t ipus) {
   return op.virtualGraph >= 0 && op.virtualGraph < ipus ? op.virtualGraph : 0;
 }
 
-Work opWork(const Graph& graph, const OpNode& op, const OpDef& def, const LocalTopology& topology,
+Work opWork(const Graph& graph, const OpNode& op, const OpDef& def, const ReplicaTopology& topology,
             const DeviceSpec& spec) {
   const OpCost cost = def.cost != nullptr ? def.cost(graph, op) : OpCost{};
   Work w;
@@ -157,12 +158,9 @@ std::vector<OpId> pipelineOrder(const Graph& graph, std::span<const OpId> schedu
 
 }  // namespace
 
-TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::span<const OpId> schedule,
+TimeReport modelTime(const Graph& graph, const ReplicaTopology& topology, std::span<const OpId> schedule,
                      const DeviceSpec& spec) {
-  if (topology.localReplicas < 1) {
-    throw DeviceError(ErrorCode::InvalidProgram, "Program.localReplicas",
-                      fmt::format("localReplicas is {}; it must be at least 1", topology.localReplicas));
-  }
+  assert(topology.consistent());  // derived and checked where the program was made
   // When each resource is next free, in seconds from the start of the step;
   // tiles per IPU of the replica.
   const int64_t ipus = std::max<int64_t>(1, spec.ipusPerReplica);
@@ -444,9 +442,7 @@ void addHostStreams(TimeReport& report, const Program& program, const DeviceSpec
 }  // namespace sim
 
 TimeReport modelTime(const Program& program, const DeviceSpec& spec) {
-  TimeReport report = sim::modelTime(program.graph,
-                                     {program.localReplicas, program.globalReplicas, program.replicaOffset},
-                                     program.graph.schedule(), spec);
+  TimeReport report = sim::modelTime(program.graph, program.replicas, program.graph.schedule(), spec);
   sim::addHostStreams(report, program, spec);
   return report;
 }

@@ -12,9 +12,9 @@
 namespace tessera::sim {
 
 // `schedule` is graph.schedule(); `topology` says which replicas form an
-// instance (localReplicas consecutive ones). Throws
-// DeviceError(InvalidProgram) when topology.localReplicas is below 1.
-TimeReport modelTime(const Graph& graph, const LocalTopology& topology, std::span<const OpId> schedule,
+// instance (localReplicas consecutive ones); it must be consistent()
+// (asserted).
+TimeReport modelTime(const Graph& graph, const ReplicaTopology& topology, std::span<const OpId> schedule,
                      const DeviceSpec& spec);
 
 // The strategy a host stream is modelled with: an overlap on the compute

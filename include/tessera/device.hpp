@@ -21,6 +21,7 @@
 #include "tessera/graph.hpp"
 #include "tessera/input_settings.hpp"
 #include "tessera/replica_grouping.hpp"
+#include "tessera/replica_topology.hpp"
 #include "tessera/tensor_location.hpp"
 #include "tessera/time_model.hpp"
 
@@ -67,9 +68,12 @@ struct HostStream {
 
 struct Program {
   Graph graph;                 // per replica; no autodiff or transform left to run
-  int64_t localReplicas = 1;   // replicas this device simulates
-  int64_t globalReplicas = 1;  // replicas of the whole run (>= localReplicas)
-  int64_t replicaOffset = 0;   // global index of local replica 0
+  // The run's replicas: globalReplicas (the graph's replication factor),
+  // the localReplicas this device simulates from replicaOffset on. Sessions
+  // derive it once (ReplicaTopology::fromOptions); the device asserts its
+  // invariants (ReplicaTopology::consistent(), globalReplicas equal to the
+  // graph's replication factor) and plans IPUs from its DeviceSpec.
+  ReplicaTopology replicas{};
   int64_t numIOTiles = 0;      // tiles per processor set aside for IO
   // The tensors the host reads after a run besides variables, when the
   // caller knows them (sessions do). The device may then keep an
@@ -209,8 +213,8 @@ struct MemoryReport {
 //    are 4 bytes, float16 elements 2 (dtypeBytes).
 // Throws GraphError(InvalidProgramOrder) for a cyclic graph and
 // DeviceError(InvalidProgram) for a numIOTiles outside [0, tilesPerIpu) or
-// localReplicas below 1 or an op naming an IPU at or above
-// spec.ipusPerReplica.
+// an op naming an IPU at or above spec.ipusPerReplica. program.replicas
+// must be consistent() (asserted).
 MemoryReport planMemory(const Program& program, const DeviceSpec& spec);
 
 // The first replica and IPU and space (compute tiles, then IO tiles, then
@@ -278,7 +282,10 @@ class Device {
   virtual const DeviceSpec& spec() const = 0;
   virtual ExecutionMode mode() const = 0;
   // Plans buffers and layouts once; running steps allocates nothing per op.
-  // Throws DeviceError(InvalidProgram) for a program it cannot run and
+  // Throws DeviceError(InvalidProgram) for a program it cannot run (its
+  // replica topology is not among them: a program's replicas are derived
+  // and checked where it is made, and the device only asserts that they
+  // are consistent() and match the graph's replication factor) and
   // DeviceError(OutOfMemory) for one that does not fit (planMemory() and
   // findShortfall() give the numbers behind the message).
   virtual std::unique_ptr<Executable> load(Program program) = 0;

@@ -23,7 +23,7 @@
 //    tensor, g ceil(n/g) elements): AllReduce moves 2 (g-1)/g B, ReduceScatter
 //    and AllGather (g-1)/g B, at linkBandwidthBytesPerSecond, or at
 //    interInstanceBandwidthBytesPerSecond when a group spans instances (an
-//    instance holds Program::localReplicas consecutive replicas), plus
+//    instance holds Program::replicas.localReplicas consecutive replicas), plus
 //    transferLatencySeconds. A group of one replica costs nothing.
 //  - Streaming / IOTiles: RemoteLoad and RemoteStore move one buffer entry at
 //    streamingBandwidthBytesPerSecond, plus transferLatencySeconds. A
@@ -211,7 +211,8 @@ struct TimeReport {
 
 // The modelled time of one run of `program` on the hardware `spec` describes,
 // without loading it. Throws GraphError(InvalidProgramOrder) for a cyclic
-// graph and DeviceError(InvalidProgram) when localReplicas is below 1.
+// graph. program.replicas must be consistent() (asserted: sessions derive
+// it once, ReplicaTopology::fromOptions).
 TimeReport modelTime(const Program& program, const DeviceSpec& spec);
 
 }  // namespace tessera

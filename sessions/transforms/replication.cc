@@ -1,5 +1,7 @@
 #include "replication.hpp"
 
+#include <cassert>
+
 #include <fmt/format.h>
 
 #include "derived_grouping.hpp"
@@ -9,20 +11,14 @@
 
 namespace tessera {
 
-ReplicationTransform::ReplicationTransform(const SessionOptions& options, TrainingTensors& tensors)
-    : replicas_(options.getGlobalReplicationFactor()),
-      replicasPath_(fmt::format(
-          "{}/{}", kSessionOptionsPath,
-          options.enableDistributedReplicatedGraphs ? "globalReplicationFactor" : "replicatedGraphCount")),
-      reduction_(options.accumulationAndReplicationReductionType), tensors_(tensors) {}
+ReplicationTransform::ReplicationTransform(const SessionOptions& options, const ReplicaTopology& topology,
+                                           TrainingTensors& tensors)
+    : replicas_(topology.globalReplicas), reduction_(options.accumulationAndReplicationReductionType),
+      tensors_(tensors) {}
 
 void ReplicationTransform::apply(Graph& graph) {
-  if (graph.replicationFactor() != replicas_) {
-    throw GraphError(ErrorCode::InvalidCollective, replicasPath_,
-                     fmt::format("the options ask for {} replicas but the graph was built for {}; build the "
-                                 "graph with Graph({}) or change the replication options",
-                                 replicas_, graph.replicationFactor(), replicas_));
-  }
+  // Checked where the session or plan took the graph (checkReplicationFactor).
+  assert(graph.replicationFactor() == replicas_);
   if (replicas_ == 1) return;
   if (tensors_.gradients.size() != tensors_.weights.size()) {
     throw GraphError(ErrorCode::InvalidOperand, "gradients",

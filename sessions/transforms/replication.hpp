@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "tessera/replica_topology.hpp"
 #include "tessera/session_options.hpp"
 #include "tessera/transform.hpp"
 
@@ -20,13 +21,14 @@ namespace tessera {
 
 class ReplicationTransform final : public Transform {
  public:
-  ReplicationTransform(const SessionOptions& options, TrainingTensors& tensors);
+  ReplicationTransform(const SessionOptions& options, const ReplicaTopology& topology,
+                       TrainingTensors& tensors);
 
   std::string_view name() const noexcept override { return "replication"; }
   // Replaces tensors.gradients by the reduced gradients "<gradient>.reduced".
-  // Throws GraphError(InvalidCollective): at the replication option's JSON
-  // path when the graph's replication factor is not the options' global
-  // one. A replica-sharded weight's gradient comes from autodiff's
+  // The graph's replication factor is the topology's global count (checked
+  // once, by checkReplicationFactor, before the pipeline runs; asserted
+  // here). A replica-sharded weight's gradient comes from autodiff's
   // ReduceScatter; only the replicas holding the same shard are still
   // reduced over (and a Mean scaled).
   void apply(Graph& graph) override;
@@ -36,7 +38,6 @@ class ReplicationTransform final : public Transform {
   void reduceScatteredGradient(Graph& graph, std::size_t k, const ReplicaGrouping& grouping);
 
   int64_t replicas_;
-  std::string replicasPath_;
   ReductionType reduction_;
   TrainingTensors& tensors_;
 };

@@ -8,6 +8,8 @@
 
 #include "tessera/device_spec.hpp"
 #include "tessera/error.hpp"
+#include "tessera/graph.hpp"
+#include "tessera/replica_topology.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;
@@ -73,7 +75,45 @@ TEST_CASE("replication getters") {
     CHECK(options.getLocalReplicationFactor() == row.local);
     CHECK(options.getGlobalReplicationFactor() == row.global);
     CHECK(options.getGlobalReplicaOffset() == row.offset);
+    const ReplicaTopology topology = ReplicaTopology::fromOptions(options, 2);
+    CHECK(topology == ReplicaTopology{row.global, row.local, row.offset, 2});
+    CHECK(topology.instances() == row.global / row.local);
+    CHECK(topology.instance() == row.offset / row.local);
+    CHECK(topology.distributed() == (row.local != row.global));
+    CHECK(topology.consistent() == (row.offset % row.local == 0));
   }
+}
+
+TEST_CASE("a replica topology keeps its invariants") {
+  struct Row {
+    ReplicaTopology topology;
+    bool consistent;
+  };
+  const std::vector<Row> rows = {
+      {{1, 1, 0, 1}, true},   {{8, 2, 6, 1}, true},  {{4, 4, 0, 2}, true},  {{2, 4, 0, 1}, false},
+      {{4, 3, 0, 1}, false},  {{4, 0, 0, 1}, false}, {{4, 2, 1, 1}, false}, {{4, 2, 4, 1}, false},
+      {{4, 2, -2, 1}, false}, {{4, 4, 0, 0}, false},
+  };
+  for (const Row& row : rows) {
+    CAPTURE(row.topology.globalReplicas);
+    CAPTURE(row.topology.localReplicas);
+    CAPTURE(row.topology.replicaOffset);
+    CHECK(row.topology.consistent() == row.consistent);
+  }
+}
+
+TEST_CASE("a graph built for another replica count is refused once, naming the graph") {
+  const Graph graph(4);
+  CHECK_NOTHROW(checkReplicationFactor(graph, ReplicaTopology{4, 2, 2, 1}));
+  const auto error = test::catchError<GraphError>([&] {
+    checkReplicationFactor(graph, ReplicaTopology{2, 2, 0, 1});
+  });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::ReplicationFactorMismatch);
+  CHECK(error->subject() == "Graph");
+  CHECK(error->detail() ==
+        "the graph was built for 4 replica(s) but the session options give a global replication factor of 2; "
+        "build the graph with Graph(2)");
 }
 
 TEST_CASE("the accumulation factor needs accumulation enabled") {

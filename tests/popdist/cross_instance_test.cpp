@@ -80,9 +80,9 @@ DeviceResult runSplit(const Graph& graph, int64_t instances, ExecutionMode mode,
   std::vector<sim::PlanStats> stats(static_cast<size_t>(instances));
   requireNoErrors(onInstances(instances, [&](int64_t instance, std::shared_ptr<Communicator> communicator) {
     Program program{graph};
-    program.localReplicas = local;
-    program.globalReplicas = replicas;
-    program.replicaOffset = instance * local;
+    program.replicas.localReplicas = local;
+    program.replicas.globalReplicas = replicas;
+    program.replicas.replicaOffset = instance * local;
     sim::SimExecutable executable(std::move(program), DeviceSpec{}, mode, communicator);
     std::vector<std::vector<float>> mine;
     std::vector<Executable::Feed> list;
@@ -241,9 +241,9 @@ TEST_CASE("a device without the run's instances refuses a program that needs the
       ops::matmul(ops::transpose(ops::input(g, "x", {3, 2})), ops::input(g, "dy", {3, 2})));
   ops::replicatedReduceScatter(ops::input(g, "z", {5}));
   Program program{g};
-  program.localReplicas = 2;
-  program.globalReplicas = 4;
-  program.replicaOffset = 2;
+  program.replicas.localReplicas = 2;
+  program.replicas.globalReplicas = 4;
+  program.replicas.replicaOffset = 2;
   const auto check = [&](std::shared_ptr<Communicator> communicator, const std::string& subject,
                          const std::string& fragment) {
     const auto error = test::catchError<DeviceError>(

@@ -38,8 +38,8 @@ Program lanesProgram() {
   g.tensor(loaded.id()).tileSet = TileSet::IO;
   ops::replicatedAllReduce(ops::reduceSum(ops::copy(loaded)));
   Program p{g};
-  p.localReplicas = 2;
-  p.globalReplicas = 2;
+  p.replicas.localReplicas = 2;
+  p.replicas.globalReplicas = 2;
   p.numIOTiles = 32;
   return p;
 }
@@ -188,8 +188,8 @@ TEST_CASE("a training session models the time of its compiled program") {
   TrainingSession session(std::move(mlp.graph), mlp.loss, makeOptimizer(sgd), options, makeSimDevice(spec));
   const TimeReport& time = session.modelledTime();
   Program program{session.graph()};
-  program.localReplicas = 2;
-  program.globalReplicas = 2;
+  program.replicas.localReplicas = 2;
+  program.replicas.globalReplicas = 2;
   const TimeReport expected = modelTime(program, spec);
   // The device's ops as the graph alone gives them; the host streams (the
   // two inputs and the loss) add their transfers on the HostIO lane.

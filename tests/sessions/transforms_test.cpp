@@ -16,9 +16,10 @@
 #include "tessera/device_spec.hpp"
 #include "tessera/error.hpp"
 #include "tessera/ops.hpp"
-#include "tessera/time_model.hpp"
 #include "tessera/optimizer.hpp"
+#include "tessera/placement.hpp"
 #include "tessera/sgd.hpp"
+#include "tessera/time_model.hpp"
 #include "tessera/transform.hpp"
 #include "test_support.hpp"
 #include "training_pipeline.hpp"
@@ -432,15 +433,20 @@ TEST_CASE("a replica-sharded weight's gradient is reduced only over the replicas
 
 TEST_CASE("transform errors name the transform") {
   SUBCASE("the graph's replication factor must be the options' one") {
+    // Checked once, before the pipeline runs (checkReplicationFactor), as a
+    // session does: tessera.graph.210, no longer the replication transform's
+    // tessera.graph.208.
     TrainingGraph training = buildMlp(2, 4);
     const auto optimizer = makeOptimizer(OptimizerConfig{});
-    const auto error =
-        test::catchError<GraphError>([&] { runTrainingPipeline(training, SessionOptions{}, *optimizer); });
+    const auto error = test::catchError<GraphError>([&] {
+      planTraining(training.graph, training.tensors.loss, *optimizer, SessionOptions{}, DeviceSpec{});
+    });
     REQUIRE(error);
-    CHECK(error->code() == ErrorCode::InvalidCollective);
-    CHECK(error->subject() == "/sessionOptions/replicatedGraphCount");
-    CHECK(error->detail().starts_with(
-        "replication: the options ask for 1 replicas but the graph was built for 2"));
+    CHECK(error->code() == ErrorCode::ReplicationFactorMismatch);
+    CHECK(error->subject() == "Graph");
+    CHECK(
+        error->detail().starts_with("the graph was built for 2 replica(s) but the session options give a "
+                                    "global replication factor of 1"));
   }
   SUBCASE("a training graph needs a loss") {
     TrainingGraph training = buildMlp(1, 4);

@@ -203,9 +203,9 @@ TEST_CASE("a device simulating part of the replicas: groups of its replicas, dat
   const Tensor reduced =
       ops::replicatedAllReduce(ops::add(x, grouped), ReductionType::Sum, ReplicaGrouping(4, 1, 2));
   Program program{g};
-  program.localReplicas = 2;
-  program.globalReplicas = 4;
-  program.replicaOffset = 2;
+  program.replicas.localReplicas = 2;
+  program.replicas.globalReplicas = 4;
+  program.replicas.replicaOffset = 2;
   auto executable = makeSimDevice()->load(program);
   CHECK(executable->layout(grouped.id()) == ReplicaGrouping(2));
   executable->run(std::vector<Executable::Feed>{{x.id(), std::vector<float>{1, 1, 2, 2}}});
@@ -218,8 +218,8 @@ TEST_CASE("a device simulating part of the replicas: groups of its replicas, dat
   const Tensor y = ops::input(spanning, "y", {2});
   const Tensor all = ops::replicatedAllReduce(y, ReductionType::Sum);
   Program partial{spanning};
-  partial.localReplicas = 2;
-  partial.globalReplicas = 4;
+  partial.replicas.localReplicas = 2;
+  partial.replicas.globalReplicas = 4;
   const auto error = test::catchError<DeviceError>([&] { makeSimDevice()->load(partial); });
   REQUIRE(error);
   CHECK(error->code() == ErrorCode::InvalidProgram);

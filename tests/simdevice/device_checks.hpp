@@ -60,8 +60,8 @@ struct DeviceRun {
 inline DeviceRun loadOnDevice(const Graph& graph, ExecutionMode mode, DeviceSpec spec = {},
                               std::optional<std::vector<TensorId>> hostReads = std::nullopt) {
   Program program{graph};
-  program.localReplicas = graph.replicationFactor();
-  program.globalReplicas = graph.replicationFactor();
+  program.replicas.localReplicas = graph.replicationFactor();
+  program.replicas.globalReplicas = graph.replicationFactor();
   program.hostReads = std::move(hostReads);
   DeviceRun run;
   run.executable = makeSimDevice(spec, mode)->load(std::move(program));

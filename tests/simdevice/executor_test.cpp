@@ -845,8 +845,8 @@ TEST_CASE("a value loaded from streaming memory lives in its entry when nothing 
   for (bool known : {false, true}) {
     INFO("host reads known: " << known);
     Program program{g};
-    program.localReplicas = replicas;
-    program.globalReplicas = replicas;
+    program.replicas.localReplicas = replicas;
+    program.replicas.globalReplicas = replicas;
     if (known) program.hostReads = std::vector<TensorId>{result.id()};
     auto executable = makeSimDevice()->load(std::move(program));
     const auto& sim = dynamic_cast<const sim::SimExecutable&>(*executable);
@@ -1210,31 +1210,17 @@ TEST_CASE("run rejects missing, unknown and mis-sized feeds") {
   }
 }
 
-TEST_CASE("a program whose replica counts do not match its graph is rejected") {
+TEST_CASE("a program carries its replica topology to the device") {
+  // The topology is derived and checked where the program is made
+  // (ReplicaTopology::fromOptions, checkReplicationFactor): the device only
+  // asserts it, and simulates the replicas it names.
   Graph g(4);
-  ops::input(g, "x", {3});
-  struct Row {
-    int64_t local;
-    int64_t global;
-    int64_t offset;
-    std::string subject;
-  };
-  const std::vector<Row> table = {
-      {4, 2, 0, "Program.globalReplicas"},
-      {3, 4, 0, "Program.localReplicas"},
-      {2, 4, 1, "Program.replicaOffset"},
-      {2, 4, 4, "Program.replicaOffset"},
-  };
-  for (const Row& row : table) {
-    Program program{g};
-    program.localReplicas = row.local;
-    program.globalReplicas = row.global;
-    program.replicaOffset = row.offset;
-    const auto error = test::catchError<DeviceError>([&] { makeSimDevice()->load(program); });
-    REQUIRE(error);
-    CHECK(error->code() == ErrorCode::InvalidProgram);
-    CHECK(error->subject() == row.subject);
-  }
+  const Tensor x = ops::input(g, "x", {3});
+  Program program{g};
+  program.replicas = ReplicaTopology{4, 2, 2, 1};
+  REQUIRE(program.replicas.consistent());
+  auto executable = makeSimDevice()->load(program);
+  CHECK(executable->layout(x.id()).numReplicas() == 2);
 }
 
 namespace {

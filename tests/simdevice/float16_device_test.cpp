@@ -24,8 +24,8 @@ namespace {
 
 Program wholeProgram(const Graph& graph, int64_t numIOTiles) {
   Program p{graph};
-  p.localReplicas = graph.replicationFactor();
-  p.globalReplicas = graph.replicationFactor();
+  p.replicas.localReplicas = graph.replicationFactor();
+  p.replicas.globalReplicas = graph.replicationFactor();
   p.numIOTiles = numIOTiles;
   return p;
 }

