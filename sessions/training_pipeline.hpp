@@ -1,12 +1,13 @@
 // The training compile pipeline: the one place that lists the transforms a
 // training graph goes through, in order.
 //
-//   virtualGraph → pipelineStages → weightSharding → autodiff →
-//   pipelineBackward → recompute → gradientAccumulation → replication →
-//   optimizerUpdate → locations → ipuCopy → pipelineCycles
+//   virtualGraph → pipelineStages → executionPhases → weightSharding →
+//   autodiff → pipelineBackward → executionPhaseBackward → recompute →
+//   gradientAccumulation → replication → optimizerUpdate → locations →
+//   ipuCopy → pipelineCycles → executionPhaseFill
 //
-// and the inference one: virtualGraph → pipelineStages → weightSharding →
-// locations → ipuCopy. `ipusPerReplica` is DeviceSpec::ipusPerReplica.
+// and the inference one: virtualGraph → pipelineStages → executionPhases →
+// weightSharding → locations → ipuCopy → executionPhaseFill. `ipusPerReplica` is DeviceSpec::ipusPerReplica.
 //
 // Gradients are accumulated before they are reduced over replicas, so each
 // step all-reduces every gradient once rather than once per micro-batch,
