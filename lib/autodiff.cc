@@ -162,6 +162,10 @@ std::vector<Tensor> autodiff(Graph& graph, Tensor loss, const std::vector<Tensor
     if (const int64_t stage = graph.op(o).pipelineStage; stage != kNoPipelineStage) {
       for (auto b = firstBackward; b < static_cast<OpId>(graph.ops().size()); ++b) graph.setPipelineStage(b, stage);
     }
+    // ... and its execution phase, which the phases transform mirrors.
+    if (const int64_t phase = graph.op(o).executionPhase; phase != kNoExecutionPhase) {
+      for (auto b = firstBackward; b < static_cast<OpId>(graph.ops().size()); ++b) graph.setExecutionPhase(b, phase);
+    }
   }
 
   std::vector<Tensor> gradients;

@@ -300,6 +300,7 @@ void Graph::copyRecomputeMarks(OpId to, const OpNode& from) {
   ops_[static_cast<std::size_t>(to)].normalisation = from.normalisation;
   ops_[static_cast<std::size_t>(to)].virtualGraph = from.virtualGraph;
   ops_[static_cast<std::size_t>(to)].pipelineStage = from.pipelineStage;
+  ops_[static_cast<std::size_t>(to)].executionPhase = from.executionPhase;
   ops_[static_cast<std::size_t>(to)].microBatch = from.microBatch;
 }
 
@@ -322,6 +323,17 @@ void Graph::setPipelineStage(OpId id, int64_t stage) {
                                  node.name, node.kind, stage, kNoPipelineStage));
   }
   ops_[static_cast<std::size_t>(id)].pipelineStage = stage;
+}
+
+void Graph::setExecutionPhase(OpId id, int64_t phase) {
+  const OpNode& node = op(id);
+  if (phase < 0 && phase != kNoExecutionPhase) {
+    throw GraphError(ErrorCode::InvalidExecutionPhase, node.name,
+                     fmt::format("op {} ({}) cannot be in execution phase {}: a phase is numbered from 0 (or {} "
+                                 "for none)",
+                                 node.name, node.kind, phase, kNoExecutionPhase));
+  }
+  ops_[static_cast<std::size_t>(id)].executionPhase = phase;
 }
 
 void Graph::setMicroBatch(OpId id, int64_t microBatch) {

@@ -87,6 +87,32 @@ void visitFields(V& v, AutomaticLossScalingSettings& value) {
       {.exclusiveMin = 0, .max = 0x1p127, .doc = "The scale never goes above it. In [minLossScale, 2^127]."});
 }
 
+template <class V>
+void visitFields(V& v, ExecutionPhaseSettings& value) {
+  v.field("phases", value.phases,
+          {.min = 0,
+           .doc = "Forward execution phases (PopART's executionPhaseSettings.phases); the backward ops of phase p "
+                  "run in phase 2 phases - 2 - p. virtualGraphMode ExecutionPhases needs >= 2, any other mode 0 "
+                  "or 1."});
+  v.field("stages", value.stages,
+          {.min = 1,
+           .max = 2,
+           .rangeCode = ErrorCode::InvalidExecutionPhaseStages,
+           .doc = "IPUs the phases take turns on, phase p on IPU p % stages: 1 (one IPU, streaming memory "
+                  "between phases) or 2 (ping-pong between two IPUs). /device/ipusPerReplica must equal it."});
+  v.field("weightIOSchedule", value.weightIOSchedule,
+          {.doc = "When OffChip weights are loaded for a phase: Preload (during the phase before) or OnDemand."});
+  v.field("activationIOSchedule", value.activationIOSchedule,
+          {.doc = "When OffChip activations are loaded for a phase: Preload or OnDemand."});
+  v.field("optimizerStateIOSchedule", value.optimizerStateIOSchedule,
+          {.doc = "When OffChip optimizer state is loaded for a phase: Preload or OnDemand."});
+  v.field("accumulatorIOSchedule", value.accumulatorIOSchedule,
+          {.doc = "When OffChip accumulators are loaded for a phase: Preload or OnDemand."});
+  v.field("schedule", value.schedule,
+          {.doc = "The order of the optimizer's steps within a phase: Interleaving, Batch or BatchClusteredIO "
+                  "(the numbers are the same)."});
+}
+
 namespace {
 
 // The description of each category's settings, in TensorCategory order.
@@ -143,11 +169,14 @@ void visitFields(V& v, SessionOptions& value) {
   v.field("virtualGraphMode", value.virtualGraphMode,
           {.doc = "How ops are placed on the IPUs of a replica (/device/ipusPerReplica): Off (one IPU), Manual "
                   "(each op names its IPU: __ipu_number), Auto (the forward pass split by memory) or "
-                  "ExecutionPhases (not supported yet)."});
+                  "ExecutionPhases (ops by execution phase: executionPhaseSettings)."});
   v.field("enablePipelining", value.enablePipelining,
           {.doc = "Run the IPUs of a replica as a pipeline over the micro-batches of a step (PopART's "
                   "enablePipelining): needs virtualGraphMode Manual or Auto over >= 2 IPUs and, in training, "
                   "accumulationFactor >= 2 x forward stages - 1. Stages: __pipeline_stage, else each op's IPU."});
+  v.field("executionPhaseSettings", value.executionPhaseSettings,
+          {.doc = "Phased execution (virtualGraphMode ExecutionPhases): the phases, the IPUs they take turns on "
+                  "and when each category's OffChip tensors are loaded."});
   v.field(
       "numIOTiles", value.numIOTiles,
       {.min = 0,
@@ -169,6 +198,7 @@ TESSERA_INSTANTIATE_VISIT_FIELDS(CommGroup);
 TESSERA_INSTANTIATE_VISIT_FIELDS(TensorLocation);
 TESSERA_INSTANTIATE_VISIT_FIELDS(TensorLocationSettings);
 TESSERA_INSTANTIATE_VISIT_FIELDS(AutomaticLossScalingSettings);
+TESSERA_INSTANTIATE_VISIT_FIELDS(ExecutionPhaseSettings);
 TESSERA_INSTANTIATE_VISIT_FIELDS(SessionOptions);
 
 namespace {
@@ -218,6 +248,8 @@ TESSERA_ENUM_JSON(ReductionType)
 TESSERA_ENUM_JSON(MeanReductionStrategy)
 TESSERA_ENUM_JSON(RecomputationType)
 TESSERA_ENUM_JSON(VirtualGraphMode)
+TESSERA_ENUM_JSON(ExecutionPhaseIOSchedule)
+TESSERA_ENUM_JSON(ExecutionPhaseSchedule)
 #undef TESSERA_ENUM_JSON
 
 #define TESSERA_STRUCT_JSON(Type)                                                       \
@@ -230,6 +262,7 @@ TESSERA_STRUCT_JSON(CommGroup)
 TESSERA_STRUCT_JSON(TensorLocation)
 TESSERA_STRUCT_JSON(TensorLocationSettings)
 TESSERA_STRUCT_JSON(AutomaticLossScalingSettings)
+TESSERA_STRUCT_JSON(ExecutionPhaseSettings)
 TESSERA_STRUCT_JSON(SessionOptions)
 #undef TESSERA_STRUCT_JSON
 

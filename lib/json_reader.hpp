@@ -59,6 +59,8 @@ void visitFields(V& v, TensorLocationSettings& value);
 template <class V>
 void visitFields(V& v, AutomaticLossScalingSettings& value);
 template <class V>
+void visitFields(V& v, ExecutionPhaseSettings& value);
+template <class V>
 void visitFields(V& v, SessionOptions& value);
 
 }  // namespace tessera

@@ -595,5 +595,6 @@ void recomputeOutputInBackwardPass(Tensor t, RecomputeType type) {
 void virtualGraph(Tensor t, int64_t ipu) { t.graph().setVirtualGraph(t.node().producer, ipu); }
 
 void pipelineStage(Tensor t, int64_t stage) { t.graph().setPipelineStage(t.node().producer, stage); }
+void executionPhase(Tensor t, int64_t phase) { t.graph().setExecutionPhase(t.node().producer, phase); }
 
 }  // namespace tessera::ops

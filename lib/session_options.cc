@@ -16,17 +16,18 @@ struct CategorySettings {
   TensorCategory category;
   TensorLocationSettings SessionOptions::*member;
   std::string_view key;
+  ExecutionPhaseIOSchedule ExecutionPhaseSettings::*ioSchedule;
 };
 
 constexpr std::array kCategorySettings = {
     CategorySettings{TensorCategory::Activation, &SessionOptions::activationTensorLocationSettings,
-                     "activationTensorLocationSettings"},
+                     "activationTensorLocationSettings", &ExecutionPhaseSettings::activationIOSchedule},
     CategorySettings{TensorCategory::Weight, &SessionOptions::weightTensorLocationSettings,
-                     "weightTensorLocationSettings"},
+                     "weightTensorLocationSettings", &ExecutionPhaseSettings::weightIOSchedule},
     CategorySettings{TensorCategory::OptimizerState, &SessionOptions::optimizerStateTensorLocationSettings,
-                     "optimizerStateTensorLocationSettings"},
+                     "optimizerStateTensorLocationSettings", &ExecutionPhaseSettings::optimizerStateIOSchedule},
     CategorySettings{TensorCategory::Accumulator, &SessionOptions::accumulatorTensorLocationSettings,
-                     "accumulatorTensorLocationSettings"},
+                     "accumulatorTensorLocationSettings", &ExecutionPhaseSettings::accumulatorIOSchedule},
 };
 
 static_assert(
@@ -76,6 +77,10 @@ const TensorLocationSettings& SessionOptions::locationSettings(TensorCategory ca
 
 TensorLocationSettings& SessionOptions::locationSettings(TensorCategory category) noexcept {
   return this->*row(category).member;
+}
+
+ExecutionPhaseIOSchedule ExecutionPhaseSettings::ioSchedule(TensorCategory category) const noexcept {
+  return this->*row(category).ioSchedule;
 }
 
 std::string_view SessionOptions::locationSettingsKey(TensorCategory category) noexcept {

@@ -77,10 +77,30 @@ void checkSwitches(const SessionOptions& o) {
          "autoRecomputation is Pipeline, which recomputes each forward pipeline stage, but pipelining is "
          "not enabled; use Standard, NormOnly, RecomputeAll or None");
   }
-  if (o.virtualGraphMode == VirtualGraphMode::ExecutionPhases) {
-    fail(ErrorCode::VirtualGraphModeUnsupported, fieldPath("virtualGraphMode"),
-         "virtualGraphMode is ExecutionPhases, which places ops by execution phase, but tessera has no phased "
-         "execution yet; use Manual or Auto to place ops on the IPUs of a replica, or Off");
+}
+
+// PopART's rules for phased execution: the mode and phases >= 2 go together.
+void checkExecutionPhases(const SessionOptions& o) {
+  const ExecutionPhaseSettings& e = o.executionPhaseSettings;
+  const std::string phasesPath = fieldPath("executionPhaseSettings") + "/phases";
+  const bool phased = o.virtualGraphMode == VirtualGraphMode::ExecutionPhases;
+  if (phased && e.phases < 2) {
+    fail(ErrorCode::ExecutionPhasesWithoutPhases, phasesPath,
+         "virtualGraphMode is ExecutionPhases but executionPhaseSettings.phases is {}; phased execution needs at "
+         "least 2 phases, so set phases >= 2, or virtualGraphMode to Off, Manual or Auto",
+         e.phases);
+  }
+  if (!phased && e.phases >= 2) {
+    fail(ErrorCode::PhasesWithoutExecutionPhases, phasesPath,
+         "executionPhaseSettings.phases is {} but {} is {}; phases are run only with virtualGraphMode "
+         "ExecutionPhases, so set it to ExecutionPhases, or phases to 0",
+         e.phases, fieldPath("virtualGraphMode"), o.virtualGraphMode);
+  }
+  if (phased && o.enablePipelining) {
+    fail(ErrorCode::ExecutionPhasesWithPipelining, fieldPath("enablePipelining"),
+         "enablePipelining is true with virtualGraphMode ExecutionPhases; a replica's IPUs run either pipeline "
+         "stages or execution phases, not both: set enablePipelining to false, or virtualGraphMode to Manual or "
+         "Auto");
   }
 }
 
@@ -313,6 +333,7 @@ void validateOptions(const SessionOptions& options, std::optional<int64_t> tiles
   checkCounts(options);
   checkSwitches(options);
   checkPipelining(options);
+  checkExecutionPhases(options);
   checkDistribution(options);
   checkIOTiles(options, tilesPerIpu);
   checkTileSets(options);

@@ -625,6 +625,7 @@ void Importer::bindOutput(const std::string& name) {
     // on the last annotated node's IPU, so that Manual placement covers it.
     graph_.setVirtualGraph(copy, lastIpuNumber_);
     graph_.setPipelineStage(copy, lastPipelineStage_);
+    graph_.setExecutionPhase(copy, lastExecutionPhase_);
     id = graph_.op(copy).outputs.at(0);
   }
   if (graph_.tensor(id).name != name) {
@@ -683,6 +684,17 @@ void Importer::markPipelineStage(const onnx::NodeProto& node, OpId first, const 
   lastPipelineStage_ = attribute->i();
 }
 
+void Importer::markExecutionPhase(const onnx::NodeProto& node, OpId first, const std::string& subject) {
+  const onnx::AttributeProto* attribute = findAttribute(node, kExecutionPhaseAttribute);
+  if (attribute == nullptr) return;
+  if (attribute->type() != onnx::AttributeProto::INT || attribute->i() < 0)
+    throw GraphError(ErrorCode::InvalidExecutionPhase, subject,
+                     fmt::format("attribute {} must be a non-negative int, the execution phase of the node (from 0)",
+                                 kExecutionPhaseAttribute));
+  for (auto id = first; id < static_cast<OpId>(graph_.ops().size()); ++id) graph_.setExecutionPhase(id, attribute->i());
+  lastExecutionPhase_ = attribute->i();
+}
+
 void Importer::importNode(const onnx::NodeProto& node) {
   const std::string subject = nodeSubject(node);
   checkArity(node, opset_, subject);
@@ -731,6 +743,7 @@ void Importer::importNode(const onnx::NodeProto& node) {
   markRecompute(node, first, subject);
   markVirtualGraph(node, first, subject);
   markPipelineStage(node, first, subject);
+  markExecutionPhase(node, first, subject);
   for (const auto& out : node.output())
     if (!out.empty() && !values_.count(out))
       throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject,

@@ -141,6 +141,8 @@ class Importer {
   void markVirtualGraph(const onnx::NodeProto& node, OpId first, const std::string& subject);
   // __pipeline_stage: a non-negative int (else GraphError(InvalidPipelineStage)).
   void markPipelineStage(const onnx::NodeProto& node, OpId first, const std::string& subject);
+  // __execution_phase: a non-negative int (else GraphError(InvalidExecutionPhase)).
+  void markExecutionPhase(const onnx::NodeProto& node, OpId first, const std::string& subject);
   // Input k, an initializer, made a Variable of category OptimizerState that
   // the node updates in place (OnnxModel::state).
   Tensor stateVariable(const onnx::NodeProto& node, int k, const std::string& subject);
@@ -151,6 +153,8 @@ class Importer {
   int64_t lastIpuNumber_ = kNoVirtualGraph;
   // The __pipeline_stage of the last node that had one (kNoPipelineStage: none).
   int64_t lastPipelineStage_ = kNoPipelineStage;
+  // The __execution_phase of the last node that had one (kNoExecutionPhase: none).
+  int64_t lastExecutionPhase_ = kNoExecutionPhase;
   std::string source_;
   Graph graph_;
   int64_t opset_ = 0;

@@ -47,6 +47,8 @@ inline constexpr std::string_view kRecomputeAttribute = "__recompute_output_in_b
 inline constexpr std::string_view kIpuNumberAttribute = "__ipu_number";
 // PopART's Builder::pipelineStage: the pipeline stage of a node.
 inline constexpr std::string_view kPipelineStageAttribute = "__pipeline_stage";
+// PopART's Builder::executionPhase: the execution phase of a node.
+inline constexpr std::string_view kExecutionPhaseAttribute = "__execution_phase";
 
 bool isFloatType(int32_t type) noexcept;
 // ONNX's lower-case name of an element type ("float", "int64", ...).

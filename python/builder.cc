@@ -22,6 +22,7 @@ namespace {
 
 constexpr std::string_view kIpuAttribute = "__ipu_number";
 constexpr std::string_view kPipelineStageAttribute = "__pipeline_stage";
+constexpr std::string_view kExecutionPhaseAttribute = "__execution_phase";
 constexpr std::string_view kRecomputeAttribute = "__recompute_output_in_backward_pass";
 
 [[noreturn]] void badArgument(const std::string& subject, const std::string& message) {
@@ -320,6 +321,18 @@ void bindBuilder(py::module_& module) {
           py::arg("tensorIds"), py::arg("value") = py::none(), py::keep_alive<0, 1>(),
           "pipelineStage(ids, stage) sets the pipeline stage (attribute __pipeline_stage) of the nodes that "
           "made the tensors; `with builder.pipelineStage(stage):` of every node made inside.")
+      .def(
+          "executionPhase",
+          [](OnnxBuilder& builder, const py::object& first, const py::object& phase) -> py::object {
+            if (phase.is_none())
+              return py::cast(
+                  AttributeScope{&builder, std::string(kExecutionPhaseAttribute), first.cast<int64_t>()});
+            annotate(builder, first, kExecutionPhaseAttribute, phase.cast<int64_t>());
+            return py::none();
+          },
+          py::arg("tensorIds"), py::arg("value") = py::none(), py::keep_alive<0, 1>(),
+          "executionPhase(ids, phase) sets the execution phase (attribute __execution_phase) of the nodes that "
+          "made the tensors; `with builder.executionPhase(phase):` of every node made inside.")
       .def(
           "recomputeOutputInBackwardPass",
           [](OnnxBuilder& builder, const py::object& ids, RecomputeType value) {

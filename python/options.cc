@@ -60,6 +60,7 @@ void bindOptions(py::module_& module) {
   const nlohmann::json& location = locationSettings.at("properties").at("location");
   const nlohmann::json& commGroup = location.at("properties").at("shardingDomain");
   const nlohmann::json& lossScaling = sessionOptions.at("properties").at("automaticLossScalingSettings");
+  const nlohmann::json& phaseSettings = sessionOptions.at("properties").at("executionPhaseSettings");
 
   bindEnum<TensorStorage>(module, "Where a tensor lives: OnChip (SRAM) or OffChip (streaming memory).");
   bindEnum<TileSet>(module, "The tiles that load or hold a tensor: Compute or IO.");
@@ -78,7 +79,11 @@ void bindOptions(py::module_& module) {
       .value("NoRecompute", RecomputationType::None);
   bindEnum<VirtualGraphMode>(module,
                              "How the ops of a replica are placed on its IPUs: Off, Manual (__ipu_number), Auto or "
-                             "ExecutionPhases (not supported yet).");
+                             "ExecutionPhases (ops by execution phase: executionPhaseSettings).");
+  bindEnum<ExecutionPhaseIOSchedule>(module, "When a phase's OffChip tensors are loaded: Preload or OnDemand.");
+  bindEnum<ExecutionPhaseSchedule>(module,
+                                   "The order of the optimizer's steps within a phase: Interleaving, Batch or "
+                                   "BatchClusteredIO.");
 
   py::class_<CommGroup>(module, "CommGroup",
                         "A grouping of replicas by type and group size (PopART's CommGroup).")
@@ -153,6 +158,23 @@ void bindOptions(py::module_& module) {
                         const AutomaticLossScalingSettings& b) { return a == b; })
       .def("__repr__", &jsonText<AutomaticLossScalingSettings>);
 
+  py::class_<ExecutionPhaseSettings>(module, "ExecutionPhaseSettings",
+                                     "Phased execution (PopART's ExecutionPhaseSettings).")
+      .def(py::init<>())
+      .def_readwrite("phases", &ExecutionPhaseSettings::phases, fieldDoc(phaseSettings, "phases"))
+      .def_readwrite("stages", &ExecutionPhaseSettings::stages, fieldDoc(phaseSettings, "stages"))
+      .def_readwrite("weightIOSchedule", &ExecutionPhaseSettings::weightIOSchedule,
+                     fieldDoc(phaseSettings, "weightIOSchedule"))
+      .def_readwrite("activationIOSchedule", &ExecutionPhaseSettings::activationIOSchedule,
+                     fieldDoc(phaseSettings, "activationIOSchedule"))
+      .def_readwrite("optimizerStateIOSchedule", &ExecutionPhaseSettings::optimizerStateIOSchedule,
+                     fieldDoc(phaseSettings, "optimizerStateIOSchedule"))
+      .def_readwrite("accumulatorIOSchedule", &ExecutionPhaseSettings::accumulatorIOSchedule,
+                     fieldDoc(phaseSettings, "accumulatorIOSchedule"))
+      .def_readwrite("schedule", &ExecutionPhaseSettings::schedule, fieldDoc(phaseSettings, "schedule"))
+      .def("__eq__", [](const ExecutionPhaseSettings& a, const ExecutionPhaseSettings& b) { return a == b; })
+      .def("__repr__", &jsonText<ExecutionPhaseSettings>);
+
   py::bind_map<std::map<std::string, TensorLocation>>(module, "TensorLocationOverrides");
 
   py::class_<SessionOptions>(
@@ -187,6 +209,8 @@ void bindOptions(py::module_& module) {
                      fieldDoc(sessionOptions, "virtualGraphMode"))
       .def_readwrite("enablePipelining", &SessionOptions::enablePipelining,
                      fieldDoc(sessionOptions, "enablePipelining"))
+      .def_readwrite("executionPhaseSettings", &SessionOptions::executionPhaseSettings,
+                     fieldDoc(sessionOptions, "executionPhaseSettings"))
       .def_readwrite("numIOTiles", &SessionOptions::numIOTiles, fieldDoc(sessionOptions, "numIOTiles"))
       .def_readwrite("activationTensorLocationSettings", &SessionOptions::activationTensorLocationSettings,
                      fieldDoc(sessionOptions, "activationTensorLocationSettings"))

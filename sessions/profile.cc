@@ -180,6 +180,7 @@ json chromeTraceJson(const TimeReport& time) {
       args["pipelineStage"] = op.pipelineStage;
       args["microBatch"] = op.microBatch;
     }
+    if (op.executionPhase != kNoExecutionPhase) args["executionPhase"] = op.executionPhase;
     events.push_back({{"name", op.name},
                       {"cat", nameOf(op.lane)},
                       {"ph", "X"},

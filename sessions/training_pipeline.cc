@@ -1,6 +1,7 @@
 #include "training_pipeline.hpp"
 
 #include "transforms/autodiff_transform.hpp"
+#include "transforms/execution_phases.hpp"
 #include "transforms/gradient_accumulation.hpp"
 #include "transforms/locations.hpp"
 #include "transforms/optimizer_update.hpp"
@@ -18,10 +19,12 @@ std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptio
   std::vector<std::unique_ptr<Transform>> pipeline;
   pipeline.push_back(std::make_unique<VirtualGraphTransform>(options.virtualGraphMode, ipusPerReplica));
   pipeline.push_back(std::make_unique<PipelineStagesTransform>(options, ipusPerReplica, true));
+  pipeline.push_back(std::make_unique<ExecutionPhasesTransform>(options, ipusPerReplica));
   pipeline.push_back(std::make_unique<WeightShardingTransform>(options, &tensors));
   pipeline.push_back(std::make_unique<AutodiffTransform>(tensors, optimizer.lossScaling(),
                                                          options.automaticLossScalingSettings.enabled));
   pipeline.push_back(std::make_unique<PipelineBackwardTransform>(options, tensors));
+  pipeline.push_back(std::make_unique<ExecutionPhaseBackwardTransform>(options, tensors));
   pipeline.push_back(std::make_unique<RecomputeTransform>(options.autoRecomputation, tensors));
   pipeline.push_back(
       std::make_unique<GradientAccumulationTransform>(options, tensors, optimizer.accumType()));
@@ -31,6 +34,7 @@ std::vector<std::unique_ptr<Transform>> buildTrainingPipeline(const SessionOptio
   pipeline.push_back(std::make_unique<LocationTransform>(options, &tensors));
   pipeline.push_back(std::make_unique<IpuCopyTransform>(options.virtualGraphMode, &tensors));
   pipeline.push_back(std::make_unique<PipelineCycleTransform>(options));
+  pipeline.push_back(std::make_unique<ExecutionPhaseFillTransform>(options));
   return pipeline;
 }
 
@@ -46,9 +50,11 @@ std::vector<std::unique_ptr<Transform>> buildInferencePipeline(const SessionOpti
   std::vector<std::unique_ptr<Transform>> pipeline;
   pipeline.push_back(std::make_unique<VirtualGraphTransform>(options.virtualGraphMode, ipusPerReplica));
   pipeline.push_back(std::make_unique<PipelineStagesTransform>(options, ipusPerReplica, false));
+  pipeline.push_back(std::make_unique<ExecutionPhasesTransform>(options, ipusPerReplica));
   pipeline.push_back(std::make_unique<WeightShardingTransform>(options, nullptr));
   pipeline.push_back(std::make_unique<LocationTransform>(options, nullptr));
   pipeline.push_back(std::make_unique<IpuCopyTransform>(options.virtualGraphMode, nullptr));
+  pipeline.push_back(std::make_unique<ExecutionPhaseFillTransform>(options));
   return pipeline;
 }
 

@@ -1,15 +1,16 @@
 // The training compile pipeline: the one place that lists the transforms a
 // training graph goes through, in order.
 //
-//   virtualGraph → pipelineStages → weightSharding → autodiff →
-//   pipelineBackward → recompute → gradientAccumulation → replication →
-//   optimizerUpdate → locations → ipuCopy → pipelineCycles
+//   virtualGraph → pipelineStages → executionPhases → weightSharding →
+//   autodiff → pipelineBackward → executionPhaseBackward → recompute →
+//   gradientAccumulation → replication → optimizerUpdate → locations →
+//   ipuCopy → pipelineCycles → executionPhaseFill
 //
-// and the inference one: virtualGraph → pipelineStages → weightSharding →
-// locations → ipuCopy. `topology` is the session's replica topology
-// (ReplicaTopology::fromOptions), whose global count the graph was checked
-// against (checkReplicationFactor); without it, the options' topology with
-// one IPU per replica.
+// and the inference one: virtualGraph → pipelineStages → executionPhases →
+// weightSharding → locations → ipuCopy → executionPhaseFill. `topology` is
+// the session's replica topology (ReplicaTopology::fromOptions), whose
+// global count the graph was checked against (checkReplicationFactor);
+// without it, the options' topology with one IPU per replica.
 //
 // Gradients are accumulated before they are reduced over replicas, so each
 // step all-reduces every gradient once rather than once per micro-batch,

@@ -156,6 +156,26 @@ std::vector<OpId> pipelineOrder(const Graph& graph, std::span<const OpId> schedu
   return order;
 }
 
+// Adds op's work to its execution phase's sums.
+void addToPhase(std::vector<PhaseTime>& phases, const OpNode& op, const Work& w, int64_t ipu) {
+  while (static_cast<int64_t>(phases.size()) <= op.executionPhase)
+    phases.push_back({.phase = static_cast<int64_t>(phases.size())});
+  PhaseTime& p = phases[at(op.executionPhase)];
+  switch (w.lane) {
+    case TimeLane::ComputeTiles:
+      p.computeSeconds += w.seconds;
+      p.ipu = ipu;
+      break;
+    case TimeLane::Streaming: p.streamingSeconds += w.seconds; break;
+    case TimeLane::IOTiles: p.overlappedSeconds += w.seconds; break;
+    case TimeLane::IpuLink: p.ipuCopyBytes += w.bytes; break;
+    case TimeLane::Link:
+    case TimeLane::HostIO: break;
+  }
+  if (op.kind == OpKind::RemoteLoad) p.loadBytes += w.bytes;
+  if (op.kind == OpKind::RemoteStore) p.storeBytes += w.bytes;
+}
+
 }  // namespace
 
 TimeReport modelTime(const Graph& graph, const ReplicaTopology& topology, std::span<const OpId> schedule,
@@ -261,8 +281,9 @@ TimeReport modelTime(const Graph& graph, const ReplicaTopology& topology, std::s
     } else if (w.lane != TimeLane::IpuLink) {
       report.streamingBytes += w.bytes;
     }
+    if (op.executionPhase != kNoExecutionPhase) addToPhase(report.phases, op, w, ipu);
     report.ops.push_back({op.name, op.kind, w.lane, std::move(w.group), w.interInstance, start, w.seconds,
-                          w.flops, w.bytes, ipu, op.pipelineStage, op.microBatch});
+                          w.flops, w.bytes, ipu, op.pipelineStage, op.microBatch, op.executionPhase});
   }
   if (pipeline.enabled) {
     // A cycle without ops ends when the one before it ends.

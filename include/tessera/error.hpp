@@ -82,7 +82,7 @@ enum class ErrorCode : int {
   InvalidAnchorReturnType = 171,  // an unknown return type, or EveryN's period not dividing batchesPerStep
   InvalidAnchor = 172,            // an anchor naming no output, or named twice
   // --- Virtual graphs: several IPUs per replica (173-181) ---
-  VirtualGraphModeUnsupported = 173,       // virtualGraphMode ExecutionPhases (no phased execution yet)
+  VirtualGraphModeUnsupported = 173,       // retired: ExecutionPhases is phased execution (191-194)
   IpusPerReplicaWithoutVirtualGraphs = 174,  // ipusPerReplica > 1 with virtualGraphMode Off
   VirtualGraphWithModeOff = 175,           // an op names an IPU but virtualGraphMode is Off
   ManualWithoutVirtualGraphs = 176,        // virtualGraphMode Manual but no op names an IPU
@@ -94,6 +94,11 @@ enum class ErrorCode : int {
   UnsupportedExchangeStrategy = 184,  // OverlapStep: PopART declares it and does not support it
   // --- Command-line options (19x) ---
   InvalidOption = 190,  // a command-line option's value outside its range (a usage error, exit 2)
+  // --- Phased execution (191-194) ---
+  ExecutionPhasesWithoutPhases = 191,   // virtualGraphMode ExecutionPhases with executionPhaseSettings.phases < 2
+  PhasesWithoutExecutionPhases = 192,   // executionPhaseSettings.phases >= 2 with another virtualGraphMode
+  InvalidExecutionPhaseStages = 193,    // stages not 1 or 2, or ipusPerReplica not equal to stages
+  ExecutionPhasesWithPipelining = 194,  // virtualGraphMode ExecutionPhases with enablePipelining
   // --- Pipelining (195-199) ---
   PipeliningWithoutVirtualGraphs = 195,  // enablePipelining with virtualGraphMode Off or one IPU per replica
   PipeliningAccumulationTooLow = 196,    // accumulationFactor below the pipeline's stages (2 x forward stages - 1)
@@ -119,6 +124,10 @@ enum class ErrorCode : int {
   InvalidInputSettings = 240,       // input settings for a tensor that is not a graph input
   InvalidPipelineStage = 250,       // a negative stage given to Graph::setPipelineStage
   PipelineStageBackwards = 251,     // a forward op reading a value of a later pipeline stage
+  InvalidExecutionPhase = 252,      // a negative phase given to Graph::setExecutionPhase
+  ExecutionPhaseOutOfRange = 253,   // an op's execution phase at or above executionPhaseSettings.phases
+  PartialExecutionPhases = 254,     // some forward ops name an execution phase, others do not
+  ExecutionPhaseBackwards = 255,    // a forward op reading a value of a later execution phase
   // --- Autodiff (3xx) ---
   NoGradient = 301,
   LossNotScalar = 302,

@@ -484,6 +484,8 @@ inline constexpr int64_t kNoVirtualGraph = -1;
 // an op that runs once per step.
 inline constexpr int64_t kNoPipelineStage = -1;
 inline constexpr int64_t kNoMicroBatch = -1;
+// OpNode::executionPhase of an op that names no phase.
+inline constexpr int64_t kNoExecutionPhase = -1;
 
 struct OpNode {
   OpKind kind = OpKind::Input;
@@ -508,6 +510,11 @@ struct OpNode {
   // when SessionOptions::enablePipelining; the pipelining transform then
   // numbers every op's stage as PopART does (sessions/transforms/pipeline.hpp).
   int64_t pipelineStage = kNoPipelineStage;
+  // The execution phase (PopART's executionPhase): kNoExecutionPhase until
+  // ops::executionPhase, an ONNX node's __execution_phase or the virtual
+  // graph transform sets it. Read only when virtualGraphMode is
+  // ExecutionPhases (sessions/transforms/virtual_graph.hpp).
+  int64_t executionPhase = kNoExecutionPhase;
   // The micro-batch of the step this op computes (set by gradient
   // accumulation), kNoMicroBatch for an op that runs once per step.
   int64_t microBatch = kNoMicroBatch;
@@ -581,6 +588,10 @@ class Graph {
   // clears it. Throws GraphError(InvalidPipelineStage) for any other
   // negative value, naming the op.
   void setPipelineStage(OpId op, int64_t stage);
+  // Sets an op's execution phase (OpNode::executionPhase);
+  // kNoExecutionPhase clears it. Throws GraphError(InvalidExecutionPhase)
+  // for any other negative value, naming the op.
+  void setExecutionPhase(OpId op, int64_t phase);
   // Sets the micro-batch an op computes (OpNode::microBatch), unchecked.
   void setMicroBatch(OpId op, int64_t microBatch);
   // Marks the ops from `first` to the last op created as a normalisation.
@@ -588,7 +599,7 @@ class Graph {
   // True for the ops the recomputation transform may clone.
   bool canRecompute(OpId op) const;
   // Gives op `to` the recompute and normalisation marks, the virtual
-  // graph, the pipeline stage and the micro-batch of `from` (an op of another graph that `to` copies), unchecked:
+  // graph, the pipeline stage, the execution phase and the micro-batch of `from` (an op of another graph that `to` copies), unchecked:
   // transforms that copy ops.
   void copyRecomputeMarks(OpId to, const OpNode& from);
 

@@ -61,6 +61,10 @@ void to_json(nlohmann::json& j, RecomputationType value);
 void from_json(const nlohmann::json& j, RecomputationType& value);
 void to_json(nlohmann::json& j, VirtualGraphMode value);
 void from_json(const nlohmann::json& j, VirtualGraphMode& value);
+void to_json(nlohmann::json& j, ExecutionPhaseIOSchedule value);
+void from_json(const nlohmann::json& j, ExecutionPhaseIOSchedule& value);
+void to_json(nlohmann::json& j, ExecutionPhaseSchedule value);
+void from_json(const nlohmann::json& j, ExecutionPhaseSchedule& value);
 
 // Option structs.
 void to_json(nlohmann::json& j, const CommGroup& value);
@@ -71,6 +75,8 @@ void to_json(nlohmann::json& j, const TensorLocationSettings& value);
 void from_json(const nlohmann::json& j, TensorLocationSettings& value);
 void to_json(nlohmann::json& j, const AutomaticLossScalingSettings& value);
 void from_json(const nlohmann::json& j, AutomaticLossScalingSettings& value);
+void to_json(nlohmann::json& j, const ExecutionPhaseSettings& value);
+void from_json(const nlohmann::json& j, ExecutionPhaseSettings& value);
 void to_json(nlohmann::json& j, const SessionOptions& value);
 void from_json(const nlohmann::json& j, SessionOptions& value);
 

@@ -332,5 +332,13 @@ void virtualGraph(Tensor t, int64_t ipu);
 // checks the stages against the ops' IPUs (sessions/transforms/pipeline.hpp).
 void pipelineStage(Tensor t, int64_t stage);
 
+// --- Phased execution (PopART's Builder::executionPhase) ---
+// Puts the op that produces `t` in execution phase `phase`
+// (OpNode::executionPhase), read when SessionOptions::virtualGraphMode is
+// ExecutionPhases. Throws GraphError(InvalidExecutionPhase) for a negative
+// `phase`; the session checks it against executionPhaseSettings.phases
+// (sessions/transforms/execution_phases.hpp).
+void executionPhase(Tensor t, int64_t phase);
+
 }  // namespace ops
 }  // namespace tessera

@@ -64,7 +64,7 @@ enum class VirtualGraphMode {
   Off,              // one IPU per replica; no op may name an IPU
   Manual,           // every op names its IPU (ops::virtualGraph, an ONNX node's __ipu_number)
   Auto,             // the forward pass is split over the IPUs by memory; the rest follows
-  ExecutionPhases,  // phased execution; refused until phases exist (config error 173)
+  ExecutionPhases,  // phased execution: ops by execution phase, phases on IPUs by executionPhaseSettings
 };
 
 template <>
@@ -75,6 +75,68 @@ struct EnumNames<VirtualGraphMode> {
       std::pair{VirtualGraphMode::Manual, std::string_view{"Manual"}},
       std::pair{VirtualGraphMode::Auto, std::string_view{"Auto"}},
       std::pair{VirtualGraphMode::ExecutionPhases, std::string_view{"ExecutionPhases"}}};
+};
+
+// When the tensors a phase streams in are loaded (PopART's
+// ExecutionPhaseIOSchedule).
+enum class ExecutionPhaseIOSchedule {
+  Preload,   // during the previous phase, through the IO tiles beside its compute
+  OnDemand,  // in the phase itself, just before the first op that reads them
+};
+
+template <>
+struct EnumNames<ExecutionPhaseIOSchedule> {
+  static constexpr std::string_view kTypeName = "ExecutionPhaseIOSchedule";
+  static constexpr std::array kNames = {std::pair{ExecutionPhaseIOSchedule::Preload, std::string_view{"Preload"}},
+                                        std::pair{ExecutionPhaseIOSchedule::OnDemand, std::string_view{"OnDemand"}}};
+};
+
+// The order of the optimizer's steps within a phase (PopART's
+// ExecutionPhaseSchedule). Accepted and reported; tessera runs the steps of
+// each weight one after the other whatever it says, which changes no number.
+enum class ExecutionPhaseSchedule {
+  Interleaving,      // load, update and store each weight's state in turn
+  Batch,             // all loads, then all updates, then all stores
+  BatchClusteredIO,  // as Batch, the loads and stores grouped into one transfer each
+};
+
+template <>
+struct EnumNames<ExecutionPhaseSchedule> {
+  static constexpr std::string_view kTypeName = "ExecutionPhaseSchedule";
+  static constexpr std::array kNames = {
+      std::pair{ExecutionPhaseSchedule::Interleaving, std::string_view{"Interleaving"}},
+      std::pair{ExecutionPhaseSchedule::Batch, std::string_view{"Batch"}},
+      std::pair{ExecutionPhaseSchedule::BatchClusteredIO, std::string_view{"BatchClusteredIO"}}};
+};
+
+// Phased execution (PopART's ExecutionPhaseSettings), read when
+// virtualGraphMode is ExecutionPhases (sessions/transforms/execution_phases.hpp).
+struct ExecutionPhaseSettings {
+  // Forward execution phases: the forward pass runs in phases 0 .. phases-1
+  // and the backward ops of forward phase p in phase 2 phases - 2 - p, as in
+  // PopART. 0 or 1: no phased execution; ExecutionPhases needs >= 2
+  // (config error 191), any other mode 0 or 1 (config error 192).
+  int64_t phases = 0;
+  // IPUs the phases take turns on: phase p runs on IPU p % stages. 1: every
+  // phase on one IPU, streaming memory between phases; 2: ping-pong between
+  // two IPUs, one computing while the other loads. 1 or 2 (config error 193),
+  // and a replica has that many IPUs (/device/ipusPerReplica).
+  int64_t stages = 2;
+  // When each category's tensors that live off chip (their
+  // *TensorLocationSettings OffChip) are loaded for a phase: Preload during
+  // the phase before (overlapping its compute when the transfer goes through
+  // the IO tiles), OnDemand in the phase itself.
+  ExecutionPhaseIOSchedule weightIOSchedule = ExecutionPhaseIOSchedule::Preload;
+  ExecutionPhaseIOSchedule activationIOSchedule = ExecutionPhaseIOSchedule::Preload;
+  ExecutionPhaseIOSchedule optimizerStateIOSchedule = ExecutionPhaseIOSchedule::OnDemand;
+  ExecutionPhaseIOSchedule accumulatorIOSchedule = ExecutionPhaseIOSchedule::Preload;
+  // The order of the optimizer's steps within a phase (see the enum).
+  ExecutionPhaseSchedule schedule = ExecutionPhaseSchedule::Interleaving;
+
+  // The IO schedule of a tensor category.
+  ExecutionPhaseIOSchedule ioSchedule(TensorCategory category) const noexcept;
+
+  bool operator==(const ExecutionPhaseSettings&) const = default;
 };
 
 // JSON path of the SessionOptions object inside a run config; every path in
@@ -147,8 +209,9 @@ struct SessionOptions {
   // ipusPerReplica; Auto splits the forward schedule into ipusPerReplica
   // contiguous parts of about equal memory. Backward, accumulation and
   // optimizer ops run on the IPU of their forward op or their weight; values
-  // crossing IPUs go through IpuCopy ops. ExecutionPhases is refused (config
-  // error 173): tessera has no phased execution yet.
+  // crossing IPUs go through IpuCopy ops. ExecutionPhases places ops by
+  // execution phase (executionPhaseSettings), each phase on IPU
+  // phase % stages.
   VirtualGraphMode virtualGraphMode = VirtualGraphMode::Off;
 
   // ---------------------------------------------------------------------
@@ -166,6 +229,14 @@ struct SessionOptions {
   // accumulation run without pipelining; the time model runs the step in
   // fill, main and flush phases.
   bool enablePipelining = false;
+
+  // ---------------------------------------------------------------------
+  // Phased execution
+  // ---------------------------------------------------------------------
+
+  // The phases of virtualGraphMode ExecutionPhases (see the struct). Not
+  // with enablePipelining (config error 194).
+  ExecutionPhaseSettings executionPhaseSettings{};
 
   // ---------------------------------------------------------------------
   // Tiles

@@ -43,6 +43,12 @@
 // between IPUs last, and start no op of a cycle before the previous cycle
 // has ended.
 //
+// Phased programs (ops with an execution phase) are scheduled like any
+// other: a load of phase p carries the program order of its IO schedule
+// (after the ops of phase p - 1 for OnDemand, p - 2 for Preload), so through
+// the IO tiles a preloaded transfer overlaps the compute of the phase before;
+// TimeReport::phases sums each phase's compute and traffic (PhaseTime).
+//
 // Scheduling: ops are taken in schedule order; an op starts when its inputs
 // and the ops it must run after are done and the resources it occupies are
 // free. Compute ops, Streaming transfers and collectives whose tensors are on
@@ -136,6 +142,8 @@ struct OpTime {
   // (kNoPipelineStage / kNoMicroBatch for the ops that run once per step).
   int64_t pipelineStage = kNoPipelineStage;
   int64_t microBatch = kNoMicroBatch;
+  // Phased execution: the op's execution phase (kNoExecutionPhase without).
+  int64_t executionPhase = kNoExecutionPhase;
 };
 
 // One host stream of the step (Program::hostStreams) as modelled.
@@ -181,6 +189,22 @@ struct PipelineTime {
   std::vector<double> cycleEnds;
 };
 
+// One execution phase of a phased program (SessionOptions::
+// executionPhaseSettings), summed over the micro-batches of a step. A load
+// for phase p is scheduled after the ops of phase p - 2 (Preload) or p - 1
+// (OnDemand); through the IO tiles it overlaps the compute before it, through
+// the compute tiles it waits for them.
+struct PhaseTime {
+  int64_t phase = 0;
+  int64_t ipu = 0;                  // phase % stages: the IPU of its compute ops
+  double computeSeconds = 0.0;      // ComputeTiles
+  double loadBytes = 0.0;           // RemoteLoad: streamed in for the phase
+  double storeBytes = 0.0;          // RemoteStore: streamed out by the phase
+  double streamingSeconds = 0.0;    // its transfers through the compute tiles (Streaming lane)
+  double overlappedSeconds = 0.0;   // its transfers through the IO tiles (IOTiles lane)
+  double ipuCopyBytes = 0.0;        // IpuCopy into the phase
+};
+
 struct TimeReport {
   std::vector<OpTime> ops;   // in schedule order; sources are not listed; HostIO ops last
   // The modelled time of one batch: the device's work (`deviceSeconds`) plus
@@ -207,6 +231,7 @@ struct TimeReport {
   double hostBytes = 0.0;      // bytes one replica moves over its host links per step
   std::vector<StreamTime> streams;
   PipelineTime pipeline;                    // enabled for a pipelined program
+  std::vector<PhaseTime> phases;            // phased programs: one per phase in order; empty otherwise
 };
 
 // The modelled time of one run of `program` on the hardware `spec` describes,

@@ -416,6 +416,22 @@ nlohmann::json pipelineJson(const RunPlan& plan) {
           {"stashBytes", std::move(stash)}};
 }
 
+// Phased execution: each phase's IPU, compute and streaming traffic.
+nlohmann::json phasesJson(const TimeReport& time) {
+  nlohmann::json phases = nlohmann::json::array();
+  for (const PhaseTime& p : time.phases) {
+    phases.push_back({{"phase", p.phase},
+                      {"ipu", p.ipu},
+                      {"computeSeconds", p.computeSeconds},
+                      {"loadBytes", p.loadBytes},
+                      {"storeBytes", p.storeBytes},
+                      {"streamingSeconds", p.streamingSeconds},
+                      {"overlappedSeconds", p.overlappedSeconds},
+                      {"ipuCopyBytes", p.ipuCopyBytes}});
+  }
+  return phases;
+}
+
 // The compiled program of the config: tensors, memory, what was not applied,
 // the modelled step time and, when it does not fit, the settings that lower
 // the short space's peak.
@@ -458,7 +474,8 @@ nlohmann::json planJson(const RunPlan& plan, bool perReplica, const LeverSearch&
             {"hostBytes", time.hostBytes}}},
           {"ipuCopies", {{"count", time.ipuCopies}, {"bytes", time.ipuCopyBytes}}},
           {"hostStreams", hostStreamsJson(time)},
-          {"pipeline", pipelineJson(plan)}};
+          {"pipeline", pipelineJson(plan)},
+          {"phases", phasesJson(time)}};
 }
 
 // The config, where its values came from, its notes and sharding domains.
@@ -791,6 +808,16 @@ void printPlan(const RunPlan& plan, bool perReplica) {
                "{}, flush {}; bubble {:.1f} %; stashes {}\n",
                p.forwardStages, p.stages, p.microBatches, p.cycles, seconds(p.fillSeconds), seconds(p.mainSeconds),
                seconds(p.flushSeconds), 100.0 * p.bubbleFraction, fmt::join(stashes, ", "));
+  }
+  if (!t.phases.empty()) {
+    fmt::print("Execution phases ({} with the backward): phase, IPU, compute, loaded, stored, streamed "
+               "(overlapped)\n",
+               t.phases.size());
+    for (const PhaseTime& p : t.phases) {
+      fmt::print("  {:>3}  IPU {}  {:>10}  {:>10}  {:>10}  {} ({})\n", p.phase, p.ipu, seconds(p.computeSeconds),
+                 bytes(static_cast<int64_t>(p.loadBytes)), bytes(static_cast<int64_t>(p.storeBytes)),
+                 seconds(p.streamingSeconds), seconds(p.overlappedSeconds));
+    }
   }
 }
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "derived_grouping.hpp"
+#include "execution_phases.hpp"
 #include "graph_copy.hpp"
 #include "json_reader.hpp"
 #include "option_paths.hpp"
@@ -109,6 +110,10 @@ struct Home {
   int64_t buffer = -1;            // Remote
   TensorId variable = kNoTensor;  // the variable in the rebuilt graph
   bool loaded = false;
+  // Phased execution: the phase the working copy was loaded for, and
+  // whether it has been updated since (then it is kept, not reloaded).
+  int64_t phase = kNoExecutionPhase;
+  bool modified = false;
 };
 
 // A forward activation that the backward pass reads, held between the two
@@ -119,13 +124,22 @@ struct OffChipActivation {
   int64_t buffer = -1;          // streaming memory
   TensorId kept = kNoTensor;    // on IO tiles: the copy held there
   TensorId loaded = kNoTensor;  // back on the compute tiles for the backward pass
+  int64_t loadedPhase = kNoExecutionPhase;  // phased execution: the phase it was loaded for
+};
+
+// One run of consecutive ops of the same execution phase and micro-batch,
+// and the last op of the rebuilt graph made for it.
+struct PhaseRun {
+  int64_t phase = kNoExecutionPhase;
+  int64_t microBatch = kNoMicroBatch;
+  OpId last = kNoOp;
 };
 
 class Relocator {
  public:
   Relocator(const Graph& in, const SessionOptions& options, TensorId loss)
       : in_(in), options_(options), copy_(in), values_(in.tensors().size()), inDomains_(in.tensors().size()),
-        forward_(in.ops().size(), 0), lastWrite_(in.tensors().size(), kNoOp) {
+        forward_(in.ops().size(), 0), lastWrite_(in.tensors().size(), kNoOp), phased_(phasedExecution(options)) {
     if (loss != kNoTensor) markForward(loss);
     for (std::size_t id = 0; id < in.ops().size(); ++id) {
       const OpNode& op = in.ops()[id];
@@ -167,6 +181,7 @@ class Relocator {
         values_[index(op.outputs[0])] = {t, false, std::nullopt};
       } else {
         copyComputeOp(id);
+        notePhase(id);
         afterOp(id);
       }
     }
@@ -303,12 +318,13 @@ class Relocator {
   }
 
   // The working copy of a variable with a home, made at its first use.
-  void loadHome(TensorId t, Home& home) {
+  void loadHome(TensorId t, Home& home, OpId consumer) {
     const TensorNode& node = in_.tensor(t);
     Value& value = values_[index(t)];
     Tensor working;
     if (home.kind == Home::Kind::Remote) {
       working = ops::remoteLoad(out(), RemoteBuffer{&out(), home.buffer}, 0);
+      scheduleLoad(out().tensor(working.id()).producer, node.category, consumer);
       out().rename(working.id(), copy_.freshName(node.name + ".load"));
       out().tensor(working.id()).category = node.category;
       if (home.viaIoTiles) {
@@ -323,6 +339,40 @@ class Relocator {
     out().tensor(working.id()).category = node.category;
     value.id = working.id();
     home.loaded = true;
+    home.phase = in_.op(consumer).executionPhase;
+  }
+
+  // Phased execution: whether a value loaded for phase `loadedFor` is loaded
+  // again for `consumer`, which runs in another phase or (the optimizer's
+  // update after the phases) in none: the copy of a phase is on chip only
+  // in that phase.
+  bool reloadFor(int64_t loadedFor, OpId consumer) const {
+    return phased_ && loadedFor != kNoExecutionPhase && in_.op(consumer).executionPhase != loadedFor;
+  }
+
+  // Phased execution: a load for `consumer`'s phase p runs after the ops of
+  // phase p - 1 (OnDemand) or p - 2 (Preload: during phase p - 1), by its
+  // category's IO schedule.
+  void scheduleLoad(OpId load, TensorCategory category, OpId consumer) {
+    const OpNode& op = in_.op(consumer);
+    if (!phased_ || op.executionPhase == kNoExecutionPhase || runs_.empty()) return;
+    // The runs before the consumer's: the last one is its own when it has
+    // begun already.
+    std::size_t before = runs_.size();
+    if (runs_.back().phase == op.executionPhase && runs_.back().microBatch == op.microBatch) --before;
+    const std::size_t back =
+        options_.executionPhaseSettings.ioSchedule(category) == ExecutionPhaseIOSchedule::OnDemand ? 1 : 2;
+    if (before < back) return;
+    out().addAfter(load, runs_[before - back].last);
+  }
+
+  // Records the op just copied for `id` in its phase's run.
+  void notePhase(OpId id) {
+    const OpNode& op = in_.op(id);
+    if (!phased_ || op.executionPhase == kNoExecutionPhase || out().ops().empty()) return;
+    if (runs_.empty() || runs_.back().phase != op.executionPhase || runs_.back().microBatch != op.microBatch)
+      runs_.push_back({op.executionPhase, op.microBatch, kNoOp});
+    runs_.back().last = static_cast<OpId>(out().ops().size()) - 1;
   }
 
   void writeBack(const TensorNode& node, const Home& home, TensorId current) {
@@ -342,9 +392,13 @@ class Relocator {
 
   // The value of input tensor t as op `consumer` reads it.
   Value current(TensorId t, OpId consumer) {
-    if (auto home = homes_.find(t); home != homes_.end() && !home->second.loaded) loadHome(t, home->second);
+    if (auto home = homes_.find(t); home != homes_.end()) {
+      Home& h = home->second;
+      if (!h.loaded || (!h.modified && reloadFor(h.phase, consumer))) loadHome(t, h, consumer);
+    }
     if (auto activation = activations_.find(t); activation != activations_.end() && backward(consumer)) {
       OffChipActivation& off = activation->second;
+      if (off.loaded != kNoTensor && reloadFor(off.loadedPhase, consumer)) off.loaded = kNoTensor;
       if (off.loaded == kNoTensor && off.onIoTiles) {
         const Tensor loaded = ops::copy(outTensor(off.kept));
         out().rename(loaded.id(), copy_.freshName(in_.tensor(t).name + ".onCompute"));
@@ -353,6 +407,7 @@ class Relocator {
       if (off.loaded == kNoTensor) {
         const TensorNode& node = in_.tensor(t);
         Tensor loaded = ops::remoteLoad(out(), RemoteBuffer{&out(), off.buffer}, 0);
+        scheduleLoad(out().tensor(loaded.id()).producer, TensorCategory::Activation, consumer);
         out().rename(loaded.id(), copy_.freshName(node.name + ".load"));
         if (off.viaIoTiles) {
           out().tensor(loaded.id()).tileSet = TileSet::IO;
@@ -360,6 +415,7 @@ class Relocator {
           out().rename(loaded.id(), copy_.freshName(node.name + ".onCompute"));
         }
         off.loaded = loaded.id();
+        off.loadedPhase = in_.op(consumer).executionPhase;
       }
       return {off.loaded, false, std::nullopt};
     }
@@ -554,6 +610,7 @@ class Relocator {
     }
     if (!isInplace(op.kind)) return;
     const TensorId storage = in_.storageOf(op.inputs[0]);
+    if (auto home = homes_.find(storage); home != homes_.end()) home->second.modified = true;
     if (lastWrite_[index(storage)] != id) return;
     if (auto home = homes_.find(storage); home != homes_.end()) {
       writeBack(in_.tensor(storage), home->second, values_[index(op.outputs[0])].id);
@@ -579,6 +636,8 @@ class Relocator {
   std::vector<OpId> lastWrite_;
   std::unordered_map<TensorId, Home> homes_;
   std::unordered_map<TensorId, OffChipActivation> activations_;
+  bool phased_;
+  std::vector<PhaseRun> runs_;
   std::map<TensorId, TensorId> gathers_;
   std::map<std::pair<TensorId, std::pair<int64_t, int64_t>>, TensorId> slices_;
 };

@@ -20,7 +20,10 @@
 //    ReplicaShardedSlice); a value needed whole is all-gathered;
 //  - OffChip variables live in a remote buffer (streaming memory) of their
 //    own: loaded before their first use in the step, stored after their
-//    last in-place update, on chip only in between;
+//    last in-place update, on chip only in between; with phased execution
+//    (execution_phases.hpp) loaded again in each phase that reads them and
+//    for the update after the phases, each load scheduled by its category's
+//    IO schedule;
 //  - OffChip activations (training) are stored right after the forward op
 //    that produces them and loaded again for the backward ops that read
 //    them;

@@ -250,10 +250,7 @@ void VirtualGraphTransform::apply(Graph& graph) {
         if (ipus[i] != kNoVirtualGraph) graph.setVirtualGraph(static_cast<OpId>(i), ipus[i]);
       return;
     }
-    case VirtualGraphMode::ExecutionPhases:
-      throw ConfigError(ErrorCode::VirtualGraphModeUnsupported, modePath(),
-                        "virtualGraphMode is ExecutionPhases, which places ops by execution phase, but tessera has "
-                        "no phased execution yet; use Manual or Auto to place ops on the IPUs of a replica, or Off");
+    case VirtualGraphMode::ExecutionPhases: return;  // placed by phase (execution_phases.hpp)
   }
 }
 

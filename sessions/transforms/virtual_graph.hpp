@@ -43,8 +43,8 @@ class VirtualGraphTransform final : public Transform {
   // Throws ConfigError: VirtualGraphWithModeOff (an op names an IPU with
   // mode Off), ManualWithoutVirtualGraphs (Manual: no op names one),
   // PartialVirtualGraphs (Manual: some ops name one, some not),
-  // VirtualGraphOutOfRange (an IPU at or above ipusPerReplica),
-  // VirtualGraphModeUnsupported (ExecutionPhases).
+  // VirtualGraphOutOfRange (an IPU at or above ipusPerReplica).
+  // ExecutionPhases: nothing here; ExecutionPhasesTransform places the ops.
   void apply(Graph& graph) override;
 
  private:

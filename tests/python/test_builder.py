@@ -81,15 +81,19 @@ def test_annotations_reach_the_nodes():
             b = builder.aiOnnx.sigmoid([a], "b")
     c = builder.aiOnnx.tanh([b], "c")
     builder.virtualGraph(c, 0)
+    with builder.executionPhase(3):
+        d = builder.aiOnnx.relu([c], "d")
+    builder.executionPhase(c, 1)
     builder.recomputeOutputInBackwardPass([a], tessera.RecomputeType.Recompute)
-    builder.addOutputTensor(c)
+    builder.addOutputTensor(d)
     model = onnx.load_model_from_string(builder.getModelProto())
     onnx.checker.check_model(model)
     attributes = {node.name: {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
                   for node in model.graph.node}
     assert attributes["a"] == {"__ipu_number": 1, "__recompute_output_in_backward_pass": 2}
     assert attributes["b"] == {"__ipu_number": 1, "__pipeline_stage": 2}
-    assert attributes["c"] == {"__ipu_number": 0}
+    assert attributes["c"] == {"__ipu_number": 0, "__execution_phase": 1}
+    assert attributes["d"] == {"__execution_phase": 3}
 
 
 def erf(values):

@@ -85,6 +85,8 @@ def test_enums_have_popart_names():
     opts.autoRecomputation = tessera.RecomputationType.Standard
     assert json.loads(opts.toJson())["autoRecomputation"] == "Standard"
     assert list(tessera.VirtualGraphMode.__members__) == ["Off", "Manual", "Auto", "ExecutionPhases"]
+    assert list(tessera.ExecutionPhaseIOSchedule.__members__) == ["Preload", "OnDemand"]
+    assert list(tessera.ExecutionPhaseSchedule.__members__) == ["Interleaving", "Batch", "BatchClusteredIO"]
     assert opts.virtualGraphMode == tessera.VirtualGraphMode.Off
     opts.virtualGraphMode = tessera.VirtualGraphMode.Auto
     assert json.loads(opts.toJson())["virtualGraphMode"] == "Auto"
@@ -103,7 +105,9 @@ def test_enums_have_popart_names():
     (lambda o: setattr(o, "autoRecomputation", tessera.RecomputationType.Pipeline),
      {"autoRecomputation": "Pipeline"}, "tessera.config.160", "/sessionOptions/autoRecomputation"),
     (lambda o: setattr(o, "virtualGraphMode", tessera.VirtualGraphMode.ExecutionPhases),
-     {"virtualGraphMode": "ExecutionPhases"}, "tessera.config.173", "/sessionOptions/virtualGraphMode"),
+     {"virtualGraphMode": "ExecutionPhases"}, "tessera.config.191", "/sessionOptions/executionPhaseSettings/phases"),
+    (lambda o: setattr(o.executionPhaseSettings, "phases", 2),
+     {"executionPhaseSettings": {"phases": 2}}, "tessera.config.192", "/sessionOptions/executionPhaseSettings/phases"),
 ])
 def test_validation_raises_the_json_paths_error(change, json_change, error_id, path):
     opts = tessera.SessionOptions()
@@ -135,7 +139,8 @@ def test_every_field_has_the_schemas_description_as_docstring():
     default = json.loads((SOURCE / "samples/configs/session_options.default.json").read_text())
     classes = {"": tessera.SessionOptions, "TensorLocationSettings": tessera.TensorLocationSettings,
                "location": tessera.TensorLocation, "shardingDomain": tessera.CommGroup,
-               "automaticLossScalingSettings": tessera.AutomaticLossScalingSettings}
+               "automaticLossScalingSettings": tessera.AutomaticLossScalingSettings,
+               "executionPhaseSettings": tessera.ExecutionPhaseSettings}
     count = 0
     for path, _ in leaves(default):
         for depth, key in enumerate(path):

@@ -769,7 +769,7 @@ TEST_CASE("the run config schema is generated from the field tables") {
       names<TensorStorage>(), names<TileSet>(),       names<ReplicatedTensorSharding>(),
       names<CommGroupType>(), names<ReductionType>(), names<MeanReductionStrategy>(),
       names<Activation>(),    names<DatasetKind>(),   names<ScheduleType>(), names<RecomputationType>(),
-      names<VirtualGraphMode>(),
+      names<VirtualGraphMode>(), names<ExecutionPhaseIOSchedule>(), names<ExecutionPhaseSchedule>(),
       names<ExchangeStrategy>(),
       {"float32", "float16"},  // /model/dtype: the floating DTypes
       names<DType>(),          // optimizer state dtypes
@@ -1054,7 +1054,17 @@ TEST_CASE("virtualGraphMode and ipusPerReplica are read strictly and checked tog
   const auto phases = test::catchError<ConfigError>(
       [] { validate(parse(R"({"sessionOptions": {"virtualGraphMode": "ExecutionPhases"}})").config); });
   REQUIRE(phases);
-  CHECK(phases->id() == "tessera.config.173");
+  CHECK(phases->id() == "tessera.config.191");
+  // Did-you-mean on a misspelt phase setting, as on any other option.
+  const auto misspeltPhases = test::catchError<ConfigError>(
+      [] { (void)parse(R"({"sessionOptions": {"executionPhaseSettings": {"phase": 2}}})"); });
+  REQUIRE(misspeltPhases);
+  CHECK(misspeltPhases->id() == "tessera.config.104");
+  CHECK(std::string(misspeltPhases->what()).find("phases") != std::string::npos);
+  const auto schedule = test::catchError<ConfigError>(
+      [] { (void)parse(R"({"sessionOptions": {"executionPhaseSettings": {"weightIOSchedule": "Preloaded"}}})"); });
+  REQUIRE(schedule);
+  CHECK(std::string(schedule->what()).find("Preload") != std::string::npos);
 }
 
 TEST_CASE("storageTileSet IO on tensors in streaming memory gets a note: it changes nothing there") {

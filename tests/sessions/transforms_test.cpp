@@ -316,9 +316,10 @@ TEST_CASE("the pipeline lists its transforms in order") {
   const auto pipeline = buildTrainingPipeline(trainingOptions(2, 2, ReductionType::Mean), sgd, tensors);
   std::vector<std::string> names;
   for (const auto& transform : pipeline) names.emplace_back(transform->name());
-  CHECK(names == std::vector<std::string>{"virtualGraph", "pipelineStages", "weightSharding", "autodiff",
-                                          "pipelineBackward", "recompute", "gradientAccumulation", "replication",
-                                          "optimizerUpdate", "locations", "ipuCopy", "pipelineCycles"});
+  CHECK(names == std::vector<std::string>{"virtualGraph", "pipelineStages", "executionPhases", "weightSharding",
+                                          "autodiff", "pipelineBackward", "executionPhaseBackward", "recompute",
+                                          "gradientAccumulation", "replication", "optimizerUpdate", "locations",
+                                          "ipuCopy", "pipelineCycles", "executionPhaseFill"});
 }
 
 TEST_CASE("the training graph's structure") {

@@ -284,7 +284,7 @@ void checkError(const std::function<void()>& run, const std::string& id, const s
 TEST_CASE("bad virtual graph settings name the option and the rule") {
   const std::string plain = dataPath(kMlp.model);
   checkError<ConfigError>([&] { (void)planRun(config(kMlp, plain, ipusOf("ExecutionPhases", 2))); },
-                          "tessera.config.173", "/sessionOptions/virtualGraphMode: virtualGraphMode is ExecutionPhases");
+                          "tessera.config.191", "/sessionOptions/executionPhaseSettings/phases: virtualGraphMode is ExecutionPhases");
   checkError<ConfigError>([&] { (void)planRun(config(kMlp, plain, ipusOf("Off", 2))); }, "tessera.config.174",
                           "/device/ipusPerReplica: ipusPerReplica is 2 but /sessionOptions/virtualGraphMode is Off");
   checkError<ConfigError>([&] { (void)planRun(config(kMlp, annotated(kMlp, 2))); }, "tessera.config.175",

@@ -1,0 +1,304 @@
+// Phased execution (virtualGraphMode ExecutionPhases,
+// executionPhaseSettings): the MLP, LeNet and GPT-block exports of
+// tests/data/onnx and the transformer config, run in phases on one IPU
+// (stages 1) and ping-ponged over two (stages 2), give the bits of the run
+// without phases, also with weights and activations OffChip; each IPU holds
+// only what its phases load; the time model reports each phase's streaming;
+// bad settings name the option and the rule.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "safetensors.hpp"
+#include "tessera/error.hpp"
+#include "tessera/ops.hpp"
+#include "tessera/optimizer.hpp"
+#include "tessera/placement.hpp"
+#include "tessera/run_config.hpp"
+#include "tessera/session.hpp"
+#include "tessera/trainer.hpp"
+#include "test_support.hpp"
+
+namespace tessera {
+namespace {
+
+using nlohmann::json;
+
+std::string dataPath(const std::string& file) { return test::sourcePath("tests/data/onnx/" + file); }
+
+std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {
+  base.insert(base.end(), more.begin(), more.end());
+  return base;
+}
+
+// Accumulation over `factor` micro-batches of `batch` samples, two steps.
+std::vector<std::string> accumulation(int64_t factor, int64_t batch) {
+  return {"/sessionOptions/enableGradientAccumulation=true",
+          fmt::format("/sessionOptions/accumulationFactor={}", factor),
+          fmt::format("/data/batchSize={}", batch),
+          fmt::format("/data/limitTrainSamples={}", 2 * factor * batch)};
+}
+
+std::vector<std::string> phased(int64_t phases, int64_t stages) {
+  return {"/sessionOptions/virtualGraphMode=ExecutionPhases",
+          fmt::format("/device/ipusPerReplica={}", stages),
+          fmt::format("/sessionOptions/executionPhaseSettings/phases={}", phases),
+          fmt::format("/sessionOptions/executionPhaseSettings/stages={}", stages)};
+}
+
+// Weights and activations in streaming memory, loaded through the IO tiles.
+const std::vector<std::string> kOffChip = {
+    "/sessionOptions/numIOTiles=32",
+    "/sessionOptions/weightTensorLocationSettings/location/storage=OffChip",
+    "/sessionOptions/weightTensorLocationSettings/location/loadTileSet=IO",
+    "/sessionOptions/weightTensorLocationSettings/minElementsForOffChip=0",
+    "/sessionOptions/activationTensorLocationSettings/location/storage=OffChip",
+    "/sessionOptions/activationTensorLocationSettings/location/loadTileSet=IO",
+    "/sessionOptions/activationTensorLocationSettings/minElementsForOffChip=0"};
+
+RunConfig onnxConfig(const std::string& prefix, const std::string& model,
+                     const std::vector<std::string>& overrides) {
+  const json reference = json::parse(test::readText(dataPath(prefix + "_training_reference.json")));
+  const json document = {{"model", {{"type", "onnx"}, {"path", dataPath(model)}, {"loss", "loss"}}},
+                         {"optimizer", reference.at("runs").at("adam").at("optimizer")},
+                         {"data",
+                          {{"dataset", "tensors"},
+                           {"path", dataPath(prefix + "_train.safetensors")},
+                           {"batchSize", 8},
+                           {"epochs", 1},
+                           {"shuffle", false}}}};
+  return parseRunConfig(document.dump(), prefix + "_phases.json", overrides).config;
+}
+
+int64_t loads(const TimeReport& time) {
+  int64_t n = 0;
+  for (const OpTime& op : time.ops) n += op.kind == OpKind::RemoteLoad ? 1 : 0;
+  return n;
+}
+
+// Phases on one IPU and over two give the losses and weights of the run
+// without phases, on chip and with weights and activations OffChip.
+void checkBitwise(const std::function<RunConfig(const std::vector<std::string>&)>& config, int64_t batch) {
+  const std::vector<std::string> base = accumulation(2, batch);
+  const TrainSummary plain = train(config(base));
+  REQUIRE(plain.losses.size() == 2);
+  for (const int64_t stages : {1, 2}) {
+    for (const auto& more : {std::vector<std::string>{}, kOffChip}) {
+      CAPTURE(stages);
+      CAPTURE(more.size());
+      const std::vector<std::string> overrides = with(with(base, phased(3, stages)), more);
+      const TrainSummary summary = train(config(overrides));
+      CHECK(summary.losses == plain.losses);
+      CHECK(summary.weights == plain.weights);
+      const RunPlan plan = planRun(config(overrides));
+      // 3 forward phases and their 2 x 3 - 1 = 5 phases with the backward.
+      CHECK(plan.time.phases.size() == 5);
+      REQUIRE(plan.memory.perReplica.size() == static_cast<std::size_t>(stages));
+      for (const PhaseTime& p : plan.time.phases) CHECK(p.ipu == p.phase % stages);
+      if (more.empty()) continue;
+      // Every phase streams: weights in, activations out in the forward
+      // phases and back in in the backward ones.
+      double loaded = 0.0;
+      for (const PhaseTime& p : plan.time.phases) loaded += p.loadBytes;
+      CHECK(loaded > 0.0);
+      CHECK(plan.time.phases.front().storeBytes > 0.0);
+      CHECK(plan.time.phases.back().loadBytes > 0.0);
+    }
+  }
+}
+
+TEST_CASE("the MLP in phases on one and two IPUs trains the bits of the run without phases") {
+  checkBitwise([](const std::vector<std::string>& o) { return onnxConfig("mlp", "mlp.onnx", o); }, 2);
+}
+
+TEST_CASE("LeNet in phases on one and two IPUs trains the bits of the run without phases") {
+  checkBitwise([](const std::vector<std::string>& o) { return onnxConfig("lenet", "lenet.onnx", o); }, 1);
+}
+
+TEST_CASE("the GPT block in phases on one and two IPUs trains the bits of the run without phases") {
+  checkBitwise([](const std::vector<std::string>& o) { return onnxConfig("gpt", "gpt_block.onnx", o); }, 2);
+}
+
+struct TempFolder {
+  std::filesystem::path path;
+  TempFolder() {
+    path = std::filesystem::temp_directory_path() / fmt::format("tessera-phases-{}", ::getpid());
+    std::filesystem::create_directories(path);
+  }
+  ~TempFolder() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
+// Counting sequences: sample k starts at token 5 k mod vocab.
+std::string writeTokens(const std::filesystem::path& folder, int64_t samples, int64_t sequence,
+                        int64_t vocab) {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> targets;
+  for (int64_t k = 0; k < samples; ++k) {
+    for (int64_t i = 0; i < sequence; ++i) {
+      tokens.push_back(static_cast<int32_t>((k * 5 + i) % vocab));
+      targets.push_back(static_cast<int32_t>((k * 5 + i + 1) % vocab));
+    }
+  }
+  const auto bytes = [](const std::vector<int32_t>& v) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(int32_t));
+  };
+  const std::vector<uint64_t> shape = {static_cast<uint64_t>(samples), static_cast<uint64_t>(sequence)};
+  const std::vector<safetensors::TensorBytes> entries = {{"tokens", "I32", shape, bytes(tokens)},
+                                                         {"targets", "I32", shape, bytes(targets)}};
+  const std::vector<uint8_t> file = safetensors::encode(entries, {});
+  const std::filesystem::path path = folder / "counting.safetensors";
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
+  return path.string();
+}
+
+RunConfig transformerConfig(const std::string& tokens, const std::vector<std::string>& overrides) {
+  const json document = {{"model",
+                          {{"type", "transformer"},
+                           {"layers", 2},
+                           {"hidden", 16},
+                           {"heads", 2},
+                           {"vocab", 12},
+                           {"sequence", 6}}},
+                         {"optimizer", {{"type", "adam"}, {"learningRate", 0.02}}},
+                         {"data",
+                          {{"dataset", "tensors"},
+                           {"path", tokens},
+                           {"batchSize", 8},
+                           {"epochs", 1},
+                           {"shuffle", false},
+                           {"seed", 4}}}};
+  return parseRunConfig(document.dump(), "transformer_phases.json", overrides).config;
+}
+
+TEST_CASE("the transformer config in phases on one and two IPUs trains the bits of the run without phases") {
+  TempFolder folder;
+  const std::string tokens = writeTokens(folder.path, 64, 6, 12);
+  checkBitwise([&](const std::vector<std::string>& o) { return transformerConfig(tokens, o); }, 2);
+}
+
+TEST_CASE("phases hold on chip only what they load, and Preload hides the loads that OnDemand waits for") {
+  TempFolder folder;
+  const std::string tokens = writeTokens(folder.path, 64, 6, 12);
+  const std::vector<std::string> base = with(accumulation(1, 8), kOffChip);
+  const RunPlan plain = planRun(transformerConfig(tokens, base));
+  const RunPlan preload = planRun(transformerConfig(tokens, with(base, phased(4, 1))));
+  const RunPlan onDemand = planRun(transformerConfig(
+      tokens, with(with(base, phased(4, 1)),
+                   {"/sessionOptions/executionPhaseSettings/weightIOSchedule=OnDemand",
+                    "/sessionOptions/executionPhaseSettings/activationIOSchedule=OnDemand"})));
+  // The run without phases loads each OffChip weight once for the step and
+  // keeps it until its update; phases load it for each phase that reads it.
+  CHECK(loads(preload.time) > loads(plain.time));
+  CHECK(preload.memory.perReplica.at(0).computeTilesBytes < plain.memory.perReplica.at(0).computeTilesBytes);
+  CHECK(onDemand.memory.perReplica.at(0).computeTilesBytes ==
+        preload.memory.perReplica.at(0).computeTilesBytes);
+  CHECK(preload.time.stepSeconds < onDemand.time.stepSeconds);
+  MESSAGE(fmt::format("peak {} B without phases, {} B in 4 phases; step {:.4g} s Preload, {:.4g} s OnDemand",
+                      plain.memory.perReplica.at(0).computeTilesBytes,
+                      preload.memory.perReplica.at(0).computeTilesBytes, preload.time.stepSeconds,
+                      onDemand.time.stepSeconds));
+  // An OnDemand load of phase p starts after the ops of phase p - 1 before
+  // it (the weight updates after the phases take their weights' phases).
+  std::vector<double> ends(onDemand.time.phases.size(), 0.0);
+  int64_t checked = 0;
+  for (const OpTime& op : onDemand.time.ops) {
+    if (op.executionPhase < 0) continue;
+    const auto phase = static_cast<std::size_t>(op.executionPhase);
+    if (op.kind == OpKind::RemoteLoad && phase > 0) {
+      CHECK(op.start >= ends.at(phase - 1) - 1e-12);
+      ++checked;
+    }
+    if (op.kind != OpKind::RemoteLoad && op.kind != OpKind::RemoteStore)
+      ends.at(phase) = std::max(ends.at(phase), op.start + op.duration);
+  }
+  CHECK(checked > 0);
+}
+
+template <class E>
+void checkError(const std::function<void()>& run, const std::string& id, const std::string& part) {
+  const auto error = test::catchError<E>(run);
+  REQUIRE(error.has_value());
+  CHECK(error->id() == id);
+  const std::string message = error->what();
+  INFO(message);
+  CHECK(message.find(part) != std::string::npos);
+}
+
+TEST_CASE("bad phase settings name the option and the rule") {
+  const auto mlp = [](const std::vector<std::string>& o) { return onnxConfig("mlp", "mlp.onnx", o); };
+  checkError<ConfigError>(
+      [&] { (void)planRun(mlp({"/sessionOptions/executionPhaseSettings/phases=2"})); }, "tessera.config.192",
+      "/sessionOptions/executionPhaseSettings/phases: executionPhaseSettings.phases is 2 but "
+      "/sessionOptions/virtualGraphMode is Off");
+  checkError<ConfigError>([&] { (void)planRun(mlp(with(phased(1, 2), {}))); }, "tessera.config.191",
+                          "phased execution needs at least 2 phases");
+  checkError<ConfigError>([&] { (void)planRun(mlp({"/sessionOptions/executionPhaseSettings/stages=3"})); },
+                          "tessera.config.193", "/sessionOptions/executionPhaseSettings/stages");
+  checkError<ConfigError>(
+      [&] { (void)planRun(mlp(with(phased(2, 2), {"/device/ipusPerReplica=1"}))); }, "tessera.config.193",
+      "executionPhaseSettings.stages is 2, so the phases take turns on 2 IPUs, but a replica has 1");
+  checkError<ConfigError>(
+      [&] {
+        (void)planRun(
+            mlp(with(with(accumulation(3, 2), phased(2, 2)), {"/sessionOptions/enablePipelining=true"})));
+      },
+      "tessera.config.194",
+      "/sessionOptions/enablePipelining: enablePipelining is true with virtualGraphMode "
+      "ExecutionPhases");
+  // Phases on hand-built graphs: out of range, some ops without, a phase
+  // reading a later one; a negative phase.
+  const auto session = [](const std::function<void(Graph&, Tensor&)>& build) {
+    Graph g;
+    Tensor y = ops::input(g, "x", {2, 4});
+    build(g, y);
+    const Tensor loss = ops::reduceMean(y);
+    ops::executionPhase(loss, 1);
+    DeviceSpec spec;
+    spec.ipusPerReplica = 2;
+    SessionOptions options;
+    options.virtualGraphMode = VirtualGraphMode::ExecutionPhases;
+    options.executionPhaseSettings.phases = 2;
+    OptimizerConfig sgd;
+    sgd.type = OptimizerType::Sgd;
+    const TensorId id = loss.id();
+    TrainingSession s(std::move(g), id, makeOptimizer(sgd), options, makeSimDevice(spec));
+  };
+  const auto layer = [](Graph& g, Tensor& y, const std::string& name, int64_t phase) {
+    y = ops::matmul(y, ops::variable(g, name, std::vector<float>(16, 0.5f), {4, 4}));
+    if (phase >= 0) ops::executionPhase(y, phase);
+  };
+  session([&](Graph& g, Tensor& y) { layer(g, y, "w0", 0), layer(g, y, "w1", 1); });
+  checkError<GraphError>(
+      [&] { session([&](Graph& g, Tensor& y) { layer(g, y, "w0", 0), layer(g, y, "w1", 2); }); },
+      "tessera.graph.253",
+      "is in execution phase 2 (its __execution_phase / executionPhase), "
+      "but /sessionOptions/executionPhaseSettings/phases is 2");
+  checkError<GraphError>(
+      [&] { session([&](Graph& g, Tensor& y) { layer(g, y, "w0", 0), layer(g, y, "w1", -1); }); },
+      "tessera.graph.254", "either every forward op names its phase");
+  checkError<GraphError>(
+      [&] { session([&](Graph& g, Tensor& y) { layer(g, y, "w0", 1), layer(g, y, "w1", 0); }); },
+      "tessera.graph.255", "made in the later phase 1");
+  checkError<GraphError>([&] { session([&](Graph&, Tensor& y) { ops::executionPhase(y, -3); }); },
+                         "tessera.graph.252", "cannot be in execution phase -3");
+}
+
+}  // namespace
+}  // namespace tessera
