@@ -205,18 +205,18 @@ void RecomputeTransform::apply(Graph& graph) {
   }
   if (!needed) return;
 
-  // With pipelining a clone runs in the backward stage of its forward op
-  // (PipelineBackwardTransform's numbering), so that the pipeline stashes
-  // what the clones read, not what they make.
-  int64_t lastStage = kNoPipelineStage;
-  for (OpId id = 0; id < firstBackward; ++id) lastStage = std::max(lastStage, graph.op(id).pipelineStage);
   detail::GraphCopy copy(graph);
   std::vector<TensorId> clones(graph.tensors().size(), kNoTensor);
   // The clone of `t` (the output of a recomputed op), made with the clones
   // it needs, in creation order (a data order of the forward pass).
   std::vector<int64_t> visited(graph.ops().size(), -1);  // the call that last visited an op
   int64_t call = 0;
-  auto cloneOf = [&](TensorId t) {
+  // With pipelining or phases the clones run in the pipeline stage and
+  // execution phase of the backward op that first reads them, on its IPU
+  // (for an op read by its own backward op: the backward stage or phase of
+  // the op they repeat, on the op's IPU), so that the pipeline stashes what
+  // the clones read, not what they make, and a phase holds what it computes.
+  auto cloneOf = [&](TensorId t, const OpNode& reader) {
     if (clones[index(t)] != kNoTensor) return clones[index(t)];
     ++call;
     std::vector<OpId> segment;
@@ -256,7 +256,11 @@ void RecomputeTransform::apply(Graph& graph) {
       marks.recompute = RecomputeType::Recomputed;
       marks.normalisation = op.normalisation;
       marks.virtualGraph = op.virtualGraph;
-      if (op.pipelineStage != kNoPipelineStage) marks.pipelineStage = 2 * lastStage - op.pipelineStage;
+      if (op.pipelineStage != kNoPipelineStage || op.executionPhase != kNoExecutionPhase) {
+        marks.pipelineStage = reader.pipelineStage;
+        marks.executionPhase = reader.executionPhase;
+        marks.virtualGraph = reader.virtualGraph;
+      }
       out.copyRecomputeMarks(clone, marks);
     }
     return clones[index(t)];
@@ -274,7 +278,7 @@ void RecomputeTransform::apply(Graph& graph) {
     for (TensorId t : op.inputs) {
       const OpId producer = graph.tensor(t).producer;
       const bool fromClone = id >= firstBackward && producer != kNoOp && recomputed[index(producer)];
-      inputs.push_back(fromClone ? cloneOf(t) : copy.mapped(t));
+      inputs.push_back(fromClone ? cloneOf(t, op) : copy.mapped(t));
     }
     copy.copyOp(id, std::move(inputs));
   }

@@ -34,10 +34,12 @@
 // The graph is rebuilt so that creation order is the new program order: the
 // memory plan sees the forward activations die at their last forward
 // consumer and the clones live only while their backward consumers run; the
-// time model charges the clones as any op. With pipelining a clone runs in
-// the backward stage of the op it repeats, so the pipeline stashes what the
-// clones read (PipelineCycleTransform would otherwise give it its inputs'
-// forward stage). The clones compute the same values from the same inputs,
+// time model charges the clones as any op. With pipelining or phased
+// execution a clone runs in the pipeline stage and execution phase of the
+// backward op that first reads it, on that op's IPU (the backward stage or
+// phase of the op it repeats when its own backward op reads it), so the
+// pipeline stashes what the clones read (the cycle and phase fills would
+// otherwise give it its inputs' forward stage or phase). The clones compute the same values from the same inputs,
 // so training gives the same bits.
 #pragma once
 

@@ -132,6 +132,36 @@ TEST_CASE("the GPT block in phases on one and two IPUs trains the bits of the ru
   checkBitwise([](const std::vector<std::string>& o) { return onnxConfig("gpt", "gpt_block.onnx", o); }, 2);
 }
 
+TEST_CASE("recomputation in phases keeps the bits and runs the clones in the backward phases") {
+  const auto gpt = [](const std::vector<std::string>& o) { return onnxConfig("gpt", "gpt_block.onnx", o); };
+  const std::vector<std::string> base = accumulation(2, 2);
+  const TrainSummary plain = train(gpt(base));
+  for (const char* type : {"Standard", "RecomputeAll", "NormOnly"}) {
+    CAPTURE(type);
+    const std::vector<std::string> overrides =
+        with(with(base, phased(3, 2)), {std::string("/sessionOptions/autoRecomputation=") + type});
+    const TrainSummary summary = train(gpt(overrides));
+    CHECK(summary.losses == plain.losses);
+    CHECK(summary.weights == plain.weights);
+    // The clones run in the backward phases (2 .. 4 of 3 forward phases),
+    // each on the IPU of its phase.
+    const RunPlan plan = planRun(gpt(overrides));
+    int64_t clones = 0;
+    for (const OpTime& op : plan.time.ops) {
+      // (A copy of a clone to another phase's IPU runs where it copies to.)
+      if (op.name.find(".recomputed") == std::string::npos || op.kind == OpKind::IpuCopy) continue;
+      CAPTURE(op.name);
+      ++clones;
+      CHECK(op.executionPhase >= 2);
+      CHECK(op.ipu == op.executionPhase % 2);
+    }
+    // (RecomputeAll keeps the segment ending at the loss, here everything;
+    // the block's layer norms are exported as elementwise ops, so NormOnly
+    // finds none.)
+    if (std::string(type) == "Standard") CHECK(clones > 0);
+  }
+}
+
 struct TempFolder {
   std::filesystem::path path;
   TempFolder() {
