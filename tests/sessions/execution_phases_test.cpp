@@ -22,7 +22,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "safetensors.hpp"
+#include "support/process.hpp"
+#include "support/training_fixtures.hpp"
 #include "tessera/error.hpp"
 #include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
@@ -36,21 +37,8 @@ namespace tessera {
 namespace {
 
 using nlohmann::json;
-
-std::string dataPath(const std::string& file) { return test::sourcePath("tests/data/onnx/" + file); }
-
-std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {
-  base.insert(base.end(), more.begin(), more.end());
-  return base;
-}
-
-// Accumulation over `factor` micro-batches of `batch` samples, two steps.
-std::vector<std::string> accumulation(int64_t factor, int64_t batch) {
-  return {"/sessionOptions/enableGradientAccumulation=true",
-          fmt::format("/sessionOptions/accumulationFactor={}", factor),
-          fmt::format("/data/batchSize={}", batch),
-          fmt::format("/data/limitTrainSamples={}", 2 * factor * batch)};
-}
+using test::accumulation;
+using test::with;
 
 std::vector<std::string> phased(int64_t phases, int64_t stages) {
   return {"/sessionOptions/virtualGraphMode=ExecutionPhases",
@@ -71,16 +59,7 @@ const std::vector<std::string> kOffChip = {
 
 RunConfig onnxConfig(const std::string& prefix, const std::string& model,
                      const std::vector<std::string>& overrides) {
-  const json reference = json::parse(test::readText(dataPath(prefix + "_training_reference.json")));
-  const json document = {{"model", {{"type", "onnx"}, {"path", dataPath(model)}, {"loss", "loss"}}},
-                         {"optimizer", reference.at("runs").at("adam").at("optimizer")},
-                         {"data",
-                          {{"dataset", "tensors"},
-                           {"path", dataPath(prefix + "_train.safetensors")},
-                           {"batchSize", 8},
-                           {"epochs", 1},
-                           {"shuffle", false}}}};
-  return parseRunConfig(document.dump(), prefix + "_phases.json", overrides).config;
+  return test::onnxTrainingConfig(prefix, model, prefix + "_phases.json", overrides);
 }
 
 int64_t loads(const TimeReport& time) {
@@ -162,42 +141,6 @@ TEST_CASE("recomputation in phases keeps the bits and runs the clones in the bac
   }
 }
 
-struct TempFolder {
-  std::filesystem::path path;
-  TempFolder() {
-    path = std::filesystem::temp_directory_path() / fmt::format("tessera-phases-{}", ::getpid());
-    std::filesystem::create_directories(path);
-  }
-  ~TempFolder() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-};
-
-// Counting sequences: sample k starts at token 5 k mod vocab.
-std::string writeTokens(const std::filesystem::path& folder, int64_t samples, int64_t sequence,
-                        int64_t vocab) {
-  std::vector<int32_t> tokens;
-  std::vector<int32_t> targets;
-  for (int64_t k = 0; k < samples; ++k) {
-    for (int64_t i = 0; i < sequence; ++i) {
-      tokens.push_back(static_cast<int32_t>((k * 5 + i) % vocab));
-      targets.push_back(static_cast<int32_t>((k * 5 + i + 1) % vocab));
-    }
-  }
-  const auto bytes = [](const std::vector<int32_t>& v) {
-    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(int32_t));
-  };
-  const std::vector<uint64_t> shape = {static_cast<uint64_t>(samples), static_cast<uint64_t>(sequence)};
-  const std::vector<safetensors::TensorBytes> entries = {{"tokens", "I32", shape, bytes(tokens)},
-                                                         {"targets", "I32", shape, bytes(targets)}};
-  const std::vector<uint8_t> file = safetensors::encode(entries, {});
-  const std::filesystem::path path = folder / "counting.safetensors";
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
-  return path.string();
-}
-
 RunConfig transformerConfig(const std::string& tokens, const std::vector<std::string>& overrides) {
   const json document = {{"model",
                           {{"type", "transformer"},
@@ -218,14 +161,14 @@ RunConfig transformerConfig(const std::string& tokens, const std::vector<std::st
 }
 
 TEST_CASE("the transformer config in phases on one and two IPUs trains the bits of the run without phases") {
-  TempFolder folder;
-  const std::string tokens = writeTokens(folder.path, 64, 6, 12);
+  const test::TempDir folder;
+  const std::string tokens = test::writeCountingTokens(folder.path(), 64, 6, 12);
   checkBitwise([&](const std::vector<std::string>& o) { return transformerConfig(tokens, o); }, 2);
 }
 
 TEST_CASE("phases hold on chip only what they load, and Preload hides the loads that OnDemand waits for") {
-  TempFolder folder;
-  const std::string tokens = writeTokens(folder.path, 64, 6, 12);
+  const test::TempDir folder;
+  const std::string tokens = test::writeCountingTokens(folder.path(), 64, 6, 12);
   const std::vector<std::string> base = with(accumulation(1, 8), kOffChip);
   const RunPlan plain = planRun(transformerConfig(tokens, base));
   const RunPlan preload = planRun(transformerConfig(tokens, with(base, phased(4, 1))));

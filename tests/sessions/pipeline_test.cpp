@@ -25,7 +25,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "safetensors.hpp"
+#include "support/process.hpp"
+#include "support/training_fixtures.hpp"
 #include "tessera/error.hpp"
 #include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
@@ -39,20 +40,8 @@ namespace tessera {
 namespace {
 
 using nlohmann::json;
-
-std::string dataPath(const std::string& file) { return test::sourcePath("tests/data/onnx/" + file); }
-
-std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {
-  base.insert(base.end(), more.begin(), more.end());
-  return base;
-}
-
-// Accumulation over `factor` micro-batches of `batch` samples, two steps.
-std::vector<std::string> accumulation(int64_t factor, int64_t batch, int64_t replicas = 1) {
-  return {"/sessionOptions/enableGradientAccumulation=true",
-          fmt::format("/sessionOptions/accumulationFactor={}", factor), fmt::format("/data/batchSize={}", batch),
-          fmt::format("/data/limitTrainSamples={}", 2 * factor * batch * replicas)};
-}
+using test::accumulation;
+using test::with;
 
 std::vector<std::string> pipelined(const std::string& mode, int64_t ipus) {
   return {"/sessionOptions/virtualGraphMode=" + mode, fmt::format("/device/ipusPerReplica={}", ipus),
@@ -75,16 +64,7 @@ const std::vector<std::string> kOffChip = {
     "/sessionOptions/optimizerStateTensorLocationSettings/minElementsForOffChip=0"};
 
 RunConfig onnxConfig(const std::string& prefix, const std::string& model, const std::vector<std::string>& overrides) {
-  const json reference = json::parse(test::readText(dataPath(prefix + "_training_reference.json")));
-  const json document = {{"model", {{"type", "onnx"}, {"path", dataPath(model)}, {"loss", "loss"}}},
-                         {"optimizer", reference.at("runs").at("adam").at("optimizer")},
-                         {"data",
-                          {{"dataset", "tensors"},
-                           {"path", dataPath(prefix + "_train.safetensors")},
-                           {"batchSize", 8},
-                           {"epochs", 1},
-                           {"shuffle", false}}}};
-  return parseRunConfig(document.dump(), prefix + "_pipeline.json", overrides).config;
+  return test::onnxTrainingConfig(prefix, model, prefix + "_pipeline.json", overrides);
 }
 
 // The pipelined runs over 2 and 4 IPUs give the losses and weights of the
@@ -137,44 +117,9 @@ TEST_CASE("the GPT block pipelined over 2 and 4 IPUs trains the bits of the accu
   checkBitwise([](const std::vector<std::string>& o) { return onnxConfig("gpt", "gpt_block.onnx", o); }, 2);
 }
 
-struct TempFolder {
-  std::filesystem::path path;
-  TempFolder() {
-    path = std::filesystem::temp_directory_path() / fmt::format("tessera-pipeline-{}", ::getpid());
-    std::filesystem::create_directories(path);
-  }
-  ~TempFolder() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-};
-
-// Counting sequences: sample k starts at token 5 k mod vocab.
-std::string writeTokens(const std::filesystem::path& folder, int64_t samples, int64_t sequence, int64_t vocab) {
-  std::vector<int32_t> tokens;
-  std::vector<int32_t> targets;
-  for (int64_t k = 0; k < samples; ++k) {
-    for (int64_t i = 0; i < sequence; ++i) {
-      tokens.push_back(static_cast<int32_t>((k * 5 + i) % vocab));
-      targets.push_back(static_cast<int32_t>((k * 5 + i + 1) % vocab));
-    }
-  }
-  const auto bytes = [](const std::vector<int32_t>& v) {
-    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(int32_t));
-  };
-  const std::vector<uint64_t> shape = {static_cast<uint64_t>(samples), static_cast<uint64_t>(sequence)};
-  const std::vector<safetensors::TensorBytes> entries = {{"tokens", "I32", shape, bytes(tokens)},
-                                                         {"targets", "I32", shape, bytes(targets)}};
-  const std::vector<uint8_t> file = safetensors::encode(entries, {});
-  const std::filesystem::path path = folder / "counting.safetensors";
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
-  return path.string();
-}
-
 TEST_CASE("the transformer config pipelined over 2 and 4 IPUs trains the bits of the accumulation run") {
-  TempFolder folder;
-  const std::string tokens = writeTokens(folder.path, 64, 6, 12);
+  const test::TempDir folder;
+  const std::string tokens = test::writeCountingTokens(folder.path(), 64, 6, 12);
   checkBitwise(
       [&](const std::vector<std::string>& overrides) {
         const json document = {{"model",
