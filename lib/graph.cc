@@ -304,36 +304,35 @@ void Graph::copyRecomputeMarks(OpId to, const OpNode& from) {
   ops_[static_cast<std::size_t>(to)].microBatch = from.microBatch;
 }
 
-void Graph::setVirtualGraph(OpId id, int64_t ipu) {
-  const OpNode& node = op(id);
-  if (ipu < 0 && ipu != kNoVirtualGraph) {
-    throw GraphError(ErrorCode::InvalidVirtualGraph, node.name,
-                     fmt::format("op {} ({}) cannot run on IPU {}: an IPU is numbered from 0 (or {} for none)",
-                                 node.name, node.kind, ipu, kNoVirtualGraph));
+namespace {
+
+// An op's IPU, pipeline stage or execution phase: numbered from 0, or `none`.
+// `what` says what the op cannot do ("run on IPU"), `unit` names one ("an IPU").
+int64_t checkedOpNumber(const OpNode& node, int64_t value, int64_t none, ErrorCode code, std::string_view what,
+                        std::string_view unit) {
+  if (value < 0 && value != none) {
+    throw GraphError(code, node.name,
+                     fmt::format("op {} ({}) cannot {} {}: {} is numbered from 0 (or {} for none)", node.name,
+                                 node.kind, what, value, unit, none));
   }
-  ops_[static_cast<std::size_t>(id)].virtualGraph = ipu;
+  return value;
+}
+
+}  // namespace
+
+void Graph::setVirtualGraph(OpId id, int64_t ipu) {
+  ops_[static_cast<std::size_t>(id)].virtualGraph =
+      checkedOpNumber(op(id), ipu, kNoVirtualGraph, ErrorCode::InvalidVirtualGraph, "run on IPU", "an IPU");
 }
 
 void Graph::setPipelineStage(OpId id, int64_t stage) {
-  const OpNode& node = op(id);
-  if (stage < 0 && stage != kNoPipelineStage) {
-    throw GraphError(ErrorCode::InvalidPipelineStage, node.name,
-                     fmt::format("op {} ({}) cannot be in pipeline stage {}: a stage is numbered from 0 (or {} "
-                                 "for none)",
-                                 node.name, node.kind, stage, kNoPipelineStage));
-  }
-  ops_[static_cast<std::size_t>(id)].pipelineStage = stage;
+  ops_[static_cast<std::size_t>(id)].pipelineStage = checkedOpNumber(
+      op(id), stage, kNoPipelineStage, ErrorCode::InvalidPipelineStage, "be in pipeline stage", "a stage");
 }
 
 void Graph::setExecutionPhase(OpId id, int64_t phase) {
-  const OpNode& node = op(id);
-  if (phase < 0 && phase != kNoExecutionPhase) {
-    throw GraphError(ErrorCode::InvalidExecutionPhase, node.name,
-                     fmt::format("op {} ({}) cannot be in execution phase {}: a phase is numbered from 0 (or {} "
-                                 "for none)",
-                                 node.name, node.kind, phase, kNoExecutionPhase));
-  }
-  ops_[static_cast<std::size_t>(id)].executionPhase = phase;
+  ops_[static_cast<std::size_t>(id)].executionPhase = checkedOpNumber(
+      op(id), phase, kNoExecutionPhase, ErrorCode::InvalidExecutionPhase, "be in execution phase", "a phase");
 }
 
 void Graph::setMicroBatch(OpId id, int64_t microBatch) {

@@ -191,6 +191,22 @@ void zeroShort(float* to, int64_t n) {
   for (int64_t i = 0; i < n; ++i) to[i] = 0.0f;
 }
 
+// The co planes of P positions of one sample ([co, P] from `planes`) to
+// columns j P .. (j + 1) P of the [co, width] matrix `packed` (the samples of
+// a chunk side by side), and back.
+void packPlanes(const float* planes, int64_t co, int64_t positions, float* packed, int64_t width, int64_t j) {
+  for (int64_t m = 0; m < co; ++m) {
+    std::copy_n(planes + m * positions, positions, packed + m * width + j * positions);
+  }
+}
+
+void unpackPlanes(const float* packed, int64_t width, int64_t j, int64_t co, int64_t positions,
+                  float* planes) {
+  for (int64_t m = 0; m < co; ++m) {
+    std::copy_n(packed + m * width + j * positions, positions, planes + m * positions);
+  }
+}
+
 // cols[(c K + k) stride + p] = in[c, tap k of window p] (0 in the pads) for
 // the Ci/g channels at `in`.
 void im2col(const ConvSizes& z, const int64_t* segments, const float* in, float* cols, int64_t stride) {
@@ -380,10 +396,7 @@ void convBackwardWeight(const Step& s) {
               const int64_t n = n0 + j;
               im2col(z, s.table.data(), x + (n * z.cIn + gi * z.cInGroup()) * z.inPositions,
                      cols + j * z.outPositions, depth);
-              for (int64_t m = 0; m < co; ++m) {
-                std::copy_n(dy + (n * z.cOut + gi * co + m) * z.outPositions, z.outPositions,
-                            packed + m * depth + j * z.outPositions);
-              }
+              packPlanes(dy + (n * z.cOut + gi * co) * z.outPositions, co, z.outPositions, packed, depth, j);
             }
             if (z.dyFirst != 0) {
               runGemmOn(s, thread, {co, rows, depth, false, true}, packed, cols, partial, 1.0f);
@@ -451,10 +464,7 @@ void convBackwardWeightWhole(const Step& s) {
           for (int64_t n = first; n < last; ++n) {
             im2col(z, s.table.data(), x + (n * z.cIn + gi * z.cInGroup()) * z.inPositions,
                    cols + n * z.outPositions, width);
-            for (int64_t m = 0; m < co; ++m) {
-              std::copy_n(dy + (n * z.cOut + gi * co + m) * z.outPositions, z.outPositions,
-                          packed + m * width + n * z.outPositions);
-            }
+            packPlanes(dy + (n * z.cOut + gi * co) * z.outPositions, co, z.outPositions, packed, width, n);
           }
         });
         runGemm(s, {co, rows, width, false, true, s.halfOutput}, packed, cols, dw + gi * co * rows, 1.0f);
@@ -495,10 +505,8 @@ void convForwardChunks(const Step& s) {
           runGemm(s, {co, width, rows, false, false, s.halfOutput}, w + gi * co * rows, cols, product, 1.0f);
           forChunkSamples(s, count, [&](int64_t first, int64_t last, int) {
             for (int64_t j = first; j < last; ++j) {
-              float* to = y + ((n0 + j) * z.cOut + gi * co) * z.outPositions;
-              for (int64_t m = 0; m < co; ++m) {
-                std::copy_n(product + m * width + j * z.outPositions, z.outPositions, to + m * z.outPositions);
-              }
+              unpackPlanes(product, width, j, co, z.outPositions,
+                           y + ((n0 + j) * z.cOut + gi * co) * z.outPositions);
             }
           });
         }
@@ -528,10 +536,8 @@ void convBackwardDataChunks(const Step& s) {
         for (int64_t gi = 0; gi < z.group; ++gi) {
           forChunkSamples(s, count, [&](int64_t first, int64_t last, int) {
             for (int64_t j = first; j < last; ++j) {
-              const float* from = dy + ((n0 + j) * z.cOut + gi * co) * z.outPositions;
-              for (int64_t m = 0; m < co; ++m) {
-                std::copy_n(from + m * z.outPositions, z.outPositions, packed + m * width + j * z.outPositions);
-              }
+              packPlanes(dy + ((n0 + j) * z.cOut + gi * co) * z.outPositions, co, z.outPositions, packed,
+                         width, j);
             }
           });
           runGemm(s, {rows, width, co, true, false, s.halfOutput && z.direct != 0}, w + gi * co * rows, packed,

@@ -7,24 +7,22 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <limits>
 #include <string>
 #include <vector>
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "safetensors.hpp"
 #include "tessera/error.hpp"
 #include "tessera/placement.hpp"
 #include "tessera/run_config.hpp"
 #include "tessera/trainer.hpp"
 #include "tessera/transformer.hpp"
+#include "support/process.hpp"
+#include "support/training_fixtures.hpp"
 #include "test_support.hpp"
 
 namespace tessera {
@@ -163,43 +161,6 @@ TEST_CASE("the graph: one embedding lookup, two batched products and a causal se
   }
 }
 
-// A file of counting sequences: sample k starts at token k mod vocab and
-// counts up, so that the next token is always the current one plus 1.
-std::string writeCountingTokens(const std::filesystem::path& folder, int64_t samples, int64_t sequence,
-                                int64_t vocab) {
-  std::vector<int32_t> tokens;
-  std::vector<int32_t> targets;
-  for (int64_t k = 0; k < samples; ++k) {
-    for (int64_t i = 0; i < sequence; ++i) {
-      tokens.push_back(static_cast<int32_t>((k * 5 + i) % vocab));
-      targets.push_back(static_cast<int32_t>((k * 5 + i + 1) % vocab));
-    }
-  }
-  const auto bytes = [](const std::vector<int32_t>& v) {
-    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(int32_t));
-  };
-  const std::vector<uint64_t> shape = {static_cast<uint64_t>(samples), static_cast<uint64_t>(sequence)};
-  const std::vector<safetensors::TensorBytes> entries = {{"tokens", "I32", shape, bytes(tokens)},
-                                                         {"targets", "I32", shape, bytes(targets)}};
-  const std::vector<uint8_t> file = safetensors::encode(entries, {});
-  const std::filesystem::path path = folder / "counting.safetensors";
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
-  return path.string();
-}
-
-struct TempFolder {
-  std::filesystem::path path;
-  TempFolder() {
-    path = std::filesystem::temp_directory_path() / fmt::format("tessera-transformer-{}", ::getpid());
-    std::filesystem::create_directories(path);
-  }
-  ~TempFolder() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-};
-
 RunConfig tinyRun(const std::string& tokens, const std::vector<std::string>& overrides) {
   const json document = {{"model",
                           {{"type", "transformer"},
@@ -243,8 +204,8 @@ std::vector<std::string> rts(const std::vector<std::string>& categories) {
 
 TEST_CASE(
     "a tiny transformer trains on token sequences: the loss falls, whatever the replicas and locations") {
-  TempFolder folder;
-  const std::string tokens = writeCountingTokens(folder.path, 32, 6, 12);
+  const test::TempDir folder;
+  const std::string tokens = test::writeCountingTokens(folder.path(), 32, 6, 12);
   const TrainSummary one = train(tinyRun(tokens, {}));
   REQUIRE(one.steps == 20);  // 32 samples / 8 per step x 5 epochs
   INFO("losses: ", fmt::format("{}", fmt::join(one.losses, ", ")));
@@ -280,8 +241,8 @@ TEST_CASE(
 // alone and with the splits of a step; Standard and NormOnly keep fewer
 // activations.
 TEST_CASE("every recomputation type trains the tiny transformer to the same bits, with a lower peak") {
-  TempFolder folder;
-  const std::string tokens = writeCountingTokens(folder.path, 32, 6, 12);
+  const test::TempDir folder;
+  const std::string tokens = test::writeCountingTokens(folder.path(), 32, 6, 12);
   const std::string option = "/sessionOptions/autoRecomputation=";
   const std::vector<std::vector<std::string>> splits = {
       {},
