@@ -317,25 +317,50 @@ class Relocator {
     }
   }
 
+  // A copy of `from` (on the IO tiles) on the compute tiles, named
+  // NAME.onCompute.
+  Tensor toCompute(Tensor from, const std::string& name) {
+    const Tensor copy = ops::copy(from);
+    out().rename(copy.id(), copy_.freshName(name + ".onCompute"));
+    return copy;
+  }
+
+  // The streaming-memory traffic of a tensor with a remote buffer, staged
+  // through the IO tiles when `viaIoTiles` (the load lands on them, then a
+  // copy to the compute tiles; the store's copy goes to them first). The
+  // load is NAME.load, scheduled for `consumer`'s phase by `category`'s IO
+  // schedule; `tag`, when set, is the category the load and the staged
+  // store carry.
+  Tensor loadFrom(int64_t buffer, bool viaIoTiles, const std::string& name, TensorCategory category,
+                  std::optional<TensorCategory> tag, OpId consumer) {
+    Tensor loaded = ops::remoteLoad(out(), RemoteBuffer{&out(), buffer}, 0);
+    scheduleLoad(out().tensor(loaded.id()).producer, category, consumer);
+    out().rename(loaded.id(), copy_.freshName(name + ".load"));
+    if (tag) out().tensor(loaded.id()).category = *tag;
+    if (!viaIoTiles) return loaded;
+    out().tensor(loaded.id()).tileSet = TileSet::IO;
+    return toCompute(loaded, name);
+  }
+
+  void storeTo(int64_t buffer, bool viaIoTiles, Tensor source, const std::string& name,
+               std::optional<TensorCategory> tag) {
+    if (viaIoTiles) {
+      source = ops::copy(source);
+      out().rename(source.id(), copy_.freshName(name + ".store"));
+      out().tensor(source.id()).tileSet = TileSet::IO;
+      if (tag) out().tensor(source.id()).category = *tag;
+    }
+    ops::remoteStore(out(), RemoteBuffer{&out(), buffer}, 0, source);
+  }
+
   // The working copy of a variable with a home, made at its first use.
   void loadHome(TensorId t, Home& home, OpId consumer) {
     const TensorNode& node = in_.tensor(t);
     Value& value = values_[index(t)];
-    Tensor working;
-    if (home.kind == Home::Kind::Remote) {
-      working = ops::remoteLoad(out(), RemoteBuffer{&out(), home.buffer}, 0);
-      scheduleLoad(out().tensor(working.id()).producer, node.category, consumer);
-      out().rename(working.id(), copy_.freshName(node.name + ".load"));
-      out().tensor(working.id()).category = node.category;
-      if (home.viaIoTiles) {
-        out().tensor(working.id()).tileSet = TileSet::IO;
-        working = ops::copy(working);
-        out().rename(working.id(), copy_.freshName(node.name + ".onCompute"));
-      }
-    } else {
-      working = ops::copy(outTensor(value.id));
-      out().rename(working.id(), copy_.freshName(node.name + ".onCompute"));
-    }
+    const Tensor working =
+        home.kind == Home::Kind::Remote
+            ? loadFrom(home.buffer, home.viaIoTiles, node.name, node.category, node.category, consumer)
+            : toCompute(outTensor(value.id), node.name);
     out().tensor(working.id()).category = node.category;
     value.id = working.id();
     home.loaded = true;
@@ -380,14 +405,7 @@ class Relocator {
       ops::copyInplace(outTensor(home.variable), outTensor(current));
       return;
     }
-    Tensor source = outTensor(current);
-    if (home.viaIoTiles) {
-      source = ops::copy(source);
-      out().rename(source.id(), copy_.freshName(node.name + ".store"));
-      out().tensor(source.id()).tileSet = TileSet::IO;
-      out().tensor(source.id()).category = node.category;
-    }
-    ops::remoteStore(out(), RemoteBuffer{&out(), home.buffer}, 0, source);
+    storeTo(home.buffer, home.viaIoTiles, outTensor(current), node.name, node.category);
   }
 
   // The value of input tensor t as op `consumer` reads it.
@@ -400,21 +418,12 @@ class Relocator {
       OffChipActivation& off = activation->second;
       if (off.loaded != kNoTensor && reloadFor(off.loadedPhase, consumer)) off.loaded = kNoTensor;
       if (off.loaded == kNoTensor && off.onIoTiles) {
-        const Tensor loaded = ops::copy(outTensor(off.kept));
-        out().rename(loaded.id(), copy_.freshName(in_.tensor(t).name + ".onCompute"));
-        off.loaded = loaded.id();
+        off.loaded = toCompute(outTensor(off.kept), in_.tensor(t).name).id();
       }
       if (off.loaded == kNoTensor) {
-        const TensorNode& node = in_.tensor(t);
-        Tensor loaded = ops::remoteLoad(out(), RemoteBuffer{&out(), off.buffer}, 0);
-        scheduleLoad(out().tensor(loaded.id()).producer, TensorCategory::Activation, consumer);
-        out().rename(loaded.id(), copy_.freshName(node.name + ".load"));
-        if (off.viaIoTiles) {
-          out().tensor(loaded.id()).tileSet = TileSet::IO;
-          loaded = ops::copy(loaded);
-          out().rename(loaded.id(), copy_.freshName(node.name + ".onCompute"));
-        }
-        off.loaded = loaded.id();
+        off.loaded = loadFrom(off.buffer, off.viaIoTiles, in_.tensor(t).name, TensorCategory::Activation,
+                              std::nullopt, consumer)
+                         .id();
         off.loadedPhase = in_.op(consumer).executionPhase;
       }
       return {off.loaded, false, std::nullopt};
@@ -600,13 +609,7 @@ class Relocator {
         continue;
       }
       off.buffer = out().addRemoteBuffer({out().tensor(value.id).shape, out().tensor(value.id).dtype, 1, {}});
-      Tensor source = outTensor(value.id);
-      if (off.viaIoTiles) {
-        source = ops::copy(source);
-        out().rename(source.id(), copy_.freshName(in_.tensor(t).name + ".store"));
-        out().tensor(source.id()).tileSet = TileSet::IO;
-      }
-      ops::remoteStore(out(), RemoteBuffer{&out(), off.buffer}, 0, source);
+      storeTo(off.buffer, off.viaIoTiles, outTensor(value.id), in_.tensor(t).name, std::nullopt);
     }
     if (!isInplace(op.kind)) return;
     const TensorId storage = in_.storageOf(op.inputs[0]);
