@@ -328,6 +328,16 @@ std::string locationPath(TensorCategory category, std::string_view field) {
 constexpr std::array kShardedCategories = {TensorCategory::Weight, TensorCategory::OptimizerState,
                                            TensorCategory::Accumulator};
 
+// The forward phases of the phased-execution lever: one per layer (weight
+// layers of the mlp, blocks of the transformer; 4 for an ONNX model, whose
+// layers the config does not say), 2 to 16.
+int64_t phaseCountOf(const RunConfig& config) {
+  int64_t layers = 4;
+  if (config.model.type == kMlpModel) layers = static_cast<int64_t>(config.model.layers.size()) - 1;
+  if (config.model.type == kTransformerModel) layers = config.model.transformer.layers;
+  return std::clamp<int64_t>(layers, 2, 16);
+}
+
 // The levers a config can still pull, each one step from it.
 std::vector<Lever> leversOf(const RunConfig& config, double over) {
   const SessionOptions& options = config.sessionOptions;
@@ -389,6 +399,28 @@ std::vector<Lever> leversOf(const RunConfig& config, double over) {
                    fmt::format("the IPUs work at once on {} micro-batches, stashing their activations; the pipeline "
                                "fills and flushes (bubble) and the global batch is {} times larger",
                                needed, needed / af)});
+  }
+  // Phased execution on the 1 or 2 IPUs of a replica: the forward pass cut
+  // into phases of about equal memory (as Auto cuts it into IPUs, so no
+  // annotation is needed), with the weights and activations in streaming
+  // memory, without which a phase holds what the whole step does.
+  if ((ipus == 1 || ipus == 2) && !options.enablePipelining &&
+      options.virtualGraphMode != VirtualGraphMode::ExecutionPhases) {
+    const int64_t phases = phaseCountOf(config);
+    Lever lever{fmt::format("execution phases {}", phases),
+                {{fmt::format("{}/virtualGraphMode", kSessionOptionsPath), "\"ExecutionPhases\""},
+                 {fmt::format("{}/executionPhaseSettings/phases", kSessionOptionsPath), std::to_string(phases)},
+                 {fmt::format("{}/executionPhaseSettings/stages", kSessionOptionsPath), std::to_string(ipus)}},
+                fmt::format("the forward pass in {} phases ({} a step) {}; weights and activations in streaming "
+                            "memory, loaded in each phase that reads them (streaming traffic, overlapped with the "
+                            "previous phase only through the IO tiles)",
+                            phases, 2 * phases - 1,
+                            ipus == 1 ? "one after the other on the one IPU" : "taking turns on the 2 IPUs")};
+    for (const TensorCategory category : {TensorCategory::Weight, TensorCategory::Activation}) {
+      if (options.locationSettings(category).location.storage == TensorStorage::OffChip) continue;
+      lever.changes.push_back({locationPath(category, "storage"), "\"OffChip\""});
+    }
+    out.push_back(std::move(lever));
   }
   if (replicas > 1) {
     // RTS of the model state; a narrower domain widened to every replica

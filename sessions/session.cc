@@ -7,6 +7,8 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "memory_planner.hpp"
 #include "session_runtime.hpp"
@@ -48,8 +50,9 @@ std::string bytesText(int64_t bytes) {
   return fmt::format("{} B", bytes);
 }
 
-// The device's out-of-memory error with the settings that would lower the
-// short space's peak, each planned on its own.
+// The device's out-of-memory error with the location settings that would
+// lower the short space's peak, each planned on its own (a session of a
+// graph has no run config to search the other levers in).
 DeviceError outOfMemoryWithSuggestions(const DeviceError& error, const Graph& graph, TensorId loss,
                                        const Optimizer& optimizer, const SessionOptions& options,
                                        const DeviceSpec& spec) {
@@ -71,10 +74,80 @@ DeviceError outOfMemoryWithSuggestions(const DeviceError& error, const Graph& gr
                           bytesText(s.savingBytes), s.fits ? ", fits" : ", still too large");
     }
   }
+  // Without a run config there is nothing to search the other levers in.
+  text += "\nrecomputation, pipelining, more IPUs per replica, phased execution and float16 can lower it too: "
+          "`tessera explain CONFIG` searches combinations of them for a run config";
+  return DeviceError(error.code(), error.subject(), text);
+}
+
+// "--set PATH=VALUE" as a shell takes it (as `tessera explain` prints it): a
+// JSON string bare, other values quoted when they hold spaces or quotes.
+std::string setArgument(const ConfigChange& change) {
+  const nlohmann::json value = nlohmann::json::parse(change.value);
+  const std::string text = value.is_string() ? value.get<std::string>() : value.dump();
+  const std::string argument = change.path + "=" + text;
+  if (argument.find_first_of(" \"{}[]") == std::string::npos) return "--set " + argument;
+  return "--set '" + argument + "'";
+}
+
+// The device's out-of-memory error with the cheapest combinations of levers
+// that make the run fit, as searchRunLevers() finds them (the figures
+// `tessera explain` prints under levers).
+DeviceError outOfMemoryWithLevers(const DeviceError& error, const RunConfig& config, const RunPlan& plan,
+                                  int64_t maxPlans) {
+  const LeverSearch search = searchRunLevers(config, plan, maxPlans);
+  const std::string space(spaceLabel(search.space));
+  const auto effect = [&](const LeverPlan& p) {
+    return fmt::format("{} {} -> {} per IPU{}; modelled step {:.3f} ms -> {:.3f} ms{}", space,
+                       bytesText(search.peakBytes), bytesText(p.peakBytes), p.fits ? ", fits" : ", still too large",
+                       search.stepSeconds * 1e3, p.stepSeconds * 1e3,
+                       p.globalBatch != search.globalBatch
+                           ? fmt::format("; {} replicas x {} IPUs, global batch {} -> {}", p.replicas,
+                                         p.ipusPerReplica, search.globalBatch, p.globalBatch)
+                           : std::string());
+  };
+  const auto names = [](const LeverPlan& p) {
+    std::vector<std::string> out;
+    for (const Lever& l : p.levers) out.push_back(l.name);
+    return fmt::format("{}", fmt::join(out, " + "));
+  };
+  constexpr std::size_t kShown = 3;
+  std::string text = error.detail();
+  if (!search.fitting.empty()) {
+    text += fmt::format("\nlevers that make it fit (each combination planned, the fastest modelled step first; {} "
+                        "plans):",
+                        search.plans);
+    for (std::size_t i = 0; i < search.fitting.size() && i < kShown; ++i) {
+      const LeverPlan& p = search.fitting[i];
+      std::vector<std::string> sets;
+      for (const Lever& l : p.levers)
+        for (const ConfigChange& c : l.changes) sets.push_back(setArgument(c));
+      text += fmt::format("\n  {}. {}: {}\n     {}", i + 1, names(p), effect(p), fmt::join(sets, " "));
+    }
+  } else {
+    text += fmt::format("\nno combination of levers found that fits in {} plans; use a smaller batch, sequence or "
+                        "model",
+                        search.plans);
+    for (std::size_t i = 0; i < search.single.size() && i < kShown; ++i) {
+      if (i == 0) text += "\nthe levers that lower it most, each alone:";
+      text += fmt::format("\n  {}: {}", names(search.single[i]), effect(search.single[i]));
+    }
+  }
+  text += "\n`tessera explain CONFIG` (with the same --set settings) lists every lever, its cost and more "
+          "combinations";
   return DeviceError(error.code(), error.subject(), text);
 }
 
 }  // namespace
+
+void requireRunFits(const RunConfig& config, const RunPlan& plan, int64_t maxPlans) {
+  try {
+    sim::requireFits(plan.memory);
+  } catch (const DeviceError& error) {
+    if (error.code() != ErrorCode::OutOfMemory) throw;
+    throw outOfMemoryWithLevers(error, config, plan, maxPlans);
+  }
+}
 
 RunPlan requireTrainingFits(const Graph& graph, TensorId loss, const Optimizer& optimizer,
                             const SessionOptions& options, const DeviceSpec& spec) {

@@ -755,8 +755,9 @@ TrainSummary train(const RunConfig& config, const std::function<void(const Train
   RunModel model = buildRunModel(config, batch, options.getGlobalReplicationFactor());
   // Planning makes no values: a model too large for the device is refused
   // here, at once, before the dataset is read or any weight is made.
-  const RunPlan plan = requireTrainingFits(model.graph, model.loss, *makeOptimizer(config.optimizer), options,
-                                           instances.spec());
+  const RunPlan plan = planTraining(model.graph, model.loss, *makeOptimizer(config.optimizer), options,
+                                    instances.spec());
+  requireRunFits(config, plan);
   requireHostMemory(config, plan, "train");
   std::string dataNotice;
   const TensorDataset data = loadRunData(config, model, dataNotice);
@@ -988,8 +989,9 @@ EvaluateSummary evaluate(const RunConfig& config, const EvaluateControl& control
   // The session that holds the weights is a training session, so that a
   // checkpoint restores into it exactly as when resuming; it must fit as
   // training does, and is checked before the data is read.
-  const RunPlan plan = requireTrainingFits(model.graph, model.loss, *makeOptimizer(config.optimizer), options,
-                                           instances.spec());
+  const RunPlan plan = planTraining(model.graph, model.loss, *makeOptimizer(config.optimizer), options,
+                                    instances.spec());
+  requireRunFits(config, plan);
   requireHostMemory(config, plan, "evaluate");
   std::string dataNotice;
   const TensorDataset data = loadRunData(config, model, dataNotice);

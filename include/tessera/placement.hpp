@@ -83,6 +83,13 @@ RunPlan requireTrainingFits(const Graph& graph, TensorId loss, const Optimizer& 
 // optimizer, its options and device.
 RunPlan planRun(const RunConfig& config);
 
+// Throws the out-of-memory error (DeviceError(OutOfMemory)) when `plan`, the
+// plan of `config`, does not fit its device, naming the cheapest
+// combinations of levers that make it fit, as searchRunLevers() finds them
+// in at most `maxPlans` plans (what `tessera explain` lists under levers).
+// What `tessera train` and `evaluate` check before reading any data.
+void requireRunFits(const RunConfig& config, const RunPlan& plan, int64_t maxPlans = 24);
+
 // A setting that lowers the peak of a memory space that is over capacity.
 struct MemorySuggestion {
   std::string
@@ -150,7 +157,8 @@ struct LeverSearch {
 
 // The settings that make a run config that does not fit fit: each lever
 // planned alone (recomputation, more IPUs per replica at the same IPU count,
-// pipelining over up to 4 IPUs, RTS of the model state, streaming memory
+// pipelining over up to 4 IPUs, phased execution on a replica of 1 or 2
+// IPUs (with the weights and activations OffChip), RTS of the model state, streaming memory
 // per category, streamed state through the compute tiles, float16), then greedily combined, each round adding the lever whose plan
 // is best (step time weighted by how far over capacity it still is), until
 // combinations fit; at most `maxPlans` plans. Every figure is a plan of the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -167,6 +168,13 @@ void PipelineBackwardTransform::apply(Graph& graph) {
 void PipelineCycleTransform::apply(Graph& graph) {
   if (!options_.enablePipelining) return;
   const auto n = static_cast<OpId>(graph.ops().size());
+  // The stages of each IPU: those of the forward and backward ops, named
+  // before the transforms that add ops without one.
+  std::map<int64_t, std::set<int64_t>> stagesOn;
+  for (const OpNode& op : graph.ops()) {
+    if (isSource(op) || op.kind == OpKind::IpuCopy || op.pipelineStage == kNoPipelineStage) continue;
+    stagesOn[op.virtualGraph].insert(op.pipelineStage);
+  }
   for (bool changed = true; changed;) {
     changed = false;
     for (OpId id = 0; id < n; ++id) {
@@ -194,6 +202,24 @@ void PipelineCycleTransform::apply(Graph& graph) {
       graph.setPipelineStage(id, stage);
       changed = true;
     }
+  }
+  // Every other op runs in a stage of its own IPU: the first one at or after
+  // the stage it took from its inputs, else (and for the ops of a weight
+  // that run once a step: its update, its collectives) the IPU's last, the
+  // backward stage of the weights there. A copy runs in the stage of the
+  // value it copies.
+  for (OpId id = 0; id < n; ++id) {
+    const OpNode& op = graph.op(id);
+    if (isSource(op) || op.kind == OpKind::IpuCopy) continue;
+    const auto on = stagesOn.find(op.virtualGraph);
+    if (on == stagesOn.end()) {
+      if (op.microBatch != kNoMicroBatch && op.pipelineStage == kNoPipelineStage) graph.setPipelineStage(id, 0);
+      continue;
+    }
+    const std::set<int64_t>& stages = on->second;
+    if (stages.count(op.pipelineStage) != 0) continue;
+    const auto next = op.pipelineStage == kNoPipelineStage ? stages.end() : stages.lower_bound(op.pipelineStage);
+    graph.setPipelineStage(id, next != stages.end() ? *next : *stages.rbegin());
   }
   for (OpId id = 0; id < n; ++id) {
     const OpNode& op = graph.op(id);

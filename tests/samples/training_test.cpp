@@ -3,6 +3,7 @@
 // (the full runs are recorded in docs/training.md and docs/onnx.md).
 #include <cmath>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -284,7 +285,7 @@ TEST_CASE("tessera train keeps tensors where the config says and trains the same
   checkSameTraining(located, reference, 1e-5);
 }
 
-TEST_CASE("a device too small for the MLP is an OOM error whose first suggestion makes it fit") {
+TEST_CASE("a device too small for the MLP is an OOM error whose fastest fitting levers make it fit") {
   // The MLP 784-256-128-10 with Adam at batch 64 peaks at about 5.9 MiB on the compute tiles; its
   // optimizer state (two moments per weight, about 1 MiB) is the part that can move off chip.
   const std::vector<std::string> device{"--set", "/device/tilesPerIpu=10", "--set", "/device/bytesPerTile=560000"};
@@ -297,21 +298,30 @@ TEST_CASE("a device too small for the MLP is an OOM error whose first suggestion
   CHECK(tooSmall.exitCode == 1);
   CHECK(tooSmall.err.find("[tessera.device.401] replica 0") != std::string::npos);
   CHECK(tooSmall.err.find("W0") != std::string::npos);  // among the largest tensors at the peak
-  const std::string marker = "settings that lower it (each planned on its own):\n  set ";
+  // The fastest combination of levers that fits, as `tessera explain` finds them, with its --set
+  // arguments on the line after it.
+  const std::string marker = "\nlevers that make it fit (each combination planned, the fastest modelled step first; ";
   const std::size_t at = tooSmall.err.find(marker);
   REQUIRE(at != std::string::npos);
-  const std::size_t pathStart = at + marker.size();
-  const std::size_t to = tooSmall.err.find(" to ", pathStart);
-  const std::size_t colon = tooSmall.err.find(": peak", to);
-  const std::size_t lineEnd = tooSmall.err.find('\n', colon);
-  REQUIRE(colon != std::string::npos);
-  const std::string path = tooSmall.err.substr(pathStart, to - pathStart);
-  const std::string value = tooSmall.err.substr(to + 4, colon - to - 4);
-  CHECK(path == "/sessionOptions/optimizerStateTensorLocationSettings/location/storage");
-  CHECK(tooSmall.err.substr(colon, lineEnd - colon).ends_with(", fits"));
-
-  args.push_back("--set");
-  args.push_back(path + "=" + value);
+  const std::size_t first = tooSmall.err.find("\n  1. ", at);
+  REQUIRE(first != std::string::npos);
+  const std::size_t setsStart = tooSmall.err.find('\n', first + 1);
+  const std::size_t setsEnd = tooSmall.err.find('\n', setsStart + 1);
+  REQUIRE(setsEnd != std::string::npos);
+  CHECK(tooSmall.err.substr(first, setsStart - first).find(", fits; modelled step ") != std::string::npos);
+  CHECK(tooSmall.err.find("`tessera explain CONFIG`", setsEnd) != std::string::npos);
+  std::istringstream sets(tooSmall.err.substr(setsStart + 1, setsEnd - setsStart - 1));
+  std::string word;
+  int64_t settings = 0;
+  while (sets >> word) {
+    if (word == "--set") continue;
+    // A value with quotes or braces is quoted for a shell, without spaces here.
+    if (word.size() > 1 && word.front() == '\'' && word.back() == '\'') word = word.substr(1, word.size() - 2);
+    args.emplace_back("--set");
+    args.push_back(word);
+    ++settings;
+  }
+  CHECK(settings > 0);
   const ProcessResult fits = tessera::test::runProgram(program("TESSERA_CLI"), args);
   INFO("stderr: " << fits.err);
   CHECK(fits.exitCode == 0);

@@ -8,6 +8,7 @@
 // and the rule.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -31,6 +32,7 @@
 #include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/placement.hpp"
+#include "tessera/profile.hpp"
 #include "tessera/run_config.hpp"
 #include "tessera/session.hpp"
 #include "tessera/trainer.hpp"
@@ -107,6 +109,42 @@ void checkBitwise(const std::function<RunConfig(const std::vector<std::string>&)
 
 TEST_CASE("the MLP pipelined over 2 and 4 IPUs trains the bits of the accumulation run") {
   checkBitwise([](const std::vector<std::string>& o) { return onnxConfig("mlp", "mlp.onnx", o); }, 2);
+}
+
+// Every op of a weight on the last IPU (its accumulation, its update, its
+// collectives) runs in that IPU's one stage, and the trace names only it.
+TEST_CASE("on a 2-IPU pipelined MLP every op on IPU 1 runs in stage 1, with replicas and RTS too") {
+  const std::vector<std::vector<std::string>> variants = {
+      with(accumulation(3, 2), pipelined("Auto", 2)),
+      with(with(with(accumulation(3, 2, 2), kReplicas2), kRts), pipelined("Auto", 2)),
+      with(with(accumulation(3, 2), pipelined("Auto", 2)), {"/optimizer/type=adam"})};
+  for (const std::vector<std::string>& overrides : variants) {
+    CAPTURE(fmt::format("{}", fmt::join(overrides, " ")));
+    const RunPlan plan = planRun(onnxConfig("mlp", "mlp.onnx", overrides));
+    REQUIRE(plan.time.pipeline.enabled);
+    REQUIRE(plan.time.pipeline.forwardStages == 2);
+    int64_t onLast = 0;
+    for (const OpTime& op : plan.time.ops) {
+      // A copy runs at the end of its producer's cycle: in the stage it copies from.
+      if (op.kind == OpKind::IpuCopy || op.lane == TimeLane::HostIO) continue;
+      const std::string& name = op.name;
+      CAPTURE(name);
+      if (op.ipu == 1) {
+        ++onLast;
+        CHECK(op.pipelineStage == 1);
+      } else {
+        CHECK((op.pipelineStage == 0 || op.pipelineStage == 2));
+      }
+    }
+    CHECK(onLast > 0);
+    std::vector<std::string> threads;
+    const json trace = chromeTraceJson(plan.time);
+    for (const json& e : trace.at("traceEvents"))
+      if (e.value("name", "") == "thread_name") threads.push_back(e.at("args").at("name").get<std::string>());
+    INFO("threads: ", json(threads).dump());
+    CHECK(std::count(threads.begin(), threads.end(), "IPU 0 compute tiles: stages 0, 2") == 1);
+    CHECK(std::count(threads.begin(), threads.end(), "IPU 1 compute tiles: stage 1") == 1);
+  }
 }
 
 TEST_CASE("LeNet pipelined over 2 and 4 IPUs trains the bits of the accumulation run") {
