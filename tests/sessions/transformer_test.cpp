@@ -105,7 +105,7 @@ TEST_CASE("bad transformer sections are refused at the JSON path, with the value
                 R"({"model": {"type": "Transformer", "hidden": 64, "heads": 4, "vocab": 100, "sequence": 16}})")
                 .config);
       },
-      ErrorCode::InvalidData, "/data/dataset", "set /data/dataset to \"tensors\"");
+      ErrorCode::InvalidData, "/data/dataset", "set /data/dataset to \"Tensors\"");
   // A size over the limits is refused before anything is built.
   checkError(
       [&] {
