@@ -151,7 +151,7 @@ void bindDatasets(py::module_& module) {
           // The run config's spelling; an old one ("fashion-mnist") names the new.
           const auto folded = enumFromFoldedString<DatasetKind>(dataset);
           const std::string hint = folded && *folded != DatasetKind::Tensors
-                                       ? fmt::format(" (did you mean \"{}\"?)", *folded)
+                                       ? fmt::format(" (did you mean \"{}\"?)", toString(*folded))
                                        : std::string();
           throw ConfigError(ErrorCode::InvalidEnumValue, "dataset",
                             fmt::format("\"{}\"; expected \"FashionMnist\", \"Mnist\" or \"Synthetic\"{}",

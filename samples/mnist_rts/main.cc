@@ -42,7 +42,7 @@ int run(const Options& opts) {
     throw ConfigError(ErrorCode::InvalidEnumValue, "--dataset",
                       fmt::format("\"{}\"; expected FashionMnist, Mnist or Synthetic{}", opts.dataset,
                                   folded && *folded != DatasetKind::Tensors
-                                      ? fmt::format(" (did you mean \"{}\"?)", *folded)
+                                      ? fmt::format(" (did you mean \"{}\"?)", toString(*folded))
                                       : std::string()));
   }
   dataConfig.dataset = *kind;
