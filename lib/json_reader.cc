@@ -329,6 +329,20 @@ std::string quotedList(std::span<const std::string_view> names) {
 
 std::optional<std::string_view> closestMatch(std::string_view word,
                                              std::span<const std::string_view> candidates) {
+  // The same word but for case, '-' and '_' ("fashion-mnist" for
+  // "FashionMnist", "sgd" for "SGD"): an older spelling of an enum value.
+  const auto folded = [](std::string_view text) {
+    std::string out;
+    for (const char c : text)
+      if (c != '-' && c != '_') out += lower(c);
+    return out;
+  };
+  constexpr std::size_t kMaxFolded = 64;
+  if (word.size() <= kMaxFolded) {
+    const std::string key = folded(word);
+    for (const std::string_view candidate : candidates)
+      if (!key.empty() && candidate.size() <= kMaxFolded && folded(candidate) == key) return candidate;
+  }
   // A typo changes a few characters; anything further is a different word.
   const std::size_t allowed = std::max<std::size_t>(2, word.size() / 3);
   std::optional<std::string_view> best;

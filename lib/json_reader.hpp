@@ -151,8 +151,10 @@ std::optional<std::size_t> invalidUtf8Offset(std::string_view text) noexcept;
 std::string describeValue(const nlohmann::json& value);
 // "\"a\", \"b\", \"c\""
 std::string quotedList(std::span<const std::string_view> names);
-// The candidate closest to `word` by case-insensitive edit distance, when
-// it is close enough to be a likely typo.
+// The candidate that equals `word` but for case, '-' and '_' (an older
+// spelling of an enum value: "fashion-mnist" for "FashionMnist"), else the
+// one closest by case-insensitive edit distance, when it is close enough to
+// be a likely typo.
 std::optional<std::string_view> closestMatch(std::string_view word,
                                              std::span<const std::string_view> candidates);
 
@@ -259,7 +261,7 @@ class JsonReader : public FieldVisitor {
   // A key that is not a field here but deserves a specific explanation
   // (e.g. an option of another optimizer type).
   void explainKey(std::string key, std::string reason);
-  // Added to unknown-key messages, e.g. "for optimizer type \"adam\"".
+  // Added to unknown-key messages, e.g. "for optimizer type \"Adam\"".
   void setKeyContext(std::string context) { keyContext_ = std::move(context); }
   // Throws UnknownKey for the first key that no field() call named.
   void finish() const;

@@ -19,7 +19,7 @@ const AdamOptions& checked(const AdamOptions& options) {
 Adam::Adam(const AdamOptions& options)
     : Optimizer(checked(options).learningRate, options.lossScaling), options_(options) {}
 
-std::string_view Adam::name() const noexcept { return options_.decoupledWeightDecay ? "adamw" : "adam"; }
+std::string_view Adam::name() const noexcept { return toString(options_.decoupledWeightDecay ? OptimizerType::AdamW : OptimizerType::Adam); }
 
 AdamOptions Adam::options() const {
   AdamOptions current = options_;

@@ -112,7 +112,7 @@ namespace {
 
 constexpr jsonio::FieldSpec kOptimizerTypeSpec{
     .doc =
-        "The optimizer: sgd, adam, or adamw (Adam with decoupled weight decay). The other keys of the "
+        "The optimizer: SGD, Adam, or AdamW (Adam with decoupled weight decay). The other keys of the "
         "section are the options of that type."};
 
 // The keys of an options struct, from its field table.
@@ -150,12 +150,12 @@ void visitFields(jsonio::JsonReader& v, OptimizerConfig& value) {
   const bool sgd = value.type == OptimizerType::Sgd;
   for (const std::string& key : sgd ? adamKeys : sgdKeys) {
     if (contains(sgd ? sgdKeys : adamKeys, key)) continue;
-    v.explainKey(key, sgd ? "it is an option of optimizer types \"adam\" and \"adamw\""
-                          : "it is an option of optimizer type \"sgd\"");
+    v.explainKey(key, sgd ? "it is an option of optimizer types \"Adam\" and \"AdamW\""
+                          : "it is an option of optimizer type \"SGD\"");
   }
   // Registered last, so it wins over the explanation above.
   v.explainKey("decoupledWeightDecay",
-               "the optimizer type decides it (\"adamw\" decouples weight decay, \"adam\" does not)");
+               "the optimizer type decides it (\"AdamW\" decouples weight decay, \"Adam\" does not)");
   if (sgd) {
     visitFields(v, value.sgd);
     return;
@@ -181,7 +181,7 @@ void visitFields(jsonio::RuleChecker& v, OptimizerConfig& value) {
         fmt::format("type is \"{}\" but adam.decoupledWeightDecay is {}; the type decides it, so use "
                     "type \"{}\"",
                     value.type, value.adam.decoupledWeightDecay,
-                    value.adam.decoupledWeightDecay ? "adamw" : "adam"));
+                    value.adam.decoupledWeightDecay ? OptimizerType::AdamW : OptimizerType::Adam));
   });
 }
 

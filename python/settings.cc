@@ -147,9 +147,16 @@ void bindDatasets(py::module_& module) {
          int64_t seed) {
         DataConfig config;
         const auto kind = enumFromString<DatasetKind>(dataset);
-        if (!kind || *kind == DatasetKind::Tensors)
+        if (!kind || *kind == DatasetKind::Tensors) {
+          // The run config's spelling; an old one ("fashion-mnist") names the new.
+          const auto folded = enumFromFoldedString<DatasetKind>(dataset);
+          const std::string hint = folded && *folded != DatasetKind::Tensors
+                                       ? fmt::format(" (did you mean \"{}\"?)", toString(*folded))
+                                       : std::string();
           throw ConfigError(ErrorCode::InvalidEnumValue, "dataset",
-                            fmt::format("\"{}\"; expected fashion-mnist, mnist or synthetic", boundedText(dataset)));
+                            fmt::format("\"{}\"; expected \"FashionMnist\", \"Mnist\" or \"Synthetic\"{}",
+                                        boundedText(dataset), hint));
+        }
         config.dataset = *kind;
         config.path = path;
         config.limitTrainSamples = limitTrainSamples;
@@ -163,7 +170,7 @@ void bindDatasets(py::module_& module) {
         result["notice"] = data.notice;
         return result;
       },
-      py::arg("dataset") = "fashion-mnist", py::arg("path") = "", py::arg("limitTrainSamples") = 0,
+      py::arg("dataset") = "FashionMnist", py::arg("path") = "", py::arg("limitTrainSamples") = 0,
       py::arg("limitTestSamples") = 0, py::arg("seed") = 0,
       "The dataset the CLI's run configs train on (tessera/dataset.hpp): a dict with 'train' and 'test' "
       "(images [N, 28, 28] float32 in [0, 1], labels [N] int32), 'source' and 'notice' (non-empty when the "
@@ -199,7 +206,7 @@ void bindSettings(py::module_& module) {
         return section.dump();
       });
   py::class_<Sgd, PyOptimizer>(module, "SGD", "PopART's SGD.")
-      .def(py::init([](const py::dict& values) { return Sgd{{readOptimizer("sgd", values)}}; }),
+      .def(py::init([](const py::dict& values) { return Sgd{{readOptimizer(toString(OptimizerType::Sgd), values)}}; }),
            py::arg("values"),
            "SGD from PopART's keys: defaultLearningRate, defaultMomentum, defaultDampening, "
            "defaultWeightDecay, "
@@ -211,7 +218,7 @@ void bindSettings(py::module_& module) {
              values["defaultLearningRate"] = learningRate;
              if (!weightDecay.is_none()) values["defaultWeightDecay"] = weightDecay;
              if (!lossScaling.is_none()) values["lossScaling"] = lossScaling;
-             return ConstSgd{{{readOptimizer("sgd", values)}}};
+             return ConstSgd{{{readOptimizer(toString(OptimizerType::Sgd), values)}}};
            }),
            py::arg("learning_rate"), py::arg("weight_decay") = py::none(),
            py::arg("loss_scaling") = py::none());
@@ -226,7 +233,7 @@ void bindSettings(py::module_& module) {
       .value("L2Regularization", WeightDecayMode::L2Regularization);
   py::class_<Adam, PyOptimizer>(module, "Adam", "PopART's Adam.")
       .def(py::init([](const py::dict& values, AdamMode mode, WeightDecayMode decay) {
-             const std::string_view type = decay == WeightDecayMode::Decay ? "adamw" : "adam";
+             const std::string_view type = decay == WeightDecayMode::Decay ? toString(OptimizerType::AdamW) : toString(OptimizerType::Adam);
              return Adam{{readOptimizer(type, values, {{"biasCorrection", mode == AdamMode::Adam}})}};
            }),
            py::arg("values"), py::arg("mode") = AdamMode::Adam,

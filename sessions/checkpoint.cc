@@ -27,6 +27,7 @@
 #include "tessera/adam.hpp"
 #include "tessera/error.hpp"
 #include "tessera/json.hpp"
+#include "tessera/run_config.hpp"
 #include "tessera/sgd.hpp"
 
 namespace tessera {
@@ -110,7 +111,7 @@ OptimizerConfig optimizerConfig(const Optimizer& optimizer) {
   throw ConfigError(
       ErrorCode::InvalidOptimizer, "/optimizer",
       fmt::format("optimizer \"{}\" cannot be saved in a checkpoint; checkpoints know the optimizers "
-                  "sgd, adam and adamw",
+                  "SGD, Adam and AdamW",
                   optimizer.name()));
 }
 
@@ -267,7 +268,13 @@ class Decoder {
   }
 
   OptimizerConfig optimizer() const {
-    const json value = parseMetadataJson(kOptimizerKey);
+    json value = parseMetadataJson(kOptimizerKey);
+    // Checkpoints written before enum values were PascalCase (docs/run-configs.md)
+    // name the type "sgd", "adam" or "adamw": read as "SGD", "Adam", "AdamW".
+    if (value.is_object() && value.contains("type") && value["type"].is_string()) {
+      if (const auto type = enumFromFoldedString<OptimizerType>(value["type"].get<std::string>()))
+        value["type"] = toString(*type);
+    }
     try {
       return value.get<OptimizerConfig>();
     } catch (const ConfigError& e) {

@@ -616,7 +616,7 @@ Dataset makeSyntheticDataset(int64_t seed, int64_t trainSamples, int64_t testSam
   Dataset dataset;
   dataset.train = makeSyntheticSplit(prototypes, seed, kTrainStream, trainSamples);
   dataset.test = makeSyntheticSplit(prototypes, seed, kTestStream, testSamples);
-  dataset.source = fmt::format("synthetic (seed {})", seed);
+  dataset.source = fmt::format("Synthetic (seed {})", seed);
   return dataset;
 }
 
@@ -632,18 +632,18 @@ Dataset loadDataset(const DataConfig& config, std::string_view defaultFolder) {
       if (config.path.empty()) {
         throw ConfigError(
             ErrorCode::InvalidData, "/data/path",
-            "the mnist dataset needs a path to its IDX files; set /data/path to the folder holding "
+            "the Mnist dataset needs a path to its IDX files; set /data/path to the folder holding "
             "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]");
       }
       const auto [files, missing] = findIdxFiles(config.path);
       if (!files) throwMissingFiles("mnist", config.path, missing);
       dataset = readIdxDataset(*files);
-      dataset.source = fmt::format("mnist from {}", config.path);
+      dataset.source = fmt::format("Mnist from {}", config.path);
       break;
     }
     case DatasetKind::Tensors:
       throw ConfigError(ErrorCode::InvalidData, "/data/dataset",
-                        "the tensors dataset is read with loadTensorDataset, which checks it against the "
+                        "the Tensors dataset is read with loadTensorDataset, which checks it against the "
                         "inputs of the graph it feeds");
     case DatasetKind::FashionMnist: {
       const bool useDefault = config.path.empty();
@@ -651,7 +651,7 @@ Dataset loadDataset(const DataConfig& config, std::string_view defaultFolder) {
       const auto [files, missing] = findIdxFiles(folder);
       if (files) {
         dataset = readIdxDataset(*files);
-        dataset.source = fmt::format("fashion-mnist from {}", folder);
+        dataset.source = fmt::format("FashionMnist from {}", folder);
         break;
       }
       if (!useDefault) throwMissingFiles("fashion-mnist", folder, missing);
@@ -663,7 +663,7 @@ Dataset loadDataset(const DataConfig& config, std::string_view defaultFolder) {
           "in "
           "for it. Install it with `apt-get install dataset-fashion-mnist`, set /data/path to a folder "
           "holding "
-          "the IDX files, or set /data/dataset to \"synthetic\" to choose that set explicitly.",
+          "the IDX files, or set /data/dataset to \"Synthetic\" to choose that set explicitly.",
           folder, joined(missing), config.seed);
       break;
     }
@@ -984,12 +984,12 @@ TensorSplit readTensorSplit(const std::string& path, std::span<const DataInput> 
 TensorDataset loadTensorDataset(const DataConfig& config, std::span<const DataInput> inputs) {
   if (config.path.empty()) {
     throw ConfigError(ErrorCode::InvalidData, "/data/path",
-                      "the tensors dataset needs the path of its training .safetensors file");
+                      "the Tensors dataset needs the path of its training .safetensors file");
   }
   TensorDataset dataset;
   dataset.train = readTensorSplit(config.path, inputs);
   keepFirstSamples(dataset.train, config.limitTrainSamples);
-  dataset.source = fmt::format("tensors from {}", config.path);
+  dataset.source = fmt::format("Tensors from {}", config.path);
   if (!config.test.empty()) {
     dataset.test = readTensorSplit(config.test, inputs);
     keepFirstSamples(dataset.test, config.limitTestSamples);

@@ -63,9 +63,9 @@ InitialValues normalValues(int64_t count, uint64_t seed, double stddev) {
 }
 
 MlpGraph buildMlp(const ModelConfig& model, int64_t batchSize, int64_t replicationFactor, int64_t seed) {
-  if (model.type != "mlp") {
+  if (model.type != kMlpModel) {
     throw ConfigError(ErrorCode::InvalidModel, "/model/type",
-                      fmt::format("unknown model type \"{}\"; expected \"mlp\"", model.type));
+                      fmt::format("unknown model type \"{}\"; expected \"{}\"", model.type, kMlpModel));
   }
   if (model.layers.size() < 2) {
     throw ConfigError(ErrorCode::InvalidModel, "/model/layers",

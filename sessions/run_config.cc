@@ -37,19 +37,19 @@ constexpr std::array<std::string_view, 3> kModelTypes = {kMlpModel, kOnnxModel, 
 
 constexpr jsonio::FieldSpec kModelTypeSpec{
     .doc =
-        "The model: \"mlp\" (fully connected layers with `activation` between them and softmax "
-        "cross-entropy on the last), \"onnx\" (the ONNX model in `path`, trained from its initializers) or "
-        "\"transformer\" (a decoder-only transformer in GPT-2's layout, trained on token sequences of a "
-        "tensors dataset). The other keys of the section are the options of that type."};
+        "The model: \"Mlp\" (fully connected layers with `activation` between them and softmax "
+        "cross-entropy on the last), \"Onnx\" (the ONNX model in `path`, trained from its initializers) or "
+        "\"Transformer\" (a decoder-only transformer in GPT-2's layout, trained on token sequences of a "
+        "Tensors dataset). The other keys of the section are the options of that type."};
 
 // The dtypes a model may have.
 constexpr std::array<std::string_view, 2> kModelDTypes = {"float32", "float16"};
 
 constexpr jsonio::FieldSpec kModelDTypeSpec{
     .doc =
-        "The element type of the weights and activations: \"float32\" or \"float16\". float16 (mlp and "
-        "transformer): float16 weights, inputs and activations with the logits cast to float32 before the "
-        "loss. float16 (onnx): the float32 model is cast on import (OnnxImportOptions::floatType): float "
+        "The element type of the weights and activations: \"float32\" or \"float16\". float16 (Mlp and "
+        "Transformer): float16 weights, inputs and activations with the logits cast to float32 before the "
+        "loss. float16 (Onnx): the float32 model is cast on import (OnnxImportOptions::floatType): float "
         "initializers, inputs and ops in float16, the loss ops' float inputs cast to float32."};
 
 // The fields of one model type; `type` itself is visited by the caller.
@@ -67,7 +67,7 @@ void visitModelTypeFields(V& v, ModelConfig& value, std::string_view type) {
                     "input is the per-replica batch size."});
     v.field(
         "images", value.images,
-        {.doc = "The graph input that the images of an IDX dataset (fashion-mnist, mnist, synthetic) feed: "
+        {.doc = "The graph input that the images of an IDX dataset (FashionMnist, Mnist, Synthetic) feed: "
                 "each sample's pixels / 255 in the input's shape, which must hold rows x cols elements per "
                 "sample (e.g. [batch, 1, 28, 28]). Empty: the graph's only float32 input."});
     v.field(
@@ -159,7 +159,7 @@ void checkModel(const ModelConfig& value, const jsonio::RuleSite& site) {
     const std::string path = site.path("path");
     throw ConfigError(
         ErrorCode::InvalidModel, path,
-        fmt::format("model type \"onnx\" needs the path of its .onnx file{}", site.origin(path)));
+        fmt::format("model type \"Onnx\" needs the path of its .onnx file{}", site.origin(path)));
   }
   for (const auto& [name, dimension] : value.dimensions) {
     if (isDimensionValue(dimension)) continue;
@@ -245,12 +245,12 @@ void visitFields(V& v, DataConfig& value) {
   v.field(
       "path", value.path,
       {.doc = "Folder holding the IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte, optionally .gz). "
-              "Empty: the dataset-fashion-mnist package's location (fashion-mnist only). For tensors: the "
+              "Empty: the dataset-fashion-mnist package's location (FashionMnist only). For Tensors: the "
               "training set's .safetensors file, relative to the folder of the config file, whose tensor of "
               "each graph input's name feeds that input, split along axis 0."});
   v.field(
       "test", value.test,
-      {.doc = "tensors only: the test set's .safetensors file, relative to the folder of the config file; "
+      {.doc = "Tensors only: the test set's .safetensors file, relative to the folder of the config file; "
               "empty: no test set."});
   v.field("batchSize", value.batchSize, {.min = 1, .doc = "Samples per replica per micro-batch. >= 1."});
   v.field("testBatchSize", value.testBatchSize,
@@ -271,23 +271,23 @@ void visitFields(V& v, DataConfig& value) {
       const std::string path = site.path("path");
       throw ConfigError(
           ErrorCode::InvalidData, path,
-          fmt::format("the mnist dataset needs a path to its IDX files; only fashion-mnist has a "
+          fmt::format("the Mnist dataset needs a path to its IDX files; only FashionMnist has a "
                       "default location{}",
                       site.origin(path)));
     }
     if (value.dataset == DatasetKind::Tensors && value.path.empty()) {
       const std::string path = site.path("path");
       throw ConfigError(ErrorCode::InvalidData, path,
-                        fmt::format("the tensors dataset needs the path of its training .safetensors file{}",
+                        fmt::format("the Tensors dataset needs the path of its training .safetensors file{}",
                                     site.origin(path)));
     }
     if (value.dataset != DatasetKind::Tensors && !value.test.empty()) {
       const std::string path = site.path("test");
       throw ConfigError(
           ErrorCode::InvalidData, path,
-          fmt::format("test names a .safetensors test set, which only the tensors dataset reads "
+          fmt::format("test names a .safetensors test set, which only the Tensors dataset reads "
                       "({} has its own test split); remove it or set /data/dataset to "
-                      "\"tensors\"{}",
+                      "\"Tensors\"{}",
                       toString(value.dataset), site.origin(path)));
     }
   });
@@ -296,12 +296,12 @@ void visitFields(V& v, DataConfig& value) {
 template <class V>
 void visitFields(V& v, ScheduleConfig& value) {
   v.field("type", value.type,
-          {.doc = "constant: the optimizer's learningRate throughout; cosine: from it down to learningRate x "
-                  "finalFactor along half a cosine over the run's steps; step: times gamma after every "
+          {.doc = "Constant: the optimizer's learningRate throughout; Cosine: from it down to learningRate x "
+                  "finalFactor along half a cosine over the run's steps; Step: times gamma after every "
                   "stepEpochs epochs."});
   v.field("finalFactor", value.finalFactor,
-          {.min = 0, .max = 1, .doc = "cosine: the factor of the learning rate at the end of the run. In [0, 1]."});
-  v.field("stepEpochs", value.stepEpochs, {.min = 1, .doc = "step: epochs between decays. >= 1."});
+          {.min = 0, .max = 1, .doc = "Cosine: the factor of the learning rate at the end of the run. In [0, 1]."});
+  v.field("stepEpochs", value.stepEpochs, {.min = 1, .doc = "Step: epochs between decays. >= 1."});
   v.field("gamma", value.gamma,
           {.exclusiveMin = 0, .max = 1, .doc = "step: the factor of each decay. In (0, 1]."});
 }
@@ -322,7 +322,7 @@ void visitFields(V& v, OutputConfig& value) {
       {.doc = "Profile report (memory, traffic, modelled time) written after training; empty: not written."});
   v.field("trace", value.trace, {.doc = "Chrome trace of the modelled run; empty: not written."});
   v.field("onnx", value.onnx,
-          {.doc = "The ONNX model (model type onnx only) with the trained weights (float32 master weights of a "
+          {.doc = "The ONNX model (model type Onnx only) with the trained weights (float32 master weights of a "
                   "float16 run) and BatchNormalization's running statistics in its initializers, written after "
                   "training; empty: not written."});
   // A file name cannot hold a NUL: the system would write to the name cut there.
@@ -363,8 +363,8 @@ void visitFields(V& v, LimitsConfig& value) {
   v.field(
       "maxLayers", value.maxLayers,
       {.min = 1,
-       .doc = "The most layers a model may have: weight layers of the mlp model (entries of /model/layers "
-              "minus one) or blocks of the transformer. Each layer adds ops, tensors and plans whose host "
+       .doc = "The most layers a model may have: weight layers of the Mlp model (entries of /model/layers "
+              "minus one) or blocks of the Transformer model. Each layer adds ops, tensors and plans whose host "
               "memory and planning time grow with the count. >= 1."});
   v.field("maxReplicas", value.maxReplicas,
           {.min = 1,
@@ -426,7 +426,7 @@ void visitFields(V& v, RunConfig& value) {
   v.field("device", value.device, {.doc = "The simulated hardware; all values are per processor (replica)."});
   v.field("model", value.model, {.doc = "The model to train."});
   v.field("optimizer", value.optimizer,
-          {.doc = "The optimizer: \"type\" and the options of that type, e.g. {\"type\": \"sgd\", "
+          {.doc = "The optimizer: \"type\" and the options of that type, e.g. {\"type\": \"SGD\", "
                   "\"learningRate\": 0.05, \"momentum\": 0.9}."});
   v.field("data", value.data, {.doc = "Dataset, batch sizes, epochs and seed."});
   v.field("schedule", value.schedule, {.doc = "How the learning rate changes over the run's steps."});
@@ -941,8 +941,8 @@ void validate(const RunConfig& config, std::optional<int64_t> sizeLimit) {
     const TransformerConfig& t = config.model.transformer;
     throw ConfigError(
         ErrorCode::InvalidData, "/data/dataset",
-        fmt::format("the {} dataset holds images; the transformer model is fed token sequences by the "
-                    "tensors dataset: set /data/dataset to \"tensors\" and /data/path to a .safetensors file "
+        fmt::format("the {} dataset holds images; the Transformer model is fed token sequences by the "
+                    "Tensors dataset: set /data/dataset to \"Tensors\" and /data/path to a .safetensors file "
                     "with int32 or int64 tensors \"tokens\" and \"targets\" of [N, {}] ids in [0, {})",
                     toString(config.data.dataset), t.sequence, t.vocab));
   }
@@ -965,7 +965,9 @@ void validateForPlanning(const RunConfig& config) { validate(config, std::nullop
 nlohmann::json runConfigSchema() {
   nlohmann::json schema = jsonio::schemaOf<RunConfig>(
       "A tessera run config: session options, simulated device, model, optimizer, data and outputs. Every "
-      "section and key is optional; missing keys take their defaults.");
+      "section and key is optional; missing keys take their defaults. Enum values are PascalCase, as the "
+      "PopART or ONNX names they stand for (\"OnChip\", \"SGD\", \"Relu\", \"FashionMnist\"); dtypes are "
+      "lowercase (\"float32\") (docs/run-configs.md, spelling of enum values).");
   schema["$schema"] = "https://json-schema.org/draft/2020-12/schema";
   schema["title"] = "tessera run config";
   return schema;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -103,8 +104,8 @@ TensorDataset loadRunData(const RunConfig& config, const RunModel& model, std::s
   if (config.model.type != kMlpModel && config.model.type != kOnnxModel) {
     throw ConfigError(
         ErrorCode::InvalidData, "/data/dataset",
-        fmt::format("the {} dataset feeds the images and labels of an mlp or onnx model; an {} model is fed "
-                    "by the tensors dataset (a .safetensors file with a tensor per graph input)",
+        fmt::format("the {} dataset feeds the images and labels of an Mlp or Onnx model; a {} model is fed "
+                    "by the Tensors dataset (a .safetensors file with a tensor per graph input)",
                     toString(config.data.dataset), config.model.type));
   }
   Dataset data = loadDataset(config.data);
@@ -676,6 +677,20 @@ std::map<std::string, std::string> runMetadata(const RunConfig& config, int64_t 
           {std::string(kGlobalBatchKey), std::to_string(globalBatch)}};
 }
 
+// A value of a checkpoint written before enum values were PascalCase
+// (docs/run-configs.md): "mlp" for "Mlp", "fashion-mnist" for "FashionMnist".
+bool isOldSpelling(std::string_view key, const nlohmann::json& old, const nlohmann::json& value) {
+  if (key != "type" && key != "activation" && key != "dataset") return false;
+  if (!old.is_string() || !value.is_string()) return false;
+  const auto folded = [](const std::string& text) {
+    std::string out;
+    for (const char c : text)
+      if (c != '-' && c != '_') out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+  };
+  return folded(old.get<std::string>()) == folded(value.get<std::string>());
+}
+
 // Warns when the checkpoint's run trained another model function or on other
 // batches than this run would: resuming then does not continue that run
 // exactly.
@@ -710,7 +725,7 @@ void warnAboutRunDifferences(const RunConfig& config, int64_t globalBatch, const
       }
       const auto old = before[section].find(key);
       const std::string oldText = old == before[section].end() ? "-" : dumped(*old);
-      if (oldText != dumped(value))
+      if (oldText != dumped(value) && !(old != before[section].end() && isOldSpelling(key, *old, value)))
         changed.push_back(fmt::format("/{}/{} {} -> {}", section, key, oldText, dumped(value)));
     }
   }

@@ -23,7 +23,7 @@ class Adam final : public Optimizer {
   // Throws ConfigError for options out of range (paths under /optimizer).
   explicit Adam(const AdamOptions& options);
 
-  // "adamw" when weight decay is decoupled, else "adam".
+  // "AdamW" when weight decay is decoupled, else "Adam".
   std::string_view name() const noexcept override;
   std::unique_ptr<Optimizer> clone() const override { return std::make_unique<Adam>(options()); }
   // The options with the current learning rate.

@@ -41,7 +41,7 @@
 //                      first-step momentum, Adam's bias correction) continue
 //                      from; equal to step
 //   optimizer          the optimizer as run config JSON, learningRate being the
-//                      current one: {"type": "sgd", "learningRate": 0.05, ...}
+//                      current one: {"type": "SGD", "learningRate": 0.05, ...}
 //   sessionOptions     the canonical JSON dump of the SessionOptions
 //   sessionOptionsHash sessionOptionsHash() of those options
 //   tensors            JSON {NAME: {"category": "Weight", "shardLayoutVersion": 1}, ...}

@@ -241,7 +241,7 @@ struct TensorDataset {
   std::string source;
 };
 
-// The tensors dataset of `config` (dataset "tensors"): config.path for
+// The tensors dataset of `config` (dataset "Tensors"): config.path for
 // training, config.test for testing when set, each checked against
 // `inputs` (only their sample shapes matter, not their batch size), then the
 // first config.limitTrainSamples / limitTestSamples samples kept.

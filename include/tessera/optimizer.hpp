@@ -74,7 +74,7 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // "sgd", "adam" or "adamw" (the run config's optimizer type).
+  // "SGD", "Adam" or "AdamW" (the run config's optimizer type).
   virtual std::string_view name() const noexcept = 0;
 
   // A new optimizer with the same options and current learning rate, not

@@ -73,9 +73,9 @@ enum class OptimizerType { Sgd, Adam, AdamW };
 template <>
 struct EnumNames<OptimizerType> {
   static constexpr std::string_view kTypeName = "OptimizerType";
-  static constexpr std::array kNames = {std::pair{OptimizerType::Sgd, std::string_view{"sgd"}},
-                                        std::pair{OptimizerType::Adam, std::string_view{"adam"}},
-                                        std::pair{OptimizerType::AdamW, std::string_view{"adamw"}}};
+  static constexpr std::array kNames = {std::pair{OptimizerType::Sgd, std::string_view{"SGD"}},
+                                        std::pair{OptimizerType::Adam, std::string_view{"Adam"}},
+                                        std::pair{OptimizerType::AdamW, std::string_view{"AdamW"}}};
 };
 
 // The run config's optimizer section: the type and the options of each
@@ -91,7 +91,7 @@ struct OptimizerConfig {
 };
 
 // JSON (see tessera/json.hpp for the conventions). OptimizerConfig is flat:
-// {"type": "adam", "learningRate": 0.001, ...} holds the options of its type
+// {"type": "Adam", "learningRate": 0.001, ...} holds the options of its type
 // only (the other type's options read as their defaults), and the type
 // decides AdamOptions::decoupledWeightDecay.
 void to_json(nlohmann::json& j, OptimizerType value);

@@ -3,9 +3,9 @@
 //   {
 //     "sessionOptions": { ... SessionOptions ... },
 //     "device":         { ... DeviceSpec ... },
-//     "model":          {"type": "mlp", "layers": [784, 256, 128, 10]},
-//     "optimizer":      {"type": "sgd", "learningRate": 0.05, "momentum": 0.9},
-//     "data":           {"dataset": "fashion-mnist", "batchSize": 64, "epochs": 10, ...},
+//     "model":          {"type": "Mlp", "layers": [784, 256, 128, 10]},
+//     "optimizer":      {"type": "SGD", "learningRate": 0.05, "momentum": 0.9},
+//     "data":           {"dataset": "FashionMnist", "batchSize": 64, "epochs": 10, ...},
 //     "output":         {"checkpoint": "...", "checkpointEvery": 100, "profile": "...", "trace": "..."},
 //     "limits":         {"maxTensorBytes": 4294967296}
 //   }
@@ -33,21 +33,45 @@
 
 namespace tessera {
 
+// Lookup ignoring case, '-' and '_': finds "FashionMnist" for
+// "fashion-mnist" and "SGD" for "sgd", the spellings of enum values before
+// they were PascalCase (docs/run-configs.md). For did-you-mean hints and for
+// reading files written with the old spellings, never for configs.
+template <NamedEnum E>
+constexpr std::optional<E> enumFromFoldedString(std::string_view name) noexcept {
+  const auto fold = [](std::string_view text, std::size_t& i) -> char {
+    while (i < text.size() && (text[i] == '-' || text[i] == '_')) ++i;
+    if (i == text.size()) return '\0';
+    const char c = text[i++];
+    return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
+  };
+  for (const auto& [v, n] : EnumNames<E>::kNames) {
+    std::size_t i = 0, j = 0;
+    while (true) {
+      const char a = fold(name, i);
+      const char b = fold(n, j);
+      if (a != b) break;
+      if (a == '\0') return v;
+    }
+  }
+  return std::nullopt;
+}
+
 enum class Activation { Relu, Gelu, Tanh, Sigmoid };
 
 template <>
 struct EnumNames<Activation> {
   static constexpr std::string_view kTypeName = "Activation";
-  static constexpr std::array kNames = {std::pair{Activation::Relu, std::string_view{"relu"}},
-                                        std::pair{Activation::Gelu, std::string_view{"gelu"}},
-                                        std::pair{Activation::Tanh, std::string_view{"tanh"}},
-                                        std::pair{Activation::Sigmoid, std::string_view{"sigmoid"}}};
+  static constexpr std::array kNames = {std::pair{Activation::Relu, std::string_view{"Relu"}},
+                                        std::pair{Activation::Gelu, std::string_view{"Gelu"}},
+                                        std::pair{Activation::Tanh, std::string_view{"Tanh"}},
+                                        std::pair{Activation::Sigmoid, std::string_view{"Sigmoid"}}};
 };
 
 // The model types of ModelConfig::type.
-inline constexpr std::string_view kMlpModel = "mlp";
-inline constexpr std::string_view kOnnxModel = "onnx";
-inline constexpr std::string_view kTransformerModel = "transformer";
+inline constexpr std::string_view kMlpModel = "Mlp";
+inline constexpr std::string_view kOnnxModel = "Onnx";
+inline constexpr std::string_view kTransformerModel = "Transformer";
 
 // The value of ModelConfig::dimensions that binds a symbolic dimension to the
 // per-replica batch size of the session being built (DataConfig::batchSize
@@ -77,31 +101,31 @@ struct TransformerConfig {
 };
 
 struct ModelConfig {
-  // "mlp": fully connected layers with `activation` between them and softmax
-  // cross-entropy on the last. "onnx": the ONNX model in `path`, trained
-  // from its initializers (not re-drawn). "transformer": the decoder-only
+  // "Mlp": fully connected layers with `activation` between them and softmax
+  // cross-entropy on the last. "Onnx": the ONNX model in `path`, trained
+  // from its initializers (not re-drawn). "Transformer": the decoder-only
   // transformer of `transformer`.
   std::string type = std::string(kMlpModel);
 
   // ----- every type -----
 
   // The element type of the weights and activations: float32 or float16
-  // (int32 is not a model dtype). float16 (mlp and transformer): the
+  // (int32 is not a model dtype). float16 (Mlp and Transformer): the
   // builders make float16 weights, inputs and activations and cast the
   // logits to float32 before the loss (mixed-precision training). The host
   // feeds float inputs as float; the device rounds them to half on store.
-  // float16 (onnx): the float32 model is imported as float16
+  // float16 (Onnx): the float32 model is imported as float16
   // (OnnxImportOptions::floatType), the float inputs of its loss ops cast to
   // float32.
   DType dtype = DType::Float32;
 
-  // ----- type "mlp" -----
+  // ----- type "Mlp" -----
 
   // Layer widths from input to output: at least two, each >= 1.
   std::vector<int64_t> layers{784, 256, 128, 10};
   Activation activation = Activation::Relu;
 
-  // ----- type "onnx" -----
+  // ----- type "Onnx" -----
 
   // The .onnx file. loadRunConfig() takes a relative path relative to the
   // folder of the config file; a config parsed from text keeps it as given
@@ -116,8 +140,8 @@ struct ModelConfig {
   // default the first axis of every input is the per-replica batch size;
   // entries here take precedence.
   std::map<std::string, std::string> dimensions{};
-  // The graph input that the images of an IDX dataset (fashion-mnist, mnist,
-  // synthetic) feed, each sample's pixels / 255 in the input's shape; empty:
+  // The graph input that the images of an IDX dataset (FashionMnist, Mnist,
+  // Synthetic) feed, each sample's pixels / 255 in the input's shape; empty:
   // the graph's only float32 input.
   std::string images{};
   // The graph input of the class labels: the one an IDX dataset's labels
@@ -129,7 +153,7 @@ struct ModelConfig {
   // no accuracy.
   std::string logits{};
 
-  // ----- type "transformer" -----
+  // ----- type "Transformer" -----
 
   // In JSON its fields are the model section's own keys: {"type":
   // "transformer", "layers": 48, "hidden": 1600, ...}.
@@ -144,21 +168,21 @@ template <>
 struct EnumNames<DatasetKind> {
   static constexpr std::string_view kTypeName = "DatasetKind";
   static constexpr std::array kNames = {
-      std::pair{DatasetKind::FashionMnist, std::string_view{"fashion-mnist"}},
-      std::pair{DatasetKind::Mnist, std::string_view{"mnist"}},
-      std::pair{DatasetKind::Synthetic, std::string_view{"synthetic"}},
-      std::pair{DatasetKind::Tensors, std::string_view{"tensors"}}};
+      std::pair{DatasetKind::FashionMnist, std::string_view{"FashionMnist"}},
+      std::pair{DatasetKind::Mnist, std::string_view{"Mnist"}},
+      std::pair{DatasetKind::Synthetic, std::string_view{"Synthetic"}},
+      std::pair{DatasetKind::Tensors, std::string_view{"Tensors"}}};
 };
 
 struct DataConfig {
   DatasetKind dataset = DatasetKind::FashionMnist;
   // Folder holding the IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte,
   // optionally .gz). Empty: the dataset-fashion-mnist package's location.
-  // For "tensors": the training set's .safetensors file (required), whose
+  // For "Tensors": the training set's .safetensors file (required), whose
   // tensor of each graph input's name feeds that input, split along axis 0;
   // loadRunConfig() takes it relative to the config file's folder.
   std::string path{};
-  // "tensors" only: the test set's .safetensors file, relative like `path`;
+  // "Tensors" only: the test set's .safetensors file, relative like `path`;
   // empty: no test set.
   std::string test{};
   // Samples per replica per micro-batch. >= 1.
@@ -188,9 +212,9 @@ enum class ScheduleType { Constant, Cosine, Step };
 template <>
 struct EnumNames<ScheduleType> {
   static constexpr std::string_view kTypeName = "ScheduleType";
-  static constexpr std::array kNames = {std::pair{ScheduleType::Constant, std::string_view{"constant"}},
-                                        std::pair{ScheduleType::Cosine, std::string_view{"cosine"}},
-                                        std::pair{ScheduleType::Step, std::string_view{"step"}}};
+  static constexpr std::array kNames = {std::pair{ScheduleType::Constant, std::string_view{"Constant"}},
+                                        std::pair{ScheduleType::Cosine, std::string_view{"Cosine"}},
+                                        std::pair{ScheduleType::Step, std::string_view{"Step"}}};
 };
 
 // The learning rate of each training step: the optimizer's learningRate
@@ -219,7 +243,7 @@ struct OutputConfig {
   std::string checkpoint{};
   std::string profile{};
   std::string trace{};
-  // The ONNX model (model type "onnx" only) with its initializers replaced by
+  // The ONNX model (model type "Onnx" only) with its initializers replaced by
   // the trained weights (the float32 master weights of a float16 run) and the
   // running statistics of BatchNormalization, written after training:
   // PopART's modelToHost. See writeOnnx (tessera/onnx.hpp).

@@ -21,7 +21,7 @@ class Sgd final : public Optimizer {
   // Throws ConfigError for options out of range (paths under /optimizer).
   explicit Sgd(const SgdOptions& options);
 
-  std::string_view name() const noexcept override { return "sgd"; }
+  std::string_view name() const noexcept override { return toString(OptimizerType::Sgd); }
   std::unique_ptr<Optimizer> clone() const override { return std::make_unique<Sgd>(options()); }
   // The options with the current learning rate.
   SgdOptions options() const;

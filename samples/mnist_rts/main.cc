@@ -37,9 +37,13 @@ using namespace mnist_rts;
 int run(const Options& opts) {
   DataConfig dataConfig;
   const auto kind = enumFromString<DatasetKind>(opts.dataset);
-  if (!kind) {
+  if (!kind || *kind == DatasetKind::Tensors) {
+    const auto folded = enumFromFoldedString<DatasetKind>(opts.dataset);
     throw ConfigError(ErrorCode::InvalidEnumValue, "--dataset",
-                      fmt::format("\"{}\"; expected fashion-mnist, mnist or synthetic", opts.dataset));
+                      fmt::format("\"{}\"; expected FashionMnist, Mnist or Synthetic{}", opts.dataset,
+                                  folded && *folded != DatasetKind::Tensors
+                                      ? fmt::format(" (did you mean \"{}\"?)", toString(*folded))
+                                      : std::string()));
   }
   dataConfig.dataset = *kind;
   dataConfig.path = opts.dataPath;
@@ -130,7 +134,7 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", opts.epochs, "Passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--lr", opts.lr, "Learning rate")->check(CLI::PositiveNumber);
   app.add_flag("--rts", opts.rts, "Shard W0 and W1 over the replicas");
-  app.add_option("--dataset", opts.dataset, "fashion-mnist, mnist or synthetic");
+  app.add_option("--dataset", opts.dataset, "FashionMnist, Mnist or Synthetic");
   app.add_option("--data-path", opts.dataPath, "Folder of the IDX files");
   app.add_option("--limit-train-samples", opts.limitTrainSamples, "Use only the first N training samples");
   app.add_option("--limit-test-samples", opts.limitTestSamples, "Use only the first N test samples");

@@ -21,7 +21,7 @@ struct Options {
   int64_t epochs = 1;
   double lr = 0.05;
   bool rts = false;
-  std::string dataset = "fashion-mnist";
+  std::string dataset = "FashionMnist";
   std::string dataPath;
   int64_t limitTrainSamples = 0;
   int64_t limitTestSamples = 0;

@@ -3,7 +3,7 @@
 Python twin of samples/mnist_rts, written the way a PopART user writes it.
 
     mnist_rts.py [--replication-factor R] [--batch-size B] [--rts] [--epochs E]
-                 [--test-batch-size T] [--dataset fashion-mnist|mnist|synthetic]
+                 [--test-batch-size T] [--dataset FashionMnist|Mnist|Synthetic]
                  [--data-path DIR] [--limit-train N] [--limit-test N]
                  [--lr LR] [--seed S]
 
@@ -46,7 +46,7 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--rts", action="store_true", help="replica-shard the weights and optimizer state")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--dataset", default="fashion-mnist", choices=["fashion-mnist", "mnist", "synthetic"])
+    parser.add_argument("--dataset", default="FashionMnist", choices=["FashionMnist", "Mnist", "Synthetic"])
     parser.add_argument("--data-path", default="")
     parser.add_argument("--limit-train", type=int, default=0, help="use the first N training samples (0: all)")
     parser.add_argument("--limit-test", type=int, default=0, help="use the first N test samples (0: all)")

@@ -460,6 +460,17 @@ TEST_CASE("closestMatch suggests only likely typos") {
   }
 }
 
+TEST_CASE("closestMatch finds the PascalCase name of an older spelling") {
+  const std::vector<std::string_view> kinds = {"FashionMnist", "Mnist", "Synthetic", "Tensors"};
+  CHECK(jsonio::closestMatch("fashion-mnist", kinds) == "FashionMnist");
+  CHECK(jsonio::closestMatch("fashion_mnist", kinds) == "FashionMnist");
+  CHECK(jsonio::closestMatch("mnist", kinds) == "Mnist");
+  const std::vector<std::string_view> optimizers = {"SGD", "Adam", "AdamW"};
+  CHECK(jsonio::closestMatch("adamw", optimizers) == "AdamW");
+  CHECK(jsonio::closestMatch("adam", optimizers) == "Adam");
+  CHECK(jsonio::closestMatch("-", optimizers) == std::nullopt);
+}
+
 TEST_CASE("JSON pointers are escaped, split and compared by segment") {
   CHECK(jsonio::childPath("/a", "b/c~d") == "/a/b~1c~0d");
   CHECK(jsonio::childPath("", std::size_t{3}) == "/3");

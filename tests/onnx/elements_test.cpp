@@ -245,12 +245,12 @@ RunConfig exportConfig(const nlohmann::json& r, int64_t replicas) {
   const int64_t globalBatch = r.at("globalBatch").get<int64_t>();
   const int64_t epochs = r.at("steps").get<int64_t>() * globalBatch / r.at("trainSamples").get<int64_t>();
   const nlohmann::json document = {{"model",
-                                    {{"type", "onnx"},
+                                    {{"type", "Onnx"},
                                      {"path", test::sourcePath("tests/data/onnx/elements_classifier.onnx")},
                                      {"loss", "loss"}}},
                                    {"optimizer", r.at("optimizer")},
                                    {"data",
-                                    {{"dataset", "tensors"},
+                                    {{"dataset", "Tensors"},
                                      {"path", test::sourcePath("tests/data/onnx/elements_train.safetensors")},
                                      {"batchSize", globalBatch / replicas},
                                      {"epochs", epochs},

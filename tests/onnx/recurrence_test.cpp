@@ -40,12 +40,12 @@ RunConfig recurrentConfig(const std::string& model, int64_t replicas) {
   const int64_t globalBatch = r.at("globalBatch").get<int64_t>();
   const int64_t epochs = r.at("steps").get<int64_t>() * globalBatch / r.at("trainSamples").get<int64_t>();
   const json document = {{"model",
-                          {{"type", "onnx"},
+                          {{"type", "Onnx"},
                            {"path", test::sourcePath("tests/data/onnx/" + model + ".onnx")},
                            {"loss", "loss"}}},
                          {"optimizer", r.at("optimizer")},
                          {"data",
-                          {{"dataset", "tensors"},
+                          {{"dataset", "Tensors"},
                            {"path", test::sourcePath("tests/data/onnx/recurrent_train.safetensors")},
                            {"batchSize", globalBatch / replicas},
                            {"epochs", epochs},

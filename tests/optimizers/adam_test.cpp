@@ -64,10 +64,10 @@ TEST_CASE("Adam and AdamW match the textbook update over three steps") {
   AdamOptions decoupled = l2;
   decoupled.decoupledWeightDecay = true;
   const std::vector<AdamCase> cases{
-      {"adam", kBase, "adam"},
-      {"adam without bias correction", noCorrection, "adam"},
-      {"adam with L2 weight decay", l2, "adam"},
-      {"adamw", decoupled, "adamw"},
+      {"adam", kBase, "Adam"},
+      {"adam without bias correction", noCorrection, "Adam"},
+      {"adam with L2 weight decay", l2, "Adam"},
+      {"adamw", decoupled, "AdamW"},
   };
   for (const AdamCase& c : cases) {
     CAPTURE(c.name);

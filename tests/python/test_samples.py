@@ -24,7 +24,7 @@ def load(name):
 @pytest.mark.skipif(not os.environ.get("TESSERA_PYTHON_REFERENCE"), reason="a build without ONNX support")
 def test_mnist_rts_replication_and_rts_train_alike():
     mnist_rts = load("mnist_rts")
-    common = ["--dataset", "synthetic", "--limit-train", "480", "--limit-test", "100", "--epochs", "2", "--seed", "3"]
+    common = ["--dataset", "Synthetic", "--limit-train", "480", "--limit-test", "100", "--epochs", "2", "--seed", "3"]
     out = io.StringIO()
     one, accuracy_one = mnist_rts.train(mnist_rts.parse_args(common + ["--replication-factor", "1", "--batch-size", "8"]),
                                         out)
@@ -42,7 +42,7 @@ def test_mnist_rts_replication_and_rts_train_alike():
 def test_mnist_rts_one_replica_rts_is_a_note_and_tests_every_sample():
     mnist_rts = load("mnist_rts")
     out = io.StringIO()
-    args = mnist_rts.parse_args(["--dataset", "synthetic", "--limit-train", "64", "--limit-test", "30",
+    args = mnist_rts.parse_args(["--dataset", "Synthetic", "--limit-train", "64", "--limit-test", "30",
                                  "--replication-factor", "1", "--rts", "--test-batch-size", "80"])
     _, accuracy = mnist_rts.train(args, out)
     text = out.getvalue()

@@ -32,9 +32,9 @@ std::string writeConfig(const TempDir& dir, const std::string& checkpoint, int64
         {"replicatedGraphCount", 2},
         {"accumulationAndReplicationReductionType", "Mean"}}},
       {"model", {{"layers", {784, 16, 10}}}},
-      {"optimizer", {{"type", "sgd"}, {"learningRate", 0.05}, {"momentum", 0.9}}},
+      {"optimizer", {{"type", "SGD"}, {"learningRate", 0.05}, {"momentum", 0.9}}},
       {"data",
-       {{"dataset", "synthetic"},
+       {{"dataset", "Synthetic"},
         {"batchSize", 8},
         {"epochs", epochs},
         {"limitTrainSamples", 160},
@@ -62,7 +62,7 @@ TEST_CASE("checkpoint inspect lists the tensors and metadata of a trained run") 
   CHECK(report["step"] == 10);
   CHECK(report["optimizerStep"] == 10);
   CHECK(report["formatVersion"] == 1);
-  CHECK(report["optimizer"]["type"] == "sgd");
+  CHECK(report["optimizer"]["type"] == "SGD");
   CHECK(report["optimizer"]["momentum"] == 0.9);
   CHECK(report["sessionOptions"]["replicatedGraphCount"] == 2);
   CHECK(report["sessionOptionsHash"].get<std::string>().starts_with("fnv1a64:"));

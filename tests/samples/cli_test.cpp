@@ -465,7 +465,7 @@ TEST_CASE("train redraws its progress bar on a terminal at most every 100 ms") {
   REQUIRE(unlockpt(master) == 0);
   const std::string terminal = ptsname(master);
   const std::vector<std::string> args = {"train", tessera::test::sourcePath("samples/configs/mnist_rts.json"),
-                                         "--set", "/data/dataset=synthetic",
+                                         "--set", "/data/dataset=Synthetic",
                                          "--set", "/data/limitTrainSamples=640",
                                          "--set", "/data/limitTestSamples=200",
                                          "--set", "/data/epochs=2",
@@ -512,7 +512,7 @@ TEST_CASE("evaluate reports the test accuracy of the initial weights or a checkp
   const tessera::test::TempDir folder;
   const std::string checkpoint = (folder.path() / "small.safetensors").string();
   const std::string config = tessera::test::sourcePath("samples/configs/mnist.json");
-  const std::vector<std::string> small = {"--set", "/data/dataset=synthetic", "--set", "/data/limitTrainSamples=128",
+  const std::vector<std::string> small = {"--set", "/data/dataset=Synthetic", "--set", "/data/limitTrainSamples=128",
                                           "--set", "/data/limitTestSamples=50", "--set", "/data/epochs=1",
                                           "--set", "/model/layers=[784, 8, 10]"};
   std::vector<std::string> initial = {"evaluate", config};

@@ -44,9 +44,9 @@ ProcessResult runQuickly(const std::vector<std::string>& args) {
 // A small synthetic run: batch 8, 10 steps per epoch.
 json smallRun() {
   return {{"model", {{"layers", {784, 16, 10}}}},
-          {"optimizer", {{"type", "sgd"}, {"learningRate", 0.05}}},
+          {"optimizer", {{"type", "SGD"}, {"learningRate", 0.05}}},
           {"data",
-           {{"dataset", "synthetic"},
+           {{"dataset", "Synthetic"},
             {"batchSize", 8},
             {"epochs", 1},
             {"limitTrainSamples", 80},
@@ -237,7 +237,7 @@ TEST_CASE(
   json run = smallRun();
   run["device"]["tilesPerIpu"] = 100000000;
   run["model"]["layers"] = {784, 1000000, 10};
-  run["optimizer"] = {{"type", "adam"}};
+  run["optimizer"] = {{"type", "Adam"}};
   const std::string wide = dir.write("wide.json", run.dump());
   for (const char* command : {"validate", "explain"}) {
     CAPTURE(command);
@@ -490,7 +490,7 @@ TEST_CASE("gradient accumulation holds one micro-batch of the input on the devic
   const auto activations = [](int factor) {
     const ProcessResult result =
         runQuickly({"explain", tessera::test::sourcePath("samples/configs/mnist.json"), "--json", "--set",
-                    "/data/dataset=\"synthetic\"", "--set", "/sessionOptions/enableGradientAccumulation=true",
+                    "/data/dataset=\"Synthetic\"", "--set", "/sessionOptions/enableGradientAccumulation=true",
                     "--set", fmt::format("/sessionOptions/accumulationFactor={}", factor)});
     INFO("stderr: ", result.err);
     REQUIRE(result.exitCode == 0);

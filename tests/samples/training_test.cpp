@@ -97,7 +97,7 @@ TEST_CASE("tessera train reports the loss scale and the steps automatic loss sca
                                       "--set",
                                       "/data/epochs=1",
                                       "--set",
-                                      "/optimizer/type=sgd",
+                                      "/optimizer/type=SGD",
                                       "--set",
                                       "/optimizer/learningRate=1000",
                                       "--set",
@@ -341,7 +341,7 @@ TEST_CASE("mnist_rts tests every sample, also of a test set smaller than one tes
   for (const char* replicas : {"1", "2"}) {
     CAPTURE(replicas);
     const ProcessResult result = tessera::test::runProgram(
-        program("TESSERA_MNIST_RTS"), {"--dataset", "synthetic", "--limit-train-samples", "64",
+        program("TESSERA_MNIST_RTS"), {"--dataset", "Synthetic", "--limit-train-samples", "64",
                                        "--limit-test-samples", "40", "--replication-factor", replicas, "--rts"});
     INFO("stdout: " << result.out << "stderr: " << result.err);
     CHECK(result.exitCode == 0);

@@ -47,9 +47,9 @@ const char* const kZeroConfig = R"({
     "accumulatorTensorLocationSettings": {"minElementsForReplicatedTensorSharding": 0},
     "optimizerStateTensorLocationSettings": {"minElementsForReplicatedTensorSharding": 0}
   },
-  "model": {"type": "transformer", "layers": 36, "hidden": 4096, "heads": 32, "vocab": 50257, "sequence": 1024},
-  "optimizer": {"type": "adam", "learningRate": 0.0001},
-  "data": {"dataset": "tensors", "path": "tokens.safetensors", "batchSize": 1},
+  "model": {"type": "Transformer", "layers": 36, "hidden": 4096, "heads": 32, "vocab": 50257, "sequence": 1024},
+  "optimizer": {"type": "Adam", "learningRate": 0.0001},
+  "data": {"dataset": "Tensors", "path": "tokens.safetensors", "batchSize": 1},
   "limits": {"maxTensorBytes": 34359738368}
 })";
 

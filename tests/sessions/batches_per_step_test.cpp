@@ -312,15 +312,15 @@ TEST_CASE("bad data flows and step inputs are refused with their ids") {
 RunConfig trainConfig(const std::vector<std::string>& overrides) {
   const nlohmann::json document = {
       {"model",
-       {{"type", "onnx"}, {"path", test::sourcePath("tests/data/onnx/mlp.onnx")}, {"loss", "loss"}}},
-      {"optimizer", {{"type", "adam"}, {"learningRate", 0.01}}},
+       {{"type", "Onnx"}, {"path", test::sourcePath("tests/data/onnx/mlp.onnx")}, {"loss", "loss"}}},
+      {"optimizer", {{"type", "Adam"}, {"learningRate", 0.01}}},
       {"sessionOptions",
        {{"enableReplicatedGraphs", true},
         {"replicatedGraphCount", 2},
         {"enableGradientAccumulation", true},
         {"accumulationFactor", 2}}},
       {"data",
-       {{"dataset", "tensors"},
+       {{"dataset", "Tensors"},
         {"path", test::sourcePath("tests/data/onnx/mlp_train.safetensors")},
         {"batchSize", 4},
         {"epochs", 2},

@@ -240,7 +240,7 @@ TEST_CASE("a checkpoint is a safetensors file with tessera's metadata") {
   CHECK(metadata["tesseraVersion"] == "0.1.0");
   CHECK(metadata["step"] == "7");
   CHECK(metadata["optimizerStep"] == "7");
-  CHECK(json::parse(metadata["optimizer"].get<std::string>()) == json{{"type", "sgd"},
+  CHECK(json::parse(metadata["optimizer"].get<std::string>()) == json{{"type", "SGD"},
                                                                       {"learningRate", 0.1},
                                                                       {"momentum", 0.9},
                                                                       {"dampening", 0.0},
@@ -472,7 +472,7 @@ TEST_CASE("reading is strict: every defect is an IoError naming the file and the
       {"optimizer not JSON", metadata([](json& m) { m["optimizer"] = "{"; }), ErrorCode::CorruptCheckpoint,
        "metadata \"optimizer\" is not valid JSON"},
       {"optimizer out of range",
-       metadata([](json& m) { m["optimizer"] = R"({"type": "sgd", "learningRate": -1})"; }),
+       metadata([](json& m) { m["optimizer"] = R"({"type": "SGD", "learningRate": -1})"; }),
        ErrorCode::CorruptCheckpoint, "not a valid optimizer (/learningRate"},
       {"options hash differs",
        metadata([](json& m) { m["sessionOptionsHash"] = "fnv1a64:0000000000000000"; }),
@@ -707,7 +707,7 @@ TEST_CASE("a checkpoint that does not fit the model is rejected before anything 
        [] {
          return makeSession(Setup{2, false, 1}, adam());
        },
-       "the checkpoint holds the state of optimizer sgd but the session's optimizer is adam"},
+       "the checkpoint holds the state of optimizer SGD but the session's optimizer is Adam"},
       {"state the model does not have",
        [] {
          return makeSession(Setup{2, false, 1}, sgdMomentum(0.0));

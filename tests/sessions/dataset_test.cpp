@@ -381,7 +381,7 @@ TEST_CASE("loadDataset rejects folders without the IDX files it was asked for") 
     std::string fragment;
   };
   const std::vector<Row> rows = {
-      {DatasetKind::Mnist, "", "the mnist dataset needs a path to its IDX files"},
+      {DatasetKind::Mnist, "", "the Mnist dataset needs a path to its IDX files"},
       {DatasetKind::Mnist, empty.str(), "missing train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz]"},
       {DatasetKind::Mnist, partial.str(),
        "missing train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz]"},
@@ -419,7 +419,7 @@ TEST_CASE("without Fashion-MNIST installed, the synthetic set stands in with a n
   config.limitTrainSamples = 50;
   config.limitTestSamples = 20;
   const Dataset dataset = loadDataset(config, absent);
-  CHECK(dataset.source == "synthetic (seed 3)");
+  CHECK(dataset.source == "Synthetic (seed 3)");
   CHECK(dataset.train.count == 50);
   CHECK(dataset.test.count == 20);
   CHECK(dataset.notice.find(fmt::format("looked in {} for train-images-idx3-ubyte[.gz]", absent)) !=
@@ -438,7 +438,7 @@ TEST_CASE("Fashion-MNIST from the dataset-fashion-mnist package") {
   const Dataset dataset = loadDataset(config);
   if (std::filesystem::exists(std::string(kFashionMnistFolder))) {
     CHECK(dataset.notice.empty());
-    CHECK(dataset.source == fmt::format("fashion-mnist from {}", kFashionMnistFolder));
+    CHECK(dataset.source == fmt::format("FashionMnist from {}", kFashionMnistFolder));
     CHECK(dataset.train.count == 60000);
     CHECK(dataset.test.count == 10000);
     for (const DatasetSplit* split : {&dataset.train, &dataset.test}) {
@@ -458,7 +458,7 @@ TEST_CASE("Fashion-MNIST from the dataset-fashion-mnist package") {
     for (const int32_t label : dataset.train.labels) ++perClass[static_cast<std::size_t>(label)];
     CHECK(perClass == std::array<int64_t, 10>{6000, 6000, 6000, 6000, 6000, 6000, 6000, 6000, 6000, 6000});
   } else {
-    CHECK(dataset.source == fmt::format("synthetic (seed {})", config.seed));
+    CHECK(dataset.source == fmt::format("Synthetic (seed {})", config.seed));
     CHECK(dataset.notice.find("apt-get install dataset-fashion-mnist") != std::string::npos);
     CHECK(dataset.train.count == kSyntheticTrainSamples);
   }
@@ -469,7 +469,7 @@ TEST_CASE("the synthetic set is deterministic per seed and learnable") {
   CHECK(full.train.count == 60000);
   CHECK(full.test.count == 10000);
   CHECK(full.train.images.size() == 60000u * 784u);
-  CHECK(full.source == "synthetic (seed 7)");
+  CHECK(full.source == "Synthetic (seed 7)");
   CHECK(std::all_of(full.train.images.begin(), full.train.images.end(),
                     [](float p) { return p >= 0.0f && p <= 1.0f; }));
 

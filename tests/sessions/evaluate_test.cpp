@@ -23,7 +23,7 @@ RunConfig config(const std::string& sample, std::vector<std::string> overrides) 
 
 // The MLP sample on a small synthetic set.
 const std::vector<std::string> kSmallMlp = {
-    "/data/dataset=\"synthetic\"", "/data/limitTrainSamples=512", "/data/limitTestSamples=300",
+    "/data/dataset=\"Synthetic\"", "/data/limitTrainSamples=512", "/data/limitTestSamples=300",
     "/data/batchSize=32",          "/data/epochs=1",              "/model/layers=[784, 16, 10]"};
 
 std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {

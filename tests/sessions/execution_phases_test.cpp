@@ -143,15 +143,15 @@ TEST_CASE("recomputation in phases keeps the bits and runs the clones in the bac
 
 RunConfig transformerConfig(const std::string& tokens, const std::vector<std::string>& overrides) {
   const json document = {{"model",
-                          {{"type", "transformer"},
+                          {{"type", "Transformer"},
                            {"layers", 2},
                            {"hidden", 16},
                            {"heads", 2},
                            {"vocab", 12},
                            {"sequence", 6}}},
-                         {"optimizer", {{"type", "adam"}, {"learningRate", 0.02}}},
+                         {"optimizer", {{"type", "Adam"}, {"learningRate", 0.02}}},
                          {"data",
-                          {{"dataset", "tensors"},
+                          {{"dataset", "Tensors"},
                            {"path", tokens},
                            {"batchSize", 8},
                            {"epochs", 1},

@@ -350,7 +350,7 @@ TEST_CASE("loss scaling settings are checked, with their JSON paths") {
       validate(
           parseRunConfig(
               R"({"sessionOptions": {"automaticLossScalingSettings": {"enabled": true, "maxLossScale": 64}},
-                       "optimizer": {"type": "adam", "lossScaling": 128}})",
+                       "optimizer": {"type": "Adam", "lossScaling": 128}})",
               "run.json")
               .config);
     });

@@ -77,10 +77,10 @@ RunConfig onnxConfig(const Fixture& fixture, const std::string& run,
   REQUIRE(samples % samplesPerPass == 0);
   const json document = {
       {"model",
-       {{"type", "onnx"}, {"path", test::sourcePath("tests/data/onnx/" + fixture.model)}, {"loss", "loss"}}},
+       {{"type", "Onnx"}, {"path", test::sourcePath("tests/data/onnx/" + fixture.model)}, {"loss", "loss"}}},
       {"optimizer", reference.at("runs").at(run).at("optimizer")},
       {"data",
-       {{"dataset", "tensors"},
+       {{"dataset", "Tensors"},
         {"path", fixture.file("_train.safetensors")},
         {"test", fixture.file("_test.safetensors")},
         {"batchSize", 8},
@@ -381,7 +381,7 @@ TEST_CASE("config errors of an ONNX model name the setting") {
        ErrorCode::FileUnreadable,
        "missing.onnx"},
       {"an IDX dataset for an ONNX model whose input does not take 28 x 28 images",
-       {"/data/dataset=synthetic", "/data/test="},
+       {"/data/dataset=Synthetic", "/data/test="},
        ErrorCode::InvalidModel,
        "/model/images"},
   };
@@ -423,10 +423,10 @@ namespace {
 RunConfig lenetOnIdx(const std::vector<std::string>& overrides = {}) {
   const json document = {
       {"model",
-       {{"type", "onnx"}, {"path", test::sourcePath("tests/data/onnx/lenet.onnx")}, {"loss", "loss"}}},
-      {"optimizer", {{"type", "adam"}, {"learningRate", 0.002}}},
+       {{"type", "Onnx"}, {"path", test::sourcePath("tests/data/onnx/lenet.onnx")}, {"loss", "loss"}}},
+      {"optimizer", {{"type", "Adam"}, {"learningRate", 0.002}}},
       {"data",
-       {{"dataset", "synthetic"},
+       {{"dataset", "Synthetic"},
         {"batchSize", 16},
         {"testBatchSize", 16},
         {"limitTrainSamples", 320},
@@ -567,7 +567,7 @@ TEST_CASE("bindings of data and logits that do not fit the model name the settin
   CHECK(gptRank->subject() == "/model/labels");
   // The onnx-only keys are explained for an mlp model.
   const auto mlpKey = test::catchError<Error>(
-      [] { (void)parseRunConfig(R"({"model": {"type": "mlp", "logits": "logits"}})", "mlp.json", {}); });
+      [] { (void)parseRunConfig(R"({"model": {"type": "Mlp", "logits": "logits"}})", "mlp.json", {}); });
   REQUIRE(mlpKey.has_value());
   CHECK(std::string(mlpKey->what()).find("model type \"onnx\"") != std::string::npos);
 }

@@ -166,7 +166,7 @@ TEST_CASE("the optimizer section is flat and holds the options of its type") {
   OptimizerConfig sgd;
   sgd.sgd.learningRate = 0.05;
   sgd.sgd.momentum = 0.9;
-  CHECK(json(sgd) == json{{"type", "sgd"},
+  CHECK(json(sgd) == json{{"type", "SGD"},
                           {"learningRate", 0.05},
                           {"momentum", 0.9},
                           {"dampening", 0.0},
@@ -180,15 +180,15 @@ TEST_CASE("the optimizer section is flat and holds the options of its type") {
   adamw.type = OptimizerType::AdamW;
   adamw.adam.decoupledWeightDecay = true;
   const json j = adamw;
-  CHECK(j["type"] == "adamw");
+  CHECK(j["type"] == "AdamW");
   CHECK_FALSE(j.contains("decoupledWeightDecay"));
   CHECK_FALSE(j.contains("momentum"));
   CHECK(j["beta1"] == 0.9);
 
-  CHECK(json::parse(R"({"type": "adamw"})").get<OptimizerConfig>().adam.decoupledWeightDecay);
-  CHECK_FALSE(json::parse(R"({"type": "adam"})").get<OptimizerConfig>().adam.decoupledWeightDecay);
+  CHECK(json::parse(R"({"type": "AdamW"})").get<OptimizerConfig>().adam.decoupledWeightDecay);
+  CHECK_FALSE(json::parse(R"({"type": "Adam"})").get<OptimizerConfig>().adam.decoupledWeightDecay);
   const auto read =
-      json::parse(R"({"type": "sgd", "learningRate": 0.05, "momentum": 0.9})").get<OptimizerConfig>();
+      json::parse(R"({"type": "SGD", "learningRate": 0.05, "momentum": 0.9})").get<OptimizerConfig>();
   CHECK(read.type == OptimizerType::Sgd);
   CHECK(read.sgd.learningRate == 0.05);
   CHECK(read.sgd.momentum == 0.9);
@@ -223,48 +223,48 @@ TEST_CASE("parseRunConfig rejects bad input at the JSON pointer of the value, na
        R"({"sessionOptions": {"weightTensorLocationSettings": {"location": {"storage": "onchip"}}}})",
        ErrorCode::InvalidEnumValue, "/sessionOptions/weightTensorLocationSettings/location/storage",
        "(did you mean \"OnChip\"?)"},
-      {"SGD key under adam", R"({"optimizer": {"type": "adam", "momentum": 0.9}})", ErrorCode::UnknownKey,
+      {"SGD key under adam", R"({"optimizer": {"type": "Adam", "momentum": 0.9}})", ErrorCode::UnknownKey,
        "/optimizer/momentum",
-       "unknown key \"momentum\" for optimizer type \"adam\": it is an option of optimizer type \"sgd\""},
+       "unknown key \"momentum\" for optimizer type \"Adam\": it is an option of optimizer type \"SGD\""},
       {"Adam key under sgd", R"({"optimizer": {"beta1": 0.9}})", ErrorCode::UnknownKey, "/optimizer/beta1",
-       "for optimizer type \"sgd\": it is an option of optimizer types \"adam\" and \"adamw\""},
+       "for optimizer type \"SGD\": it is an option of optimizer types \"Adam\" and \"AdamW\""},
       {"decoupledWeightDecay under sgd", R"({"optimizer": {"decoupledWeightDecay": false}})",
        ErrorCode::UnknownKey, "/optimizer/decoupledWeightDecay",
-       "for optimizer type \"sgd\": the optimizer type decides it"},
+       "for optimizer type \"SGD\": the optimizer type decides it"},
       {"decoupledWeightDecay set by hand",
-       R"({"optimizer": {"type": "adamw", "decoupledWeightDecay": true}})", ErrorCode::UnknownKey,
+       R"({"optimizer": {"type": "AdamW", "decoupledWeightDecay": true}})", ErrorCode::UnknownKey,
        "/optimizer/decoupledWeightDecay", "the optimizer type decides it"},
-      {"typo in an optimizer key", R"({"optimizer": {"type": "adam", "lerningRate": 0.1}})",
+      {"typo in an optimizer key", R"({"optimizer": {"type": "Adam", "lerningRate": 0.1}})",
        ErrorCode::UnknownKey, "/optimizer/lerningRate",
-       "for optimizer type \"adam\" (did you mean \"learningRate\"?)"},
-      {"optimizer type in capitals", R"({"optimizer": {"type": "Adam"}})", ErrorCode::InvalidEnumValue,
-       "/optimizer/type", "expected one of \"sgd\", \"adam\", \"adamw\" (did you mean \"adam\"?)"},
+       "for optimizer type \"Adam\" (did you mean \"learningRate\"?)"},
+      {"optimizer type in capitals", R"({"optimizer": {"type": "ADAMW"}})", ErrorCode::InvalidEnumValue,
+       "/optimizer/type", "expected one of \"SGD\", \"Adam\", \"AdamW\" (did you mean \"AdamW\"?)"},
       {"zero learning rate", R"({"optimizer": {"learningRate": 0}})", ErrorCode::OutOfRange,
        "/optimizer/learningRate", "learningRate is 0; it must be > 0"},
       {"nesterov without momentum", R"({"optimizer": {"nesterov": true}})", ErrorCode::InvalidOptimizer,
        "/optimizer/nesterov", "nesterov needs momentum > 0"},
       {"unknown model type", R"({"model": {"type": "cnn"}})", ErrorCode::InvalidModel, "/model/type",
-       "model type \"cnn\" is not supported; expected one of \"mlp\", \"onnx\", \"transformer\""},
+       "model type \"cnn\" is not supported; expected one of \"Mlp\", \"Onnx\", \"Transformer\""},
       {"misspelled model type", R"({"model": {"type": "onx"}})", ErrorCode::InvalidModel, "/model/type",
-       "(did you mean \"onnx\"?)"},
-      {"onnx model without a path", R"({"model": {"type": "onnx"}})", ErrorCode::InvalidModel, "/model/path",
-       "model type \"onnx\" needs the path of its .onnx file"},
-      {"mlp key under onnx", R"({"model": {"type": "onnx", "path": "m.onnx", "layers": [784, 10]}})",
-       ErrorCode::UnknownKey, "/model/layers", "it is an option of model type \"mlp\""},
+       "(did you mean \"Onnx\"?)"},
+      {"onnx model without a path", R"({"model": {"type": "Onnx"}})", ErrorCode::InvalidModel, "/model/path",
+       "model type \"Onnx\" needs the path of its .onnx file"},
+      {"mlp key under onnx", R"({"model": {"type": "Onnx", "path": "m.onnx", "layers": [784, 10]}})",
+       ErrorCode::UnknownKey, "/model/layers", "it is an option of model type \"Mlp\""},
       {"onnx key under mlp", R"({"model": {"loss": "loss"}})", ErrorCode::UnknownKey, "/model/loss",
-       "it is an option of model type \"onnx\""},
-      {"typo in an onnx key", R"({"model": {"type": "onnx", "path": "m.onnx", "los": "loss"}})",
+       "it is an option of model type \"Onnx\""},
+      {"typo in an onnx key", R"({"model": {"type": "Onnx", "path": "m.onnx", "los": "loss"}})",
        ErrorCode::UnknownKey, "/model/los", "(did you mean \"loss\"?)"},
       {"a dimension that is no count",
-       R"({"model": {"type": "onnx", "path": "m.onnx", "dimensions": {"batch": "batchsize"}}})",
+       R"({"model": {"type": "Onnx", "path": "m.onnx", "dimensions": {"batch": "batchsize"}}})",
        ErrorCode::InvalidModel, "/model/dimensions/batch", "(did you mean \"batchSize\"?)"},
       {"a dimension as a number",
-       R"({"model": {"type": "onnx", "path": "m.onnx", "dimensions": {"batch": 8}}})", ErrorCode::WrongType,
+       R"({"model": {"type": "Onnx", "path": "m.onnx", "dimensions": {"batch": 8}}})", ErrorCode::WrongType,
        "/model/dimensions/batch", ""},
-      {"tensors without a path", R"({"data": {"dataset": "tensors"}})", ErrorCode::InvalidData, "/data/path",
-       "the tensors dataset needs the path of its training .safetensors file"},
-      {"a test file for an IDX dataset", R"({"data": {"dataset": "synthetic", "test": "test.safetensors"}})",
-       ErrorCode::InvalidData, "/data/test", "only the tensors dataset reads"},
+      {"tensors without a path", R"({"data": {"dataset": "Tensors"}})", ErrorCode::InvalidData, "/data/path",
+       "the Tensors dataset needs the path of its training .safetensors file"},
+      {"a test file for an IDX dataset", R"({"data": {"dataset": "Synthetic", "test": "test.safetensors"}})",
+       ErrorCode::InvalidData, "/data/test", "only the Tensors dataset reads"},
       {"one layer", R"({"model": {"layers": [784]}})", ErrorCode::InvalidModel, "/model/layers",
        "layers has 1 entry; it needs at least 2"},
       {"empty layer", R"({"model": {"layers": [784, 0, 10]}})", ErrorCode::InvalidModel, "/model/layers/1",
@@ -274,23 +274,23 @@ TEST_CASE("parseRunConfig rejects bad input at the JSON pointer of the value, na
       {"layers not an array", R"({"model": {"layers": 784}})", ErrorCode::WrongType, "/model/layers",
        "expected an array"},
       {"invalid activation", R"({"model": {"activation": "ReLU"}})", ErrorCode::InvalidEnumValue,
-       "/model/activation", "did you mean \"relu\""},
+       "/model/activation", "did you mean \"Relu\""},
       {"zero batch size", R"({"data": {"batchSize": 0}})", ErrorCode::OutOfRange, "/data/batchSize", ">= 1"},
       {"zero epochs", R"({"data": {"epochs": 0}})", ErrorCode::OutOfRange, "/data/epochs", ">= 1"},
-      {"unknown schedule", R"({"schedule": {"type": "Cosine"}})", ErrorCode::InvalidEnumValue, "/schedule/type",
-       "did you mean \"cosine\""},
-      {"final factor above 1", R"({"schedule": {"type": "cosine", "finalFactor": 1.5}})", ErrorCode::OutOfRange,
+      {"unknown schedule", R"({"schedule": {"type": "cosin"}})", ErrorCode::InvalidEnumValue, "/schedule/type",
+       "did you mean \"Cosine\""},
+      {"final factor above 1", R"({"schedule": {"type": "Cosine", "finalFactor": 1.5}})", ErrorCode::OutOfRange,
        "/schedule/finalFactor", "in [0, 1]"},
-      {"decay factor 0", R"({"schedule": {"type": "step", "gamma": 0}})", ErrorCode::OutOfRange, "/schedule/gamma",
+      {"decay factor 0", R"({"schedule": {"type": "Step", "gamma": 0}})", ErrorCode::OutOfRange, "/schedule/gamma",
        "in (0, 1]"},
       {"zero step epochs", R"({"schedule": {"stepEpochs": 0}})", ErrorCode::OutOfRange, "/schedule/stepEpochs",
        ">= 1"},
       {"negative limit", R"({"data": {"limitTestSamples": -1}})", ErrorCode::OutOfRange,
        "/data/limitTestSamples", ">= 0"},
-      {"mnist without a path", R"({"data": {"dataset": "mnist"}})", ErrorCode::InvalidData, "/data/path",
-       "the mnist dataset needs a path"},
+      {"mnist without a path", R"({"data": {"dataset": "Mnist"}})", ErrorCode::InvalidData, "/data/path",
+       "the Mnist dataset needs a path"},
       {"invalid dataset", R"({"data": {"dataset": "fashion_mnist"}})", ErrorCode::InvalidEnumValue,
-       "/data/dataset", "did you mean \"fashion-mnist\""},
+       "/data/dataset", "did you mean \"FashionMnist\""},
       {"number for a path", R"({"output": {"checkpoint": 5}})", ErrorCode::WrongType, "/output/checkpoint",
        "expected a string, got integer 5"},
       {"no tiles", R"({"device": {"tilesPerIpu": 0}})", ErrorCode::OutOfRange, "/device/tilesPerIpu", ">= 1"},
@@ -311,6 +311,49 @@ TEST_CASE("parseRunConfig rejects bad input at the JSON pointer of the value, na
   REQUIRE(syntax.has_value());
   CHECK(syntax->code() == ErrorCode::JsonSyntax);
   CHECK(syntax->subject() == "cfg.json:1:23");
+}
+
+TEST_CASE("the lowercase spellings of enum values are refused with the PascalCase name") {
+  struct Old {
+    const char* section;
+    const char* key;
+    const char* written;
+    const char* name;
+  };
+  const std::vector<Old> cases = {
+      {"optimizer", "type", "sgd", "SGD"},          {"optimizer", "type", "adamw", "AdamW"},
+      {"model", "activation", "gelu", "Gelu"},      {"model", "type", "transformer", "Transformer"},
+      {"data", "dataset", "fashion-mnist", "FashionMnist"}, {"schedule", "type", "cosine", "Cosine"},
+  };
+  for (const Old& c : cases) {
+    const std::string pointer = fmt::format("/{}/{}", c.section, c.key);
+    INFO(pointer << " = " << c.written);
+    const std::string hint = fmt::format("(did you mean \"{}\"?)", c.name);
+    const ErrorCode code = std::string_view(c.section) == "model" && std::string_view(c.key) == "type"
+                               ? ErrorCode::InvalidModel
+                               : ErrorCode::InvalidEnumValue;
+    // In a file and in a --set override alike.
+    const auto inFile = test::catchError<ConfigError>(
+        [&] { parse(fmt::format(R"({{"{}": {{"{}": "{}"}}}})", c.section, c.key, c.written)); });
+    REQUIRE(inFile.has_value());
+    CHECK(inFile->code() == code);
+    CHECK(inFile->subject() == pointer);
+    CHECK(inFile->detail().find(hint) != std::string::npos);
+    const auto inSet = test::catchError<ConfigError>(
+        [&] { parse("{}", {fmt::format("{}=\"{}\"", pointer, c.written)}); });
+    REQUIRE(inSet.has_value());
+    CHECK(inSet->code() == code);
+    CHECK(inSet->detail().find(hint) != std::string::npos);
+    // The new spelling reads.
+    CHECK_NOTHROW(parse("{}", {fmt::format("{}=\"{}\"", pointer, c.name)}));
+  }
+  // dtypes stay lowercase: type names as NumPy and PyTorch spell them.
+  const auto dtype = test::catchError<ConfigError>([] { parse(R"({"model": {"dtype": "Float16"}})"); });
+  REQUIRE(dtype.has_value());
+  CHECK(dtype->detail().find("(did you mean \"float16\"?)") != std::string::npos);
+  CHECK(enumFromFoldedString<DatasetKind>("fashion-mnist") == DatasetKind::FashionMnist);
+  CHECK(enumFromFoldedString<OptimizerType>("adamw") == OptimizerType::AdamW);
+  CHECK(enumFromFoldedString<OptimizerType>("adamx") == std::nullopt);
 }
 
 // --- validate(RunConfig) -------------------------------------------------------------
@@ -404,7 +447,7 @@ TEST_CASE("validate checks the device, the options against it, and every section
     REQUIRE(error.has_value());
     CHECK(error->code() == ErrorCode::InvalidModel);
     CHECK(error->subject() == subject);
-    CHECK(std::string(error->what()).find("synthetic") != std::string::npos);
+    CHECK(std::string(error->what()).find("Synthetic") != std::string::npos);
   }
   for (const OptimizerType type : {OptimizerType::Sgd, OptimizerType::Adam, OptimizerType::AdamW}) {
     CHECK_NOTHROW(validate(nonDefaultConfig(type)));
@@ -433,7 +476,7 @@ TEST_CASE("reading a section and validating it give the same code and path") {
          c.optimizer.adam.decoupledWeightDecay = true;
          c.optimizer.adam.eps = 0;
        },
-       R"({"optimizer": {"type": "adamw", "eps": 0}})"},
+       R"({"optimizer": {"type": "AdamW", "eps": 0}})"},
       {"nesterov",
        [](RunConfig& c) {
          c.optimizer.sgd.nesterov = true;
@@ -444,7 +487,7 @@ TEST_CASE("reading a section and validating it give the same code and path") {
       {"test batch size", [](RunConfig& c) { c.data.testBatchSize = 0; },
        R"({"data": {"testBatchSize": 0}})"},
       {"mnist path", [](RunConfig& c) { c.data.dataset = DatasetKind::Mnist; },
-       R"({"data": {"dataset": "mnist"}})"},
+       R"({"data": {"dataset": "Mnist"}})"},
       {"device", [](RunConfig& c) { c.device.streamingBandwidthBytesPerSecond = 0; },
        R"({"device": {"streamingBandwidthBytesPerSecond": 0}})"},
   };
@@ -470,7 +513,7 @@ TEST_CASE("overrides set numbers, strings, objects and array entries before read
                                 "/sessionOptions/enableReplicatedGraphs=true",
                                 "/sessionOptions/replicatedGraphCount=4",
                                 "/optimizer/learningRate=0.1",
-                                "/data/dataset=synthetic",
+                                "/data/dataset=Synthetic",
                                 "/data/path=",
                                 "/output/checkpoint=out/model.safetensors",
                                 "/output/profile=\"quoted.json\"",
@@ -512,7 +555,7 @@ TEST_CASE("overrides create missing objects and replace whole ones") {
   CHECK(location.storage == TensorStorage::OnChip);
   CHECK(location.loadTileSet == TileSet::Compute);
   CHECK(location.replicatedTensorSharding == ReplicatedTensorSharding::On);
-  CHECK(parse("{}", {"/optimizer={\"type\": \"adam\", \"beta1\": 0.5}"}).config.optimizer.adam.beta1 == 0.5);
+  CHECK(parse("{}", {"/optimizer={\"type\": \"Adam\", \"beta1\": 0.5}"}).config.optimizer.adam.beta1 == 0.5);
 }
 
 TEST_CASE("overridden values are read as strictly as the file, and errors name the override") {
@@ -553,12 +596,12 @@ TEST_CASE("malformed overrides are BadOverride naming the override") {
       {"bad escape", "/sessionOptions/tensorLocationSettingsOverride/a~2=1", "\"~\" must be followed by 0"},
       {"through a number", "/data/epochs/x=3",
        "goes through /data/epochs, which holds integer 2, not an object"},
-      {"through a string", "/model/type/x=1", "which holds string \"mlp\""},
+      {"through a string", "/model/type/x=1", "which holds string \"Mlp\""},
       {"array index out of range", "/model/layers/3=1", "/model/layers is an array of 3 entries"},
       {"array index not a number", "/model/layers/first=1", "\"first\" is not the index"},
       {"array index with a leading zero", "/model/layers/01=1", "\"01\" is not the index"},
   };
-  const std::string file = R"({"data": {"epochs": 2}, "model": {"type": "mlp", "layers": [784, 64, 10]}})";
+  const std::string file = R"({"data": {"epochs": 2}, "model": {"type": "Mlp", "layers": [784, 64, 10]}})";
   for (const Case& c : cases) {
     INFO(std::string(c.name));
     const auto error = test::catchError<ConfigError>([&] { parse(file, {c.text}); });
@@ -579,7 +622,7 @@ TEST_CASE("provenance says where every leaf value came from") {
       "weightTensorLocationSettings": {"location": {"replicatedTensorSharding": "On"}},
       "tensorLocationSettingsOverride": {"w/1": {"storage": "OffChip"}}
     },
-    "optimizer": {"type": "adam", "learningRate": 0.001},
+    "optimizer": {"type": "Adam", "learningRate": 0.001},
     "model": {"layers": [784, 10]},
     "data": {"epochs": 2}
   })";
@@ -677,18 +720,18 @@ TEST_CASE("the files of an ONNX model and a tensors dataset are relative to the 
   const std::filesystem::path file = dir / "configs" / "run.json";
   {
     std::ofstream out(file);
-    out << R"({"model": {"type": "onnx", "path": "models/mlp.onnx"},
-               "data": {"dataset": "tensors", "path": "../data/train.safetensors", "test": "/abs/test.safetensors"}})";
+    out << R"({"model": {"type": "Onnx", "path": "models/mlp.onnx"},
+               "data": {"dataset": "Tensors", "path": "../data/train.safetensors", "test": "/abs/test.safetensors"}})";
   }
   const RunConfig config = loadRunConfig(file.string()).config;
   CHECK(config.model.path == (dir / "configs/models/mlp.onnx").generic_string());
   CHECK(config.data.path == (dir / "data/train.safetensors").generic_string());
   CHECK(config.data.test == "/abs/test.safetensors");
   // Parsed from text, the paths stay as given; an IDX folder is not moved.
-  CHECK(parse(R"({"model": {"type": "onnx", "path": "m.onnx"}})").config.model.path == "m.onnx");
+  CHECK(parse(R"({"model": {"type": "Onnx", "path": "m.onnx"}})").config.model.path == "m.onnx");
   {
     std::ofstream out(file);
-    out << R"({"data": {"dataset": "mnist", "path": "idx"}})";
+    out << R"({"data": {"dataset": "Mnist", "path": "idx"}})";
   }
   CHECK(loadRunConfig(file.string()).config.data.path == "idx");
   std::filesystem::remove_all(dir);
@@ -758,7 +801,7 @@ TEST_CASE("the run config schema is generated from the field tables") {
     checkSchemaCovers(alternative, json(config), "/optimizer(" + type + ")");
   }
   CHECK(consts == names<OptimizerType>());
-  CHECK(optimizer["oneOf"][0]["properties"]["type"]["default"] == "sgd");
+  CHECK(optimizer["oneOf"][0]["properties"]["type"]["default"] == "SGD");
   CHECK_FALSE(optimizer["oneOf"][0].contains("required"));
   CHECK(optimizer["oneOf"][1]["required"] == json{"type"});
 
@@ -789,7 +832,7 @@ TEST_CASE("the run config schema is generated from the field tables") {
     config.type = type;
     checkSchemaCovers(alternative, json(config), "/model(" + type + ")");
   }
-  CHECK(modelTypes == std::vector<std::string>{"mlp", "onnx", "transformer"});
+  CHECK(modelTypes == std::vector<std::string>{"Mlp", "Onnx", "Transformer"});
   CHECK(model["oneOf"][2]["required"] == json{"type"});
   CHECK(model["oneOf"][2]["properties"]["heads"]["minimum"] == 1);
   CHECK(model["oneOf"][2]["properties"]["tiedHead"]["default"] == true);
@@ -816,7 +859,7 @@ TEST_CASE("limits bound every size a config implies, at the path of the setting"
       {"a wide layer with the limit raised",
        R"({"model": {"layers": [784, 2000000000, 10]}, "limits": {"maxTensorBytes": 9223372036854775807}})",
        std::nullopt},
-      {"a wide input", R"({"data": {"dataset": "synthetic"}, "model": {"layers": [2000000000, 10]}})",
+      {"a wide input", R"({"data": {"dataset": "Synthetic"}, "model": {"layers": [2000000000, 10]}})",
        "/model/layers/0"},
       {"a width whose weight overflows", R"({"model": {"layers": [784, 4611686018427387904, 10]}})",
        "/model/layers/1"},
@@ -850,23 +893,23 @@ TEST_CASE("limits bound every size a config implies, at the path of the setting"
        R"({"model": {"dtype": "float16"}, "limits": {"maxTensorBytes": 401407}})", "/model/layers/0"},
       // 2^30 float16 activations fit in 2 GiB, float32 ones do not.
       {"float16: a micro-batch of activations that fits",
-       R"({"data": {"dataset": "tensors", "path": "t.safetensors", "batchSize": 1048576}, "model": {"dtype": "float16", "layers": [16, 1024, 10]}, "limits": {"maxTensorBytes": 2147483648}})",
+       R"({"data": {"dataset": "Tensors", "path": "t.safetensors", "batchSize": 1048576}, "model": {"dtype": "float16", "layers": [16, 1024, 10]}, "limits": {"maxTensorBytes": 2147483648}})",
        std::nullopt},
       {"float32: the same micro-batch",
-       R"({"data": {"dataset": "tensors", "path": "t.safetensors", "batchSize": 1048576}, "model": {"layers": [16, 1024, 10]}, "limits": {"maxTensorBytes": 2147483648}})",
+       R"({"data": {"dataset": "Tensors", "path": "t.safetensors", "batchSize": 1048576}, "model": {"layers": [16, 1024, 10]}, "limits": {"maxTensorBytes": 2147483648}})",
        "/data/batchSize"},
       // The float32 logits of a float16 model count at 4 bytes.
       {"float16: logits wider than the layers in bytes",
-       R"({"model": {"dtype": "float16", "layers": [784, 10]}, "data": {"dataset": "synthetic", "batchSize": 1000, "testBatchSize": 1}, "limits": {"maxTensorBytes": 39999}})",
+       R"({"model": {"dtype": "float16", "layers": [784, 10]}, "data": {"dataset": "Synthetic", "batchSize": 1000, "testBatchSize": 1}, "limits": {"maxTensorBytes": 39999}})",
        "/data/batchSize"},
       {"float16 transformer: wte at 2 bytes",
-       R"({"model": {"type": "transformer", "dtype": "float16", "layers": 1, "hidden": 64, "heads": 1, "vocab": 1000, "sequence": 8},
-           "data": {"dataset": "tensors", "path": "t.safetensors", "batchSize": 1, "testBatchSize": 1},
+       R"({"model": {"type": "Transformer", "dtype": "float16", "layers": 1, "hidden": 64, "heads": 1, "vocab": 1000, "sequence": 8},
+           "data": {"dataset": "Tensors", "path": "t.safetensors", "batchSize": 1, "testBatchSize": 1},
            "limits": {"maxTensorBytes": 127999}})",
        "/model/vocab"},
       {"float16 transformer: wte that fits",
-       R"({"model": {"type": "transformer", "dtype": "float16", "layers": 1, "hidden": 64, "heads": 1, "vocab": 1000, "sequence": 8},
-           "data": {"dataset": "tensors", "path": "t.safetensors", "batchSize": 1, "testBatchSize": 1},
+       R"({"model": {"type": "Transformer", "dtype": "float16", "layers": 1, "hidden": 64, "heads": 1, "vocab": 1000, "sequence": 8},
+           "data": {"dataset": "Tensors", "path": "t.safetensors", "batchSize": 1, "testBatchSize": 1},
            "limits": {"maxTensorBytes": 256000}})",
        std::nullopt},
   };
@@ -891,8 +934,8 @@ TEST_CASE("validateForPlanning answers past the host limits and rejects only siz
   // GPT-3's shape: 174.6 B weights, far over the default 4 GiB the host may
   // allocate to train, but nothing that planning makes.
   const RunConfig gpt3 =
-      parse(R"({"model": {"type": "transformer", "layers": 96, "hidden": 12288, "heads": 96,
-      "vocab": 50257, "sequence": 2048}, "data": {"dataset": "tensors", "path": "t.safetensors", "batchSize": 1}})")
+      parse(R"({"model": {"type": "Transformer", "layers": 96, "hidden": 12288, "heads": 96,
+      "vocab": 50257, "sequence": 2048}, "data": {"dataset": "Tensors", "path": "t.safetensors", "batchSize": 1}})")
           .config;
   const RunConfig wide = parse(R"({"model": {"layers": [784, 2000000000, 10]}})").config;
   for (const auto& c : {std::pair{gpt3, "/model/layers"}, std::pair{wide, "/model/layers/1"}}) {
@@ -921,8 +964,8 @@ TEST_CASE("validateForPlanning answers past the host limits and rejects only siz
 TEST_CASE("the model's dtype is float32 or float16") {
   CHECK(RunConfig{}.model.dtype == DType::Float32);
   CHECK(json(RunConfig{})["model"]["dtype"] == "float32");
-  for (const std::string model : {R"({"type": "mlp", "dtype": "float16"})",
-                                  R"({"type": "transformer", "dtype": "float16"})"}) {
+  for (const std::string model : {R"({"type": "Mlp", "dtype": "float16"})",
+                                  R"({"type": "Transformer", "dtype": "float16"})"}) {
     CAPTURE(model);
     const RunConfig config = parse(R"({"model": )" + model + "}").config;
     CHECK(config.model.dtype == DType::Float16);
@@ -948,14 +991,14 @@ TEST_CASE("the model's dtype is float32 or float16") {
   CHECK(wide->code() == ErrorCode::InvalidModel);
   CHECK(wide->detail().starts_with("dtype \"float64\" is not a model dtype"));
   // An onnx model is cast to float16 on import when asked.
-  CHECK(parse(R"({"model": {"type": "onnx", "path": "m.onnx", "dtype": "float16"}})").config.model.dtype ==
+  CHECK(parse(R"({"model": {"type": "Onnx", "path": "m.onnx", "dtype": "float16"}})").config.model.dtype ==
         DType::Float16);
   const auto onnxInteger = test::catchError<ConfigError>(
-      [] { parse(R"({"model": {"type": "onnx", "path": "m.onnx", "dtype": "int32"}})"); });
+      [] { parse(R"({"model": {"type": "Onnx", "path": "m.onnx", "dtype": "int32"}})"); });
   REQUIRE(onnxInteger);
   CHECK(onnxInteger->code() == ErrorCode::InvalidModel);
   CHECK(onnxInteger->subject() == "/model/dtype");
-  CHECK(parse(R"({"model": {"type": "onnx", "path": "m.onnx", "dtype": "float32"}})").config.model.dtype ==
+  CHECK(parse(R"({"model": {"type": "Onnx", "path": "m.onnx", "dtype": "float32"}})").config.model.dtype ==
         DType::Float32);
   // A C++ config is checked by validate().
   RunConfig integer;
@@ -967,14 +1010,14 @@ TEST_CASE("configNotes warns of float16 weights without master weights and of lo
   // Sensible configs have no notes: float32 without loss scaling, float16
   // with master weights and loss scaling (the sample's settings).
   CHECK(configNotes(RunConfig{}).empty());
-  CHECK(configNotes(parse(R"({"model": {"dtype": "float16"}, "optimizer": {"type": "adam", "lossScaling": 1024},
+  CHECK(configNotes(parse(R"({"model": {"dtype": "float16"}, "optimizer": {"type": "Adam", "lossScaling": 1024},
                               "sessionOptions": {"automaticLossScalingSettings": {"enabled": true}}})")
                         .config)
             .empty());
   // A float16 model with master weights and float16 state keeps float32
   // masters: no note.
   CHECK(configNotes(parse(R"({"model": {"dtype": "float16"},
-                              "optimizer": {"type": "adam", "accl1Type": "float16"}})")
+                              "optimizer": {"type": "Adam", "accl1Type": "float16"}})")
                         .config)
             .empty());
 
@@ -984,14 +1027,14 @@ TEST_CASE("configNotes warns of float16 weights without master weights and of lo
   CHECK(sgd[0].code == NoteCode::Float16WeightsWithoutMasterWeights);
   CHECK(sgd[0].path == "/optimizer/masterWeights");
   CHECK(sgd[0].text() ==
-        "[tessera.note.801] /optimizer/masterWeights: masterWeights is false on a float16 model: the sgd "
+        "[tessera.note.801] /optimizer/masterWeights: masterWeights is false on a float16 model: the SGD "
         "update writes the float16 weights directly, and an update below half a float16 ulp of a weight "
         "(2^-11 of its value) is lost; the rest of the optimizer state is float32; set masterWeights to true "
         "to keep float32 master weights as optimizer state");
 
   const std::vector<ConfigNote> adam = configNotes(
       parse(R"({"model": {"dtype": "float16"},
-                "optimizer": {"type": "adam", "masterWeights": false, "accl1Type": "float16", "accl2Type": "float16"}})")
+                "optimizer": {"type": "Adam", "masterWeights": false, "accl1Type": "float16", "accl2Type": "float16"}})")
           .config);
   REQUIRE(adam.size() == 1);
   CHECK(adam[0].code == NoteCode::Float16WeightsWithoutMasterWeights);
@@ -1153,11 +1196,11 @@ TEST_CASE("--set paths are as deep as documents may be, and UTF-8") {
 
 }  // namespace
 TEST_CASE("learning rate schedules") {
-  const json parsed = json::parse(R"({"type": "cosine", "finalFactor": 0.1})");
+  const json parsed = json::parse(R"({"type": "Cosine", "finalFactor": 0.1})");
   const ScheduleConfig cosine = parsed.get<ScheduleConfig>();
   CHECK(cosine.type == ScheduleType::Cosine);
   CHECK(cosine.finalFactor == 0.1);
-  CHECK(json(cosine)["type"] == "cosine");
+  CHECK(json(cosine)["type"] == "Cosine");
   CHECK(RunConfig{}.schedule.type == ScheduleType::Constant);
 
   // 10 epochs of 100 steps.

@@ -46,9 +46,9 @@ void checkError(Fn&& fn, ErrorCode code, const std::string& subject, const std::
 
 TEST_CASE("the transformer section is flat: the options of the type beside \"type\"") {
   const LoadedRunConfig loaded = parse(
-      R"({"model": {"type": "transformer", "layers": 48, "hidden": 1600, "heads": 25, "vocab": 50257,
+      R"({"model": {"type": "Transformer", "layers": 48, "hidden": 1600, "heads": 25, "vocab": 50257,
                     "sequence": 1024, "tiedHead": false},
-          "data": {"dataset": "tensors", "path": "tokens.safetensors", "batchSize": 1, "testBatchSize": 1},
+          "data": {"dataset": "Tensors", "path": "tokens.safetensors", "batchSize": 1, "testBatchSize": 1},
           "limits": {"maxTensorBytes": 8589934592}})");
   const TransformerConfig& t = loaded.config.model.transformer;
   CHECK(t.layers == 48);
@@ -61,7 +61,7 @@ TEST_CASE("the transformer section is flat: the options of the type beside \"typ
   // The JSON of the section has the keys of its type (and the dtype of every
   // type) only, and reads back the same.
   const json written = loaded.config.model;
-  CHECK(written == json{{"type", "transformer"},
+  CHECK(written == json{{"type", "Transformer"},
                         {"dtype", "float32"},
                         {"layers", 48},
                         {"hidden", 1600},
@@ -78,46 +78,46 @@ TEST_CASE("the transformer section is flat: the options of the type beside \"typ
 }
 
 TEST_CASE("bad transformer sections are refused at the JSON path, with the values and what is allowed") {
-  const std::string data = R"("data": {"dataset": "tensors", "path": "t.safetensors"})";
+  const std::string data = R"("data": {"dataset": "Tensors", "path": "t.safetensors"})";
   const auto config = [&](const std::string& model) { return "{\"model\": " + model + ", " + data + "}"; };
   checkError(
-      [&] { validate(parse(config(R"({"type": "transformer", "hidden": 1600, "heads": 7})")).config); },
+      [&] { validate(parse(config(R"({"type": "Transformer", "hidden": 1600, "heads": 7})")).config); },
       ErrorCode::InvalidModel, "/model/heads",
       "heads 7 does not divide hidden 1600: every head attends over hidden / heads dimensions");
-  checkError([&] { parse(config(R"({"type": "transformer", "hiden": 64})")); }, ErrorCode::UnknownKey,
-             "/model/hiden", "for model type \"transformer\" (did you mean \"hidden\"?)");
-  checkError([&] { parse(config(R"({"type": "transformer", "activation": "gelu"})")); },
-             ErrorCode::UnknownKey, "/model/activation", "it is an option of model type \"mlp\"");
-  checkError([&] { parse(config(R"({"type": "mlp", "heads": 4})")); }, ErrorCode::UnknownKey, "/model/heads",
-             "it is an option of model type \"transformer\"");
-  checkError([&] { parse(config(R"({"type": "transformer", "layers": 0})")); }, ErrorCode::InvalidModel,
+  checkError([&] { parse(config(R"({"type": "Transformer", "hiden": 64})")); }, ErrorCode::UnknownKey,
+             "/model/hiden", "for model type \"Transformer\" (did you mean \"hidden\"?)");
+  checkError([&] { parse(config(R"({"type": "Transformer", "activation": "Gelu"})")); },
+             ErrorCode::UnknownKey, "/model/activation", "it is an option of model type \"Mlp\"");
+  checkError([&] { parse(config(R"({"type": "Mlp", "heads": 4})")); }, ErrorCode::UnknownKey, "/model/heads",
+             "it is an option of model type \"Transformer\"");
+  checkError([&] { parse(config(R"({"type": "Transformer", "layers": 0})")); }, ErrorCode::InvalidModel,
              "/model/layers", "layers is 0; it must be >= 1");
-  checkError([&] { parse(config(R"({"type": "transformer", "layers": [784, 10]})")); }, ErrorCode::WrongType,
+  checkError([&] { parse(config(R"({"type": "Transformer", "layers": [784, 10]})")); }, ErrorCode::WrongType,
              "/model/layers", "expected an integer");
-  checkError([&] { parse(config(R"({"type": "transformer", "tiedHead": 1})")); }, ErrorCode::WrongType,
+  checkError([&] { parse(config(R"({"type": "Transformer", "tiedHead": 1})")); }, ErrorCode::WrongType,
              "/model/tiedHead", "expected a boolean");
   checkError(
       [&] {
         validate(
             parse(
-                R"({"model": {"type": "transformer", "hidden": 64, "heads": 4, "vocab": 100, "sequence": 16}})")
+                R"({"model": {"type": "Transformer", "hidden": 64, "heads": 4, "vocab": 100, "sequence": 16}})")
                 .config);
       },
-      ErrorCode::InvalidData, "/data/dataset", "set /data/dataset to \"tensors\"");
+      ErrorCode::InvalidData, "/data/dataset", "set /data/dataset to \"Tensors\"");
   // A size over the limits is refused before anything is built.
   checkError(
       [&] {
         validate(
-            parse(config(R"({"type": "transformer", "vocab": 50257, "hidden": 30000, "heads": 1})")).config);
+            parse(config(R"({"type": "Transformer", "vocab": 50257, "hidden": 30000, "heads": 1})")).config);
       },
       ErrorCode::ShapeTooLarge, "/model/vocab", "the token embedding wte.weight of 50257 x 30000 float32");
   checkError(
-      [&] { validate(parse(config(R"({"type": "transformer", "layers": 9223372036854775807})")).config); },
+      [&] { validate(parse(config(R"({"type": "Transformer", "layers": 9223372036854775807})")).config); },
       ErrorCode::ShapeTooLarge, "/model/layers", "more than /limits/maxLayers (1024)");
   // With /limits/maxLayers raised, the sizes themselves are counted in 64 bits.
   checkError(
       [&] {
-        RunConfig many = parse(config(R"({"type": "transformer", "layers": 9223372036854775807})")).config;
+        RunConfig many = parse(config(R"({"type": "Transformer", "layers": 9223372036854775807})")).config;
         many.limits.maxLayers = std::numeric_limits<int64_t>::max();
         validate(many);
       },
@@ -163,15 +163,15 @@ TEST_CASE("the graph: one embedding lookup, two batched products and a causal se
 
 RunConfig tinyRun(const std::string& tokens, const std::vector<std::string>& overrides) {
   const json document = {{"model",
-                          {{"type", "transformer"},
+                          {{"type", "Transformer"},
                            {"layers", 2},
                            {"hidden", 16},
                            {"heads", 2},
                            {"vocab", 12},
                            {"sequence", 6}}},
-                         {"optimizer", {{"type", "adam"}, {"learningRate", 0.02}}},
+                         {"optimizer", {{"type", "Adam"}, {"learningRate", 0.02}}},
                          {"data",
-                          {{"dataset", "tensors"},
+                          {{"dataset", "Tensors"},
                            {"path", tokens},
                            {"batchSize", 8},
                            {"epochs", 5},
@@ -274,10 +274,10 @@ TEST_CASE("every recomputation type trains the tiny transformer to the same bits
 
 TEST_CASE("planning GPT-2 XL makes no values and keeps every tensor's name and size") {
   const LoadedRunConfig loaded = parse(
-      R"({"model": {"type": "transformer", "layers": 48, "hidden": 1600, "heads": 25, "vocab": 50257,
+      R"({"model": {"type": "Transformer", "layers": 48, "hidden": 1600, "heads": 25, "vocab": 50257,
                     "sequence": 1024},
-          "optimizer": {"type": "adam"},
-          "data": {"dataset": "tensors", "path": "tokens.safetensors", "batchSize": 1, "testBatchSize": 1},
+          "optimizer": {"type": "Adam"},
+          "data": {"dataset": "Tensors", "path": "tokens.safetensors", "batchSize": 1, "testBatchSize": 1},
           "limits": {"maxTensorBytes": 8589934592}})");
   validate(loaded.config);
   const RunPlan plan = planRun(loaded.config);

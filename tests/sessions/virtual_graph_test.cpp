@@ -113,10 +113,10 @@ std::string annotated(const Fixture& fixture, int64_t ipus, int64_t shift = 0, b
 // with the model at `model` and `overrides`.
 RunConfig config(const Fixture& fixture, const std::string& model, const std::vector<std::string>& overrides = {}) {
   const json reference = json::parse(test::readText(dataPath(fixture.prefix + "_training_reference.json")));
-  const json document = {{"model", {{"type", "onnx"}, {"path", model}, {"loss", "loss"}}},
+  const json document = {{"model", {{"type", "Onnx"}, {"path", model}, {"loss", "loss"}}},
                          {"optimizer", reference.at("runs").at("adam").at("optimizer")},
                          {"data",
-                          {{"dataset", "tensors"},
+                          {{"dataset", "Tensors"},
                            {"path", dataPath(fixture.prefix + "_train.safetensors")},
                            {"batchSize", 8},
                            {"epochs", 1},

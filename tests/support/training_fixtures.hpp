@@ -40,10 +40,10 @@ inline RunConfig onnxTrainingConfig(const std::string& prefix, const std::string
   const auto dataPath = [](const std::string& file) { return sourcePath("tests/data/onnx/" + file); };
   const nlohmann::json reference =
       nlohmann::json::parse(readText(dataPath(prefix + "_training_reference.json")));
-  const nlohmann::json document = {{"model", {{"type", "onnx"}, {"path", dataPath(model)}, {"loss", "loss"}}},
+  const nlohmann::json document = {{"model", {{"type", "Onnx"}, {"path", dataPath(model)}, {"loss", "loss"}}},
                                    {"optimizer", reference.at("runs").at("adam").at("optimizer")},
                                    {"data",
-                                    {{"dataset", "tensors"},
+                                    {{"dataset", "Tensors"},
                                      {"path", dataPath(prefix + "_train.safetensors")},
                                      {"batchSize", 8},
                                      {"epochs", 1},

@@ -500,10 +500,10 @@ SAMPLE_FOLDER = os.path.join(HERE, "..", "..", "..", "samples", "configs", "mlp_
 
 # The optimizers of the reference, as tessera's run config writes them.
 OPTIMIZERS = {
-    "sgd": {"type": "sgd", "learningRate": 0.1},
-    "sgd-momentum": {"type": "sgd", "learningRate": 0.05, "momentum": 0.9, "dampening": 0.1,
+    "sgd": {"type": "SGD", "learningRate": 0.1},
+    "sgd-momentum": {"type": "SGD", "learningRate": 0.05, "momentum": 0.9, "dampening": 0.1,
                      "weightDecay": 0.01},
-    "adam": {"type": "adam", "learningRate": 0.01, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8},
+    "adam": {"type": "Adam", "learningRate": 0.01, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8},
 }
 
 
@@ -551,7 +551,7 @@ def tessera_update(options, parameters, state, step):
     with torch.no_grad():
         for name, w in parameters:
             g = w.grad.clone()
-            if options["type"] == "sgd":
+            if options["type"] == "SGD":
                 wd, momentum = options.get("weightDecay", 0.0), options.get("momentum", 0.0)
                 if wd > 0:
                     g = g + w * wd

@@ -27,7 +27,7 @@ STEPS, FEATURES, HIDDEN, CLASSES = 6, 5, 8, 3
 TRAIN_SAMPLES = 32  # 4 steps of 8 a pass
 TRAIN_STEPS = 8
 GLOBAL_BATCH = 8
-OPTIMIZER = {"type": "sgd", "learningRate": 0.5}
+OPTIMIZER = {"type": "SGD", "learningRate": 0.5}
 
 
 class Classifier(torch.nn.Module):
