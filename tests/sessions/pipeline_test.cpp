@@ -117,7 +117,7 @@ TEST_CASE("on a 2-IPU pipelined MLP every op on IPU 1 runs in stage 1, with repl
   const std::vector<std::vector<std::string>> variants = {
       with(accumulation(3, 2), pipelined("Auto", 2)),
       with(with(with(accumulation(3, 2, 2), kReplicas2), kRts), pipelined("Auto", 2)),
-      with(with(accumulation(3, 2), pipelined("Auto", 2)), {"/optimizer/type=adam"})};
+      with(with(accumulation(3, 2), pipelined("Auto", 2)), {"/optimizer/type=Adam"})};
   for (const std::vector<std::string>& overrides : variants) {
     CAPTURE(fmt::format("{}", fmt::join(overrides, " ")));
     const RunPlan plan = planRun(onnxConfig("mlp", "mlp.onnx", overrides));
