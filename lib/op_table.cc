@@ -28,7 +28,6 @@ OpTable& opTable() {
     addConvOps(t);
     addPoolingOps(t);
     addRecurrenceOps(t);
-    addNormalizationOps(t);
     addMaskOps(t);
     addCollectiveOps(t);
     addRemoteOps(t);

@@ -24,7 +24,6 @@ KernelTable& kernelTable() {
     addConvKernels(t);
     addPoolingKernels(t);
     addRecurrenceKernels(t);
-    addNormalizationKernels(t);
     addMaskKernels(t);
     addCollectiveKernels(t);
     addRemoteKernels(t);
