@@ -569,7 +569,7 @@ TEST_CASE("bindings of data and logits that do not fit the model name the settin
   const auto mlpKey = test::catchError<Error>(
       [] { (void)parseRunConfig(R"({"model": {"type": "Mlp", "logits": "logits"}})", "mlp.json", {}); });
   REQUIRE(mlpKey.has_value());
-  CHECK(std::string(mlpKey->what()).find("model type \"onnx\"") != std::string::npos);
+  CHECK(std::string(mlpKey->what()).find("model type \"Onnx\"") != std::string::npos);
 }
 
 TEST_CASE("/model/dtype float16 imports the model as float16 and trains it close to float32") {
