@@ -580,4 +580,12 @@ LeverSearch searchRunLevers(const RunConfig& config, const RunPlan& plan, int64_
   return search;
 }
 
+std::string setArgument(const ConfigChange& change) {
+  const nlohmann::json value = nlohmann::json::parse(change.value);
+  const std::string text = value.is_string() ? value.get<std::string>() : value.dump();
+  const std::string argument = change.path + "=" + text;
+  if (argument.find_first_of(" \"{}[]") == std::string::npos) return "--set " + argument;
+  return "--set '" + argument + "'";
+}
+
 }  // namespace tessera

@@ -8,7 +8,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include "memory_planner.hpp"
 #include "session_runtime.hpp"
@@ -78,16 +77,6 @@ DeviceError outOfMemoryWithSuggestions(const DeviceError& error, const Graph& gr
   text += "\nrecomputation, pipelining, more IPUs per replica, phased execution and float16 can lower it too: "
           "`tessera explain CONFIG` searches combinations of them for a run config";
   return DeviceError(error.code(), error.subject(), text);
-}
-
-// "--set PATH=VALUE" as a shell takes it (as `tessera explain` prints it): a
-// JSON string bare, other values quoted when they hold spaces or quotes.
-std::string setArgument(const ConfigChange& change) {
-  const nlohmann::json value = nlohmann::json::parse(change.value);
-  const std::string text = value.is_string() ? value.get<std::string>() : value.dump();
-  const std::string argument = change.path + "=" + text;
-  if (argument.find_first_of(" \"{}[]") == std::string::npos) return "--set " + argument;
-  return "--set '" + argument + "'";
 }
 
 // The device's out-of-memory error with the cheapest combinations of levers

@@ -124,6 +124,11 @@ struct ConfigChange {
   std::string value;  // as JSON, e.g. "\"Standard\""
 };
 
+// The change as `--set PATH=VALUE` the way a shell takes it (as `tessera
+// explain` prints it): a JSON string bare, other values quoted when they hold
+// spaces, quotes, braces or brackets.
+std::string setArgument(const ConfigChange& change);
+
 // One lever of the search: the settings that belong together (more IPUs per
 // replica are fewer replicas, Auto placement and sharding domains that still
 // divide them) and why it costs what it costs.

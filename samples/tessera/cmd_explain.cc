@@ -528,16 +528,6 @@ std::string percentOf(int64_t used, int64_t capacity) {
   return fmt::format("{:.0f} %", 100.0 * static_cast<double>(used) / static_cast<double>(capacity));
 }
 
-// "--set PATH=VALUE" as a shell takes it: a JSON string bare, other values
-// quoted when they hold spaces or quotes.
-std::string setArgument(const ConfigChange& change) {
-  const nlohmann::json value = nlohmann::json::parse(change.value);
-  const std::string text = value.is_string() ? value.get<std::string>() : value.dump();
-  const std::string argument = change.path + "=" + text;
-  if (argument.find_first_of(" \"{}[]") == std::string::npos) return "--set " + argument;
-  return "--set '" + argument + "'";
-}
-
 std::string leverNames(const LeverPlan& p) {
   std::vector<std::string> names;
   for (const Lever& l : p.levers) names.push_back(l.name);
