@@ -580,6 +580,12 @@ LeverSearch searchRunLevers(const RunConfig& config, const RunPlan& plan, int64_
   return search;
 }
 
+std::string leverNames(const LeverPlan& plan) {
+  std::vector<std::string> names;
+  for (const Lever& l : plan.levers) names.push_back(l.name);
+  return fmt::format("{}", fmt::join(names, " + "));
+}
+
 std::string setArgument(const ConfigChange& change) {
   const nlohmann::json value = nlohmann::json::parse(change.value);
   const std::string text = value.is_string() ? value.get<std::string>() : value.dump();

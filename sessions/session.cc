@@ -95,11 +95,6 @@ DeviceError outOfMemoryWithLevers(const DeviceError& error, const RunConfig& con
                                          p.ipusPerReplica, search.globalBatch, p.globalBatch)
                            : std::string());
   };
-  const auto names = [](const LeverPlan& p) {
-    std::vector<std::string> out;
-    for (const Lever& l : p.levers) out.push_back(l.name);
-    return fmt::format("{}", fmt::join(out, " + "));
-  };
   constexpr std::size_t kShown = 3;
   std::string text = error.detail();
   if (!search.fitting.empty()) {
@@ -111,7 +106,7 @@ DeviceError outOfMemoryWithLevers(const DeviceError& error, const RunConfig& con
       std::vector<std::string> sets;
       for (const Lever& l : p.levers)
         for (const ConfigChange& c : l.changes) sets.push_back(setArgument(c));
-      text += fmt::format("\n  {}. {}: {}\n     {}", i + 1, names(p), effect(p), fmt::join(sets, " "));
+      text += fmt::format("\n  {}. {}: {}\n     {}", i + 1, leverNames(p), effect(p), fmt::join(sets, " "));
     }
   } else {
     text += fmt::format("\nno combination of levers found that fits in {} plans; use a smaller batch, sequence or "
@@ -119,7 +114,7 @@ DeviceError outOfMemoryWithLevers(const DeviceError& error, const RunConfig& con
                         search.plans);
     for (std::size_t i = 0; i < search.single.size() && i < kShown; ++i) {
       if (i == 0) text += "\nthe levers that lower it most, each alone:";
-      text += fmt::format("\n  {}: {}", names(search.single[i]), effect(search.single[i]));
+      text += fmt::format("\n  {}: {}", leverNames(search.single[i]), effect(search.single[i]));
     }
   }
   text += "\n`tessera explain CONFIG` (with the same --set settings) lists every lever, its cost and more "

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -681,14 +680,8 @@ std::map<std::string, std::string> runMetadata(const RunConfig& config, int64_t 
 // (docs/run-configs.md): "mlp" for "Mlp", "fashion-mnist" for "FashionMnist".
 bool isOldSpelling(std::string_view key, const nlohmann::json& old, const nlohmann::json& value) {
   if (key != "type" && key != "activation" && key != "dataset") return false;
-  if (!old.is_string() || !value.is_string()) return false;
-  const auto folded = [](const std::string& text) {
-    std::string out;
-    for (const char c : text)
-      if (c != '-' && c != '_') out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return out;
-  };
-  return folded(old.get<std::string>()) == folded(value.get<std::string>());
+  return old.is_string() && value.is_string() &&
+         sameFoldedName(old.get<std::string>(), value.get<std::string>());
 }
 
 // Warns when the checkpoint's run trained another model function or on other

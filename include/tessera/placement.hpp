@@ -149,6 +149,9 @@ struct LeverPlan {
   int64_t globalBatch = 0;    // samples a step: batchSize x replicas x accumulationFactor
 };
 
+// The plan's levers as explain names them: "autoRecomputation Standard + 4 IPUs per replica".
+std::string leverNames(const LeverPlan& plan);
+
 struct LeverSearch {
   MemorySpace space = MemorySpace::ComputeTiles;  // the space short as given
   int64_t peakBytes = 0;                          // its highest peak of any IPU as given

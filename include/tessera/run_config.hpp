@@ -33,26 +33,31 @@
 
 namespace tessera {
 
-// Lookup ignoring case, '-' and '_': finds "FashionMnist" for
-// "fashion-mnist" and "SGD" for "sgd", the spellings of enum values before
-// they were PascalCase (docs/run-configs.md). For did-you-mean hints and for
-// reading files written with the old spellings, never for configs.
-template <NamedEnum E>
-constexpr std::optional<E> enumFromFoldedString(std::string_view name) noexcept {
+// Names equal but for case, '-' and '_' ("FashionMnist" and
+// "fashion-mnist", "SGD" and "sgd"), and the lookup by that equality: the
+// spellings of enum values before they were PascalCase (docs/run-configs.md).
+// For did-you-mean hints and for reading files written with the old
+// spellings, never for configs.
+constexpr bool sameFoldedName(std::string_view a, std::string_view b) noexcept {
   const auto fold = [](std::string_view text, std::size_t& i) -> char {
     while (i < text.size() && (text[i] == '-' || text[i] == '_')) ++i;
     if (i == text.size()) return '\0';
     const char c = text[i++];
     return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
   };
+  std::size_t i = 0;
+  std::size_t j = 0;
+  while (true) {
+    const char x = fold(a, i);
+    if (x != fold(b, j)) return false;
+    if (x == '\0') return true;
+  }
+}
+
+template <NamedEnum E>
+constexpr std::optional<E> enumFromFoldedString(std::string_view name) noexcept {
   for (const auto& [v, n] : EnumNames<E>::kNames) {
-    std::size_t i = 0, j = 0;
-    while (true) {
-      const char a = fold(name, i);
-      const char b = fold(n, j);
-      if (a != b) break;
-      if (a == '\0') return v;
-    }
+    if (sameFoldedName(name, n)) return v;
   }
   return std::nullopt;
 }

@@ -528,12 +528,6 @@ std::string percentOf(int64_t used, int64_t capacity) {
   return fmt::format("{:.0f} %", 100.0 * static_cast<double>(used) / static_cast<double>(capacity));
 }
 
-std::string leverNames(const LeverPlan& p) {
-  std::vector<std::string> names;
-  for (const Lever& l : p.levers) names.push_back(l.name);
-  return fmt::format("{}", fmt::join(names, " + "));
-}
-
 // The combinations that fit, fastest first, each with its settings and the
 // cost of each lever; then every lever alone.
 void printLevers(const LeverSearch& search, std::string_view space) {

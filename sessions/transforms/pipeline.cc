@@ -212,10 +212,7 @@ void PipelineCycleTransform::apply(Graph& graph) {
     const OpNode& op = graph.op(id);
     if (isSource(op) || op.kind == OpKind::IpuCopy) continue;
     const auto on = stagesOn.find(op.virtualGraph);
-    if (on == stagesOn.end()) {
-      if (op.microBatch != kNoMicroBatch && op.pipelineStage == kNoPipelineStage) graph.setPipelineStage(id, 0);
-      continue;
-    }
+    if (on == stagesOn.end()) continue;  // the loop below gives its micro-batch ops stage 0
     const std::set<int64_t>& stages = on->second;
     if (stages.count(op.pipelineStage) != 0) continue;
     const auto next = op.pipelineStage == kNoPipelineStage ? stages.end() : stages.lower_bound(op.pipelineStage);
