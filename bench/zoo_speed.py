@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Training-step speed of torchvision CNNs: tessera against PyTorch on the same threads.
+"""Training-step speed of the zoo's models: tessera against PyTorch on the same threads.
 
     /usr/bin/python3 bench/zoo_speed.py --cpp BUILD/bench/tessera_bench_onnx_train \\
         [--models resnet18,mobilenet_v2,efficientnet_b0] [--batch 8] [--threads 2] [--rounds 5] [--seconds 3]
@@ -9,7 +9,8 @@ and a build with tessera_bench_onnx_train (bench/meson.build; a release build,
 meson --buildtype=release, is what bench/RESULTS.md records). bench/zoo_speed.sh
 makes that build and runs this script.
 
-Each model (torchvision 0.14, 10 classes, dropout 0, 3x32x32 input) is wrapped
+Each model (bench/zoo_models.py: torchvision 0.14 and PyTorch
+layers, 10 classes, dropout 0, the input shape given there) is wrapped
 so that forward(x, labels) returns F.cross_entropy and exported with
 torch.onnx.export in training mode at opset 14 (dynamic batch), as
 bench/zoo_accuracy.py exports them, into a temporary folder. Then, per round
@@ -41,48 +42,24 @@ import warnings
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import torchvision  # noqa: E402
 
 
-class WithLoss(nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x, labels):
-        return F.cross_entropy(self.model(x), labels)
-
-
-def efficientnet_b0():
-    from torchvision.models import efficientnet
-    setting, last = efficientnet._efficientnet_conf("efficientnet_b0", width_mult=1.0, depth_mult=1.0)
-    return efficientnet.EfficientNet(setting, 0.0, stochastic_depth_prob=0.0, num_classes=10, last_channel=last)
-
-
-MODELS = {
-    "resnet18": lambda: torchvision.models.resnet18(num_classes=10),
-    "mobilenet_v2": lambda: torchvision.models.mobilenet_v2(num_classes=10, dropout=0.0),
-    "efficientnet_b0": efficientnet_b0,
-    "shufflenet_v2_x0_5": lambda: torchvision.models.shufflenet_v2_x0_5(num_classes=10),
-}
-SAMPLE = (3, 32, 32)
+from zoo_models import MODELS, WithLoss  # noqa: E402
 
 
 def make(name):
     torch.manual_seed(0)
-    return WithLoss(MODELS[name]())
+    return WithLoss(MODELS[name][0]())
 
 
-def batch_of(batch):
+def batch_of(name, batch):
     generator = torch.Generator().manual_seed(1)
-    return (torch.rand((batch,) + SAMPLE, generator=generator),
+    return (torch.rand((batch,) + MODELS[name][1], generator=generator),
             torch.randint(0, 10, (batch,), generator=generator))
 
 
 def export(name, batch, path):
-    x, labels = batch_of(batch)
+    x, labels = batch_of(name, batch)
     torch.onnx.export(make(name), (x, labels), str(path), input_names=["x", "labels"], output_names=["loss"],
                       opset_version=14, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                       dynamic_axes={"x": {0: "batch"}, "labels": {0: "batch"}})
@@ -94,7 +71,7 @@ def peer(name, batch, steps, threads, warmup):
     module = make(name)
     module.train()
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
-    x, labels = batch_of(batch)
+    x, labels = batch_of(name, batch)
 
     def step():
         optimizer.zero_grad()
