@@ -132,16 +132,46 @@ void Importer::mapUnary(const onnx::NodeProto& node, const std::string& subject)
   setOutput(node, 0, y);
 }
 
+namespace {
+
+// `from` broadcasts to `to` without changing it (numpy's rule).
+bool broadcastable(const Shape& from, const Shape& to) {
+  if (from.size() > to.size()) return false;
+  const std::size_t skip = to.size() - from.size();
+  for (std::size_t k = 0; k < from.size(); ++k)
+    if (from[k] != 1 && from[k] != to[skip + k]) return false;
+  return true;
+}
+
+// min(max(x, lo), hi) by bounds the model computes (either may be absent),
+// each broadcasting to x, composed of selects: hi where x > hi or hi < lo
+// (ONNX's min(max(x, lo), hi) when lo > hi), else lo where x < lo, else x;
+// a NaN x stays NaN. The selects' gradient is torch.clamp's for tensor
+// bounds: x's where lo <= x <= hi (ties go to x), lo's the sum of dy where
+// x < lo and hi's where x > hi, each summed back to the bound's shape.
+Tensor clipByTensors(Tensor x, const std::optional<Tensor>& lo, const std::optional<Tensor>& hi) {
+  Tensor y = x;
+  if (lo) y = ops::where(ops::less(x, *lo), *lo, y);
+  if (hi) {
+    Tensor above = ops::greater(x, *hi);
+    if (lo) above = ops::logicalOr(above, ops::less(*hi, *lo));
+    y = ops::where(above, *hi, y);
+  }
+  return y;
+}
+
+}  // namespace
+
 void Importer::mapClip(const onnx::NodeProto& node, const std::string& subject) {
   auto unsupported = [&](std::string_view what) {
     throwOnnx(ErrorCode::OnnxUnsupportedFeature, subject, what);
   };
-  // Bounds are optional inputs (opset 11 on), each one value. Known at
-  // import, they are Clip's attributes; computed by the model, Clip is
-  // composed of selects: y = hi where x > hi or hi < lo (ONNX: min(max(x,
-  // lo), hi)), else lo where x < lo, else x; a NaN x stays NaN. The
-  // gradient goes to x where lo <= x <= hi, as torch.clamp's, and to the
-  // bound that is selected.
+  // Bounds are optional inputs (opset 11 on). Known at import, they are
+  // Clip's attributes (one value each). Computed by the model or weights
+  // (torch.clamp with parameters as bounds), Clip is clipByTensors: selects
+  // whose gradient is torch.clamp's, to x where lo <= x <= hi and to the
+  // bound that is selected. ONNX asks for one value; a bound that
+  // broadcasts to x (one per channel, say) is taken too.
   Tensor x = operand(node, 0, subject);
   requireFloat(x, node, 0, subject);
   auto present = [&](int k) { return k < node.input_size() && !node.input(k).empty(); };
@@ -150,25 +180,22 @@ void Importer::mapClip(const onnx::NodeProto& node, const std::string& subject) 
       if (!present(k)) return std::nullopt;
       Tensor b = operand(node, k, subject);
       requireFloat(b, node, k, subject);
-      if (numElements(b.shape()) != 1)
-        unsupported(fmt::format("the {} bound \"{}\" is {}; one value expected", what, node.input(k),
-                                shapeStr(b.shape())));
       if (b.dtype() != x.dtype())
         unsupported(fmt::format("the {} bound \"{}\" is {} and x {}; Clip takes values of one type", what,
                                 node.input(k), typeName(values_.at(node.input(k)).type),
                                 typeName(values_.at(node.input(0)).type)));
-      return b.shape().empty() ? b : ops::reshape(b, {});
+      // One value of any rank is a scalar bound.
+      if (numElements(b.shape()) == 1) return b.shape().empty() ? b : ops::reshape(b, {});
+      if (!broadcastable(b.shape(), x.shape()))
+        unsupported(
+            fmt::format("the {} bound \"{}\" is {} and x {}; one value, or a shape that broadcasts "
+                        "to x's, expected",
+                        what, node.input(k), shapeStr(b.shape()), shapeStr(x.shape())));
+      return b;
     };
     const std::optional<Tensor> lo = bound(1, "min");
     const std::optional<Tensor> hi = bound(2, "max");
-    Tensor y = x;
-    if (lo) y = ops::where(ops::less(x, *lo), *lo, y);
-    if (hi) {
-      Tensor above = ops::greater(x, *hi);
-      if (lo) above = ops::logicalOr(above, ops::less(*hi, *lo));
-      y = ops::where(above, *hi, y);
-    }
-    setOutput(node, 0, y);
+    setOutput(node, 0, clipByTensors(x, lo, hi));
     return;
   }
   auto bound = [&](int k, std::string_view what, double fallback) {
@@ -210,7 +237,8 @@ void addElementwiseMappings(OnnxMappingTable& table) {
     table.add({.opType = op, .map = &Importer::mapUnary, .differentiable = {0}});
   for (std::string_view op : {"Neg", "Relu", "Tanh", "Sigmoid", "Exp", "Log", "Sqrt"})
     table.add({.opType = op, .map = &Importer::mapFloatUnary, .differentiable = {0}});
-  table.add({.opType = "Clip", .map = &Importer::mapClip, .differentiable = {0}});
+  // A bound that is a weight (torch.clamp by parameters) trains.
+  table.add({.opType = "Clip", .map = &Importer::mapClip, .differentiable = {0, 1, 2}});
   table.add(
       {.opType = "PRelu", .map = &Importer::mapPRelu, .requiredInputs = 2, .allInputsDifferentiable = true});
   for (std::string_view op : {"Sum", "Mean", "Max", "Min"})

@@ -2,10 +2,14 @@
 // computes, in models built node by node (OnnxBuilder): they import as the
 // element gathers and scatters and as selects, train as the same model
 // written with tessera's ops, give the gradient where torch.clamp does, and
-// what they do not take is refused with the node named. A PyTorch export
-// using torch.gather, scatter_add, scatter and clamp with computed bounds
-// (tests/data/onnx/generate_elements.py) trains with PyTorch's per-step SGD
-// losses, on one replica and on two.
+// what they do not take is refused with the node named. Clip's bounds may
+// be weights (torch.clamp by parameters): they train, with torch.clamp's
+// gradients checked against the double reference and the same bits on the
+// per-replica reference device. PyTorch exports using torch.gather,
+// scatter_add, scatter and clamp with computed bounds, and clamp by its own
+// parameters (tests/data/onnx/generate_elements.py), train with PyTorch's
+// per-step SGD losses, on one replica and on two, and the bounds end where
+// PyTorch's do.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -18,6 +22,8 @@
 #include <nlohmann/json.hpp>
 
 #include "support/onnx_models.hpp"
+#include "support/reference_evaluator.hpp"
+#include "tessera/autodiff.hpp"
 #include "tessera/device.hpp"
 #include "tessera/error.hpp"
 #include "tessera/onnx.hpp"
@@ -239,14 +245,177 @@ TEST_CASE(
   CHECK(std::isnan(min[3]));
 }
 
-// The run config of the PyTorch export on its dataset: SGD as the reference,
-// batches of 8 in file order, `replicas` replicas sharing the global batch.
-RunConfig exportConfig(const nlohmann::json& r, int64_t replicas) {
+// sum(r * Clip(x, lo, hi)) of an input x [3, 4] with weights as bounds: lo
+// one value, hi one per column (broadcast; ONNX asks for one value, the
+// import takes any shape that broadcasts to x). The bounds' values are
+// loInit and hiInit.
+struct ClipByWeights {
+  std::string x, lo, hi, clipped, loss;
+  std::string bytes;
+};
+
+ClipByWeights clipByWeights(double loInit, std::vector<double> hiInit) {
+  OnnxBuilder builder;
+  ClipByWeights m;
+  m.x = builder.addInputTensor("FLOAT", {3, 4}, "x");
+  OnnxTensor lo;
+  lo.dtype = "float";
+  lo.shape = {};
+  lo.values = {loInit};
+  OnnxTensor hi;
+  hi.dtype = "float";
+  hi.shape = {4};
+  hi.values = std::move(hiInit);
+  m.lo = builder.addInitializedInputTensor(lo, "lo");
+  m.hi = builder.addInitializedInputTensor(hi, "hi");
+  m.clipped = builder.addNode("Clip", std::vector{m.x, m.lo, m.hi})[0];
+  const std::string weighted = builder.addNode(
+      "Mul", std::vector{m.clipped, builder.addInitializedInputTensor(floats({3, 4}, 1.0f), "r")})[0];
+  m.loss = builder.addNode("ReduceSum", std::vector{weighted}, {{"keepdims", int64_t{0}}})[0];
+  builder.addOutputTensor(m.clipped);
+  builder.addOutputTensor(m.loss);
+  m.bytes = builder.modelProto();
+  return m;
+}
+
+TEST_CASE("Clip by weight bounds: the bounds train, gradients checked against the double reference") {
+  const ClipByWeights m = clipByWeights(-0.3, {0.2, 0.5, 0.1, 0.4});
+  OnnxImportOptions options;
+  options.replicationFactor = 2;
+  OnnxModel model =
+      importOnnx(std::as_bytes(std::span<const char>(m.bytes.data(), m.bytes.size())), options, "built");
+  CHECK(model.weights == std::vector<std::string>{"lo", "hi", "r"});
+  Graph& g = model.graph;
+  const Tensor x(&g, g.find(m.x));
+  const Tensor lo(&g, g.find(m.lo));
+  const Tensor hi(&g, g.find(m.hi));
+  const Tensor loss(&g, g.find(m.loss));
+  const std::vector<Tensor> wrt = {x, lo, hi};
+  const std::vector<Tensor> grads = autodiff(g, loss, wrt);
+  test::ReferenceEvaluator ev(g);
+  // x in [-1, 1), different on each replica, none within 1e-3 of a bound.
+  std::vector<std::vector<double>> feeds;
+  for (int64_t q = 0; q < 2; ++q) {
+    std::vector<double> values;
+    for (int k = 0; k < 12; ++k) values.push_back(std::sin(1.3 * k + 0.9 * static_cast<double>(q) + 0.1));
+    feeds.push_back(values);
+    ev.feed(x.id(), q, values);
+  }
+  ev.run();
+  std::vector<std::vector<std::vector<double>>> analytic(3);
+  for (std::size_t k = 0; k < 3; ++k)
+    for (int64_t q = 0; q < 2; ++q) analytic[k].push_back(ev.value(grads[k].id(), q));
+  constexpr double kStep = 1e-6;
+  for (std::size_t k = 0; k < 3; ++k) {
+    for (int64_t q = 0; q < 2; ++q) {
+      const auto qi = static_cast<std::size_t>(q);
+      for (std::size_t i = 0; i < analytic[k][qi].size(); ++i) {
+        auto lossWith = [&](double delta) {
+          if (k == 0) {
+            std::vector<double> values = feeds[qi];
+            values[i] += delta;
+            ev.feed(x.id(), q, values);
+          } else {
+            ev.state(wrt[k].id(), q)[i] += delta;
+          }
+          ev.run();
+          const double value = ev.sumOverReplicas(loss.id());
+          if (k == 0) {
+            ev.feed(x.id(), q, feeds[qi]);
+          } else {
+            ev.state(wrt[k].id(), q)[i] -= delta;
+          }
+          return value;
+        };
+        const double numeric = (lossWith(kStep) - lossWith(-kStep)) / (2 * kStep);
+        const double exact = analytic[k][qi][i];
+        INFO(fmt::format("d loss / d {}[{}] on replica {}: autodiff {}, finite differences {}", wrt[k].name(),
+                         i, q, exact, numeric));
+        CHECK(std::abs(exact - numeric) <= 1e-6 * std::max({1.0, std::abs(exact), std::abs(numeric)}));
+      }
+    }
+  }
+  // Some of x is below lo and some above each bound of hi: every gradient is exercised.
+  double loGradient = 0.0;
+  for (int64_t q = 0; q < 2; ++q) loGradient += std::abs(analytic[1][static_cast<std::size_t>(q)][0]);
+  CHECK(loGradient > 0.0);
+}
+
+// x exactly at the bounds: torch.clamp gives the gradient to x (lo <= x <=
+// hi), none to the bound; below lo to lo, above hi to hi. One SGD step of
+// rate 1 on sum(r * clip) moves each bound by minus the sum of r where it
+// was selected, summed over the replicas' mean; the vectorized device and
+// the per-replica reference agree bit for bit.
+TEST_CASE("Clip by weight bounds: ties go to x as in torch.clamp, the same bits per replica") {
+  const ClipByWeights m = clipByWeights(-0.5, {0.25, 0.5, 1.0, 0.125});
+  const std::vector<float> xs = {-0.5f, -1.0f, 0.25f, 0.25f,  // lo tie, below lo, inside, above hi[3]
+                                 0.25f, 0.5f,  1.0f,  2.0f,   // hi ties in columns 0..2, above hi[3]
+                                 -2.0f, 3.0f,  -0.5f, 0.0f};  // below lo, above hi[1], lo tie, inside
+  const OnnxTensor r = floats({3, 4}, 1.0f);
+  std::vector<std::vector<float>> after;
+  for (ExecutionMode mode : {ExecutionMode::Vectorized, ExecutionMode::PerReplicaReference}) {
+    CAPTURE(toString(mode));
+    OnnxModel model = importBytes(m.bytes);
+    const TensorId lossId = model.graph.find(m.loss);
+    TrainingSession session(std::move(model.graph), lossId, sgd(1.0), SessionOptions{},
+                            makeSimDevice({}, mode));
+    session.run({{"x", std::span<const float>(xs)}});
+    const std::vector<float> lo = session.readVariable("lo").data;
+    const std::vector<float> hi = session.readVariable("hi").data;
+    float loStep = 0.0f;
+    std::vector<float> hiStep(4, 0.0f);
+    const std::vector<float> loInit = {-0.5f};
+    const std::vector<float> hiInit = {0.25f, 0.5f, 1.0f, 0.125f};
+    for (std::size_t k = 0; k < 12; ++k) {
+      const auto rk = static_cast<float>(r.values[k]);
+      if (xs[k] < loInit[0]) loStep += rk;
+      if (xs[k] > hiInit[k % 4]) hiStep[k % 4] += rk;
+    }
+    CHECK(lo[0] == loInit[0] - loStep);
+    for (std::size_t c = 0; c < 4; ++c) {
+      CAPTURE(c);
+      CHECK(hi[c] == hiInit[c] - hiStep[c]);
+    }
+    std::vector<float> both = lo;
+    both.insert(both.end(), hi.begin(), hi.end());
+    after.push_back(both);
+  }
+  CHECK(after[0] == after[1]);
+}
+
+TEST_CASE("Clip's bound that does not broadcast to x is refused with the node and the shapes named") {
+  {
+    // One value of a higher rank than x's is a scalar bound.
+    OnnxBuilder builder;
+    const std::string x = builder.addInputTensor("FLOAT", {3, 4}, "x");
+    const std::string lo = builder.addInputTensor("FLOAT", {1, 1, 1}, "lo");
+    const std::string y = builder.addNode("Clip", std::vector{x, lo})[0];
+    builder.addOutputTensor(y);
+    const OnnxModel model = importBytes(builder.modelProto());
+    CHECK(model.graph.tensor(model.graph.find(y)).shape == Shape{3, 4});
+  }
+  OnnxBuilder builder;
+  const std::string x = builder.addInputTensor("FLOAT", {3, 4}, "x");
+  const std::string lo = builder.addInputTensor("FLOAT", {3}, "lo");
+  builder.addOutputTensor(builder.addNode("Clip", std::vector{x, lo})[0]);
+  const std::string bytes = builder.modelProto();
+  const auto error = test::catchError<OnnxError>([&] { (void)importBytes(bytes); });
+  REQUIRE(error);
+  CHECK(error->code() == ErrorCode::OnnxUnsupportedFeature);
+  CHECK(error->detail() ==
+        "the min bound \"lo\" is [3] and x [3, 4]; one value, or a shape that broadcasts to x's, expected");
+}
+
+// The run config of the PyTorch export `model` on the elements dataset: SGD
+// as the reference, batches of 8 in file order, `replicas` replicas sharing
+// the global batch.
+RunConfig exportConfig(const nlohmann::json& r, int64_t replicas,
+                       const std::string& model = "elements_classifier") {
   const int64_t globalBatch = r.at("globalBatch").get<int64_t>();
   const int64_t epochs = r.at("steps").get<int64_t>() * globalBatch / r.at("trainSamples").get<int64_t>();
   const nlohmann::json document = {{"model",
                                     {{"type", "Onnx"},
-                                     {"path", test::sourcePath("tests/data/onnx/elements_classifier.onnx")},
+                                     {"path", test::sourcePath("tests/data/onnx/" + model + ".onnx")},
                                      {"loss", "loss"}}},
                                    {"optimizer", r.at("optimizer")},
                                    {"data",
@@ -282,6 +451,62 @@ TEST_CASE(
   CHECK(one.losses.back() < one.losses.front());
   // Two replicas of half the batch: the losses of one replica.
   const TrainSummary two = train(exportConfig(r, 2));
+  CHECK(test::worstRelativeDifference(two.losses, one.losses) <= 1e-6);
+}
+
+// torch.clamp(h, min=lo, max=hi) with scalar parameters (ONNX Clip of Casts
+// of the weights) and torch.clamp(h, min=floor) with a per-feature one
+// (ONNX Max): the losses are PyTorch's, and so are the bounds after the
+// last step.
+TEST_CASE("PyTorch's clamp by its own parameters trains its bounds to PyTorch's losses and values") {
+  const nlohmann::json r = test::readJson("tests/data/onnx/clamp_training_reference.json");
+  const std::vector<double> float32 = r.at("losses").get<std::vector<double>>();
+  const std::vector<double> float64 = r.at("lossesFloat64").get<std::vector<double>>();
+  const int64_t batch = r.at("globalBatch").get<int64_t>();
+  const int64_t samples = r.at("trainSamples").get<int64_t>();
+  const std::vector<float> xs = r.at("x").get<std::vector<float>>();
+  const std::vector<int32_t> labels = r.at("labels").get<std::vector<int32_t>>();
+  const int64_t features = static_cast<int64_t>(xs.size()) / samples;
+
+  OnnxModel model = test::importWithBatch("clamp_classifier.onnx", batch);
+  for (const char* bound : {"lo", "hi", "floor"})
+    CHECK(std::find(model.weights.begin(), model.weights.end(), bound) != model.weights.end());
+  const TensorId lossId = model.graph.find("loss");
+  TrainingSession session(std::move(model.graph), lossId,
+                          sgd(r.at("optimizer").at("learningRate").get<double>()), SessionOptions{},
+                          makeSimDevice());
+  std::vector<double> losses;
+  for (std::size_t step = 0; step < float32.size(); ++step) {
+    const auto first = static_cast<int64_t>(step) * batch % samples;
+    const std::span<const float> x(xs.data() + first * features, static_cast<std::size_t>(batch * features));
+    const std::span<const int32_t> y(labels.data() + first, static_cast<std::size_t>(batch));
+    session.run({{"x", x}, {"labels", y}});
+    losses.push_back(session.meanLoss());
+  }
+  INFO(fmt::format("largest relative difference to PyTorch float32 {:.3g}, to float64 {:.3g}",
+                   test::worstRelativeDifference(losses, float32),
+                   test::worstRelativeDifference(losses, float64)));
+  CHECK(test::worstRelativeDifference(losses, float32) <= 1e-6);
+  CHECK(test::worstRelativeDifference(losses, float64) <= 1e-5);
+  const nlohmann::json& initial = r.at("initialBounds");
+  const nlohmann::json& trained = r.at("trainedBounds");
+  for (const char* bound : {"lo", "hi", "floor"}) {
+    CAPTURE(bound);
+    const std::vector<float> got = session.readVariable(bound).data;
+    const std::vector<double> want = trained.at(bound).get<std::vector<double>>();
+    const std::vector<double> start = initial.at(bound).get<std::vector<double>>();
+    REQUIRE(got.size() == want.size());
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      CAPTURE(k);
+      // The bound moved, and to where PyTorch's did.
+      CHECK(std::abs(want[k] - start[k]) > 1e-3);
+      CHECK(std::abs(static_cast<double>(got[k]) - want[k]) <= 1e-5 * std::max(1.0, std::abs(want[k])));
+    }
+  }
+  // Two replicas of half the batch: the losses of one replica.
+  const TrainSummary one = train(exportConfig(r, 1, "clamp_classifier"));
+  const TrainSummary two = train(exportConfig(r, 2, "clamp_classifier"));
+  CHECK(test::worstRelativeDifference(one.losses, float32) <= 1e-6);
   CHECK(test::worstRelativeDifference(two.losses, one.losses) <= 1e-6);
 }
 

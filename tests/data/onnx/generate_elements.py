@@ -6,7 +6,13 @@ add, repeated indices), Tensor.scatter (ScatterElements, reduction none) and tor
 computed from a weight (Clip with computed min and max):
   elements_classifier.onnx
 a tensors dataset (elements_train.safetensors) and PyTorch's per-step losses under SGD in float32 and,
-from a float64 copy of the module, in float64 (elements_training_reference.json).
+from a float64 copy of the module, in float64 (elements_training_reference.json). And a classifier whose
+clamps' bounds are its own parameters, on the same dataset:
+  clamp_classifier.onnx  torch.clamp(h, min=lo, max=hi) with scalar parameters lo, hi (ONNX Clip with
+                         computed bounds) and torch.clamp(h, min=floor) with a per-feature parameter
+                         floor (ONNX Max)
+  clamp_training_reference.json  its per-step losses in float32 and float64, the bounds after the last
+                         step (float32) and the dataset's batches the steps read
 
 Run from the checkout with Debian's python3-torch and python3-onnx:
     /usr/bin/python3 tests/data/onnx/generate_elements.py
@@ -52,10 +58,26 @@ class Classifier(torch.nn.Module):
         return F.cross_entropy(logits, labels), logits
 
 
-def export(seed):
+class Clamped(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(FEATURES, HIDDEN)
+        self.fc2 = torch.nn.Linear(HIDDEN, CLASSES)
+        self.lo = torch.nn.Parameter(torch.tensor(-0.2))
+        self.hi = torch.nn.Parameter(torch.tensor(0.3))
+        self.floor = torch.nn.Parameter(torch.linspace(-0.6, 0.1, HIDDEN))
+
+    def forward(self, x, labels):
+        h = self.fc1(x)
+        c = torch.clamp(h, min=self.lo, max=self.hi) + torch.clamp(h, min=self.floor)
+        logits = self.fc2(c)
+        return F.cross_entropy(logits, labels), logits
+
+
+def export(seed, make=Classifier, name="elements_classifier"):
     torch.manual_seed(seed)
-    model = Classifier()
-    path = os.path.join(HERE, "elements_classifier.onnx")
+    model = make()
+    path = os.path.join(HERE, name + ".onnx")
     torch.onnx.export(model, (torch.randn(2, FEATURES), torch.tensor([0, 2])), path,
                       input_names=["x", "labels"], output_names=["loss", "logits"], opset_version=16,
                       training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
@@ -93,6 +115,22 @@ def main():
                  "losses": losses_of(copy.deepcopy(model), train, torch.float32),
                  "lossesFloat64": losses_of(copy.deepcopy(model), train, torch.float64)}
     with open(os.path.join(HERE, "elements_training_reference.json"), "w") as out:
+        json.dump(reference, out, indent=1)
+        out.write("\n")
+
+    path = export(43, Clamped, "clamp_classifier")
+    model = module_from_onnx(Clamped(), path)
+    trained = copy.deepcopy(model)
+    reference = {"globalBatch": GLOBAL_BATCH, "steps": TRAIN_STEPS, "trainSamples": TRAIN_SAMPLES,
+                 "optimizer": OPTIMIZER,
+                 "losses": losses_of(trained, train, torch.float32),
+                 "lossesFloat64": losses_of(copy.deepcopy(model), train, torch.float64),
+                 "initialBounds": {"lo": [float(model.lo)], "hi": [float(model.hi)],
+                                   "floor": model.floor.tolist()},
+                 "trainedBounds": {"lo": [float(trained.lo)], "hi": [float(trained.hi)],
+                                   "floor": trained.floor.tolist()},
+                 "x": x.flatten().tolist(), "labels": labels.tolist()}
+    with open(os.path.join(HERE, "clamp_training_reference.json"), "w") as out:
         json.dump(reference, out, indent=1)
         out.write("\n")
 
