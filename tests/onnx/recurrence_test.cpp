@@ -1,5 +1,7 @@
 // PyTorch's recurrent layers through ONNX: the GRU, bidirectional LSTM and
-// RNN sequence classifiers of tests/data/onnx (generate_recurrent.py) train
+// RNN sequence classifiers of tests/data/onnx (generate_recurrent.py), and
+// their two-layer forms (a GRU, a bidirectional LSTM, a bidirectional RNN:
+// one node per layer chained by the export's Transpose/Reshape glue), train
 // from a run config with PyTorch's per-step SGD losses, on one replica and
 // on two with the same global batch; and what the recurrences do not
 // compute is refused with the node and the attribute or input named.
@@ -57,8 +59,11 @@ RunConfig recurrentConfig(const std::string& model, int64_t replicas) {
   return parseRunConfig(document.dump(), model + ".json", overrides).config;
 }
 
-TEST_CASE("GRU, bidirectional LSTM and RNN classifiers train with PyTorch's per-step SGD losses") {
-  for (const std::string model : {"gru_classifier", "bilstm_classifier", "rnn_classifier"}) {
+TEST_CASE(
+    "GRU, bidirectional LSTM and RNN classifiers, one layer and two, train with PyTorch's per-step SGD "
+    "losses") {
+  for (const std::string model : {"gru_classifier", "bilstm_classifier", "rnn_classifier", "gru2_classifier",
+                                  "bilstm2_classifier", "birnn2_classifier"}) {
     CAPTURE(model);
     const json& expected = reference().at("models").at(model);
     const std::vector<double> float32 = expected.at("losses").get<std::vector<double>>();
@@ -79,6 +84,7 @@ TEST_CASE("GRU, bidirectional LSTM and RNN classifiers train with PyTorch's per-
                     model, worst, worst64, torch64));
     CHECK(worst <= 1e-5);
     CHECK(worst64 <= 1e-5);
+    CHECK(test::worstRelativeDifference(one.losses, float32) <= 1e-6);
     // The losses fall: the model learns.
     CHECK(one.losses.back() < one.losses.front());
 

@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""Writes the recurrent fixtures of tests/onnx/recurrence_test.cpp: three small sequence classifiers exported
+"""Writes the recurrent fixtures of tests/onnx/recurrence_test.cpp: six small sequence classifiers exported
 by PyTorch with their cross-entropy loss inside the graph and a symbolic batch axis (x [batch, 6, 5] ->
 batch-first recurrence of hidden size 8 -> Linear -> 3 classes):
   gru_classifier.onnx    nn.GRU, the last state h_n (ONNX GRU, linear_before_reset 1)
   bilstm_classifier.onnx nn.LSTM(bidirectional=True), both directions' last states concatenated
   rnn_classifier.onnx    nn.RNN (tanh), the output of the last step
+  gru2_classifier.onnx   nn.GRU(num_layers=2), the last layer's h_n
+  bilstm2_classifier.onnx nn.LSTM(num_layers=2, bidirectional=True), the last layer's two directions
+  birnn2_classifier.onnx nn.RNN(num_layers=2, bidirectional=True), the output of the last step
+(torch.onnx.export writes a layered recurrence as one node per layer, chained through
+Transpose/Reshape/Squeeze glue)
 a tensors dataset (recurrent_train.safetensors) and PyTorch's per-step losses
 under SGD in float32 and, from a float64 copy of each module, in float64 (recurrent_training_reference.json).
 
@@ -31,9 +36,11 @@ OPTIMIZER = {"type": "SGD", "learningRate": 0.5}
 
 
 class Classifier(torch.nn.Module):
-    def __init__(self, kind, bidirectional=False, last_output=False):
+    def __init__(self, kind, bidirectional=False, last_output=False, layers=1):
         super().__init__()
-        self.rnn = getattr(torch.nn, kind)(FEATURES, HIDDEN, batch_first=True, bidirectional=bidirectional)
+        self.rnn = getattr(torch.nn, kind)(FEATURES, HIDDEN, batch_first=True, bidirectional=bidirectional,
+                                           num_layers=layers)
+        self.directions = 2 if bidirectional else 1
         self.last_output = last_output
         self.fc = torch.nn.Linear(HIDDEN * (2 if bidirectional else 1), CLASSES)
 
@@ -43,6 +50,8 @@ class Classifier(torch.nn.Module):
             h = out[:, -1]
         else:
             h = state[0] if isinstance(state, tuple) else state
+            if self.rnn.num_layers > 1:
+                h = h[-self.directions:]  # the last layer's states
             h = torch.cat([h[0], h[1]], 1) if h.shape[0] == 2 else h[0]
         logits = self.fc(h)
         return F.cross_entropy(logits, labels), logits
@@ -52,6 +61,9 @@ MODELS = {
     "gru_classifier": lambda: Classifier("GRU"),
     "bilstm_classifier": lambda: Classifier("LSTM", bidirectional=True),
     "rnn_classifier": lambda: Classifier("RNN", last_output=True),
+    "gru2_classifier": lambda: Classifier("GRU", layers=2),
+    "bilstm2_classifier": lambda: Classifier("LSTM", bidirectional=True, layers=2),
+    "birnn2_classifier": lambda: Classifier("RNN", bidirectional=True, last_output=True, layers=2),
 }
 
 
