@@ -7,6 +7,7 @@
 // compute is refused with the node and the attribute or input named.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -175,6 +176,25 @@ TEST_CASE("the GRU export imports as one Gru op whose states give Y_h, with PyTo
     CHECK(model.graph.tensor(op.outputs[0]).shape == Shape{7, 1, 4, 40});
   }
   CHECK(grus == 1);
+}
+
+TEST_CASE("a two-layer bidirectional LSTM export is one Lstm op per layer, each layer's parameters weights") {
+  const OnnxModel model = test::importWithBatch("bilstm2_classifier.onnx", 4);
+  for (const std::string layer : {"l0", "l1", "l0_reverse", "l1_reverse"}) {
+    for (const std::string name : {"weight_ih", "weight_hh", "bias_ih", "bias_hh"}) {
+      CAPTURE(name + "_" + layer);
+      CHECK(std::find(model.weights.begin(), model.weights.end(), "rnn." + name + "_" + layer) !=
+            model.weights.end());
+    }
+  }
+  CHECK(model.weights.size() == 18);
+  int lstms = 0;
+  for (const OpNode& op : model.graph.ops()) {
+    if (op.kind != OpKind::Lstm) continue;
+    ++lstms;
+    CHECK(op.attributes.direction == RecurrenceDirection::Bidirectional);
+  }
+  CHECK(lstms == 2);
 }
 
 }  // namespace
