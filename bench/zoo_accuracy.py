@@ -10,7 +10,15 @@ F.cross_entropy, exported with torch.onnx.export in training mode at opset 14
 (dynamic batch, dropout 0), and trained with plain SGD at batch 8 for the same
 steps in PyTorch float64 (the reference), PyTorch float32 and tessera (the
 Python module on the exported model). The table gives each step's relative
-loss error against float64, PyTorch float32's and tessera's.
+loss error against float64, PyTorch float32's and tessera's. For the models
+with BatchNorm, PyTorch float32's error is the largest of: PyTorch float32 in
+its default memory format; in channels_last, another equally valid summation
+order (CNNs); and 4 float64 runs whose gradients get, each step, random noise
+of the size of PyTorch float32's first-step gradient error (seeds 0-3). From
+the second step on these differ by several times: the first step's rounding
+amplified by the trajectory, a ReLU6 input a few roundings from its bound
+switching with the last bit (bench/RESULTS.md, "The fused BatchNorm against
+PyTorch float32, tensor by tensor").
 
 With --check the run fails (exit 1) unless:
 - models with BatchNorm: in each of the first three steps, tessera's error is
@@ -37,6 +45,7 @@ from zoo_models import MODELS, WithLoss  # noqa: E402
 BATCH = 8
 LEARNING_RATE = 0.001
 ROUNDING_FLOOR = 5e-7
+NOISE_SEEDS = 4
 
 
 def export(model, x, labels):
@@ -47,18 +56,42 @@ def export(model, x, labels):
     return out.getvalue()
 
 
-def torch_losses(model, xs, ys, dtype):
+def torch_losses(model, xs, ys, dtype, channels_last=False, noise=None):
+    """PyTorch's losses; with noise = (seed, size), float64 whose gradients
+    each step get random relative noise of that size (norm over norm, per
+    tensor) and no other rounding."""
     wrapped = WithLoss(copy.deepcopy(model).to(dtype))
+    if channels_last:
+        wrapped = wrapped.to(memory_format=torch.channels_last)
+        xs = [x.contiguous(memory_format=torch.channels_last) for x in xs]
     wrapped.train()
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=LEARNING_RATE)
+    generator = torch.Generator().manual_seed(noise[0]) if noise else None
     losses = []
     for x, y in zip(xs, ys):
         optimizer.zero_grad()
         loss = wrapped(x.to(dtype), y)
         loss.backward()
+        if noise:
+            with torch.no_grad():
+                for parameter in wrapped.parameters():
+                    d = torch.randn(parameter.shape, generator=generator, dtype=dtype)
+                    parameter.grad += d * (noise[1] * parameter.grad.norm() / d.norm())
         optimizer.step()
         losses.append(loss.item())
     return np.array(losses)
+
+
+def float32_gradient_error(model, x, y):
+    """PyTorch float32's relative error of the first step's gradients against
+    float64's (all parameters, norm over norm)."""
+    grads = []
+    for dtype in (torch.float64, torch.float32):
+        wrapped = WithLoss(copy.deepcopy(model).to(dtype))
+        wrapped.train()
+        wrapped(x.to(dtype), y).backward()
+        grads.append(torch.cat([p.grad.double().flatten() for p in wrapped.parameters()]))
+    return float((grads[1] - grads[0]).norm() / grads[0].norm())
 
 
 def tessera_losses(proto, xs, ys, replicas=1, sharded=False):
@@ -107,11 +140,22 @@ def compare(name, steps=None, out=sys.stdout):
     proto = export(model, xs[0], ys[0])
     reference = torch_losses(model, xs, ys, torch.float64)
     float32 = torch_losses(model, xs, ys, torch.float32)
+    # A BatchNorm CNN's float32 error a step or two on is amplified rounding:
+    # computations as accurate as PyTorch float32 land several times apart.
+    # The yardstick is the largest error of PyTorch float32 in its default
+    # memory format, in channels_last (another valid summation order), and
+    # float64 with noise of float32's measured size on each step's gradients.
+    orders = [float32]
+    if batchnorm:
+        if len(sample_shape) == 3:
+            orders.append(torch_losses(model, xs, ys, torch.float32, channels_last=True))
+        size = float32_gradient_error(model, xs[0], ys[0])
+        orders += [torch_losses(model, xs, ys, torch.float64, noise=(seed, size)) for seed in range(NOISE_SEEDS)]
     ours = tessera_losses(proto, xs, ys)
     failures = []
     rows = []
     for step in range(steps):
-        torch_error = abs(float32[step] - reference[step]) / abs(reference[step])
+        torch_error = max(abs(order[step] - reference[step]) / abs(reference[step]) for order in orders)
         our_error = abs(ours[step] - reference[step]) / abs(reference[step])
         rows.append((name, step, reference[step], torch_error, our_error))
         if batchnorm and our_error > max(3 * torch_error, ROUNDING_FLOOR):

@@ -1,5 +1,6 @@
 """Real models against PyTorch (bench/zoo_accuracy.py): a BatchNorm CNN of
-torchvision's zoo within 3x of PyTorch float32's error against float64, and
+torchvision's zoo within 3x of PyTorch float32's error against float64 (the
+largest of the equally accurate runs bench/zoo_accuracy.py describes), and
 PyTorch's transformer encoder equal to PyTorch float32 for 24 steps and over
 R = 2 x 4 with RTS and OffChip. The models are exported at test time, so the
 test runs only where Debian's python3-torch, python3-torchvision and
