@@ -350,33 +350,56 @@ TEST_CASE("a residual MLP whose skip crosses phases OffChip trains the bits of t
   CHECK(onDemand.readWeights() == plain.readWeights());
 }
 
+// Where the memory plan holds the load of `name`: the schedule positions
+// of its first use and of the first op of `phase`.
+struct LoadPlace {
+  int64_t firstUse = -1;
+  int64_t phaseStart = -1;
+};
+
+LoadPlace loadPlace(const InferenceSession& s, const std::string& name, int64_t phase) {
+  LoadPlace place;
+  for (const TensorMemory& m : s.memory().tensors)
+    if (m.name == name) place.firstUse = m.firstUse;
+  const std::vector<OpId> schedule = s.graph().schedule();
+  for (std::size_t pos = 0; pos < schedule.size() && place.phaseStart < 0; ++pos)
+    if (s.graph().op(schedule[pos]).executionPhase == phase) place.phaseStart = static_cast<int64_t>(pos);
+  return place;
+}
+
 TEST_CASE("the memory plan holds a cross-phase activation only where its location and IO schedule say") {
   constexpr auto Preload = ExecutionPhaseIOSchedule::Preload;
   constexpr auto OnDemand = ExecutionPhaseIOSchedule::OnDemand;
   const auto peak = [](const InferenceSession& s, MemorySpace space) {
     return s.memory().perReplica.at(0).peak(space).bytes;
   };
+  // The peak is the wide layer of phase 1, which the skip spans on chip.
   const InferenceSession onChip = residualInference(std::nullopt, Preload);
   const int64_t onChipPeak = peak(onChip, MemorySpace::ComputeTiles);
-  // The peak is the wide layer of phase 1, which the skip spans on chip.
-  // OffChip and loaded OnDemand, in phase 2: phase 1 holds it nowhere.
-  const InferenceSession onDemand = residualInference(TileSet::Compute, OnDemand);
-  CHECK(onChipPeak - peak(onDemand, MemorySpace::ComputeTiles) == kSkipBytes);
-  // Preloaded through the compute tiles: it lands on them during phase 1,
-  // so the peak of phase 1 still holds it.
-  const InferenceSession preloadCompute = residualInference(TileSet::Compute, Preload);
-  CHECK(peak(preloadCompute, MemorySpace::ComputeTiles) == onChipPeak);
-  // Preloaded through the IO tiles: held there during phase 1, copied to
-  // the compute tiles in phase 2.
+  // OffChip, loaded in phase 2 through the compute tiles (either schedule:
+  // such a load hides nothing and runs at its place) or the IO tiles:
+  // phase 1 holds it nowhere on the compute tiles.
+  for (const auto via : {TileSet::Compute, TileSet::IO}) {
+    for (const auto schedule : {Preload, OnDemand}) {
+      INFO("via ", static_cast<int>(via), ", schedule ", static_cast<int>(schedule));
+      CHECK(onChipPeak - peak(residualInference(via, schedule), MemorySpace::ComputeTiles) == kSkipBytes);
+    }
+  }
+  // Through the IO tiles, a preload lands there during phase 1 (after the
+  // ops of phase 0) and the IO tiles hold it from then; OnDemand it is
+  // loaded once phase 1 is over.
   const InferenceSession preloadIo = residualInference(TileSet::IO, Preload);
-  CHECK(onChipPeak - peak(preloadIo, MemorySpace::ComputeTiles) == kSkipBytes);
+  const LoadPlace preloaded = loadPlace(preloadIo, "skip.load", 1);
+  CHECK(preloaded.firstUse >= 0);
+  CHECK(preloaded.firstUse <= preloaded.phaseStart);
   CHECK(peak(preloadIo, MemorySpace::IOTiles) >= kSkipBytes);
   const InferenceSession onDemandIo = residualInference(TileSet::IO, OnDemand);
-  CHECK(onChipPeak - peak(onDemandIo, MemorySpace::ComputeTiles) == kSkipBytes);
-  MESSAGE(fmt::format("compute-tiles peak {} B with the skip on chip, {} B OffChip OnDemand, {} B preloaded "
-                      "through the compute tiles, {} B through the IO tiles",
-                      onChipPeak, peak(onDemand, MemorySpace::ComputeTiles),
-                      peak(preloadCompute, MemorySpace::ComputeTiles), peak(preloadIo, MemorySpace::ComputeTiles)));
+  const LoadPlace onDemand = loadPlace(onDemandIo, "skip.load", 2);
+  CHECK(onDemand.firstUse >= onDemand.phaseStart);
+  MESSAGE(fmt::format("compute-tiles peak {} B with the skip on chip, {} B OffChip; its preload held on the IO "
+                      "tiles from position {} (phase 1 starts at {}), OnDemand from {} (phase 2 starts at {})",
+                      onChipPeak, peak(preloadIo, MemorySpace::ComputeTiles), preloaded.firstUse,
+                      preloaded.phaseStart, onDemand.firstUse, onDemand.phaseStart));
 }
 
 template <class E>
