@@ -182,6 +182,28 @@ std::vector<Held> heldTensors(const Graph& graph, std::span<const OpId> schedule
     for (TensorId t : op.inputs) touch(t);
     for (TensorId t : op.outputs) touch(t);
   }
+  // Phased execution: a load through the IO tiles runs beside the compute
+  // as soon as the ops it is scheduled after are done (its category's IO
+  // schedule: Preload during the previous phase, OnDemand once it is over;
+  // and after the last store into its buffer), not at its place in the
+  // order, so the IO tiles hold what it loads from there. A load through
+  // the compute tiles hides nothing and is held from its place; so is a
+  // load with no such op.
+  std::vector<int64_t> position(graph.ops().size(), -1);
+  for (int64_t pos = 0; pos < steps; ++pos) position[at(schedule[at(pos)])] = pos;
+  for (int64_t pos = 0; pos < steps; ++pos) {
+    const OpNode& op = graph.op(schedule[at(pos)]);
+    if (op.kind != OpKind::RemoteLoad || op.executionPhase == kNoExecutionPhase || op.after.empty() ||
+        graph.tensor(op.outputs[0]).tileSet != TileSet::IO) {
+      continue;
+    }
+    int64_t from = 0;
+    for (OpId before : op.after) from = std::max(from, position[at(before)] + 1);
+    for (TensorId t : op.outputs) {
+      const auto s = at(graph.storageOf(t));
+      if (first[s] >= 0) first[s] = std::min(first[s], from);
+    }
+  }
 
   std::vector<Held> held;
   held.reserve(tensorCount);

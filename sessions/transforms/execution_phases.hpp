@@ -25,9 +25,11 @@
 // Where tensors live is the locations transform's (locations.hpp): a
 // variable or activation whose location is OffChip is loaded in every phase
 // that reads it (and a variable again for the optimizer's update, which runs
-// after the phases), and the load of phase p is scheduled after the ops of phase
-// p - 2 (Preload: it may run during phase p - 1) or p - 1 (OnDemand), by its
-// category's IO schedule. The schedule of the computing ops is that of the
+// after the phases; an activation read by the backward pass or by a later
+// forward phase is stored after the op that makes it), and the load of phase
+// p is scheduled after the ops of phase p - 2 (Preload: it may run during
+// phase p - 1) or p - 1 (OnDemand), by its category's IO schedule; through the
+// IO tiles the memory plan holds what it loads from there. The schedule of the computing ops is that of the
 // run without phases: the numbers do not change.
 #pragma once
 

@@ -140,7 +140,13 @@ class Relocator {
   Relocator(const Graph& in, const SessionOptions& options, TensorId loss)
       : in_(in), options_(options), copy_(in), values_(in.tensors().size()), inDomains_(in.tensors().size()),
         forward_(in.ops().size(), 0), lastWrite_(in.tensors().size(), kNoOp), phased_(phasedExecution(options)) {
-    if (loss != kNoTensor) markForward(loss);
+    if (loss != kNoTensor) {
+      markForward(loss);
+    } else if (phased_) {
+      // Inference: every op is forward; activations move only between
+      // phases.
+      std::fill(forward_.begin(), forward_.end(), 1);
+    }
     for (std::size_t id = 0; id < in.ops().size(); ++id) {
       const OpNode& op = in.ops()[id];
       if (isInplace(op.kind))
@@ -214,8 +220,25 @@ class Relocator {
 
   bool backward(OpId consumer) const { return forward_[static_cast<std::size_t>(consumer)] == 0; }
 
-  // Forward activations read by a backward op go off chip when their
-  // location says so.
+  // Phased execution: whether forward op `consumer` reads `t` in another
+  // phase than the one that made it (a skip connection, a mask read by
+  // every layer), so that the value's location decides where it is kept
+  // in between.
+  bool laterPhase(TensorId t, OpId consumer) const {
+    if (!phased_ || backward(consumer)) return false;
+    const OpId producer = in_.tensor(t).producer;
+    if (producer == kNoOp) return false;
+    const int64_t made = in_.op(producer).executionPhase;
+    const int64_t read = in_.op(consumer).executionPhase;
+    return made != kNoExecutionPhase && read != kNoExecutionPhase && read != made;
+  }
+
+  // Whether `consumer` reads the activation `t` from where its location
+  // keeps it rather than from the compute tiles of its producer.
+  bool readsKept(TensorId t, OpId consumer) const { return backward(consumer) || laterPhase(t, consumer); }
+
+  // Forward activations read by a backward op, or with phases by a forward
+  // op of a later phase, go off chip when their location says so.
   void planActivations() {
     for (std::size_t id = 0; id < in_.ops().size(); ++id) {
       const OpNode& op = in_.ops()[id];
@@ -231,7 +254,7 @@ class Relocator {
           continue;
         }
         bool readLater = false;
-        for (OpId consumer : node.consumers) readLater = readLater || backward(consumer);
+        for (OpId consumer : node.consumers) readLater = readLater || readsKept(t, consumer);
         if (!readLater) continue;
         const ResolvedLocation resolved =
             resolveTensorLocation(options_, {node.name, TensorCategory::Activation, numElements(node.shape)});
@@ -414,7 +437,7 @@ class Relocator {
       Home& h = home->second;
       if (!h.loaded || (!h.modified && reloadFor(h.phase, consumer))) loadHome(t, h, consumer);
     }
-    if (auto activation = activations_.find(t); activation != activations_.end() && backward(consumer)) {
+    if (auto activation = activations_.find(t); activation != activations_.end() && readsKept(t, consumer)) {
       OffChipActivation& off = activation->second;
       if (off.loaded != kNoTensor && reloadFor(off.loadedPhase, consumer)) off.loaded = kNoTensor;
       if (off.loaded == kNoTensor && off.onIoTiles) {

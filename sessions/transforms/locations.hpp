@@ -26,7 +26,9 @@
 //    IO schedule;
 //  - OffChip activations (training) are stored right after the forward op
 //    that produces them and loaded again for the backward ops that read
-//    them;
+//    them; with phased execution (training or inference) also those read
+//    by a forward op of a later phase (a skip connection), loaded again in
+//    each such phase, so the phases in between do not hold them;
 //  - a load or store through IO tiles (loadTileSet IO) is staged on the IO
 //    tiles and copied to or from the compute tiles; an on-chip variable with
 //    storageTileSet IO is kept on the IO tiles and copied to the compute

@@ -103,6 +103,31 @@ TEST_CASE("explain over 2 IPUs per replica: a row per IPU, the copies between th
   CHECK(off.err.find("tessera.config.174") != std::string::npos);
 }
 
+TEST_CASE("explain's phase table counts an activation stored after its phase and loaded by a later forward one") {
+  // The MLP in 4 forward phases with only the activations OffChip: phase 2
+  // is forward only, so what it loads is the 64 x 256 activation that the
+  // layer of phase 1 makes and the layer of phase 2 reads.
+  const std::vector<std::string> args = {
+      "explain", tessera::test::sourcePath("samples/configs/mnist.json"), "--json",
+      "--set", "/sessionOptions/virtualGraphMode=ExecutionPhases",
+      "--set", "/sessionOptions/executionPhaseSettings/phases=4",
+      "--set", "/sessionOptions/executionPhaseSettings/stages=1",
+      "--set", "/sessionOptions/activationTensorLocationSettings/location/storage=OffChip"};
+  const CliResult explained = runCli(args);
+  INFO("explain stderr: ", explained.err);
+  REQUIRE(explained.exitCode == 0);
+  const json phases = parseJson(explained).at("phases");
+  REQUIRE(phases.size() > 2);
+  constexpr double kActivation = 64.0 * 256.0 * 4.0;
+  CHECK(phases[1].at("storeBytes").get<double>() == kActivation);
+  CHECK(phases[2].at("loadBytes").get<double>() == kActivation);
+  std::vector<std::string> textArgs = args;
+  textArgs.erase(textArgs.begin() + 2);
+  const CliResult text = runCli(textArgs);
+  CHECK(text.exitCode == 0);
+  CHECK(text.out.find("    2  IPU 0    0.000 ms    64.0 KiB") != std::string::npos);
+}
+
 TEST_CASE("a pipelined config: explain shows the stages, cycles and stashes, the trace a thread per stage") {
   if (!tessera::onnxSupported()) return;
   const std::string path = tessera::test::sourcePath("samples/configs/mlp_onnx.json");

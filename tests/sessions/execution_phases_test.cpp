@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <system_error>
@@ -202,6 +203,203 @@ TEST_CASE("phases hold on chip only what they load, and Preload hides the loads 
       ends.at(phase) = std::max(ends.at(phase), op.start + op.duration);
   }
   CHECK(checked > 0);
+}
+
+// A residual MLP of three phases: the skip connection `skip` = x Ws, made
+// in phase 0, is read only by the Add of phase 2, past the wide layer of
+// phase 1 (the Add's gradient does not read it, so only the forward pass
+// keeps it). Without `phases` no op names one.
+TensorId residualMlp(Graph& g, bool phases) {
+  const auto values = [](int64_t n, float scale) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = scale * static_cast<float>((i * 7) % 11 - 5);
+    return v;
+  };
+  const auto at = [phases](Tensor t, int64_t phase) {
+    if (phases) ops::executionPhase(t, phase);
+    return t;
+  };
+  const Tensor x = ops::input(g, "x", {4, 8});
+  const Tensor skip = at(ops::matmul(x, ops::variable(g, "ws", values(64, 0.05f), {8, 8})), 0);
+  g.rename(skip.id(), "skip");
+  Tensor h = at(ops::relu(at(ops::matmul(x, ops::variable(g, "w0", values(64, 0.04f), {8, 8})), 0)), 0);
+  h = at(ops::relu(at(ops::matmul(h, ops::variable(g, "w1", values(8 * 256, 0.03f), {8, 256})), 1)), 1);
+  h = at(ops::matmul(h, ops::variable(g, "w2", values(256 * 8, 0.02f), {256, 8})), 1);
+  const Tensor y = at(ops::add(h, skip), 2);
+  g.rename(y.id(), "y");
+  return at(ops::reduceMean(at(ops::mul(y, y), 2)), 2).id();
+}
+
+constexpr int64_t kSkipBytes = 4 * 8 * 4;
+
+SessionOptions residualOptions(bool phases, std::optional<TileSet> skipOffChipVia,
+                               ExecutionPhaseIOSchedule schedule) {
+  SessionOptions options;
+  if (phases) {
+    options.virtualGraphMode = VirtualGraphMode::ExecutionPhases;
+    options.executionPhaseSettings.phases = 3;
+    options.executionPhaseSettings.stages = 1;
+    options.executionPhaseSettings.activationIOSchedule = schedule;
+  }
+  if (skipOffChipVia) {
+    TensorLocation location(TensorStorage::OffChip);
+    location.loadTileSet = *skipOffChipVia;
+    options.tensorLocationSettingsOverride["skip"] = location;
+    if (*skipOffChipVia == TileSet::IO) options.numIOTiles = 32;
+  }
+  return options;
+}
+
+DeviceSpec oneIpu() {
+  DeviceSpec spec;
+  spec.ipusPerReplica = 1;
+  return spec;
+}
+
+TrainingSession residualTraining(bool phases, std::optional<TileSet> skipOffChipVia,
+                                 ExecutionPhaseIOSchedule schedule = ExecutionPhaseIOSchedule::Preload) {
+  Graph g;
+  const TensorId loss = residualMlp(g, phases);
+  OptimizerConfig sgd;
+  sgd.type = OptimizerType::Sgd;
+  sgd.sgd.learningRate = 0.1;
+  return TrainingSession(std::move(g), loss, makeOptimizer(sgd), residualOptions(phases, skipOffChipVia, schedule),
+                         makeSimDevice(oneIpu()));
+}
+
+InferenceSession residualInference(std::optional<TileSet> skipOffChipVia, ExecutionPhaseIOSchedule schedule) {
+  Graph g;
+  (void)residualMlp(g, true);
+  return InferenceSession(std::move(g), std::vector<std::string>{"y"},
+                          residualOptions(true, skipOffChipVia, schedule), makeSimDevice(oneIpu()));
+}
+
+const OpNode* producerNamed(const Graph& graph, const std::string& name) {
+  const auto t = graph.tryFind(name);
+  if (!t) return nullptr;
+  const OpId producer = graph.tensor(*t).producer;
+  return producer == kNoOp ? nullptr : &graph.op(producer);
+}
+
+int64_t remoteOps(const Graph& graph, OpKind kind) {
+  int64_t n = 0;
+  for (const OpNode& op : graph.ops()) n += op.kind == kind ? 1 : 0;
+  return n;
+}
+
+TEST_CASE("an activation read by a later forward phase is stored after its phase and loaded for the reader") {
+  const TrainingSession onChip = residualTraining(true, std::nullopt);
+  CHECK(remoteOps(onChip.graph(), OpKind::RemoteLoad) == 0);
+  CHECK(remoteOps(onChip.graph(), OpKind::RemoteStore) == 0);
+
+  for (const auto schedule : {ExecutionPhaseIOSchedule::Preload, ExecutionPhaseIOSchedule::OnDemand}) {
+    INFO("schedule ", static_cast<int>(schedule));
+    const TrainingSession session = residualTraining(true, TileSet::Compute, schedule);
+    const Graph& graph = session.graph();
+    // One store of the skip in phase 0, one load of it in phase 2 (the
+    // backward pass does not read it), which the forward Add reads.
+    CHECK(remoteOps(graph, OpKind::RemoteStore) == 1);
+    CHECK(remoteOps(graph, OpKind::RemoteLoad) == 1);
+    const TensorId skip = graph.find("skip");
+    int64_t stores = 0;
+    for (OpId consumer : graph.tensor(skip).consumers) {
+      if (graph.op(consumer).kind != OpKind::RemoteStore) continue;
+      ++stores;
+      CHECK(graph.op(consumer).executionPhase == 0);
+    }
+    CHECK(stores == 1);
+    const OpNode* load = producerNamed(graph, "skip.load");
+    REQUIRE(load != nullptr);
+    CHECK(load->kind == OpKind::RemoteLoad);
+    CHECK(load->executionPhase == 2);
+    const TensorNode& loaded = graph.tensor(load->outputs[0]);
+    REQUIRE(loaded.consumers.size() == 1);
+    const OpNode& add = graph.op(loaded.consumers[0]);
+    CHECK(add.kind == OpKind::Add);
+    CHECK(add.executionPhase == 2);
+    // Preload may load during phase 1 (after the ops of phase 0), OnDemand
+    // only once phase 1 is over.
+    REQUIRE(!load->after.empty());
+    int64_t latest = -1;
+    for (OpId before : load->after) latest = std::max(latest, graph.op(before).executionPhase);
+    CHECK(latest == (schedule == ExecutionPhaseIOSchedule::Preload ? 0 : 1));
+    // The time model counts the store in phase 0 and the load in phase 2.
+    const TimeReport& time = session.modelledTime();
+    REQUIRE(time.phases.size() == 5);
+    CHECK(time.phases[0].storeBytes == doctest::Approx(kSkipBytes));
+    CHECK(time.phases[2].loadBytes == doctest::Approx(kSkipBytes));
+    CHECK(time.phases[1].loadBytes == 0.0);
+  }
+}
+
+TEST_CASE("a residual MLP whose skip crosses phases OffChip trains the bits of the run without phases") {
+  TrainingSession plain = residualTraining(false, std::nullopt);
+  TrainingSession onChip = residualTraining(true, std::nullopt);
+  TrainingSession preload = residualTraining(true, TileSet::IO);
+  TrainingSession onDemand = residualTraining(true, TileSet::Compute, ExecutionPhaseIOSchedule::OnDemand);
+  std::vector<float> x(32);
+  for (std::size_t step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>((i * 5 + step * 3) % 9) - 0.4f;
+    for (TrainingSession* s : {&plain, &onChip, &preload, &onDemand}) s->run({StepInput("x", x)});
+    CAPTURE(step);
+    CHECK(onChip.loss() == plain.loss());
+    CHECK(preload.loss() == plain.loss());
+    CHECK(onDemand.loss() == plain.loss());
+  }
+  CHECK(preload.readWeights() == plain.readWeights());
+  CHECK(onDemand.readWeights() == plain.readWeights());
+}
+
+// Where the memory plan holds the load of `name`: the schedule positions
+// of its first use and of the first op of `phase`.
+struct LoadPlace {
+  int64_t firstUse = -1;
+  int64_t phaseStart = -1;
+};
+
+LoadPlace loadPlace(const InferenceSession& s, const std::string& name, int64_t phase) {
+  LoadPlace place;
+  for (const TensorMemory& m : s.memory().tensors)
+    if (m.name == name) place.firstUse = m.firstUse;
+  const std::vector<OpId> schedule = s.graph().schedule();
+  for (std::size_t pos = 0; pos < schedule.size() && place.phaseStart < 0; ++pos)
+    if (s.graph().op(schedule[pos]).executionPhase == phase) place.phaseStart = static_cast<int64_t>(pos);
+  return place;
+}
+
+TEST_CASE("the memory plan holds a cross-phase activation only where its location and IO schedule say") {
+  constexpr auto Preload = ExecutionPhaseIOSchedule::Preload;
+  constexpr auto OnDemand = ExecutionPhaseIOSchedule::OnDemand;
+  const auto peak = [](const InferenceSession& s, MemorySpace space) {
+    return s.memory().perReplica.at(0).peak(space).bytes;
+  };
+  // The peak is the wide layer of phase 1, which the skip spans on chip.
+  const InferenceSession onChip = residualInference(std::nullopt, Preload);
+  const int64_t onChipPeak = peak(onChip, MemorySpace::ComputeTiles);
+  // OffChip, loaded in phase 2 through the compute tiles (either schedule:
+  // such a load hides nothing and runs at its place) or the IO tiles:
+  // phase 1 holds it nowhere on the compute tiles.
+  for (const auto via : {TileSet::Compute, TileSet::IO}) {
+    for (const auto schedule : {Preload, OnDemand}) {
+      INFO("via ", static_cast<int>(via), ", schedule ", static_cast<int>(schedule));
+      CHECK(onChipPeak - peak(residualInference(via, schedule), MemorySpace::ComputeTiles) == kSkipBytes);
+    }
+  }
+  // Through the IO tiles, a preload lands there during phase 1 (after the
+  // ops of phase 0) and the IO tiles hold it from then; OnDemand it is
+  // loaded once phase 1 is over.
+  const InferenceSession preloadIo = residualInference(TileSet::IO, Preload);
+  const LoadPlace preloaded = loadPlace(preloadIo, "skip.load", 1);
+  CHECK(preloaded.firstUse >= 0);
+  CHECK(preloaded.firstUse <= preloaded.phaseStart);
+  CHECK(peak(preloadIo, MemorySpace::IOTiles) >= kSkipBytes);
+  const InferenceSession onDemandIo = residualInference(TileSet::IO, OnDemand);
+  const LoadPlace onDemand = loadPlace(onDemandIo, "skip.load", 2);
+  CHECK(onDemand.firstUse >= onDemand.phaseStart);
+  MESSAGE(fmt::format("compute-tiles peak {} B with the skip on chip, {} B OffChip; its preload held on the IO "
+                      "tiles from position {} (phase 1 starts at {}), OnDemand from {} (phase 2 starts at {})",
+                      onChipPeak, peak(preloadIo, MemorySpace::ComputeTiles), preloaded.firstUse,
+                      preloaded.phaseStart, onDemand.firstUse, onDemand.phaseStart));
 }
 
 template <class E>
