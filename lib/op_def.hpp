@@ -38,6 +38,7 @@ enum class OpFamily {
   Conv,
   Pooling,
   Recurrence,
+  Normalization,
   Mask,
   Collective,
   Remote,
@@ -253,6 +254,7 @@ void addGatherOps(OpTable& table);
 void addConvOps(OpTable& table);
 void addPoolingOps(OpTable& table);
 void addRecurrenceOps(OpTable& table);
+void addNormalizationOps(OpTable& table);
 void addMaskOps(OpTable& table);
 void addCollectiveOps(OpTable& table);
 void addRemoteOps(OpTable& table);

@@ -28,6 +28,7 @@ OpTable& opTable() {
     addConvOps(t);
     addPoolingOps(t);
     addRecurrenceOps(t);
+    addNormalizationOps(t);
     addMaskOps(t);
     addCollectiveOps(t);
     addRemoteOps(t);

@@ -347,6 +347,29 @@ RecurrenceOutputs recurrence(OpKind cell, Tensor x, Tensor w, Tensor r, Tensor b
   return out;
 }
 
+BatchNormOutputs batchNormTraining(Tensor x, Tensor scale, Tensor bias, double epsilon) {
+  const std::string_view who = opName(OpKind::BatchNorm);
+  Graph& graph = graphOf(who, {x, scale, bias});
+  const Shape xs = x.shape();
+  if (xs.size() < 2)
+    throw GraphError(ErrorCode::InvalidOperand, std::string(who),
+                     fmt::format("x {} must be [N, C, ...] with a channel axis", shapeStr(xs)));
+  const int64_t channels = xs[1];
+  for (const Tensor* t : {&scale, &bias})
+    if (t->shape() != Shape{channels})
+      throw GraphError(ErrorCode::InvalidOperand, std::string(who),
+                       fmt::format("scale and bias must be [C] = [{}]; found {}", channels, shapeStr(t->shape())));
+  const Tensor stats = single(graph, graph.addOp(OpKind::BatchNormStats, {x.id()}, {}));
+  const Tensor affine = ops::concat({ops::reshape(scale, {1, channels}), ops::reshape(bias, {1, channels})}, 0);
+  OpAttributes attributes;
+  attributes.a = epsilon;
+  BatchNormOutputs out;
+  out.y = single(graph, graph.addOp(OpKind::BatchNorm, {x.id(), stats.id(), affine.id()}, std::move(attributes)));
+  out.mean = ops::reshape(ops::slice(stats, {0, 0}, {1, channels}), {channels});
+  out.variance = ops::reshape(ops::slice(stats, {1, 0}, {2, channels}), {channels});
+  return out;
+}
+
 Tensor softmax(Tensor x) { return unary(OpKind::Softmax, x); }
 Tensor equal(Tensor a, Tensor b) { return binary(OpKind::Equal, a, b); }
 Tensor less(Tensor a, Tensor b) { return binary(OpKind::Less, a, b); }

@@ -157,6 +157,13 @@ bool runsBeside(const Step& step, int threads) {
     case OpKind::RecurrenceGrad:
     case OpKind::RecurrenceWeightGrad:
     case OpKind::RecurrenceInputGrad: return false;  // split by lanes or rows (simdevice/ops/recurrence.cc)
+    case OpKind::BatchNormStats:
+    case OpKind::BatchNorm:
+    case OpKind::BatchNormGradStats:
+    case OpKind::BatchNormGrad:
+      // Split by channels when there are enough (simdevice/ops/normalization.cc).
+      if (normalizationParts(step, threads) > 1) return false;
+      break;
     case OpKind::Softmax:
     case OpKind::LogSoftmax:
       // Split by rows when there are enough (softmaxKernel).

@@ -24,6 +24,7 @@ KernelTable& kernelTable() {
     addConvKernels(t);
     addPoolingKernels(t);
     addRecurrenceKernels(t);
+    addNormalizationKernels(t);
     addMaskKernels(t);
     addCollectiveKernels(t);
     addRemoteKernels(t);

@@ -117,6 +117,7 @@ void addGatherKernels(KernelTable& table);
 void addConvKernels(KernelTable& table);
 void addPoolingKernels(KernelTable& table);
 void addRecurrenceKernels(KernelTable& table);
+void addNormalizationKernels(KernelTable& table);
 void addMaskKernels(KernelTable& table);
 void addCollectiveKernels(KernelTable& table);
 void addRemoteKernels(KernelTable& table);

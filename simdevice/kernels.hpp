@@ -241,6 +241,9 @@ int loopParts(int64_t points, int threads);
 // cross entropy and its gradient) splits `rows` rows of `cols` into on
 // `threads`.
 int rowParts(int64_t rows, int64_t cols, int threads);
+// The parts a batch normalisation step (simdevice/ops/normalization.cc)
+// splits its channels into on `threads`.
+int normalizationParts(const Step& step, int threads);
 
 // Plans a matmul step's product (the largest it runs) into step.gemmPlan.
 void planGemm(Step& step);

@@ -217,6 +217,12 @@ enum class OpKind : uint16_t {
   GatherElements,   // (data, indices) -> [indices' shape]: data with the axis coordinate replaced
   ScatterElements,  // (data, indices, updates [indices' shape]) -> data, out[index] = a*out[index] + update
                     // in index order (a = 0: ONNX's reduction none; a = 1: add)
+  // Batch normalisation in training mode over x [N, C, ...] (statistics per channel C over N and the
+  // spatial axes, M values a channel), epsilon `a`.
+  BatchNormStats,      // x -> [2, C]: each channel's mean and (population) variance, summed in double
+  BatchNorm,           // (x, stats = BatchNormStats(x), affine [2, C]: scale, bias) -> y, x's shape
+  BatchNormGradStats,  // (dy, x, stats) -> [2, C]: sum(dy * xhat) and sum(dy), the affine's gradient
+  BatchNormGrad,       // (dy, x, [6, C]: stats, BatchNormGradStats, affine) -> dx
 };
 
 template <>
@@ -310,6 +316,10 @@ struct EnumNames<OpKind> {
       std::pair{OpKind::IpuCopy, std::string_view{"IpuCopy"}},
       std::pair{OpKind::GatherElements, std::string_view{"GatherElements"}},
       std::pair{OpKind::ScatterElements, std::string_view{"ScatterElements"}},
+      std::pair{OpKind::BatchNormStats, std::string_view{"BatchNormStats"}},
+      std::pair{OpKind::BatchNorm, std::string_view{"BatchNorm"}},
+      std::pair{OpKind::BatchNormGradStats, std::string_view{"BatchNormGradStats"}},
+      std::pair{OpKind::BatchNormGrad, std::string_view{"BatchNormGrad"}},
   };
 };
 

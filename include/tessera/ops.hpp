@@ -213,6 +213,15 @@ struct RecurrenceOutputs {
 // InvalidRecurrence when the weights or states do not fit the cell, the direction and x.
 RecurrenceOutputs recurrence(OpKind cell, Tensor x, Tensor w, Tensor r, Tensor b = {}, Tensor h0 = {},
                              Tensor c0 = {}, const RecurrenceParams& params = {});
+// Batch normalisation in training mode over x [N, C, ...] with scale and bias [C] (ops BatchNormStats
+// and BatchNorm in graph.hpp): y = (x - mean) / sqrt(variance + epsilon) * scale + bias with each
+// channel's mean and population variance over N and the spatial axes, which are returned too ([C]).
+struct BatchNormOutputs {
+  Tensor y;
+  Tensor mean;
+  Tensor variance;
+};
+BatchNormOutputs batchNormTraining(Tensor x, Tensor scale, Tensor bias, double epsilon = 1e-5);
 // Masks are float32 0/1 tensors (1 = true; any non-zero input counts as
 // true). Comparisons take two float32 or two int32 values; all broadcast
 // (numpy rules) and have no gradient.

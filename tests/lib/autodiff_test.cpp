@@ -488,6 +488,25 @@ TEST_CASE("gradient check of pools: max (first maximum wins), average with and w
   }
 }
 
+TEST_CASE("gradient check of batch normalisation in training: through the statistics, and of the statistics") {
+  SUBCASE("[3, 2, 2, 3]: the output") {
+    Graph g(1);
+    const Tensor x = ops::input(g, "x", {3, 2, 2, 3});
+    const Tensor scale = ops::variable(g, "scale", {0.5f, 1.5f}, {2});
+    const Tensor bias = ops::variable(g, "bias", {0.2f, -0.4f}, {2});
+    checkGradients(g, {x, scale, bias}, ops::batchNormTraining(x, scale, bias, 1e-3).y, -1, 2);
+  }
+  SUBCASE("[5, 3] on 2 replicas: the output, the mean and the variance") {
+    Graph g(2);
+    const Tensor x = ops::input(g, "x", {5, 3});
+    const Tensor scale = ops::variable(g, "scale", {0.5f, 1.5f, -1.0f}, {3});
+    const Tensor bias = ops::variable(g, "bias", {0.2f, -0.4f, 0.1f}, {3});
+    const ops::BatchNormOutputs bn = ops::batchNormTraining(x, scale, bias);
+    const Tensor stats = ops::reshape(ops::add(bn.mean, ops::mul(bn.variance, bn.variance)), {1, 3});
+    checkGradients(g, {x, scale, bias}, ops::add(bn.y, stats), -1, 2);
+  }
+}
+
 TEST_CASE("gradient check of the recurrences: Rnn, Gru (both resets), Lstm, each direction, every output") {
   struct Case {
     const char* name;

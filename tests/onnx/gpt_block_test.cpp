@@ -16,6 +16,7 @@
 #include "support/onnx_models.hpp"
 #include "tessera/device.hpp"
 #include "tessera/onnx.hpp"
+#include "tessera/onnx_builder.hpp"
 #include "tessera/ops.hpp"
 #include "tessera/optimizer.hpp"
 #include "tessera/session.hpp"
@@ -147,6 +148,80 @@ TEST_CASE("a training step keeps the running-statistic updates and does not trai
   std::set<std::string> names;
   for (const auto& [name, value] : session.readWeights()) names.insert(name);
   CHECK(names == std::set<std::string>{"bn.weight", "bn.bias"});
+}
+
+TEST_CASE(
+    "Conv, BatchNormalization in training mode and Relu import as the normalization ops and train as the same "
+    "model written with tessera's ops, bit for bit") {
+  const int64_t batch = 4;
+  const auto values = [](Shape shape, double scale, double offset) {
+    OnnxTensor tensor;
+    tensor.dtype = "float";
+    tensor.shape = std::move(shape);
+    for (int64_t k = 0; k < numElements(tensor.shape); ++k)
+      tensor.values.push_back(static_cast<float>(offset + scale * std::sin(0.7 * static_cast<double>(k) + 0.3)));
+    return tensor;
+  };
+  const OnnxTensor w = values({3, 2, 3, 3}, 0.4, 0.0), scale = values({3}, 0.5, 1.0), bias = values({3}, 0.3, 0.1);
+  OnnxBuilder builder(14);
+  const std::string x = builder.addInputTensor("FLOAT", {batch, 2, 5, 5}, "x");
+  const std::string tw = builder.addInitializedInputTensor(w, "W");
+  const std::string ts = builder.addInitializedInputTensor(scale, "scale");
+  const std::string tb = builder.addInitializedInputTensor(bias, "bias");
+  const std::string tm = builder.addInitializedInputTensor(values({3}, 0.0, 0.0), "running_mean");
+  const std::string tv = builder.addInitializedInputTensor(values({3}, 0.0, 1.0), "running_var");
+  const std::string conv =
+      builder.addNode("Conv", std::vector{x, tw}, {{"pads", std::vector<int64_t>{1, 1, 1, 1}}})[0];
+  const std::vector<std::string> bn = builder.addNode("BatchNormalization", std::vector{conv, ts, tb, tm, tv},
+                                                      {{"training_mode", int64_t{1}}}, 3);
+  const std::string relu = builder.addNode("Relu", std::vector{bn[0]})[0];
+  const std::string loss =
+      builder.addNode("ReduceSum", std::vector{builder.addNode("Mul", std::vector{relu, relu})[0]},
+                      {{"keepdims", int64_t{0}}})[0];
+  builder.addOutputTensor(loss);
+  const std::string bytes = builder.modelProto();
+  OnnxModel model = importOnnx(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())), {}, "built");
+  CHECK(model.state == std::vector<std::string>{"running_mean", "running_var"});
+  int normalization = 0;
+  int reductions = 0;
+  for (const OpNode& op : model.graph.ops()) {
+    normalization += op.kind == OpKind::BatchNormStats || op.kind == OpKind::BatchNorm ? 1 : 0;
+    reductions += op.kind == OpKind::ReduceMean ? 1 : 0;
+    // What RecomputationType::NormOnly recomputes.
+    if (op.kind == OpKind::BatchNormStats || op.kind == OpKind::BatchNorm) CHECK(op.normalisation);
+  }
+  CHECK(normalization == 2);
+  CHECK(reductions == 0);
+
+  Graph graph;
+  const auto variable = [&](const std::string& name, const OnnxTensor& t) {
+    return ops::variable(graph, name, std::vector<float>(t.values.begin(), t.values.end()), t.shape);
+  };
+  const Tensor gx = ops::input(graph, "x", {batch, 2, 5, 5});
+  const Tensor gw = variable("W", w);
+  const Tensor gs = variable("scale", scale);
+  const Tensor gb = variable("bias", bias);
+  const Tensor y = ops::relu(
+      ops::batchNormTraining(ops::conv(gx, gw, {.pads = {1, 1, 1, 1}}), gs, gb, static_cast<double>(1e-5F)).y);
+  const Tensor gloss = ops::reduceSum(ops::mul(y, y));
+
+  OptimizerConfig sgd;
+  sgd.sgd.learningRate = 0.01;
+  const TensorId builtLoss = model.graph.find(loss);
+  TrainingSession built(std::move(model.graph), builtLoss, makeOptimizer(sgd), SessionOptions{}, makeSimDevice());
+  TrainingSession direct(std::move(graph), gloss.id(), makeOptimizer(sgd), SessionOptions{}, makeSimDevice());
+  std::vector<float> xs(static_cast<std::size_t>(batch * 2 * 5 * 5));
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t k = 0; k < xs.size(); ++k)
+      xs[k] = static_cast<float>(std::cos(0.37 * static_cast<double>(k + 5 * step)));
+    built.run({StepInput("x", xs)});
+    direct.run({StepInput("x", xs)});
+    CHECK(built.meanLoss() == direct.meanLoss());
+  }
+  for (const char* name : {"W", "scale", "bias"}) {
+    CAPTURE(name);
+    CHECK(built.readVariable(name) == direct.readVariable(name));
+  }
 }
 
 TEST_CASE(

@@ -617,6 +617,36 @@ TEST_CASE("depthwise convolutions and convolutions by chunks of samples: the sam
   }
 }
 
+TEST_CASE("batch normalisation split by channels: the same bits at 1 to 4 threads, forward and back") {
+  // 6 channels of 16 x 16 x 16 values: up to 3 parts of 2 channels.
+  Graph g(1);
+  const Tensor x = ops::input(g, "x", {16, 6, 16, 16});
+  const Tensor dy = ops::input(g, "dy", {16, 6, 16, 16});
+  const Tensor scale = ops::variable(g, "scale", test::pseudoRandom(6, 61, 0.5f, 1.5f), {6});
+  const Tensor bias = ops::variable(g, "bias", test::pseudoRandom(6, 62), {6});
+  const ops::BatchNormOutputs bn = ops::batchNormTraining(x, scale, bias);
+  const Tensor loss = ops::reduceSum(ops::mul(bn.y, dy));
+  std::vector<TensorId> outputs{bn.y.id(), bn.mean.id(), bn.variance.id()};
+  for (const Tensor& grad : autodiff(g, loss, {x, scale, bias})) outputs.push_back(grad.id());
+  const auto feeds = test::makeFeeds(g, 1, 63);
+  std::vector<std::vector<float>> single;
+  for (const int threads : {1, 2, 3, 4}) {
+    CAPTURE(threads);
+    DeviceSpec spec;
+    spec.numThreads = threads;
+    test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized, spec, outputs);
+    test::runDevice(*device.executable, feeds);
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      const std::vector<float> value = test::deviceValue(*device.executable, g, outputs[i], 0);
+      if (threads == 1) {
+        single.push_back(value);
+      } else {
+        CHECK(value == single[i]);
+      }
+    }
+  }
+}
+
 TEST_CASE("a convolution's weight gradient sums its chunks in two halves: the same bits at 1 to 4 threads") {
   // 7 samples of 50 column rows (2 groups of 2 channels, 5 x 5 taps) over
   // 26 x 26 positions: a chunk of one sample, so halves of 4 and 3 chunks;
