@@ -33,7 +33,7 @@ error, so that a new header is given a folder when it is added:
     optimizers  adam optimizer optimizer_options sgd
     simdevice   device device_spec time_model
     onnx        onnx onnx_builder
-    sessions    checkpoint config_notes data_flow dataset mlp output_check placement profile run_config
+    sessions    checkpoint config_notes data_flow dataset mlp output_check placement profile run_config run_plan
                 session trainer transform transformer
 
 Allowed exceptions, one include each (FOLDER HEADER: why):
