@@ -19,6 +19,7 @@
 #include "tessera/placement.hpp"
 #include "tessera/ops.hpp"
 #include "tessera/run_config.hpp"
+#include "tessera/run_plan.hpp"
 #include "tessera/session.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -35,7 +35,7 @@ SYSTEM_COMMANDS = {
 }
 # Folders of the checkout whose paths in a command's arguments are checked.
 REPO_FOLDERS = ("samples/", "tests/", "scripts/", "bench/", "docs/", "include/", "lib/", "sessions/",
-                "simdevice/", "onnx/", "popdist/", "optimizers/", ".ci/")
+                "app/", "simdevice/", "onnx/", "popdist/", "optimizers/", ".ci/")
 
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")

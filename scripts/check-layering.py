@@ -12,7 +12,8 @@ that the including file's folder may depend on:
     simdevice   lib, simdevice
     onnx        lib, onnx
     sessions    lib, popdist, optimizers, simdevice, onnx, sessions
-    python      lib, popdist, optimizers, simdevice, onnx, sessions, python
+    app         lib, popdist, optimizers, simdevice, onnx, sessions, app
+    python      lib, popdist, optimizers, simdevice, onnx, sessions, app, python
 
 python/ (the Python module) is a binding of the public API: besides its own
 files it may include the public headers only, never a folder's private
@@ -33,8 +34,9 @@ error, so that a new header is given a folder when it is added:
     optimizers  adam optimizer optimizer_options sgd
     simdevice   device device_spec time_model
     onnx        onnx onnx_builder
-    sessions    checkpoint config_notes data_flow dataset mlp output_check placement profile run_config
-                session trainer transform transformer
+    sessions    data_flow placement session transform
+    app         checkpoint config_notes dataset mlp output_check profile run_config run_plan trainer
+                transformer
 
 Allowed exceptions, one include each (FOLDER HEADER: why):
 
@@ -58,7 +60,7 @@ import pathlib
 import re
 import sys
 
-FOLDERS = ("lib", "popdist", "optimizers", "simdevice", "onnx", "sessions", "python")
+FOLDERS = ("lib", "popdist", "optimizers", "simdevice", "onnx", "sessions", "app", "python")
 # Folders that may reach the others through the public headers only.
 PUBLIC_ONLY = ("python",)
 SOURCE_SUFFIXES = (".cc", ".cpp", ".hpp", ".h")

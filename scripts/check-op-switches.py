@@ -28,7 +28,7 @@ import pathlib
 import re
 import sys
 
-FOLDERS = ("lib", "popdist", "optimizers", "simdevice", "onnx", "sessions")
+FOLDERS = ("lib", "popdist", "optimizers", "simdevice", "onnx", "sessions", "app")
 CASE = re.compile(r"case\s+OpKind::(\w+)")
 OP_TYPE_COMPARISON = re.compile(r"\b(?:op|opType|op_type\(\)|kind|type)\s*[!=]=\s*\"[A-Z]\w*\"")
 MAX_OP_TYPE_COMPARISONS = 10

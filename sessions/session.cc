@@ -79,59 +79,7 @@ DeviceError outOfMemoryWithSuggestions(const DeviceError& error, const Graph& gr
   return DeviceError(error.code(), error.subject(), text);
 }
 
-// The device's out-of-memory error with the cheapest combinations of levers
-// that make the run fit, as searchRunLevers() finds them (the figures
-// `tessera explain` prints under levers).
-DeviceError outOfMemoryWithLevers(const DeviceError& error, const RunConfig& config, const RunPlan& plan,
-                                  int64_t maxPlans) {
-  const LeverSearch search = searchRunLevers(config, plan, maxPlans);
-  const std::string space(spaceLabel(search.space));
-  const auto effect = [&](const LeverPlan& p) {
-    return fmt::format("{} {} -> {} per IPU{}; modelled step {:.3f} ms -> {:.3f} ms{}", space,
-                       bytesText(search.peakBytes), bytesText(p.peakBytes), p.fits ? ", fits" : ", still too large",
-                       search.stepSeconds * 1e3, p.stepSeconds * 1e3,
-                       p.globalBatch != search.globalBatch
-                           ? fmt::format("; {} replicas x {} IPUs, global batch {} -> {}", p.replicas,
-                                         p.ipusPerReplica, search.globalBatch, p.globalBatch)
-                           : std::string());
-  };
-  constexpr std::size_t kShown = 3;
-  std::string text = error.detail();
-  if (!search.fitting.empty()) {
-    text += fmt::format("\nlevers that make it fit (each combination planned, the fastest modelled step first; {} "
-                        "plans):",
-                        search.plans);
-    for (std::size_t i = 0; i < search.fitting.size() && i < kShown; ++i) {
-      const LeverPlan& p = search.fitting[i];
-      std::vector<std::string> sets;
-      for (const Lever& l : p.levers)
-        for (const ConfigChange& c : l.changes) sets.push_back(setArgument(c));
-      text += fmt::format("\n  {}. {}: {}\n     {}", i + 1, leverNames(p), effect(p), fmt::join(sets, " "));
-    }
-  } else {
-    text += fmt::format("\nno combination of levers found that fits in {} plans; use a smaller batch, sequence or "
-                        "model",
-                        search.plans);
-    for (std::size_t i = 0; i < search.single.size() && i < kShown; ++i) {
-      if (i == 0) text += "\nthe levers that lower it most, each alone:";
-      text += fmt::format("\n  {}: {}", leverNames(search.single[i]), effect(search.single[i]));
-    }
-  }
-  text += "\n`tessera explain CONFIG` (with the same --set settings) lists every lever, its cost and more "
-          "combinations";
-  return DeviceError(error.code(), error.subject(), text);
-}
-
 }  // namespace
-
-void requireRunFits(const RunConfig& config, const RunPlan& plan, int64_t maxPlans) {
-  try {
-    sim::requireFits(plan.memory);
-  } catch (const DeviceError& error) {
-    if (error.code() != ErrorCode::OutOfMemory) throw;
-    throw outOfMemoryWithLevers(error, config, plan, maxPlans);
-  }
-}
 
 RunPlan requireTrainingFits(const Graph& graph, TensorId loss, const Optimizer& optimizer,
                             const SessionOptions& options, const DeviceSpec& spec) {

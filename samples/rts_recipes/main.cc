@@ -21,6 +21,7 @@
 #include "tessera/optimizer.hpp"
 #include "tessera/placement.hpp"
 #include "tessera/run_config.hpp"
+#include "tessera/run_plan.hpp"
 #include "tessera/session.hpp"
 
 using namespace tessera;

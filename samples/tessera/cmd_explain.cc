@@ -29,6 +29,7 @@
 #include "tessera/placement.hpp"
 #include "tessera/replica_grouping.hpp"
 #include "tessera/run_config.hpp"
+#include "tessera/run_plan.hpp"
 #include "tessera/session_options.hpp"
 #include "tessera/tensor_location.hpp"
 

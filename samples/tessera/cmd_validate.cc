@@ -11,6 +11,7 @@
 #include "tessera/output_check.hpp"
 #include "tessera/placement.hpp"
 #include "tessera/run_config.hpp"
+#include "tessera/run_plan.hpp"
 
 namespace tessera::cli {
 

@@ -19,6 +19,7 @@
 #include "tessera/placement.hpp"
 #include "tessera/profile.hpp"
 #include "tessera/run_config.hpp"
+#include "tessera/run_plan.hpp"
 #include "tessera/session.hpp"
 #include "test_support.hpp"
 

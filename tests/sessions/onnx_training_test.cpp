@@ -27,6 +27,7 @@
 #include "tessera/error.hpp"
 #include "tessera/placement.hpp"
 #include "tessera/run_config.hpp"
+#include "tessera/run_plan.hpp"
 #include "tessera/trainer.hpp"
 #include "test_support.hpp"
 

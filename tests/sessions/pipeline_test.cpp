@@ -34,6 +34,7 @@
 #include "tessera/placement.hpp"
 #include "tessera/profile.hpp"
 #include "tessera/run_config.hpp"
+#include "tessera/run_plan.hpp"
 #include "tessera/session.hpp"
 #include "tessera/trainer.hpp"
 #include "test_support.hpp"

@@ -19,6 +19,7 @@
 #include "tessera/error.hpp"
 #include "tessera/placement.hpp"
 #include "tessera/run_config.hpp"
+#include "tessera/run_plan.hpp"
 #include "tessera/trainer.hpp"
 #include "tessera/transformer.hpp"
 #include "support/process.hpp"

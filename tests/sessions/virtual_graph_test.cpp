@@ -31,6 +31,7 @@
 #include "tessera/ops.hpp"
 #include "tessera/placement.hpp"
 #include "tessera/run_config.hpp"
+#include "tessera/run_plan.hpp"
 #include "tessera/trainer.hpp"
 #include "test_support.hpp"
 #include "transforms/virtual_graph.hpp"

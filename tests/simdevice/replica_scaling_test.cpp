@@ -25,6 +25,7 @@
 #include "tessera/optimizer.hpp"
 #include "tessera/placement.hpp"
 #include "tessera/run_config.hpp"
+#include "tessera/run_plan.hpp"
 #include "tessera/session.hpp"
 #include "test_support.hpp"
 

@@ -34,6 +34,7 @@
 #include "tessera/output_check.hpp"
 #include "tessera/placement.hpp"
 #include "tessera/profile.hpp"
+#include "tessera/run_plan.hpp"
 #include "tessera/session.hpp"
 
 namespace tessera {
