@@ -582,23 +582,12 @@ TEST_CASE("split strided steps and reductions: the same bits at 1 to 4 threads")
   }
 }
 
-TEST_CASE("depthwise convolutions and convolutions by chunks of samples: the same bits at 1 to 4 threads") {
-  // A depthwise 3 x 3 (one channel per group: direct kernels) and a 3 x 3
-  // and a 1 x 1 over 4 x 4 positions (products over chunks of samples),
-  // forward and both gradients.
-  Graph g(1);
-  const Tensor x = ops::input(g, "x", {6, 24, 8, 8});
-  const Tensor wd = ops::variable(g, "wd", test::pseudoRandom(24 * 9, 51), {24, 1, 3, 3});
-  const ops::ConvParams pd{.strides = {2, 2}, .pads = {1, 1, 1, 1}, .group = 24};
-  const Tensor d = ops::conv(x, wd, pd);
-  const Tensor w3 = ops::variable(g, "w3", test::pseudoRandom(32 * 24 * 9, 52), {32, 24, 3, 3});
-  const Tensor c3 = ops::conv(d, w3, {.pads = {1, 1, 1, 1}});
-  const Tensor w1 = ops::variable(g, "w1", test::pseudoRandom(40 * 32, 53), {40, 32, 1, 1});
-  const Tensor c1 = ops::conv(c3, w1);
-  const Tensor loss = ops::reduceSum(ops::mul(c1, c1));
-  std::vector<TensorId> outputs{c1.id()};
-  for (const Tensor& grad : autodiff(g, loss, {x, wd, w3, w1})) outputs.push_back(grad.id());
-  const auto feeds = test::makeFeeds(g, 1, 54);
+namespace {
+
+// Runs `g` at 1, 2, 3 and 4 threads on the same feeds (from `seed`) and
+// checks that every one of `outputs` has the bits of the 1-thread run.
+void sameBitsAtOneToFourThreads(const Graph& g, const std::vector<TensorId>& outputs, uint64_t seed) {
+  const auto feeds = test::makeFeeds(g, 1, seed);
   std::vector<std::vector<float>> single;
   for (const int threads : {1, 2, 3, 4}) {
     CAPTURE(threads);
@@ -617,6 +606,27 @@ TEST_CASE("depthwise convolutions and convolutions by chunks of samples: the sam
   }
 }
 
+}  // namespace
+
+TEST_CASE("depthwise convolutions and convolutions by chunks of samples: the same bits at 1 to 4 threads") {
+  // A depthwise 3 x 3 (one channel per group: direct kernels) and a 3 x 3
+  // and a 1 x 1 over 4 x 4 positions (products over chunks of samples),
+  // forward and both gradients.
+  Graph g(1);
+  const Tensor x = ops::input(g, "x", {6, 24, 8, 8});
+  const Tensor wd = ops::variable(g, "wd", test::pseudoRandom(24 * 9, 51), {24, 1, 3, 3});
+  const ops::ConvParams pd{.strides = {2, 2}, .pads = {1, 1, 1, 1}, .group = 24};
+  const Tensor d = ops::conv(x, wd, pd);
+  const Tensor w3 = ops::variable(g, "w3", test::pseudoRandom(32 * 24 * 9, 52), {32, 24, 3, 3});
+  const Tensor c3 = ops::conv(d, w3, {.pads = {1, 1, 1, 1}});
+  const Tensor w1 = ops::variable(g, "w1", test::pseudoRandom(40 * 32, 53), {40, 32, 1, 1});
+  const Tensor c1 = ops::conv(c3, w1);
+  const Tensor loss = ops::reduceSum(ops::mul(c1, c1));
+  std::vector<TensorId> outputs{c1.id()};
+  for (const Tensor& grad : autodiff(g, loss, {x, wd, w3, w1})) outputs.push_back(grad.id());
+  sameBitsAtOneToFourThreads(g, outputs, 54);
+}
+
 TEST_CASE("batch normalisation split by channels: the same bits at 1 to 4 threads, forward and back") {
   // 6 channels of 16 x 16 x 16 values: up to 3 parts of 2 channels.
   Graph g(1);
@@ -628,23 +638,7 @@ TEST_CASE("batch normalisation split by channels: the same bits at 1 to 4 thread
   const Tensor loss = ops::reduceSum(ops::mul(bn.y, dy));
   std::vector<TensorId> outputs{bn.y.id(), bn.mean.id(), bn.variance.id()};
   for (const Tensor& grad : autodiff(g, loss, {x, scale, bias})) outputs.push_back(grad.id());
-  const auto feeds = test::makeFeeds(g, 1, 63);
-  std::vector<std::vector<float>> single;
-  for (const int threads : {1, 2, 3, 4}) {
-    CAPTURE(threads);
-    DeviceSpec spec;
-    spec.numThreads = threads;
-    test::DeviceRun device = test::loadOnDevice(g, ExecutionMode::Vectorized, spec, outputs);
-    test::runDevice(*device.executable, feeds);
-    for (std::size_t i = 0; i < outputs.size(); ++i) {
-      const std::vector<float> value = test::deviceValue(*device.executable, g, outputs[i], 0);
-      if (threads == 1) {
-        single.push_back(value);
-      } else {
-        CHECK(value == single[i]);
-      }
-    }
-  }
+  sameBitsAtOneToFourThreads(g, outputs, 63);
 }
 
 TEST_CASE("a convolution's weight gradient sums its chunks in two halves: the same bits at 1 to 4 threads") {
