@@ -1,7 +1,7 @@
-// Checkpoints (see include/tessera/checkpoint.hpp): tessera's metadata over
+// Checkpoints (see include/tessera/app/checkpoint.hpp): tessera's metadata over
 // the safetensors container of lib/safetensors, the session's variables, and
 // reading and writing files.
-#include "tessera/checkpoint.hpp"
+#include "tessera/app/checkpoint.hpp"
 
 #include <algorithm>
 #include <array>
@@ -24,11 +24,11 @@
 #include "half.hpp"
 #include "input_file.hpp"
 #include "safetensors.hpp"
-#include "tessera/adam.hpp"
-#include "tessera/error.hpp"
-#include "tessera/json.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/sgd.hpp"
+#include "tessera/optimizers/adam.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/optimizers/sgd.hpp"
 
 namespace tessera {
 namespace {

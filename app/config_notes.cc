@@ -1,4 +1,4 @@
-#include "tessera/config_notes.hpp"
+#include "tessera/app/config_notes.hpp"
 
 #include <array>
 #include <string>
@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 namespace {

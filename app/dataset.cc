@@ -1,4 +1,4 @@
-#include "tessera/dataset.hpp"
+#include "tessera/app/dataset.hpp"
 
 #include <algorithm>
 #include <array>
@@ -25,7 +25,7 @@
 #include "input_file.hpp"
 #include "json_reader.hpp"
 #include "safetensors.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 namespace {

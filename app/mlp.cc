@@ -1,4 +1,4 @@
-#include "tessera/mlp.hpp"
+#include "tessera/app/mlp.hpp"
 
 #include <cmath>
 #include <numbers>
@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 namespace {

@@ -1,4 +1,4 @@
-#include "tessera/output_check.hpp"
+#include "tessera/app/output_check.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +12,7 @@
 
 #include "atomic_file.hpp"
 #include "input_file.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 namespace {

@@ -1,4 +1,4 @@
-#include "tessera/profile.hpp"
+#include "tessera/app/profile.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -14,10 +14,10 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "tessera/error.hpp"
-#include "tessera/output_check.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/session.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/app/output_check.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/sessions/session.hpp"
 
 namespace tessera {
 namespace {

@@ -1,6 +1,6 @@
 // The run config: field tables of its sections, the loader with --set
 // overrides and provenance, validate(RunConfig) and the JSON Schema.
-#include "tessera/run_config.hpp"
+#include "tessera/app/run_config.hpp"
 
 #include <algorithm>
 #include <array>
@@ -24,10 +24,10 @@
 #include "input_file.hpp"
 #include "json_reader.hpp"
 #include "optimizer_options_json.hpp"
-#include "tessera/error.hpp"
-#include "tessera/json.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/transformer.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/app/transformer.hpp"
 
 namespace tessera {
 

@@ -11,11 +11,11 @@
 #include <fmt/ranges.h>
 
 #include "json_reader.hpp"
-#include "tessera/error.hpp"
-#include "tessera/mlp.hpp"
-#include "tessera/onnx.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/transformer.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/app/transformer.hpp"
 
 namespace tessera {
 namespace {

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "tessera/data_flow.hpp"
-#include "tessera/graph.hpp"
-#include "tessera/run_config.hpp"
+#include "tessera/sessions/data_flow.hpp"
+#include "tessera/lib/graph.hpp"
+#include "tessera/app/run_config.hpp"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-#include "tessera/run_plan.hpp"
+#include "tessera/app/run_plan.hpp"
 
 #include <algorithm>
 #include <array>
@@ -16,8 +16,8 @@
 
 #include "memory_planner.hpp"
 #include "run_model.hpp"
-#include "tessera/error.hpp"
-#include "tessera/mlp.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/app/mlp.hpp"
 
 namespace tessera {
 namespace {

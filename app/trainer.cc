@@ -1,4 +1,4 @@
-#include "tessera/trainer.hpp"
+#include "tessera/app/trainer.hpp"
 
 #include <algorithm>
 #include <array>
@@ -21,21 +21,21 @@
 
 #include "memory_planner.hpp"
 #include "run_model.hpp"
-#include "tessera/checkpoint.hpp"
-#include "tessera/communicator.hpp"
-#include "tessera/data_flow.hpp"
-#include "tessera/dataset.hpp"
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
-#include "tessera/json.hpp"
-#include "tessera/mlp.hpp"
-#include "tessera/onnx.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/output_check.hpp"
-#include "tessera/placement.hpp"
-#include "tessera/profile.hpp"
-#include "tessera/run_plan.hpp"
-#include "tessera/session.hpp"
+#include "tessera/app/checkpoint.hpp"
+#include "tessera/popdist/communicator.hpp"
+#include "tessera/sessions/data_flow.hpp"
+#include "tessera/app/dataset.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/app/output_check.hpp"
+#include "tessera/sessions/placement.hpp"
+#include "tessera/app/profile.hpp"
+#include "tessera/app/run_plan.hpp"
+#include "tessera/sessions/session.hpp"
 
 namespace tessera {
 namespace {

@@ -1,4 +1,4 @@
-#include "tessera/transformer.hpp"
+#include "tessera/app/transformer.hpp"
 
 #include <cmath>
 #include <limits>
@@ -7,9 +7,9 @@
 
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
-#include "tessera/mlp.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/lib/ops.hpp"
 
 namespace tessera {
 namespace {

@@ -15,12 +15,12 @@
 
 #include "gemm.hpp"
 
-#include "tessera/location_resolver.hpp"
-#include "tessera/placement.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/run_plan.hpp"
-#include "tessera/session.hpp"
+#include "tessera/lib/location_resolver.hpp"
+#include "tessera/sessions/placement.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/app/run_plan.hpp"
+#include "tessera/sessions/session.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>

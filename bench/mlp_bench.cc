@@ -37,12 +37,12 @@
 #include <string>
 #include <vector>
 
-#include "tessera/device_spec.hpp"
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
-#include "tessera/mlp.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/session.hpp"
+#include "tessera/simdevice/device_spec.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/session.hpp"
 
 namespace {
 

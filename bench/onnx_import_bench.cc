@@ -10,7 +10,7 @@
 
 #include <onnx/onnx_pb.h>
 
-#include "tessera/onnx.hpp"
+#include "tessera/onnx/onnx.hpp"
 
 namespace {
 

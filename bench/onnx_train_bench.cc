@@ -21,13 +21,13 @@
 #include <string>
 #include <vector>
 
-#include "tessera/dataset.hpp"
-#include "tessera/device.hpp"
-#include "tessera/device_spec.hpp"
-#include "tessera/error.hpp"
-#include "tessera/onnx.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/session.hpp"
+#include "tessera/app/dataset.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/simdevice/device_spec.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/session.hpp"
 
 int main(int argc, char** argv) {
   std::vector<std::string> args;

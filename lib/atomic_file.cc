@@ -17,7 +17,7 @@
 #include <fmt/format.h>
 
 #include "input_file.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera::detail {
 namespace {

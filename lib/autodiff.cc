@@ -1,5 +1,5 @@
 // The reverse-mode traversal; the per-op rules are in gradients.cc.
-#include "tessera/autodiff.hpp"
+#include "tessera/lib/autodiff.hpp"
 
 #include <algorithm>
 #include <unordered_map>
@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "op_def.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 namespace {

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "tessera/replica_grouping.hpp"
+#include "tessera/lib/replica_grouping.hpp"
 
 namespace tessera::detail {
 

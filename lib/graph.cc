@@ -1,4 +1,4 @@
-#include "tessera/graph.hpp"
+#include "tessera/lib/graph.hpp"
 
 #include <algorithm>
 #include <functional>
@@ -9,7 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "op_def.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 

@@ -1,7 +1,7 @@
 // Field tables of lib's option types and their public to_json / from_json.
 // The docs repeat the header comments of the fields; they become the
 // descriptions of the JSON Schema.
-#include "tessera/json.hpp"
+#include "tessera/lib/json.hpp"
 
 #include <array>
 
@@ -9,8 +9,8 @@
 
 #include "json_reader.hpp"
 #include "option_paths.hpp"
-#include "tessera/replica_grouping.hpp"
-#include "tessera/shard_layout.hpp"
+#include "tessera/lib/replica_grouping.hpp"
+#include "tessera/lib/shard_layout.hpp"
 
 namespace tessera {
 

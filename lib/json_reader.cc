@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "option_paths.hpp"
-#include "tessera/json.hpp"
+#include "tessera/lib/json.hpp"
 
 namespace tessera {
 namespace jsonio {

@@ -42,10 +42,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tessera/enum_names.hpp"
-#include "tessera/error.hpp"
-#include "tessera/session_options.hpp"
-#include "tessera/tensor_location.hpp"
+#include "tessera/lib/enum_names.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/session_options.hpp"
+#include "tessera/lib/tensor_location.hpp"
 
 namespace tessera {
 

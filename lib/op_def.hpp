@@ -21,9 +21,9 @@
 #include <string_view>
 #include <vector>
 
-#include "tessera/error.hpp"
-#include "tessera/graph.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/graph.hpp"
+#include "tessera/lib/ops.hpp"
 
 namespace tessera {
 
@@ -191,7 +191,7 @@ struct OpDef {
   // replica's output.
   void (*reference)(ReferenceOp& r, int64_t replica) = nullptr;
   bool acrossReplicas = false;
-  // The op's cost on one replica (the table in tessera/time_model.hpp).
+  // The op's cost on one replica (the table in tessera/simdevice/time_model.hpp).
   OpCost (*cost)(const Graph& graph, const OpNode& op) = nullptr;
   // Each output element is an input element, its negation or absolute
   // value, or zero (shape ops, copies, gathers, selects, max pools, data

@@ -1,12 +1,12 @@
-#include "tessera/ops.hpp"
+#include "tessera/lib/ops.hpp"
 
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "half.hpp"
-#include "tessera/error.hpp"
-#include "tessera/shard_layout.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/shard_layout.hpp"
 
 namespace tessera::ops {
 namespace {

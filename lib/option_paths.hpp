@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "tessera/session_options.hpp"
+#include "tessera/lib/session_options.hpp"
 
 namespace tessera::detail {
 

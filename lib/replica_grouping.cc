@@ -1,9 +1,9 @@
-#include "tessera/replica_grouping.hpp"
+#include "tessera/lib/replica_grouping.hpp"
 
 #include <fmt/format.h>
 
 #include "derived_grouping.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 namespace {

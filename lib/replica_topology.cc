@@ -1,10 +1,10 @@
-#include "tessera/replica_topology.hpp"
+#include "tessera/lib/replica_topology.hpp"
 
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
-#include "tessera/graph.hpp"
-#include "tessera/session_options.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/graph.hpp"
+#include "tessera/lib/session_options.hpp"
 
 namespace tessera {
 

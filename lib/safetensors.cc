@@ -8,8 +8,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "tessera/error.hpp"
-#include "tessera/json.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/json.hpp"
 
 namespace tessera::safetensors {
 namespace {

@@ -1,11 +1,11 @@
-#include "tessera/session_options.hpp"
+#include "tessera/lib/session_options.hpp"
 
 #include <array>
 
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
-#include "tessera/replica_topology.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/replica_topology.hpp"
 
 namespace tessera {
 namespace {

@@ -1,10 +1,10 @@
-#include "tessera/shard_layout.hpp"
+#include "tessera/lib/shard_layout.hpp"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 namespace {

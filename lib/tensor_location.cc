@@ -1,9 +1,9 @@
-#include "tessera/tensor_location.hpp"
+#include "tessera/lib/tensor_location.hpp"
 
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
-#include "tessera/replica_grouping.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/replica_grouping.hpp"
 
 namespace tessera {
 namespace {

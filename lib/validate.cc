@@ -11,9 +11,9 @@
 #include <fmt/format.h>
 
 #include "option_paths.hpp"
-#include "tessera/error.hpp"
-#include "tessera/replica_grouping.hpp"
-#include "tessera/session_options.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/replica_grouping.hpp"
+#include "tessera/lib/session_options.hpp"
 
 namespace tessera {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "tessera/session_options.hpp"
+#include "tessera/lib/session_options.hpp"
 
 namespace tessera::detail {
 

@@ -1,6 +1,6 @@
 // OnnxBuilder: an ONNX model built node by node, every node checked against
-// ONNX's schema of its op at the builder's opset (tessera/onnx_builder.hpp).
-#include "tessera/onnx_builder.hpp"
+// ONNX's schema of its op at the builder's opset (tessera/onnx/onnx_builder.hpp).
+#include "tessera/onnx/onnx_builder.hpp"
 
 #include <algorithm>
 #include <bit>

@@ -10,7 +10,7 @@
 
 #include "half.hpp"
 #include "onnx_internal.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera::onnx_import {
 namespace {

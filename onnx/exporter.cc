@@ -14,7 +14,7 @@
 #include "atomic_file.hpp"
 #include "half.hpp"
 #include "onnx_internal.hpp"
-#include "tessera/onnx.hpp"
+#include "tessera/onnx/onnx.hpp"
 
 namespace tessera {
 namespace {

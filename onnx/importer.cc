@@ -19,8 +19,8 @@
 #include "importer.hpp"
 #include "input_file.hpp"
 #include "op_mapping.hpp"
-#include "tessera/error.hpp"
-#include "tessera/onnx.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/onnx/onnx.hpp"
 
 namespace tessera {
 namespace onnx_import {

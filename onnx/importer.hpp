@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "onnx_internal.hpp"
-#include "tessera/onnx.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/lib/ops.hpp"
 
 namespace tessera::onnx_import {
 

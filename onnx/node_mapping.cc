@@ -1,4 +1,4 @@
-// Node mapping: each ONNX node becomes one or more ops of tessera/ops.hpp.
+// Node mapping: each ONNX node becomes one or more ops of tessera/lib/ops.hpp.
 // Compositions stay compositions (Gemm = transposes + MatMul + scaled Add);
 // what the current ops cannot compute exactly is refused with the node named.
 // The ops are mapped by their families (onnx/ops/<family>.cc, registered in
@@ -12,7 +12,7 @@
 
 #include "importer.hpp"
 #include "op_mapping.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera::onnx_import {
 

@@ -12,8 +12,8 @@
 
 #include <onnx/onnx_pb.h>
 
-#include "tessera/error.hpp"
-#include "tessera/graph.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/graph.hpp"
 
 namespace tessera::onnx_import {
 

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera::onnx_import {
 namespace {

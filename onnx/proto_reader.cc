@@ -8,7 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "onnx_internal.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera::onnx_import {
 

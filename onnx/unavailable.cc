@@ -2,8 +2,8 @@
 // that has it.
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
-#include "tessera/onnx.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/onnx/onnx.hpp"
 
 namespace tessera {
 namespace {

@@ -1,5 +1,5 @@
-// Adam / AdamW update ops (see include/tessera/adam.hpp).
-#include "tessera/adam.hpp"
+// Adam / AdamW update ops (see include/tessera/optimizers/adam.hpp).
+#include "tessera/optimizers/adam.hpp"
 
 #include <cmath>
 

@@ -1,14 +1,14 @@
 // The optimizer base: hyper-parameter scalars, operand checks, the factory.
-#include "tessera/optimizer.hpp"
+#include "tessera/optimizers/optimizer.hpp"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
-#include "tessera/adam.hpp"
-#include "tessera/error.hpp"
-#include "tessera/session_options.hpp"
-#include "tessera/sgd.hpp"
+#include "tessera/optimizers/adam.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/session_options.hpp"
+#include "tessera/optimizers/sgd.hpp"
 
 namespace tessera {
 namespace {

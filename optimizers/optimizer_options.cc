@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "json_reader.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 

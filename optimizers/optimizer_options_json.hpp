@@ -2,7 +2,7 @@
 // section (optimizer_options.cc); see lib/json_reader.hpp for the mechanism.
 #pragma once
 
-#include "tessera/optimizer_options.hpp"
+#include "tessera/optimizers/optimizer_options.hpp"
 
 namespace tessera {
 

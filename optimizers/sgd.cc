@@ -1,5 +1,5 @@
-// SGD update ops, PyTorch semantics (see include/tessera/sgd.hpp).
-#include "tessera/sgd.hpp"
+// SGD update ops, PyTorch semantics (see include/tessera/optimizers/sgd.hpp).
+#include "tessera/optimizers/sgd.hpp"
 
 #include "json_reader.hpp"
 #include "optimizer_options_json.hpp"

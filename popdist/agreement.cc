@@ -9,9 +9,9 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
-#include "tessera/json.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/json.hpp"
 
 namespace tessera::dist {
 namespace {

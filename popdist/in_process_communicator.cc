@@ -13,8 +13,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "tessera/communicator.hpp"
-#include "tessera/error.hpp"
+#include "tessera/popdist/communicator.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 namespace {

@@ -30,8 +30,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera::dist {
 namespace {

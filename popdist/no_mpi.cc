@@ -1,6 +1,6 @@
 // A build without MPI runs one instance: there is nothing to connect to.
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera::dist {
 

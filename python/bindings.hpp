@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <pybind11/pybind11.h>
 
-#include "tessera/enum_names.hpp"
-#include "tessera/tensor_location.hpp"
+#include "tessera/lib/enum_names.hpp"
+#include "tessera/lib/tensor_location.hpp"
 
 // SessionOptions::tensorLocationSettingsOverride is bound as a mutable
 // mapping (opts.tensorLocationSettingsOverride["w"] = ...), not copied to a
@@ -24,7 +24,7 @@ namespace py = pybind11;
 // type is a ConfigError(WrongType) naming `path`.
 nlohmann::json toJson(py::handle value, const std::string& path);
 
-// An enum with the C++ enumerators' names (tessera/enum_names.hpp), which are
+// An enum with the C++ enumerators' names (tessera/lib/enum_names.hpp), which are
 // PopART's.
 template <NamedEnum E>
 py::enum_<E> bindEnum(py::module_& module, const char* doc) {

@@ -11,10 +11,10 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
-#include "tessera/error.hpp"
-#include "tessera/graph.hpp"
-#include "tessera/onnx_builder.hpp"
-#include "tessera/session_options.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/graph.hpp"
+#include "tessera/onnx/onnx_builder.hpp"
+#include "tessera/lib/session_options.hpp"
 #include "settings.hpp"
 
 namespace tessera::python {
@@ -253,7 +253,7 @@ void bindBuilder(py::module_& module) {
 
   py::class_<OnnxBuilder>(
       module, "Builder",
-      "PopART's Builder: an ONNX model built node by node (tessera/onnx_builder.hpp). Every node is checked "
+      "PopART's Builder: an ONNX model built node by node (tessera/onnx/onnx_builder.hpp). Every node is checked "
       "against ONNX's schema of its op; getModelProto() gives the bytes a TrainingSession or "
       "InferenceSession takes as fnModel.")
       .def(py::init<int64_t>(), py::arg("opsetVersion") = 14)

@@ -15,9 +15,9 @@
 #include <fmt/core.h>
 #include <pybind11/stl.h>
 
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
-#include "tessera/replica_grouping.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/replica_grouping.hpp"
 
 namespace tessera::python {
 
@@ -105,7 +105,7 @@ void bindReplicaGrouping(py::module_& module) {
 // PopDist's queries, reading the variables `tessera launch` sets each time.
 void bindPopdist(py::module_& module) {
   py::module_ popdist = module.def_submodule(
-      "popdist", "PopDist's queries, reading the environment `tessera launch` sets (tessera/dist.hpp).");
+      "popdist", "PopDist's queries, reading the environment `tessera launch` sets (tessera/popdist/dist.hpp).");
   popdist.def("isPopdistEnvSet", &dist::isDistEnvSet, "Whether the process was started by `tessera launch`.");
   popdist.def("getNumInstances", &dist::numInstances, "Instances of the run.");
   popdist.def("getInstanceIndex", &dist::instanceIndex, "This instance's index.");

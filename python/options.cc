@@ -11,18 +11,18 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl_bind.h>
 
-#include "tessera/error.hpp"
-#include "tessera/json.hpp"
-#include "tessera/loss_scaling.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/session_options.hpp"
-#include "tessera/tensor_location.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/lib/loss_scaling.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/lib/session_options.hpp"
+#include "tessera/lib/tensor_location.hpp"
 
 namespace tessera::python {
 
 namespace {
 
-// The canonical JSON dump of a value (tessera/json.hpp), as text.
+// The canonical JSON dump of a value (tessera/lib/json.hpp), as text.
 template <class T>
 std::string jsonText(const T& value) {
   nlohmann::json j;
@@ -141,7 +141,7 @@ void bindOptions(py::module_& module) {
       .def("__repr__", &jsonText<TensorLocationSettings>);
 
   py::class_<AutomaticLossScalingSettings>(module, "AutomaticLossScalingSettings",
-                                           "Automatic loss scaling (tessera/loss_scaling.hpp).")
+                                           "Automatic loss scaling (tessera/lib/loss_scaling.hpp).")
       .def(py::init<>())
       .def_readwrite("enabled", &AutomaticLossScalingSettings::enabled, fieldDoc(lossScaling, "enabled"))
       .def_readwrite("updatePeriod", &AutomaticLossScalingSettings::updatePeriod,
@@ -180,7 +180,7 @@ void bindOptions(py::module_& module) {
   py::class_<SessionOptions>(
       module, "SessionOptions",
       "Replication, gradient accumulation and tensor locations: PopART's SessionOptions "
-      "fields with their names, meanings and defaults (tessera/session_options.hpp). "
+      "fields with their names, meanings and defaults (tessera/lib/session_options.hpp). "
       "Setting a field never fails; validate() and the sessions check the rules.")
       .def(py::init<>())
       .def_readwrite("enableReplicatedGraphs", &SessionOptions::enableReplicatedGraphs,

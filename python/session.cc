@@ -1,7 +1,7 @@
 // PopART's session names over tessera's sessions: PyStepIO, PyWeightsIO,
 // TrainingSession and InferenceSession over an ONNX model (their settings
 // are settings.cc's). Arrays have PopART's shapes, which are the C++
-// sessions' host shapes (tessera/data_flow.hpp).
+// sessions' host shapes (tessera/sessions/data_flow.hpp).
 #include "bindings.hpp"  // first: it declares an opaque type before pybind11/stl.h
 
 #include <algorithm>
@@ -28,15 +28,15 @@
 #include <pybind11/stl.h>
 
 #include "settings.hpp"
-#include "tessera/checkpoint.hpp"
-#include "tessera/device.hpp"
-#include "tessera/device_spec.hpp"
-#include "tessera/error.hpp"
-#include "tessera/onnx.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/optimizer_options.hpp"
-#include "tessera/session.hpp"
-#include "tessera/session_options.hpp"
+#include "tessera/app/checkpoint.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/simdevice/device_spec.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/optimizers/optimizer_options.hpp"
+#include "tessera/sessions/session.hpp"
+#include "tessera/lib/session_options.hpp"
 
 namespace tessera::python {
 
@@ -413,7 +413,7 @@ class PySession {
   }
 
   // The weights and optimizer state in a .safetensors checkpoint
-  // (tessera/checkpoint.hpp), and back: training continues as if it had
+  // (tessera/app/checkpoint.hpp), and back: training continues as if it had
   // never stopped. Loading writes the device; weightsToHost() then updates
   // the host copy.
   void saveCheckpoint(const std::string& path) {
@@ -445,7 +445,7 @@ class PySession {
   // PopART's modelToHost: the ONNX model the session was made from, with
   // its initializers holding the device's weights (a float16 weight's
   // float32 master where the session keeps one) and BatchNormalization's
-  // running statistics (writeOnnx, tessera/onnx.hpp).
+  // running statistics (writeOnnx, tessera/onnx/onnx.hpp).
   void modelToHost(const py::object& path) {
     const std::filesystem::path destination =
         py::module_::import("os").attr("fspath")(path).cast<std::string>();

@@ -20,10 +20,10 @@
 #include <pybind11/stl.h>
 
 #include "settings.hpp"
-#include "tessera/dataset.hpp"
-#include "tessera/device_spec.hpp"
-#include "tessera/error.hpp"
-#include "tessera/optimizer_options.hpp"
+#include "tessera/app/dataset.hpp"
+#include "tessera/simdevice/device_spec.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/optimizers/optimizer_options.hpp"
 
 namespace tessera::python {
 
@@ -172,13 +172,13 @@ void bindDatasets(py::module_& module) {
       },
       py::arg("dataset") = "FashionMnist", py::arg("path") = "", py::arg("limitTrainSamples") = 0,
       py::arg("limitTestSamples") = 0, py::arg("seed") = 0,
-      "The dataset the CLI's run configs train on (tessera/dataset.hpp): a dict with 'train' and 'test' "
+      "The dataset the CLI's run configs train on (tessera/app/dataset.hpp): a dict with 'train' and 'test' "
       "(images [N, 28, 28] float32 in [0, 1], labels [N] int32), 'source' and 'notice' (non-empty when the "
       "synthetic stand-in replaced a dataset that is not installed).");
 }
 
 void bindSettings(py::module_& module) {
-  py::class_<DeviceInfo>(module, "DeviceInfo", "A simulated device for a session (tessera/device_spec.hpp).")
+  py::class_<DeviceInfo>(module, "DeviceInfo", "A simulated device for a session (tessera/simdevice/device_spec.hpp).")
       .def_property_readonly("numIpus",
                              [](const DeviceInfo& info) -> py::object {
                                return info.numIpus ? py::cast(*info.numIpus) : py::none();

@@ -9,10 +9,10 @@
 #include <utility>
 #include <vector>
 
-#include "tessera/data_flow.hpp"
-#include "tessera/device_spec.hpp"
-#include "tessera/graph.hpp"
-#include "tessera/optimizer_options.hpp"
+#include "tessera/sessions/data_flow.hpp"
+#include "tessera/simdevice/device_spec.hpp"
+#include "tessera/lib/graph.hpp"
+#include "tessera/optimizers/optimizer_options.hpp"
 
 namespace tessera::python {
 
@@ -30,7 +30,7 @@ struct PyOptimizer {
 };
 
 // PopART's DataFlow and AnchorReturnType are tessera's own
-// (tessera/data_flow.hpp).
+// (tessera/sessions/data_flow.hpp).
 using tessera::AnchorReturnType;
 using tessera::DataFlow;
 

@@ -39,7 +39,7 @@ ENUMERATOR = re.compile(r"^\s*(\w+)\s*(?:=\s*\w+\s*)?,", re.MULTILINE)
 
 
 def builtin_kinds(root):
-    text = (root / "include/tessera/graph.hpp").read_text()
+    text = (root / "include/tessera/lib/graph.hpp").read_text()
     body = text[text.index("enum class OpKind"):]
     body = body[body.index("{") + 1:body.index("};")]
     body = re.sub(r"//[^\n]*", "", body)
@@ -52,7 +52,7 @@ def main():
     root = parser.parse_args().root
     kinds = builtin_kinds(root)
     if len(kinds) < 8:
-        sys.exit(f"check-op-switches: found only {len(kinds)} OpKind enumerators in include/tessera/graph.hpp")
+        sys.exit(f"check-op-switches: found only {len(kinds)} OpKind enumerators in include/tessera/lib/graph.hpp")
     limit = len(kinds) // 4
     problems = []
     files = 0

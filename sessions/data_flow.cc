@@ -1,10 +1,10 @@
-#include "tessera/data_flow.hpp"
+#include "tessera/sessions/data_flow.hpp"
 
 #include <set>
 
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 

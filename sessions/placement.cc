@@ -1,4 +1,4 @@
-#include "tessera/placement.hpp"
+#include "tessera/sessions/placement.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -12,9 +12,9 @@
 #include <fmt/ranges.h>
 
 #include "session_runtime.hpp"
-#include "tessera/error.hpp"
-#include "tessera/shard_layout.hpp"
-#include "tessera/transform.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/shard_layout.hpp"
+#include "tessera/sessions/transform.hpp"
 #include "training_pipeline.hpp"
 
 namespace tessera {

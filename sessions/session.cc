@@ -1,4 +1,4 @@
-#include "tessera/session.hpp"
+#include "tessera/sessions/session.hpp"
 
 #include <algorithm>
 #include <functional>
@@ -11,10 +11,10 @@
 
 #include "memory_planner.hpp"
 #include "session_runtime.hpp"
-#include "tessera/error.hpp"
-#include "tessera/loss_scaling.hpp"
-#include "tessera/placement.hpp"
-#include "tessera/transform.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/loss_scaling.hpp"
+#include "tessera/sessions/placement.hpp"
+#include "tessera/sessions/transform.hpp"
 #include "time_model.hpp"
 #include "training_pipeline.hpp"
 

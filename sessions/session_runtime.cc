@@ -11,11 +11,11 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "tessera/communicator.hpp"
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
-#include "tessera/json.hpp"
-#include "tessera/shard_layout.hpp"
+#include "tessera/popdist/communicator.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/lib/shard_layout.hpp"
 
 namespace tessera::detail {
 namespace {

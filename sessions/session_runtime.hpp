@@ -12,10 +12,10 @@
 #include <string_view>
 #include <vector>
 
-#include "tessera/device.hpp"
-#include "tessera/graph.hpp"
-#include "tessera/session.hpp"
-#include "tessera/session_options.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/graph.hpp"
+#include "tessera/sessions/session.hpp"
+#include "tessera/lib/session_options.hpp"
 
 namespace tessera::detail {
 

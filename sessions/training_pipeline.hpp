@@ -21,10 +21,10 @@
 #include <memory>
 #include <vector>
 
-#include "tessera/optimizer.hpp"
-#include "tessera/replica_topology.hpp"
-#include "tessera/session_options.hpp"
-#include "tessera/transform.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/lib/replica_topology.hpp"
+#include "tessera/lib/session_options.hpp"
+#include "tessera/sessions/transform.hpp"
 
 namespace tessera {
 

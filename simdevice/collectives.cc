@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "tessera/communicator.hpp"
-#include "tessera/shard_layout.hpp"
+#include "tessera/popdist/communicator.hpp"
+#include "tessera/lib/shard_layout.hpp"
 
 namespace tessera::sim {
 namespace {

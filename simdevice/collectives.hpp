@@ -19,8 +19,8 @@
 
 #include "kernels.hpp"
 #include "layouts.hpp"
-#include "tessera/graph.hpp"
-#include "tessera/replica_grouping.hpp"
+#include "tessera/lib/graph.hpp"
+#include "tessera/lib/replica_grouping.hpp"
 
 namespace tessera::sim {
 

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "json_reader.hpp"
-#include "tessera/error.hpp"
-#include "tessera/session_options.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/session_options.hpp"
 #include "validate_options.hpp"
 
 namespace tessera {

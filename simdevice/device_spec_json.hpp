@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "tessera/device_spec.hpp"
+#include "tessera/simdevice/device_spec.hpp"
 
 namespace tessera {
 

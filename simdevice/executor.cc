@@ -14,9 +14,9 @@
 #include "kernel_table.hpp"
 #include "memory_planner.hpp"
 #include "op_def.hpp"
-#include "tessera/communicator.hpp"
-#include "tessera/error.hpp"
-#include "tessera/shard_layout.hpp"
+#include "tessera/popdist/communicator.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/shard_layout.hpp"
 #include "time_model.hpp"
 
 namespace tessera::sim {

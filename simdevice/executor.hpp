@@ -40,7 +40,7 @@
 #include "collectives.hpp"
 #include "kernels.hpp"
 #include "layouts.hpp"
-#include "tessera/device.hpp"
+#include "tessera/simdevice/device.hpp"
 
 namespace tessera::sim {
 

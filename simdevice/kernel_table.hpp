@@ -15,7 +15,7 @@
 
 #include "kernels.hpp"
 #include "layouts.hpp"
-#include "tessera/graph.hpp"
+#include "tessera/lib/graph.hpp"
 
 namespace tessera::sim {
 

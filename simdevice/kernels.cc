@@ -10,7 +10,7 @@
 
 #include "half.hpp"
 #include "planes.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera::sim {
 

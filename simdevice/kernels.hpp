@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "gemm.hpp"
-#include "tessera/graph.hpp"
+#include "tessera/lib/graph.hpp"
 #include "worker_pool.hpp"
 
 namespace tessera {

@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "tessera/device.hpp"
-#include "tessera/graph.hpp"
-#include "tessera/replica_grouping.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/graph.hpp"
+#include "tessera/lib/replica_grouping.hpp"
 
 namespace tessera::sim {
 

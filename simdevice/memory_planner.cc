@@ -13,8 +13,8 @@
 #include "device_spec_json.hpp"
 #include "layouts.hpp"
 #include "time_model.hpp"
-#include "tessera/error.hpp"
-#include "tessera/shard_layout.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/shard_layout.hpp"
 
 namespace tessera {
 namespace sim {

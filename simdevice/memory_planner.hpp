@@ -1,6 +1,6 @@
 // The memory planner: bytes per replica, per tile set and in streaming
 // memory, from the schedule and liveness (the rules are those of
-// planMemory() in tessera/device.hpp).
+// planMemory() in tessera/simdevice/device.hpp).
 //
 // The numbers are modelled from the program, not measured on the host:
 // fusions and layouts chosen by the host executor change nothing here.
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "tessera/device.hpp"
-#include "tessera/device_spec.hpp"
-#include "tessera/graph.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/simdevice/device_spec.hpp"
+#include "tessera/lib/graph.hpp"
 
 namespace tessera::sim {
 

@@ -1,8 +1,8 @@
 #include <memory>
 
 #include "executor.hpp"
-#include "tessera/communicator.hpp"
-#include "tessera/device.hpp"
+#include "tessera/popdist/communicator.hpp"
+#include "tessera/simdevice/device.hpp"
 #include "worker_pool.hpp"
 
 namespace tessera {

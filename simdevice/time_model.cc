@@ -11,8 +11,8 @@
 
 #include "memory_planner.hpp"
 #include "op_def.hpp"
-#include "tessera/device.hpp"
-#include "tessera/error.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 namespace sim {

@@ -1,13 +1,13 @@
-// The time model (the rules are in tessera/time_model.hpp).
+// The time model (the rules are in tessera/simdevice/time_model.hpp).
 #pragma once
 
 #include <span>
 
 #include "layouts.hpp"
-#include "tessera/device.hpp"
-#include "tessera/device_spec.hpp"
-#include "tessera/graph.hpp"
-#include "tessera/time_model.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/simdevice/device_spec.hpp"
+#include "tessera/lib/graph.hpp"
+#include "tessera/simdevice/time_model.hpp"
 
 namespace tessera::sim {
 
@@ -29,7 +29,7 @@ int64_t inFlightBuffers(ExchangeStrategy applied);
 void checkHostStreams(const Program& program, const DeviceSpec& spec);
 
 // Adds the host streams of `program` to a report of its graph (the Host
-// streams section of tessera/time_model.hpp): the step time with the host
+// streams section of tessera/simdevice/time_model.hpp): the step time with the host
 // transfers, the streams, and their HostIO ops. Throws
 // DeviceError(InvalidHostStream) for a stream it cannot model.
 void addHostStreams(TimeReport& report, const Program& program, const DeviceSpec& spec);

@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 
-#include "tessera/device_spec.hpp"
-#include "tessera/error.hpp"
+#include "tessera/simdevice/device_spec.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera::sim {
 namespace {

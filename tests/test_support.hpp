@@ -10,8 +10,8 @@
 
 #include <doctest/doctest.h>
 
-#include "tessera/error.hpp"
-#include "tessera/session_options.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/session_options.hpp"
 
 namespace tessera::test {
 

@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "op_def.hpp"
-#include "tessera/shard_layout.hpp"
+#include "tessera/lib/shard_layout.hpp"
 
 namespace tessera {
 namespace {

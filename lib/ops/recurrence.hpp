@@ -25,7 +25,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "tessera/graph.hpp"
+#include "tessera/lib/graph.hpp"
 
 namespace tessera::recurrence {
 

@@ -10,7 +10,7 @@
 
 #include "importer.hpp"
 #include "op_mapping.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera::onnx_import {
 namespace {

@@ -5,11 +5,11 @@
 #include <cstdint>
 #include <iostream>
 
-#include <tessera/error.hpp>
-#include <tessera/location_resolver.hpp>
-#include <tessera/session_options.hpp>
-#include <tessera/shard_layout.hpp>
-#include <tessera/tensor_location.hpp>
+#include <tessera/lib/error.hpp>
+#include <tessera/lib/location_resolver.hpp>
+#include <tessera/lib/session_options.hpp>
+#include <tessera/lib/shard_layout.hpp>
+#include <tessera/lib/tensor_location.hpp>
 
 int main() {
   tessera::SessionOptions opts;

@@ -24,11 +24,11 @@
 #include <nlohmann/json.hpp>
 
 #include "program.hpp"
-#include "tessera/dataset.hpp"
-#include "tessera/error.hpp"
-#include "tessera/mlp.hpp"
-#include "tessera/output_check.hpp"
-#include "tessera/session.hpp"
+#include "tessera/app/dataset.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/app/output_check.hpp"
+#include "tessera/sessions/session.hpp"
 
 namespace {
 

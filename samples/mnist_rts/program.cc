@@ -5,8 +5,8 @@
 #include <string>
 #include <utility>
 
-#include "tessera/autodiff.hpp"
-#include "tessera/mlp.hpp"
+#include "tessera/lib/autodiff.hpp"
+#include "tessera/app/mlp.hpp"
 
 namespace mnist_rts {
 namespace {

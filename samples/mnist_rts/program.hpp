@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "tessera/ops.hpp"
-#include "tessera/session_options.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/lib/session_options.hpp"
 
 namespace mnist_rts {
 

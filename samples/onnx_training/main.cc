@@ -3,7 +3,7 @@
 // batch bound to the per-replica batch size, its inputs are fed from a
 // .safetensors file with a tensor per graph input, and a TrainingSession
 // trains it from the model's own initializers, as it trains a graph built
-// with tessera/ops.hpp.
+// with tessera/lib/ops.hpp.
 //
 //   onnx_training FOLDER [--replicas R] [--epochs E]
 //
@@ -22,12 +22,12 @@
 
 #include <fmt/core.h>
 
-#include "tessera/dataset.hpp"
-#include "tessera/device.hpp"
-#include "tessera/error.hpp"
-#include "tessera/onnx.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/session.hpp"
+#include "tessera/app/dataset.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/session.hpp"
 
 namespace {
 

@@ -20,12 +20,12 @@
 
 #include <fmt/core.h>
 
-#include "tessera/communicator.hpp"
-#include "tessera/device.hpp"
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/session.hpp"
+#include "tessera/popdist/communicator.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/sessions/session.hpp"
 
 using namespace tessera;
 

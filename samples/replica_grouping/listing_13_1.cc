@@ -10,9 +10,9 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/session.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/sessions/session.hpp"
 
 using namespace tessera;
 

@@ -8,9 +8,9 @@
 
 #include <fmt/core.h>
 
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/session.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/sessions/session.hpp"
 
 using namespace tessera;
 

@@ -16,13 +16,13 @@
 
 #include <fmt/core.h>
 
-#include "tessera/error.hpp"
-#include "tessera/mlp.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/placement.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/run_plan.hpp"
-#include "tessera/session.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/placement.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/app/run_plan.hpp"
+#include "tessera/sessions/session.hpp"
 
 using namespace tessera;
 

@@ -6,10 +6,10 @@
 
 #include <fmt/format.h>
 
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
-#include "tessera/output_check.hpp"
-#include "tessera/run_config.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/app/output_check.hpp"
+#include "tessera/app/run_config.hpp"
 
 namespace tessera::cli {
 

@@ -11,9 +11,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "tessera/device.hpp"
-#include "tessera/replica_grouping.hpp"
-#include "tessera/run_config.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/replica_grouping.hpp"
+#include "tessera/app/run_config.hpp"
 
 namespace tessera::cli {
 

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
-#include "tessera/shard_layout.hpp"
+#include "tessera/lib/shard_layout.hpp"
 
 namespace tessera::cli {
 namespace {

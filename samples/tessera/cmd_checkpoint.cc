@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
-#include "tessera/checkpoint.hpp"
-#include "tessera/json.hpp"
+#include "tessera/app/checkpoint.hpp"
+#include "tessera/lib/json.hpp"
 
 namespace tessera::cli {
 namespace {

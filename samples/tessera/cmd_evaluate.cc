@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
-#include "tessera/output_check.hpp"
-#include "tessera/trainer.hpp"
+#include "tessera/app/output_check.hpp"
+#include "tessera/app/trainer.hpp"
 
 namespace tessera::cli {
 namespace {

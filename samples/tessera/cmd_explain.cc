@@ -24,14 +24,14 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
-#include "tessera/config_notes.hpp"
-#include "tessera/json.hpp"
-#include "tessera/placement.hpp"
-#include "tessera/replica_grouping.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/run_plan.hpp"
-#include "tessera/session_options.hpp"
-#include "tessera/tensor_location.hpp"
+#include "tessera/app/config_notes.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/sessions/placement.hpp"
+#include "tessera/lib/replica_grouping.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/app/run_plan.hpp"
+#include "tessera/lib/session_options.hpp"
+#include "tessera/lib/tensor_location.hpp"
 
 namespace tessera::cli {
 namespace {

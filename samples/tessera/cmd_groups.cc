@@ -5,9 +5,9 @@
 #include <fmt/core.h>
 
 #include "cli.hpp"
-#include "tessera/error.hpp"
-#include "tessera/replica_grouping.hpp"
-#include "tessera/tensor_location.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/replica_grouping.hpp"
+#include "tessera/lib/tensor_location.hpp"
 
 namespace tessera::cli {
 namespace {

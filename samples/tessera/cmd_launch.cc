@@ -3,7 +3,7 @@
 //
 // PopRun for tessera: runs COMMAND as P instances under mpirun, each told by
 // POPDIST_* variables which R / P of the R replicas it simulates (see
-// tessera/dist.hpp); `tessera train` and applications using
+// tessera/popdist/dist.hpp); `tessera train` and applications using
 // dist::configureSessionOptions pick them up. --mpi-args holds options for
 // mpirun, split at spaces (e.g. "--host a,b --tag-output"), like PopRun's
 // --mpi-global-args; --oversubscribe is always added so that instances may
@@ -61,8 +61,8 @@
 #include <fmt/ranges.h>
 
 #include "cli.hpp"
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera::cli {
 namespace {

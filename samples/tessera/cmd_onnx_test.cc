@@ -14,10 +14,10 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
-#include "tessera/device.hpp"
-#include "tessera/error.hpp"
-#include "tessera/onnx.hpp"
-#include "tessera/session.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/sessions/session.hpp"
 
 namespace tessera::cli {
 namespace {

@@ -1,6 +1,6 @@
 // tessera schema: the JSON Schema of the run config.
 #include "cli.hpp"
-#include "tessera/run_config.hpp"
+#include "tessera/app/run_config.hpp"
 
 namespace tessera::cli {
 

@@ -16,12 +16,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
-#include "tessera/communicator.hpp"
-#include "tessera/config_notes.hpp"
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
-#include "tessera/output_check.hpp"
-#include "tessera/trainer.hpp"
+#include "tessera/popdist/communicator.hpp"
+#include "tessera/app/config_notes.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/app/output_check.hpp"
+#include "tessera/app/trainer.hpp"
 
 namespace tessera::cli {
 namespace {

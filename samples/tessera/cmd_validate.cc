@@ -7,11 +7,11 @@
 #include <fmt/core.h>
 
 #include "cli.hpp"
-#include "tessera/config_notes.hpp"
-#include "tessera/output_check.hpp"
-#include "tessera/placement.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/run_plan.hpp"
+#include "tessera/app/config_notes.hpp"
+#include "tessera/app/output_check.hpp"
+#include "tessera/sessions/placement.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/app/run_plan.hpp"
 
 namespace tessera::cli {
 

@@ -11,8 +11,8 @@
 #include <fmt/core.h>
 
 #include "cli.hpp"
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera::cli {
 namespace {

@@ -1,8 +1,8 @@
 #include "autodiff_transform.hpp"
 
-#include "tessera/autodiff.hpp"
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/lib/autodiff.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
 
 namespace tessera {
 

@@ -1,8 +1,8 @@
 // The autodiff transform: gradients of the loss for every trainable weight.
 #pragma once
 
-#include "tessera/loss_scaling.hpp"
-#include "tessera/transform.hpp"
+#include "tessera/lib/loss_scaling.hpp"
+#include "tessera/sessions/transform.hpp"
 
 namespace tessera {
 

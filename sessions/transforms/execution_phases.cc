@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 #include "virtual_graph.hpp"
 
 namespace tessera {

@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 
 #include "locations.hpp"
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/optimizer.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/optimizers/optimizer.hpp"
 
 namespace tessera {
 namespace {

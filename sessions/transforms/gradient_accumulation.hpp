@@ -25,8 +25,8 @@
 
 #include <cstdint>
 
-#include "tessera/session_options.hpp"
-#include "tessera/transform.hpp"
+#include "tessera/lib/session_options.hpp"
+#include "tessera/sessions/transform.hpp"
 
 namespace tessera {
 

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tessera/graph.hpp"
+#include "tessera/lib/graph.hpp"
 
 namespace tessera::detail {
 

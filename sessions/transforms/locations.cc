@@ -14,10 +14,10 @@
 #include "graph_copy.hpp"
 #include "json_reader.hpp"
 #include "option_paths.hpp"
-#include "tessera/error.hpp"
-#include "tessera/location_resolver.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/shard_layout.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/location_resolver.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/lib/shard_layout.hpp"
 
 namespace tessera {
 namespace {

@@ -1,5 +1,5 @@
 // The tensor location transforms: where every tensor lives, decided by
-// resolveTensorLocation (include/tessera/location_resolver.hpp) from the
+// resolveTensorLocation (include/tessera/lib/location_resolver.hpp) from the
 // session options, applied to a plain graph.
 //
 // WeightShardingTransform runs before autodiff. A Weight variable whose
@@ -43,9 +43,9 @@
 #include <optional>
 #include <string>
 
-#include "tessera/ops.hpp"
-#include "tessera/session_options.hpp"
-#include "tessera/transform.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/lib/session_options.hpp"
+#include "tessera/sessions/transform.hpp"
 
 namespace tessera {
 

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 

@@ -2,8 +2,8 @@
 // trainable weight, consuming the gradients the earlier transforms left.
 #pragma once
 
-#include "tessera/optimizer.hpp"
-#include "tessera/transform.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/transform.hpp"
 
 namespace tessera {
 

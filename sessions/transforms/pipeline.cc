@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 namespace {

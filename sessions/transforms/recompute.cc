@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "graph_copy.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 namespace {

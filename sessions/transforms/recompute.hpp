@@ -43,8 +43,8 @@
 // so training gives the same bits.
 #pragma once
 
-#include "tessera/session_options.hpp"
-#include "tessera/transform.hpp"
+#include "tessera/lib/session_options.hpp"
+#include "tessera/sessions/transform.hpp"
 
 namespace tessera {
 

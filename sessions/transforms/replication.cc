@@ -6,8 +6,8 @@
 
 #include "derived_grouping.hpp"
 #include "locations.hpp"
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
 
 namespace tessera {
 

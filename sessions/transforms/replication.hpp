@@ -13,9 +13,9 @@
 #include <cstdint>
 #include <string>
 
-#include "tessera/replica_topology.hpp"
-#include "tessera/session_options.hpp"
-#include "tessera/transform.hpp"
+#include "tessera/lib/replica_topology.hpp"
+#include "tessera/lib/session_options.hpp"
+#include "tessera/sessions/transform.hpp"
 
 namespace tessera {
 

@@ -1,9 +1,9 @@
 // runTransform: applies a transform and names it in the errors it reports.
-#include "tessera/transform.hpp"
+#include "tessera/sessions/transform.hpp"
 
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 namespace {

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "graph_copy.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "collectives.hpp"
 #include "kernel_table.hpp"
-#include "tessera/shard_layout.hpp"
+#include "tessera/lib/shard_layout.hpp"
 
 namespace tessera::sim {
 namespace {

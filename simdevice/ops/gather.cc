@@ -10,7 +10,7 @@
 
 #include "kernel_table.hpp"
 #include "ops/gather.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace tessera::sim {
 namespace {

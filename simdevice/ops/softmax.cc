@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "kernel_table.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 #include "vector_math.hpp"
 
 namespace tessera::sim {

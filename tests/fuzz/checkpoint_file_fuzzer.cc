@@ -16,7 +16,7 @@
 #include <string>
 
 #include "fuzz_support.hpp"
-#include "tessera/checkpoint.hpp"
+#include "tessera/app/checkpoint.hpp"
 
 namespace {
 

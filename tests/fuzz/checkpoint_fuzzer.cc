@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "fuzz_support.hpp"
-#include "tessera/checkpoint.hpp"
+#include "tessera/app/checkpoint.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   tessera::fuzz::expectOnlyTesseraErrors([&] {

@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tessera/error.hpp"
-#include "tessera/json.hpp"
-#include "tessera/run_config.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/app/run_config.hpp"
 
 namespace tessera::fuzz {
 

@@ -15,8 +15,8 @@
 #include <zlib.h>
 
 #include "fuzz_support.hpp"
-#include "tessera/dataset.hpp"
-#include "tessera/error.hpp"
+#include "tessera/app/dataset.hpp"
+#include "tessera/lib/error.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <span>
 
 #include "fuzz_support.hpp"
-#include "tessera/onnx.hpp"
+#include "tessera/onnx/onnx.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   tessera::fuzz::expectOnlyTesseraErrors([&] {

@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_support.hpp"
-#include "tessera/json.hpp"
-#include "tessera/run_config.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/app/run_config.hpp"
 
 namespace {
 

@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_support.hpp"
-#include "tessera/json.hpp"
-#include "tessera/run_config.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/app/run_config.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

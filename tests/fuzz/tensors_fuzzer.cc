@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fuzz_support.hpp"
-#include "tessera/dataset.hpp"
+#include "tessera/app/dataset.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   const std::vector<tessera::DataInput> inputs = {{"x", tessera::DType::Float32, {2, 2, 3}},

@@ -1,4 +1,4 @@
-#include "tessera/autodiff.hpp"
+#include "tessera/lib/autodiff.hpp"
 
 #include <doctest/doctest.h>
 
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "support/reference_evaluator.hpp"
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

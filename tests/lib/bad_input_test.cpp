@@ -35,12 +35,12 @@
 #include <nlohmann/json.hpp>
 
 #include "support/process.hpp"
-#include "tessera/checkpoint.hpp"
-#include "tessera/dataset.hpp"
-#include "tessera/error.hpp"
-#include "tessera/json.hpp"
-#include "tessera/onnx.hpp"
-#include "tessera/run_config.hpp"
+#include "tessera/app/checkpoint.hpp"
+#include "tessera/app/dataset.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/app/run_config.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

@@ -1,4 +1,4 @@
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 
 #include <doctest/doctest.h>
 

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "half.hpp"
-#include "tessera/autodiff.hpp"
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/lib/autodiff.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "support/reference_evaluator.hpp"
-#include "tessera/autodiff.hpp"
-#include "tessera/device.hpp"
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/lib/autodiff.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -1,4 +1,4 @@
-#include "tessera/graph.hpp"
+#include "tessera/lib/graph.hpp"
 
 #include <doctest/doctest.h>
 
@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "json_reader.hpp"
-#include "tessera/json.hpp"
-#include "tessera/replica_grouping.hpp"
-#include "tessera/shard_layout.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/lib/replica_grouping.hpp"
+#include "tessera/lib/shard_layout.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

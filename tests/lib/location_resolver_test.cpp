@@ -1,4 +1,4 @@
-#include "tessera/location_resolver.hpp"
+#include "tessera/lib/location_resolver.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-#include "tessera/ops.hpp"
+#include "tessera/lib/ops.hpp"
 
 #include <doctest/doctest.h>
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -6,7 +6,7 @@
 #include <numeric>
 #include <vector>
 
-#include "tessera/ops.hpp"
+#include "tessera/lib/ops.hpp"
 
 using namespace tessera;
 using test::ReferenceEvaluator;

@@ -1,4 +1,4 @@
-#include "tessera/replica_grouping.hpp"
+#include "tessera/lib/replica_grouping.hpp"
 
 #include <doctest/doctest.h>
 
@@ -12,8 +12,8 @@
 #include <fmt/format.h>
 
 #include "derived_grouping.hpp"
-#include "tessera/error.hpp"
-#include "tessera/tensor_location.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/tensor_location.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -1,4 +1,4 @@
-#include "tessera/session_options.hpp"
+#include "tessera/lib/session_options.hpp"
 
 #include <doctest/doctest.h>
 
@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "tessera/device_spec.hpp"
-#include "tessera/error.hpp"
-#include "tessera/graph.hpp"
-#include "tessera/replica_topology.hpp"
+#include "tessera/simdevice/device_spec.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/graph.hpp"
+#include "tessera/lib/replica_topology.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

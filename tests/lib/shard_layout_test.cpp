@@ -1,4 +1,4 @@
-#include "tessera/shard_layout.hpp"
+#include "tessera/lib/shard_layout.hpp"
 
 #include <doctest/doctest.h>
 
@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -1,4 +1,4 @@
-#include "tessera/tensor_location.hpp"
+#include "tessera/lib/tensor_location.hpp"
 
 #include <doctest/doctest.h>
 
@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "tessera/error.hpp"
-#include "tessera/replica_grouping.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/replica_grouping.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

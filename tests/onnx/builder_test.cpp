@@ -1,7 +1,7 @@
 // OnnxBuilder (PopART's Builder): a model built node by node imports as the
 // graph it describes and trains like the same model written with tessera's
 // ops; every node is checked against ONNX's schema as it is added.
-#include "tessera/onnx_builder.hpp"
+#include "tessera/onnx/onnx_builder.hpp"
 
 #include <doctest/doctest.h>
 
@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "tessera/device.hpp"
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/session.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/session.hpp"
 
 namespace tessera {
 namespace {

@@ -2,7 +2,7 @@
 // The written model re-imports with the trained values in its initializers
 // and computes what the session computes with them; values that do not fit
 // the model's initializers are refused with tessera.onnx.710.
-#include "tessera/onnx.hpp"
+#include "tessera/onnx/onnx.hpp"
 
 #include <doctest/doctest.h>
 
@@ -15,10 +15,10 @@
 
 #include "support/onnx_models.hpp"
 #include "support/process.hpp"
-#include "tessera/device.hpp"
-#include "tessera/error.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/session.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/session.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

@@ -16,11 +16,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tessera/device.hpp"
-#include "tessera/onnx.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/session.hpp"
-#include "tessera/transformer.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/session.hpp"
+#include "tessera/app/transformer.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

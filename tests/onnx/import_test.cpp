@@ -2,7 +2,7 @@
 // forward (and trains) on the simulated device with PyTorch's numbers, at
 // several batch sizes and replication factors; bad models are refused with
 // their ids and messages.
-#include "tessera/onnx.hpp"
+#include "tessera/onnx/onnx.hpp"
 
 #include <doctest/doctest.h>
 
@@ -20,10 +20,10 @@
 #include <onnx/onnx_pb.h>
 
 #include "support/onnx_models.hpp"
-#include "tessera/device.hpp"
-#include "tessera/error.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/session.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/session.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "tessera/checkpoint.hpp"
-#include "tessera/dataset.hpp"
-#include "tessera/device.hpp"
-#include "tessera/onnx.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/session.hpp"
+#include "tessera/app/checkpoint.hpp"
+#include "tessera/app/dataset.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/session.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

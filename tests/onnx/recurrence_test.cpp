@@ -19,10 +19,10 @@
 #include <onnx/onnx_pb.h>
 
 #include "support/onnx_models.hpp"
-#include "tessera/error.hpp"
-#include "tessera/onnx.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/trainer.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/app/trainer.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

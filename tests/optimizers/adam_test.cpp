@@ -1,6 +1,6 @@
 // Adam and AdamW: the update ops against a scalar hand computation of the
 // textbook rules, run by the reference evaluator in double precision.
-#include "tessera/adam.hpp"
+#include "tessera/optimizers/adam.hpp"
 
 #include <cmath>
 #include <string>
@@ -9,7 +9,7 @@
 #include <doctest/doctest.h>
 
 #include "support/reference_evaluator.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/lib/ops.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

@@ -8,8 +8,8 @@
 
 #include "json_reader.hpp"
 #include "optimizer_options_json.hpp"
-#include "tessera/json.hpp"
-#include "tessera/optimizer_options.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/optimizers/optimizer_options.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

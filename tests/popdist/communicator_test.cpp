@@ -1,7 +1,7 @@
 // Communicators between threads acting as instances: the collectives, what
 // happens when an instance does not take part, and the agreement check that
 // names the first difference between instances.
-#include "tessera/communicator.hpp"
+#include "tessera/popdist/communicator.hpp"
 
 #include <doctest/doctest.h>
 
@@ -14,8 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
 #include "support/instances.hpp"
 #include "test_support.hpp"
 

@@ -1,6 +1,6 @@
 // The launcher's environment: PopDist's queries, their cross-checks, what
 // configureSessionOptions makes of them, and the exchange timeout.
-#include "tessera/dist.hpp"
+#include "tessera/popdist/dist.hpp"
 
 #include <doctest/doctest.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

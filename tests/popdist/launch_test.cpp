@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/process.hpp"
-#include "tessera/onnx.hpp"
+#include "tessera/onnx/onnx.hpp"
 #include "test_support.hpp"
 
 namespace {

@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "tessera/device.hpp"
-#include "tessera/error.hpp"
-#include "tessera/onnx.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/session.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/session.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 8) {

@@ -22,7 +22,7 @@
 
 #include "samples/cli_support.hpp"
 #include "support/process.hpp"
-#include "tessera/onnx.hpp"
+#include "tessera/onnx/onnx.hpp"
 #include "test_support.hpp"
 
 namespace {

@@ -13,12 +13,12 @@
 #include <nlohmann/json.hpp>
 
 #include "support/onnx_models.hpp"
-#include "tessera/data_flow.hpp"
-#include "tessera/error.hpp"
-#include "tessera/optimizer_options.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/session.hpp"
-#include "tessera/trainer.hpp"
+#include "tessera/sessions/data_flow.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/optimizers/optimizer_options.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/sessions/session.hpp"
+#include "tessera/app/trainer.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

@@ -1,4 +1,4 @@
-#include "tessera/checkpoint.hpp"
+#include "tessera/app/checkpoint.hpp"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -26,11 +26,11 @@
 #include "atomic_file.hpp"
 #include "half.hpp"
 #include "support/process.hpp"
-#include "tessera/json.hpp"
-#include "tessera/mlp.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/trainer.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/app/trainer.hpp"
 #include "support/toy_training.hpp"
 #include "test_support.hpp"
 

@@ -1,4 +1,4 @@
-#include "tessera/dataset.hpp"
+#include "tessera/app/dataset.hpp"
 
 #include <sys/stat.h>
 
@@ -24,7 +24,7 @@
 #include "half.hpp"
 #include "safetensors.hpp"
 #include "support/process.hpp"
-#include "tessera/error.hpp"
+#include "tessera/lib/error.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "support/process.hpp"
-#include "tessera/error.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/trainer.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/app/trainer.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

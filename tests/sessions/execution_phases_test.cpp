@@ -25,14 +25,14 @@
 
 #include "support/process.hpp"
 #include "support/training_fixtures.hpp"
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/placement.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/run_plan.hpp"
-#include "tessera/session.hpp"
-#include "tessera/trainer.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/placement.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/app/run_plan.hpp"
+#include "tessera/sessions/session.hpp"
+#include "tessera/app/trainer.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

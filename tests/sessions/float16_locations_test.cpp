@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "support/toy_training.hpp"
-#include "tessera/checkpoint.hpp"
-#include "tessera/mlp.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/session.hpp"
+#include "tessera/app/checkpoint.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/session.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -14,11 +14,11 @@
 #include "half.hpp"
 #include "support/process.hpp"
 #include "support/toy_data.hpp"
-#include "tessera/checkpoint.hpp"
-#include "tessera/mlp.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/session.hpp"
-#include "tessera/transformer.hpp"
+#include "tessera/app/checkpoint.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/session.hpp"
+#include "tessera/app/transformer.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -1,6 +1,6 @@
 // Host streams (overlapped IO): the settings change the modelled time and the
 // IO tiles' memory, never the numbers; the modelled step follows the closed
-// form of tessera/time_model.hpp; bad settings are refused with their ids and
+// form of tessera/simdevice/time_model.hpp; bad settings are refused with their ids and
 // overlap that cannot happen is a note.
 #include <doctest/doctest.h>
 
@@ -10,17 +10,17 @@
 #include <vector>
 
 #include "support/onnx_models.hpp"
-#include "tessera/config_notes.hpp"
-#include "tessera/data_flow.hpp"
-#include "tessera/device_spec.hpp"
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/optimizer_options.hpp"
-#include "tessera/placement.hpp"
-#include "tessera/profile.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/run_plan.hpp"
-#include "tessera/session.hpp"
+#include "tessera/app/config_notes.hpp"
+#include "tessera/sessions/data_flow.hpp"
+#include "tessera/simdevice/device_spec.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/optimizers/optimizer_options.hpp"
+#include "tessera/sessions/placement.hpp"
+#include "tessera/app/profile.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/app/run_plan.hpp"
+#include "tessera/sessions/session.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "mnist_rts/program.hpp"
-#include "tessera/autodiff.hpp"
-#include "tessera/error.hpp"
-#include "tessera/mlp.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/placement.hpp"
-#include "tessera/session.hpp"
+#include "tessera/lib/autodiff.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/placement.hpp"
+#include "tessera/sessions/session.hpp"
 #include "support/toy_training.hpp"
 #include "test_support.hpp"
 

@@ -11,14 +11,14 @@
 #include <nlohmann/json.hpp>
 
 #include "support/toy_data.hpp"
-#include "tessera/error.hpp"
-#include "tessera/json.hpp"
-#include "tessera/loss_scaling.hpp"
-#include "tessera/mlp.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/session.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/lib/loss_scaling.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/sessions/session.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

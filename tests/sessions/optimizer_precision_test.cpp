@@ -8,11 +8,11 @@
 
 #include "half.hpp"
 #include "support/toy_data.hpp"
-#include "tessera/error.hpp"
-#include "tessera/loss_scaling.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/session.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/loss_scaling.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/session.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -1,4 +1,4 @@
-#include "tessera/profile.hpp"
+#include "tessera/app/profile.hpp"
 
 #include <doctest/doctest.h>
 
@@ -13,12 +13,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tessera/mlp.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/session.hpp"
-#include "tessera/trainer.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/sessions/session.hpp"
+#include "tessera/app/trainer.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

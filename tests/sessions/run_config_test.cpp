@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "json_reader.hpp"
-#include "tessera/json.hpp"
-#include "tessera/config_notes.hpp"
-#include "tessera/run_config.hpp"
+#include "tessera/lib/json.hpp"
+#include "tessera/app/config_notes.hpp"
+#include "tessera/app/run_config.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

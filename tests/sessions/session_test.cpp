@@ -1,4 +1,4 @@
-#include "tessera/session.hpp"
+#include "tessera/sessions/session.hpp"
 
 #include <doctest/doctest.h>
 
@@ -10,10 +10,10 @@
 #include <fmt/format.h>
 
 #include "support/toy_data.hpp"
-#include "tessera/mlp.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/placement.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/placement.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

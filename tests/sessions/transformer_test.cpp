@@ -16,12 +16,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "tessera/error.hpp"
-#include "tessera/placement.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/run_plan.hpp"
-#include "tessera/trainer.hpp"
-#include "tessera/transformer.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/sessions/placement.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/app/run_plan.hpp"
+#include "tessera/app/trainer.hpp"
+#include "tessera/app/transformer.hpp"
 #include "support/process.hpp"
 #include "support/training_fixtures.hpp"
 #include "test_support.hpp"

@@ -25,14 +25,14 @@
 #include <nlohmann/json.hpp>
 #include <onnx/onnx_pb.h>
 
-#include "tessera/dist.hpp"
-#include "tessera/error.hpp"
-#include "tessera/onnx.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/placement.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/run_plan.hpp"
-#include "tessera/trainer.hpp"
+#include "tessera/popdist/dist.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/sessions/placement.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/app/run_plan.hpp"
+#include "tessera/app/trainer.hpp"
 #include "test_support.hpp"
 #include "transforms/virtual_graph.hpp"
 

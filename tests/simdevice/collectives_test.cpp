@@ -4,8 +4,8 @@
 #include <string>
 
 #include "device_checks.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/shard_layout.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/lib/shard_layout.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -15,9 +15,9 @@
 
 #include "executor.hpp"
 #include "support/reference_evaluator.hpp"
-#include "tessera/device.hpp"
-#include "tessera/error.hpp"
-#include "tessera/graph.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/graph.hpp"
 
 namespace tessera::test {
 

@@ -9,8 +9,8 @@
 
 #include "device_spec_json.hpp"
 #include "json_reader.hpp"
-#include "tessera/device_spec.hpp"
-#include "tessera/json.hpp"
+#include "tessera/simdevice/device_spec.hpp"
+#include "tessera/lib/json.hpp"
 #include "test_support.hpp"
 
 namespace tessera {

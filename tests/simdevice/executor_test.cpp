@@ -15,8 +15,8 @@
 
 #include "device_checks.hpp"
 #include "half.hpp"
-#include "tessera/autodiff.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/lib/autodiff.hpp"
+#include "tessera/lib/ops.hpp"
 #include "test_support.hpp"
 #include "vector_math.hpp"
 

@@ -15,8 +15,8 @@
 #include "device_checks.hpp"
 #include "kernel_table.hpp"
 #include "op_def.hpp"
-#include "tessera/autodiff.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/lib/autodiff.hpp"
+#include "tessera/lib/ops.hpp"
 
 using namespace tessera;
 using test::ReferenceEvaluator;

@@ -13,9 +13,9 @@
 
 #include "device_checks.hpp"
 #include "half.hpp"
-#include "tessera/autodiff.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/time_model.hpp"
+#include "tessera/lib/autodiff.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/simdevice/time_model.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

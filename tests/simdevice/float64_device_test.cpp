@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "device_checks.hpp"
-#include "tessera/autodiff.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/lib/autodiff.hpp"
+#include "tessera/lib/ops.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -6,9 +6,9 @@
 
 #include <fmt/format.h>
 
-#include "tessera/device.hpp"
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -21,12 +21,12 @@
 #include <doctest/doctest.h>
 
 #include "device_checks.hpp"
-#include "tessera/mlp.hpp"
-#include "tessera/optimizer.hpp"
-#include "tessera/placement.hpp"
-#include "tessera/run_config.hpp"
-#include "tessera/run_plan.hpp"
-#include "tessera/session.hpp"
+#include "tessera/app/mlp.hpp"
+#include "tessera/optimizers/optimizer.hpp"
+#include "tessera/sessions/placement.hpp"
+#include "tessera/app/run_config.hpp"
+#include "tessera/app/run_plan.hpp"
+#include "tessera/sessions/session.hpp"
 #include "test_support.hpp"
 
 // Every allocation of the test program is counted, with the bytes live and

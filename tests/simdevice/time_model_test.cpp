@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "tessera/device.hpp"
-#include "tessera/error.hpp"
-#include "tessera/ops.hpp"
-#include "tessera/time_model.hpp"
+#include "tessera/simdevice/device.hpp"
+#include "tessera/lib/error.hpp"
+#include "tessera/lib/ops.hpp"
+#include "tessera/simdevice/time_model.hpp"
 #include "test_support.hpp"
 
 using namespace tessera;

@@ -11,7 +11,7 @@
 
 #include <doctest/doctest.h>
 
-#include "tessera/communicator.hpp"
+#include "tessera/popdist/communicator.hpp"
 
 namespace tessera::test {
 

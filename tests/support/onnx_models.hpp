@@ -13,8 +13,8 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
-#include "tessera/onnx.hpp"
-#include "tessera/session.hpp"
+#include "tessera/onnx/onnx.hpp"
+#include "tessera/sessions/session.hpp"
 #include "test_support.hpp"
 
 namespace tessera::test {

@@ -10,7 +10,7 @@
 
 #include "half.hpp"
 #include "op_def.hpp"
-#include "tessera/shard_layout.hpp"
+#include "tessera/lib/shard_layout.hpp"
 
 namespace tessera::test {
 namespace {

@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tessera/graph.hpp"
+#include "tessera/lib/graph.hpp"
 
 namespace tessera::test {
 

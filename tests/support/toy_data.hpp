@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tessera/mlp.hpp"
+#include "tessera/app/mlp.hpp"
 
 namespace tessera::test {
 

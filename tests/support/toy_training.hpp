@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "support/toy_data.hpp"
-#include "tessera/checkpoint.hpp"
-#include "tessera/session.hpp"
+#include "tessera/app/checkpoint.hpp"
+#include "tessera/sessions/session.hpp"
 
 namespace tessera::test {
 

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "safetensors.hpp"
-#include "tessera/run_config.hpp"
+#include "tessera/app/run_config.hpp"
 #include "test_support.hpp"
 
 namespace tessera::test {
